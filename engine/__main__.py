@@ -1,0 +1,5 @@
+import sys
+
+from surecall.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""surecall.dispatch: validate, authorize, claim an idempotency key, execute, record."""

@@ -1,0 +1,83 @@
+"""Typed user-facing errors, shared by every layer.
+
+Each error names where (a file, a JSON pointer, a tool, a row) and what to do. This module
+imports nothing of ours, so any layer may raise these. The server maps them to 4xx responses
+with the same message.
+"""
+
+from __future__ import annotations
+
+
+class SurecallError(Exception):
+    """Base class of every error surecall raises on bad input."""
+
+
+# --- vocabularies and models -------------------------------------------------------------
+class VocabError(SurecallError):
+    """A tokenizer file is missing, unreadable, of an unknown format, or corrupt."""
+
+
+class ModelLoadError(SurecallError):
+    """A model directory is missing, of an unknown architecture, or does not match its tokenizer."""
+
+
+# --- grammars ----------------------------------------------------------------------------
+class SchemaError(SurecallError):
+    """A schema is not valid JSON Schema 2020-12 (carries the JSON pointer and keyword)."""
+
+    def __init__(self, message: str, pointer: str = "", keyword: str | None = None):
+        self.pointer = pointer
+        self.keyword = keyword
+        where = f" at {pointer or '/'}" if pointer is not None else ""
+        kw = f" (keyword {keyword!r})" if keyword else ""
+        super().__init__(f"{message}{where}{kw}")
+
+
+class UnsupportedSchema(SchemaError):
+    """A valid schema uses something the grammar compiler cannot enforce or relax safely."""
+
+
+class CompileBudgetExceeded(SurecallError):
+    """A grammar compile ran past its configured time or memory budget."""
+
+
+# --- kernels and decoding ----------------------------------------------------------------
+class KernelInputError(SurecallError, ValueError):
+    """Mismatched shapes, dtypes or devices, an out-of-range state, or a row that allows nothing."""
+
+
+class RequestError(SurecallError, ValueError):
+    """A generate request is malformed (empty prompt, budget too small for any call, ...)."""
+
+
+# --- dispatch ----------------------------------------------------------------------------
+class ToolDefinitionError(SurecallError):
+    """A tool definition is malformed (bad schema, missing name, unknown side-effect level)."""
+
+
+class UnknownToolError(SurecallError):
+    """A call names a tool that is not in the catalog."""
+
+
+class ArgumentValidationError(SurecallError):
+    """A call's arguments fail the tool's schema; `.errors` lists every failure with its path."""
+
+    def __init__(self, message: str, errors: list[tuple[str, str]] | None = None):
+        self.errors = list(errors or [])
+        super().__init__(message)
+
+
+class CapabilityError(SurecallError):
+    """A capability is tampered, expired, or wider than its parent."""
+
+
+class IdempotencyConflict(SurecallError):
+    """One idempotency key arrived with different arguments, or a record is not in a state that allows the step."""
+
+
+class StoreUnavailable(SurecallError):
+    """The idempotency store cannot be reached; nothing was claimed."""
+
+
+class SandboxUnavailable(SurecallError):
+    """The shell sandbox (bubblewrap) cannot run and unsandboxed execution was not allowed."""

@@ -1,0 +1,1 @@
+"""surecall.toolbox: the four coding tools (shell, file view, file edit, search) and their sandbox."""
