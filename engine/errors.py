@@ -81,3 +81,11 @@ class StoreUnavailable(SurecallError):
 
 class SandboxUnavailable(SurecallError):
     """The shell sandbox (bubblewrap) cannot run and unsandboxed execution was not allowed."""
+
+
+class ToolError(SurecallError):
+    """A tool refused its input (binary or huge file, ambiguous edit, bad regex); nothing was changed."""
+
+
+class PathOutsideWorkspace(ToolError):
+    """A path resolves outside the workspace (`..`, an absolute path elsewhere, a symlink out)."""
