@@ -1,0 +1,93 @@
+"""Loading a tokenizer for counting and chat rendering, from a local path only.
+
+A Hugging Face tokenizer directory goes through `transformers.AutoTokenizer` (offline); a
+tiktoken ranks file becomes a `tiktoken.Encoding` with the split pattern that matches its size.
+Nothing is downloaded: a hub id gets a clear "pass a local directory" error. Exact per-token
+bytes for grammars are `surecall.grammars.vocab_loaders`' job, not this module's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from surecall.errors import VocabError
+
+# Split patterns of the public tiktoken vocabularies (cl100k-style covers Llama-3 and Qwen).
+_CL100K_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+
+@dataclass
+class CountingTokenizer:
+    name: str
+    encode: Callable[[str], list[int]]
+    hf: object | None  # a transformers tokenizer when the path is a HF directory
+    context_window: int
+
+
+def load_counting_tokenizer(path: str | Path, context_window: int | None = None) -> CountingTokenizer:
+    p = Path(path)
+    if not p.exists():
+        hint = " (pass a local directory; nothing is downloaded)" if "/" in str(path) and not str(path).startswith(("/", ".")) else ""
+        raise VocabError(f"tokenizer not found: {path}{hint}")
+    if p.is_dir() and _is_hf_dir(p):
+        return _load_hf(p, context_window)
+    file = p if p.is_file() else next((p / n for n in ("tokenizer.model", "tokenizer.model.v3") if (p / n).is_file()), None)
+    if file is None:
+        raise VocabError(f"{p}: no tokenizer.json, vocab.json+merges.txt, tokenizer.model or tiktoken file found")
+    return _load_tiktoken(file, context_window)
+
+
+def _is_hf_dir(p: Path) -> bool:
+    return (p / "tokenizer.json").is_file() or ((p / "vocab.json").is_file() and (p / "merges.txt").is_file()) or (
+        (p / "tokenizer_config.json").is_file()
+    )
+
+
+def _load_hf(p: Path, context_window: int | None) -> CountingTokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for unreadable files
+        raise VocabError(f"{p}: cannot load as a Hugging Face tokenizer ({type(exc).__name__}: {exc})") from exc
+    window = context_window or _context_window(p, tok)
+    return CountingTokenizer(p.name, lambda s: tok.encode(s, add_special_tokens=False), tok, window)
+
+
+def _context_window(p: Path, tok) -> int:
+    config = p / "config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(value, int):
+            return value
+    value = getattr(tok, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 10**7 else 32768
+
+
+def _load_tiktoken(file: Path, context_window: int | None) -> CountingTokenizer:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    try:
+        ranks = load_tiktoken_bpe(str(file))
+    except Exception as exc:
+        raise VocabError(f"{file}: not a tiktoken ranks file (base64 token and rank per line): {exc}") from exc
+    pattern = _O200K_PATTERN if len(ranks) > 150_000 and len(ranks) != 151_643 else _CL100K_PATTERN
+    enc = tiktoken.Encoding(name=file.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    return CountingTokenizer(file.parent.name or file.stem, lambda s: enc.encode(s, disallowed_special=()), None, context_window or 32768)
