@@ -104,7 +104,7 @@ def load(source, logits_width: int | None = None, name: str | None = None,
     return _assemble(parts, logits_width, name or parts.get("name") or default_name, config_dir)
 
 
-def load_shared(name: str) -> Vocab:
+def load_shared(name: str, logits_width: int | None = None) -> Vocab:
     """A vocabulary from ../shared/data/tokenizers by manifest name, with the real model's logits width."""
     key = _SHARED_ALIASES.get(name, name)
     if key not in SHARED_VOCABS:
@@ -114,7 +114,7 @@ def load_shared(name: str) -> Vocab:
         path = require_shared(f"tokenizers/{relative}")
     except FileNotFoundError as exc:
         raise VocabError(str(exc)) from exc
-    return load(path, logits_width=width, name=key)
+    return load(path, logits_width=width if logits_width is None else logits_width, name=key)
 
 
 # --- paths and format detection ------------------------------------------------------------
