@@ -1,0 +1,202 @@
+"""SQLite idempotency store: the embedded default, safe across threads and processes.
+
+WAL journal, `synchronous=NORMAL` (durable across process crashes, which is what a lease
+protects against), autocommit, one connection per (process, thread). The claim is one
+`INSERT ... ON CONFLICT DO NOTHING`; every later transition is one `UPDATE ... WHERE state=...`
+(compare-and-set), so two processes never both win. Leases are judged by the local clock
+(`now`, unix seconds): use it on one host, or use `RedisStore`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from surecall.dispatch.idempotency import Claim, Record, RecordState, check_fingerprint, split_key
+from surecall.dispatch.stores.base import (
+    DEFAULT_LEASE_S,
+    IdempotencyStore,
+    dump_result,
+    load_result,
+    new_owner,
+    refuse,
+)
+from surecall.errors import IdempotencyConflict, StoreUnavailable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS surecall_records (
+    slot TEXT PRIMARY KEY,
+    fp TEXT NOT NULL,
+    state TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    lease_expires REAL NOT NULL,
+    result TEXT,
+    error TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL,
+    updated REAL NOT NULL
+) WITHOUT ROWID
+"""
+_COLUMNS = "slot, fp, state, owner, lease_expires, result, error, attempts, updated"
+_EXPIRED = "lease expired before the call reported back: effect unknown"
+
+
+class SQLiteStore(IdempotencyStore):
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
+        self.path = os.fspath(path)
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._run(lambda conn: conn.execute(_SCHEMA))
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+    # --- connections ---------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():  # never reuse a connection across fork
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _run(self, fn):
+        try:
+            return fn(self._conn())
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.path}: {exc}; nothing was recorded") from exc
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local.conn = None
+
+    # --- reads ---------------------------------------------------------------------------
+    def _row(self, conn: sqlite3.Connection, slot: str) -> Record | None:
+        row = conn.execute(f"SELECT {_COLUMNS} FROM surecall_records WHERE slot=?", (slot,)).fetchone()
+        if row is None:
+            return None
+        return Record(
+            key=row[0], fingerprint=row[1], state=RecordState(row[2]), owner=row[3], lease_expires_at=row[4],
+            result=load_result(row[5]), error=row[6], attempts=row[7], updated_at=row[8],
+        )
+
+    def _expire(self, conn: sqlite3.Connection, rec: Record, now: float) -> Record:
+        """IN_FLIGHT with a lease past `now` -> IN_DOUBT (CAS on owner and state)."""
+        if rec.state is RecordState.IN_FLIGHT and rec.lease_expires_at <= now:
+            conn.execute(
+                "UPDATE surecall_records SET state='IN_DOUBT', error=?, updated=? WHERE slot=? AND state='IN_FLIGHT' AND owner=?",
+                (_EXPIRED, now, rec.key, rec.owner),
+            )
+            return self._row(conn, rec.key)
+        return rec
+
+    def get(self, key: str, *, now: float | None = None) -> Record:
+        slot, _ = split_key(key)
+        now = time.time() if now is None else now
+
+        def op(conn):
+            rec = self._row(conn, slot)
+            return Record(key=slot, state=RecordState.UNSEEN) if rec is None else self._expire(conn, rec, now)
+
+        return self._run(op)
+
+    # --- transitions ---------------------------------------------------------------------
+    def claim(self, key: str, *, lease_s: float = DEFAULT_LEASE_S, owner: str | None = None, now: float | None = None) -> Claim:
+        slot, fp = split_key(key)
+        owner = owner or new_owner()
+        now = time.time() if now is None else now
+        expires = now + lease_s
+
+        def op(conn):
+            cur = conn.execute(
+                f"INSERT INTO surecall_records ({_COLUMNS}) VALUES (?, ?, 'IN_FLIGHT', ?, ?, NULL, '', 1, ?) ON CONFLICT(slot) DO NOTHING",
+                (slot, fp, owner, expires, now),
+            )
+            if cur.rowcount == 1:
+                return Claim(True, Record(slot, RecordState.IN_FLIGHT, fp, owner, expires, attempts=1, updated_at=now))
+            rec = self._row(conn, slot)
+            check_fingerprint(key, rec.fingerprint, fp)
+            if rec.state is RecordState.NOT_EXECUTED:
+                cur = conn.execute(
+                    "UPDATE surecall_records SET state='IN_FLIGHT', owner=?, lease_expires=?, error='', attempts=attempts+1, updated=? "
+                    "WHERE slot=? AND state='NOT_EXECUTED'",
+                    (owner, expires, now, slot),
+                )
+                if cur.rowcount == 1:
+                    return Claim(True, self._row(conn, slot))
+                rec = self._row(conn, slot)
+            return Claim(False, self._expire(conn, rec, now))
+
+        return self._run(op)
+
+    def _transition(self, key: str, owner: str, step: str, sql: str, params: tuple, allowed: tuple[RecordState, ...]) -> Record:
+        slot, fp = split_key(key)
+
+        def op(conn):
+            cur = conn.execute(sql, (*params, slot, fp, owner, *[s.value for s in allowed]))
+            rec = self._row(conn, slot)
+            if cur.rowcount == 1:
+                return rec
+            if rec is None:
+                raise IdempotencyConflict(f"cannot {step} {slot[:16]}...: no record (claim it first)")
+            check_fingerprint(key, rec.fingerprint, fp)
+            raise refuse(slot, step, rec, owner)
+
+        return self._run(op)
+
+    def _where(self, allowed: tuple[RecordState, ...]) -> str:
+        states = ",".join("?" for _ in allowed)
+        return f"WHERE slot=? AND fp=? AND owner=? AND state IN ({states})"
+
+    def renew(self, key: str, owner: str, *, lease_s: float = DEFAULT_LEASE_S, now: float | None = None) -> Record:
+        now = time.time() if now is None else now
+        allowed = (RecordState.IN_FLIGHT,)
+        sql = f"UPDATE surecall_records SET lease_expires=?, updated=? {self._where(allowed)} AND lease_expires>?"
+        slot, fp = split_key(key)
+
+        def op(conn):
+            cur = conn.execute(sql, (now + lease_s, now, slot, fp, owner, RecordState.IN_FLIGHT.value, now))
+            rec = self._row(conn, slot)
+            if cur.rowcount == 1:
+                return rec
+            if rec is None:
+                raise IdempotencyConflict(f"cannot renew {slot[:16]}...: no record (claim it first)")
+            raise refuse(slot, "renew (lease lost or not held)", self._expire(conn, rec, now), owner)
+
+        return self._run(op)
+
+    def complete(self, key: str, owner: str, result: Any, *, now: float | None = None) -> Record:
+        now = time.time() if now is None else now
+        allowed = (RecordState.IN_FLIGHT, RecordState.IN_DOUBT)
+        sql = f"UPDATE surecall_records SET state='COMPLETED', result=?, error='', updated=? {self._where(allowed)}"
+        return self._transition(key, owner, "complete", sql, (dump_result(result), now), allowed)
+
+    def fail(self, key: str, owner: str, error: str, *, now: float | None = None) -> Record:
+        now = time.time() if now is None else now
+        allowed = (RecordState.IN_FLIGHT,)
+        sql = f"UPDATE surecall_records SET state='IN_DOUBT', error=?, updated=? {self._where(allowed)}"
+        return self._transition(key, owner, "fail", sql, (str(error)[:4096], now), allowed)
+
+    def release(self, key: str, owner: str, reason: str = "", *, now: float | None = None) -> Record:
+        now = time.time() if now is None else now
+        allowed = (RecordState.IN_FLIGHT,)
+        sql = f"UPDATE surecall_records SET state='NOT_EXECUTED', error=?, updated=? {self._where(allowed)}"
+        return self._transition(key, owner, "release", sql, (str(reason)[:4096], now), allowed)
+
+    def _resolve(self, key: str, state: RecordState, result: Any, error: str, now: float | None) -> Record:
+        slot, _ = split_key(key)
+        now = time.time() if now is None else now
+
+        def op(conn):
+            conn.execute(
+                "UPDATE surecall_records SET state=?, result=?, error=?, updated=? WHERE slot=? AND state='IN_DOUBT'",
+                (state.value, dump_result(result), error, now, slot),
+            )
+            return self._row(conn, slot)
+
+        return self._run(op)

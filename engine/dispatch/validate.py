@@ -1,0 +1,131 @@
+"""Argument validation: JSON Schema 2020-12 (jsonschema-rs) plus the limits canonical JSON needs.
+
+`validate_arguments(tool_or_schema, args)` raises one `ArgumentValidationError` listing every
+failure as (JSON pointer, message). Before the schema runs, the arguments are checked for what
+RFC 8785 cannot canonicalise (integers beyond 2^53, non-finite floats, lone surrogates, non-JSON
+types) and for size, so the idempotency key derived afterwards is always defined.
+Compiled validators are cached by the schema's canonical text. Formats are not asserted
+(2020-12 treats `format` as an annotation by default).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import jsonschema_rs
+from surecall.errors import ArgumentValidationError, SchemaError
+
+MAX_ARGUMENT_BYTES = 1 << 20  # 1 MiB of JSON text per call
+MAX_DEPTH = 64
+MAX_SAFE_INTEGER = (1 << 53) - 1  # beyond this RFC 8785 (I-JSON numbers are IEEE doubles) is undefined
+
+
+def validate_arguments(tool_or_schema: Any, args: Any, *, max_bytes: int = MAX_ARGUMENT_BYTES) -> None:
+    """Raise ArgumentValidationError (every failure, each with its JSON pointer) unless `args`
+    is a JSON object that RFC 8785 can canonicalise, at most `max_bytes` long, and valid
+    against the tool's input schema. `tool_or_schema`: a `Tool` (its `input_schema`) or a dict."""
+    name, schema = _schema_of(tool_or_schema)
+    where = f" for tool {name!r}" if name else ""
+    if not isinstance(args, Mapping):
+        raise ArgumentValidationError(f"Invalid arguments{where}: expected a JSON object, got {type(args).__name__}", [("", "not an object")])
+    problems = check_canonicalisable(args)
+    if problems:
+        raise ArgumentValidationError(_summary(f"Invalid arguments{where}", problems), problems)
+    size = len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > max_bytes:
+        raise ArgumentValidationError(
+            f"Invalid arguments{where}: {size} bytes of JSON, more than the limit of {max_bytes} bytes",
+            [("", f"oversized: {size} > {max_bytes} bytes")],
+        )
+    failures = [(_pointer(err.instance_path), err.message) for err in compiled_validator(schema).iter_errors(args)]
+    if failures:
+        raise ArgumentValidationError(_summary(f"Invalid arguments{where}", failures), failures)
+
+
+def compiled_validator(schema: dict) -> jsonschema_rs.Draft202012Validator:
+    """The cached 2020-12 validator of `schema`; SchemaError if the schema itself is malformed."""
+    try:
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"Invalid schema: not JSON-serialisable ({exc})") from exc
+    return _compile(text)
+
+
+@lru_cache(maxsize=1024)
+def _compile(schema_text: str) -> jsonschema_rs.Draft202012Validator:
+    schema = json.loads(schema_text)
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        raise SchemaError(f"Invalid schema: {exc.message}", pointer=_pointer(exc.instance_path)) from exc
+    except Exception as exc:  # unknown $schema etc.
+        raise SchemaError(f"Invalid schema: {exc}") from exc
+    try:
+        return jsonschema_rs.Draft202012Validator(schema)
+    except Exception as exc:  # bad regex, unresolvable $ref, ...
+        raise SchemaError(f"Invalid schema: {exc}") from exc
+
+
+def check_canonicalisable(value: Any, pointer: str = "", depth: int = 0) -> list[tuple[str, str]]:
+    """(pointer, problem) for every value RFC 8785 cannot canonicalise; [] when all is well."""
+    if depth > MAX_DEPTH:
+        return [(pointer, f"nested deeper than {MAX_DEPTH} levels")]
+    if value is None or isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            return [(pointer, f"integer {value} is beyond 2^53-1; RFC 8785 cannot canonicalise it (send it as a string)")]
+        return []
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(pointer, f"{value} is not a finite number")]
+    if isinstance(value, str):
+        return [(pointer, "string holds a lone surrogate; RFC 8785 needs valid Unicode")] if _has_lone_surrogate(value) else []
+    if isinstance(value, Mapping):
+        out = []
+        for key, item in value.items():
+            child = f"{pointer}/{_escape(str(key))}"
+            if not isinstance(key, str):
+                out.append((child, f"object key {key!r} is not a string"))
+            elif _has_lone_surrogate(key):
+                out.append((child, "object key holds a lone surrogate; RFC 8785 needs valid Unicode"))
+            out.extend(check_canonicalisable(item, child, depth + 1))
+        return out
+    if isinstance(value, (list, tuple)):
+        out = []
+        for i, item in enumerate(value):
+            out.extend(check_canonicalisable(item, f"{pointer}/{i}", depth + 1))
+        return out
+    return [(pointer, f"{type(value).__name__} is not a JSON value")]
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _schema_of(tool_or_schema: Any) -> tuple[str | None, dict]:
+    schema = getattr(tool_or_schema, "input_schema", tool_or_schema)
+    if not isinstance(schema, dict):
+        raise SchemaError(f"Invalid schema: expected a Tool or a JSON object, got {type(tool_or_schema).__name__}")
+    return getattr(tool_or_schema, "name", None), schema
+
+
+def _pointer(path: Any) -> str:
+    return "".join(f"/{_escape(str(part))}" for part in path)
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _summary(prefix: str, failures: list[tuple[str, str]]) -> str:
+    shown = "; ".join(f"{p or '/'}: {m}" for p, m in failures[:5])
+    more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+    return f"{prefix}: {len(failures)} failure(s): {shown}{more}"
