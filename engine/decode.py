@@ -1,0 +1,216 @@
+"""The batched decode loop: prefill, then one masked, sampled, advanced token per row per step.
+
+Rows finish independently (a finished row keeps feeding a pad token and is ignored); the host
+looks at the finished flags only every `stop_check_interval` steps, so a step launches work
+without waiting for the device. Constrained rows carry a global state id in one concatenated
+TokenTable (mixed tools in one batch) and a remaining budget, so the mask only keeps tokens that
+can still reach acceptance: a constrained row never ends mid-call. Forced prefix ids (a
+control token such as Mistral's `[TOOL_CALLS]`) are appended to the prompt and reported as
+generated tokens with masked logprob 0. This module does not tokenize, parse or validate.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import torch
+from surecall.config import EngineConfig, SamplingParams
+from surecall.kernel_ops import KernelOps
+
+
+@dataclass
+class DecodeRow:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    state: int = -1  # global start state in the batch table; -1 = free (unconstrained) row
+    forced_ids: tuple[int, ...] = ()  # emitted before the grammar starts (already in no grammar)
+
+
+@dataclass
+class RowOutput:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    unmasked_logprobs: list[float] | None
+    finish_reason: str  # "stop" (a stop id ended it) | "length" (max_tokens reached)
+
+
+@dataclass
+class DecodeOutput:
+    rows: list[RowOutput]
+    timings: dict = field(default_factory=dict)  # prefill_s, decode_s, mask_s, num_steps
+
+
+class _Clock:
+    """Sums device time of named sections without syncing inside the loop (CUDA events on GPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: dict[str, list] = {}
+        self.totals: dict[str, float] = {}
+
+    def start(self, name: str):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return (name, event)
+        return (name, time.perf_counter())
+
+    def stop(self, token) -> None:
+        name, begin = token
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pending.setdefault(name, []).append((begin, end))
+        else:
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - begin
+
+    def result(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            for name, pairs in self.pending.items():
+                self.totals[name] = self.totals.get(name, 0.0) + sum(b.elapsed_time(e) for b, e in pairs) / 1e3
+        return dict(self.totals)
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[r, length - len(p) :] = 1
+    return ids, mask
+
+
+def _row_seed(sampling: SamplingParams) -> int:
+    return sampling.seed if sampling.seed is not None else secrets.randbits(62)
+
+
+def _forced_unmasked(logits_last: torch.Tensor, rows: list[DecodeRow]) -> list[list[float]]:
+    """Unmasked logprobs of each row's forced ids, from the prefill logits that predicted them."""
+    out = []
+    k = logits_last.shape[1]
+    for b, row in enumerate(rows):
+        n = len(row.forced_ids)
+        if n == 0:
+            out.append([])
+            continue
+        temp = row.sampling.temperature or 1.0
+        lp = torch.log_softmax(logits_last[b, k - 1 - n : k - 1] / temp, dim=-1)
+        out.append([float(lp[i, t]) for i, t in enumerate(row.forced_ids)])
+    return out
+
+
+class Decoder:
+    """Runs one batch (at most the runner's batch limit) from prompts to finished rows."""
+
+    def __init__(self, runner, config: EngineConfig | None = None, ops: KernelOps | None = None):
+        self.runner = runner
+        self.config = config or EngineConfig()
+        self.ops = ops or KernelOps()
+
+    def run(
+        self,
+        rows: list[DecodeRow],
+        stop_ids: list[int],  # ids that end a free row (constrained rows: the table's stop ids)
+        table=None,  # the batch's concatenated table, already on the device (ops.to_device), or None
+        pad_id: int = 0,
+    ) -> DecodeOutput:
+        device = self.runner.device
+        clock = _Clock(device)
+        batch = len(rows)
+        budgets = [r.sampling.max_tokens - len(r.forced_ids) for r in rows]
+        max_steps = max(budgets)
+        # 1. prefill (forced ids ride at the end of the prompt)
+        t0 = time.perf_counter()
+        ids, attn = _left_pad([list(r.prompt_ids) + list(r.forced_ids) for r in rows], pad_id)
+        num_last = 1 + max(len(r.forced_ids) for r in rows)
+        want_unmasked = any(r.sampling.unmasked_logprobs for r in rows)
+        logits_last = self.runner.prefill(ids, attn, max_steps, num_last=num_last if want_unmasked else 1)
+        forced_unmasked = _forced_unmasked(logits_last, rows) if want_unmasked else [[] for _ in rows]
+        logits = logits_last[:, -1, :]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - t0
+        # 2. per-row tensors
+        t1 = time.perf_counter()
+        dtable = table
+        state = torch.tensor([r.state for r in rows], dtype=torch.int32, device=device)
+        is_constrained = state >= 0
+        budget = torch.tensor(budgets, dtype=torch.int32, device=device)
+        temperature = torch.tensor([float(r.sampling.temperature) for r in rows], dtype=torch.float32, device=device)
+        top_k = torch.tensor([r.sampling.top_k for r in rows], dtype=torch.int32, device=device)
+        top_p = torch.tensor([float(r.sampling.top_p) for r in rows], dtype=torch.float32, device=device)
+        seed = torch.tensor([_row_seed(r.sampling) for r in rows], dtype=torch.int64, device=device)
+        stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.int64, device=device)
+        out_tok = torch.full((batch, max_steps), pad_id, dtype=torch.int64, device=device)
+        out_lp = torch.zeros((batch, max_steps), dtype=torch.float32, device=device)
+        out_raw = torch.zeros((batch, max_steps), dtype=torch.float32, device=device) if want_unmasked else None
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        by_stop = torch.zeros(batch, dtype=torch.bool, device=device)
+        length = torch.zeros(batch, dtype=torch.int64, device=device)
+        pad = torch.full((batch,), pad_id, dtype=torch.int64, device=device)
+        num_steps = 0
+        # 3. the step loop
+        for step in range(max_steps):
+            num_steps = step + 1
+            remaining = (budget - step).clamp_min(1)
+            if want_unmasked:
+                temp1 = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).view(-1, 1)
+                raw_lse = torch.logsumexp(logits / temp1, dim=-1)
+            if dtable is not None:
+                mark = clock.start("mask_s")
+                self.ops.mask_inplace(
+                    logits, dtable, torch.where(done, -1, state), remaining, check=self.config.check_kernel_inputs
+                )
+                clock.stop(mark)
+            step_t = torch.full((batch,), step, dtype=torch.int64, device=device)
+            tok, lp = self.ops.sample(logits, temperature, top_k, top_p, seed, step_t, check=self.config.check_kernel_inputs)
+            tok = torch.where(done, pad, tok)
+            out_tok[:, step] = tok
+            out_lp[:, step] = lp
+            if want_unmasked:
+                out_raw[:, step] = logits.gather(1, tok.view(-1, 1)).view(-1) / temp1.view(-1) - raw_lse
+            # 4. advance grammars; decide which rows finished with this token
+            finished = torch.isin(tok, stops)
+            if dtable is not None:
+                mark = clock.start("mask_s")
+                next_state, fin_grammar = self.ops.advance(state.clamp_min(0), tok, dtable, check=False)
+                state = torch.where(is_constrained & ~done, next_state.to(torch.int32), state)
+                finished = torch.where(is_constrained, fin_grammar, finished)
+                clock.stop(mark)
+            newly = ~done & (finished | (step + 1 >= budget))
+            by_stop |= ~done & finished
+            length = torch.where(newly, step + 1, length)
+            done |= newly
+            if (step + 1) % self.config.stop_check_interval == 0 and bool(done.all()):
+                break
+            if step + 1 < max_steps:
+                logits = self.runner.decode(tok)
+        # 5. gather results on the host once
+        lengths, stopped = length.tolist(), by_stop.tolist()
+        tok_host, lp_host = out_tok.tolist(), out_lp.tolist()
+        raw_host = out_raw.tolist() if want_unmasked else None
+        decode_s = time.perf_counter() - t1
+        timings = {"prefill_s": prefill_s, "decode_s": decode_s, "mask_s": 0.0, "num_steps": num_steps}
+        timings.update(clock.result())
+        self.runner.release()
+        return DecodeOutput(
+            [self._row_output(r, lengths[b], stopped[b], tok_host[b], lp_host[b],
+                              raw_host[b] if raw_host else None, forced_unmasked[b])
+             for b, r in enumerate(rows)],
+            timings,
+        )
+
+    @staticmethod
+    def _row_output(row, n, stopped, toks, lps, raws, forced_raw) -> RowOutput:
+        forced = list(row.forced_ids)
+        s = row.sampling
+        return RowOutput(
+            token_ids=forced + toks[:n],
+            logprobs=[0.0] * len(forced) + lps[:n] if s.logprobs else None,
+            unmasked_logprobs=forced_raw + raws[:n] if s.unmasked_logprobs and raws is not None else None,
+            finish_reason="stop" if stopped else "length",
+        )

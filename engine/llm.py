@@ -1,0 +1,281 @@
+"""LLM: the public entry point that turns prompts and tools into tool calls.
+
+`LLM(model, tokenizer)` loads the model runner and the vocabulary once; `generate` renders each
+row's prompt, compiles (and caches) the grammar of each distinct (tools, format), refuses rows
+whose budget cannot fit any call, decodes the good rows in batches through `Decoder`, then
+parses (and, in free mode, validates) every completion. A bad row reports its error in its own
+result; only a request in which every row is bad raises. It does not dispatch or run tools.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from surecall.calls import ToolCall, check_call, tool_name_schema
+from surecall.config import EngineConfig, SamplingParams
+from surecall.decode import Decoder, DecodeRow
+from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.kernel_ops import KernelOps
+from surecall.model_runner import ModelRunner
+from surecall.prompts import is_single_prompt, render_prompt
+
+DEFAULT_FORMATS = {"qwen2": "hermes", "llama": "llama3", "mistral": "mistral"}
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    call: ToolCall | None  # the parsed call (also set when it parses but fails its schema)
+    error: str | None  # why the call is malformed/invalid, or the row's input error
+    logprobs: list[float] | None
+    unmasked_logprobs: list[float] | None
+    finish_reason: str  # "stop" | "length" | "error"
+    timings: dict = field(default_factory=dict)  # prefill_s, decode_s, mask_s, compile_s, num_steps
+    num_tokens: int = 0
+    error_kind: str | None = None  # "malformed" | "invalid" | "request" | None
+
+
+@dataclass
+class _Row:
+    index: int
+    ids: list[int] | None = None
+    sampling: SamplingParams | None = None
+    tools: list | None = None
+    table_key: str | None = None
+    forced: tuple[int, ...] = ()
+    error: SurecallError | None = None
+
+
+def _load_tokenizer(tokenizer, model):
+    if tokenizer is None and isinstance(model, (str, Path)):
+        path = Path(model)
+        if any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+            tokenizer = path
+    if isinstance(tokenizer, (str, Path)):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"Could not load a tokenizer from {tokenizer}: {exc}") from exc
+    return tokenizer
+
+
+def _load_vocab(tokenizer, logits_width: int):
+    from surecall.grammars.vocab import Vocab
+
+    if tokenizer is None or isinstance(tokenizer, Vocab):
+        vocab = tokenizer
+    else:
+        from surecall.grammars.vocab_loaders import load
+
+        vocab = load(tokenizer, logits_width=max(logits_width, len(tokenizer)) if hasattr(tokenizer, "__len__") else logits_width)
+    if vocab is not None and vocab.vocab_size > logits_width:
+        raise ModelLoadError(
+            f"Tokenizer does not match the model: {vocab.vocab_size} token ids but the model's logits are "
+            f"{logits_width} wide"
+        )
+    if vocab is not None and vocab.logits_width != logits_width:
+        from dataclasses import replace
+
+        vocab = replace(vocab, logits_width=logits_width)
+    return vocab
+
+
+class LLM:
+    """A causal LM plus its tokenizer, generating tool calls (constrained or free)."""
+
+    def __init__(self, model, tokenizer=None, device=None, dtype=None, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.runner = ModelRunner(model, device=device, dtype=dtype, attn_implementation=self.config.attn_implementation)
+        from surecall.grammars.vocab import Vocab
+
+        self.tokenizer = _load_tokenizer(tokenizer, model)
+        self.vocab = _load_vocab(self.tokenizer, self.runner.logits_width)
+        if isinstance(self.tokenizer, Vocab):
+            self.tokenizer = None
+        self.default_format = DEFAULT_FORMATS.get(self.runner.model_type, "json")
+        self.ops = KernelOps()
+        self.decoder = Decoder(self.runner, self.config, self.ops)
+        self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable
+        self._device_tables: dict[tuple, tuple] = {}  # tuple of table keys -> (device table, offsets)
+
+    # --- public ---------------------------------------------------------------------------
+    def generate(self, prompts, tools=None, sampling=None, constrained: bool = True, tool_format: str | None = None):
+        """One GenerationResult per prompt (a single prompt gives a list of one)."""
+        prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
+        if not prompts:
+            raise RequestError("Invalid prompts: expected at least one prompt, got an empty list")
+        row_tools = self._per_row_tools(tools, len(prompts))
+        fmt = self._format(tool_format) if any(row_tools) else None
+        rows = self._prepare(prompts, row_tools, self._per_row_sampling(sampling, len(prompts)), constrained, fmt)
+        good = [r for r in rows if r.error is None]
+        if not good:
+            raise rows[0].error
+        results: dict[int, GenerationResult] = {r.index: self._error_result(r) for r in rows if r.error is not None}
+        for start in range(0, len(good), self.config.max_batch_size):
+            chunk = good[start : start + self.config.max_batch_size]
+            for row, res in zip(chunk, self._decode_chunk(chunk, constrained, fmt), strict=True):
+                results[row.index] = res
+        for res in results.values():
+            res.timings["compile_s"] = self._compile_s
+        return [results[i] for i in range(len(prompts))]
+
+    def count_tokens(self, text: str) -> list[int]:
+        from surecall.prompts import _encode
+
+        return _encode(self.tokenizer, text, add_special_tokens=False)
+
+    def table_for(self, tools: list, tool_format: str | None = None):
+        """The compiled (cached) TokenTable of a tool list in a format."""
+        return self._tables[self._table_key(tools, self._format(tool_format))]
+
+    # --- preparation ----------------------------------------------------------------------
+    def _format(self, name: str | None):
+        from surecall.grammars.formats import get_format
+
+        try:
+            return get_format(name or self.default_format)
+        except (KeyError, ValueError) as exc:
+            raise RequestError(f"Invalid tool_format: {exc}") from exc
+
+    @staticmethod
+    def _per_row_tools(tools, n: int) -> list:
+        if tools is None:
+            return [None] * n
+        tools = list(tools)
+        if len(tools) == n and tools and all(t is None or isinstance(t, (list, tuple)) for t in tools):
+            return [list(t) if t is not None else None for t in tools]
+        return [tools] * n
+
+    @staticmethod
+    def _per_row_sampling(sampling, n: int) -> list[SamplingParams]:
+        if sampling is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * n
+        sampling = list(sampling)
+        if len(sampling) != n or not all(isinstance(s, SamplingParams) for s in sampling):
+            raise RequestError(f"Invalid sampling: expected one SamplingParams or a list of {n}, got {len(sampling)} items")
+        return sampling
+
+    def _prepare(self, prompts, tools, sampling, constrained: bool, fmt) -> list[_Row]:
+        self._compile_s = 0.0
+        rows = []
+        for i, (prompt, row_tools, params) in enumerate(zip(prompts, tools, sampling, strict=True)):
+            row = _Row(i, sampling=params, tools=row_tools)
+            try:
+                row.ids = render_prompt(prompt, self.tokenizer, row_tools, i)
+                if constrained:
+                    self._prepare_grammar(row, fmt)
+                self._check_length(row)
+            except SurecallError as exc:
+                row.error = exc
+            rows.append(row)
+        return rows
+
+    def _prepare_grammar(self, row: _Row, fmt) -> None:
+        if not row.tools:
+            raise RequestError(f"Invalid request at row {row.index}: constrained decoding needs at least one tool")
+        if self.vocab is None:
+            raise RequestError("Invalid request: constrained decoding needs a tokenizer (LLM was built without one)")
+        row.table_key = self._table_key(row.tools, fmt)
+        table = self._compile(row.table_key, row.tools, fmt)
+        prefix = getattr(fmt, "control_prefix", None)
+        if prefix:
+            if prefix not in self.vocab.special_tokens:
+                raise RequestError(f"Invalid tool_format {fmt.name!r}: control token {prefix!r} is not in the vocabulary")
+            row.forced = (int(self.vocab.special_tokens[prefix]),)
+        need = int(table.dist[0]) + len(row.forced)
+        if row.sampling.max_tokens < need:
+            raise RequestError(
+                f"Invalid max_tokens at row {row.index}: the shortest call takes {need} tokens, got max_tokens={row.sampling.max_tokens}"
+            )
+
+    def _table_key(self, tools: list, fmt) -> str:
+        options = self.config.grammar_options
+        opt_key = options.cache_key() if options is not None else "default"
+        described = [tool_name_schema(t) for t in tools]
+        return json.dumps([getattr(fmt, "name", str(fmt)), opt_key, described], sort_keys=True)
+
+    def _compile(self, key: str, tools: list, fmt):
+        if key not in self._tables:
+            from surecall.grammars.compile import compile_catalog
+
+            start = time.perf_counter()
+            named = [{"name": n, "parameters": s} for n, s in (tool_name_schema(t) for t in tools)]
+            self._tables[key] = compile_catalog(named, self.vocab, tool_format=fmt.name, options=self.config.grammar_options)
+            self._compile_s += time.perf_counter() - start
+        return self._tables[key]
+
+    def _check_length(self, row: _Row) -> None:
+        limit = self.config.max_seq_len or self.runner.max_positions
+        total = len(row.ids) + row.sampling.max_tokens
+        if total > limit:
+            raise RequestError(
+                f"Invalid request at row {row.index}: prompt ({len(row.ids)} tokens) + max_tokens "
+                f"({row.sampling.max_tokens}) exceeds the model's {limit} positions"
+            )
+
+    # --- decoding and results -------------------------------------------------------------
+    def _batch_table(self, keys: tuple[str, ...]):
+        if keys not in self._device_tables:
+            from surecall.grammars.table import TokenTable
+
+            tables = [self._tables[k] for k in keys]
+            table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
+            self._device_tables[keys] = (self.ops.to_device(table, self.runner.device), [int(o) for o in offsets])
+        return self._device_tables[keys]
+
+    def _decode_chunk(self, chunk: list[_Row], constrained: bool, fmt) -> list[GenerationResult]:
+        dtable, start_of = None, {}
+        if constrained:
+            keys = tuple(sorted({r.table_key for r in chunk}))
+            dtable, offsets = self._batch_table(keys)
+            start_of = dict(zip(keys, offsets, strict=True))
+        rows = [DecodeRow(r.ids, r.sampling, start_of.get(r.table_key, -1), r.forced) for r in chunk]
+        stop_ids = list(self.vocab.stop_ids) if self.vocab is not None else self._config_stop_ids()
+        out = self.decoder.run(rows, stop_ids=stop_ids, table=dtable, pad_id=self._pad_id())
+        return [self._result(r, o, out.timings, constrained, fmt) for r, o in zip(chunk, out.rows, strict=True)]
+
+    def _result(self, row: _Row, out, timings: dict, constrained: bool, fmt) -> GenerationResult:
+        text = self._text(out.token_ids)
+        call, error, kind = None, None, None
+        if row.tools:
+            check = check_call(text, fmt, row.tools)
+            call, error, kind = check.call, check.error, check.error_kind
+        return GenerationResult(
+            token_ids=out.token_ids, text=text, call=call, error=error, logprobs=out.logprobs,
+            unmasked_logprobs=out.unmasked_logprobs, finish_reason=out.finish_reason,
+            timings=dict(timings), num_tokens=len(out.token_ids), error_kind=kind,
+        )
+
+    @staticmethod
+    def _error_result(row: _Row) -> GenerationResult:
+        return GenerationResult([], "", None, str(row.error), None, None, "error", {}, 0, "request")
+
+    def _text(self, ids: list[int]) -> str:
+        if self.vocab is None:
+            return ""
+        stops = set(self.vocab.stop_ids)
+        names = {v: k for k, v in self.vocab.special_tokens.items()}
+        parts = []
+        for t in ids:
+            if t in stops:
+                continue
+            b = self.vocab.token_bytes[t] if t < self.vocab.vocab_size else b""
+            parts.append(b if b else names.get(t, "").encode())
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    def _config_stop_ids(self) -> list[int]:
+        eos = getattr(self.runner.config, "eos_token_id", None)
+        return [eos] if isinstance(eos, int) else list(eos or [])
+
+    def _pad_id(self) -> int:
+        pad = getattr(self.runner.config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) and 0 <= pad < self.runner.logits_width else 0

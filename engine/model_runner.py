@@ -1,0 +1,158 @@
+"""ModelRunner: a Hugging Face causal LM behind two calls, `prefill` and `decode`.
+
+Loads Llama, Qwen2 and Mistral family models from a local directory (config.json +
+safetensors, never downloading) or wraps an already-built `transformers` model. Prefill takes
+left-padded prompts with an attention mask and explicit position ids; decode feeds one token
+per row against the KV cache. Every line that touches the cache object lives in `_KVCache`, so
+a transformers API change (`past_key_values=` -> `cache=` in 5.24) is fixed in one place.
+It does not sample, mask or know about grammars; that is `decode.py` and the kernels.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+from surecall.errors import ModelLoadError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def _cache_keyword(model) -> str:
+    """The forward keyword this transformers version prefers for the KV cache."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class _KVCache:
+    """The one place that creates and passes the transformers cache object."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        try:
+            self.obj = DynamicCache(config=model.config)
+        except TypeError:  # older transformers: no config argument
+            self.obj = DynamicCache()
+        self.keyword = _cache_keyword(model)
+
+    def kwargs(self) -> dict:
+        return {self.keyword: self.obj, "use_cache": True}
+
+
+def _read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise ModelLoadError(f"Model directory not found: {path}")
+    if not config_file.is_file():
+        raise ModelLoadError(f"Model directory {path} has no config.json")
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Model config {config_file} is not readable JSON: {exc}") from exc
+
+
+def load_model(path: str | Path, dtype: torch.dtype | None = None, attn_implementation: str | None = None):
+    """Load a supported causal LM from a local directory; ModelLoadError naming the problem."""
+    path = Path(path).expanduser()
+    config = _read_config(path)
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"Unsupported model architecture {model_type!r} in {path / 'config.json'}: "
+            f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"Model directory {path} has no *.safetensors weights")
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"local_files_only": True}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"Could not load the model in {path}: {exc}") from exc
+
+
+class ModelRunner:
+    """Batched prefill + one-token decode over a KV cache for one causal LM."""
+
+    def __init__(self, model, device=None, dtype=None, attn_implementation: str | None = None):
+        if isinstance(model, (str, Path)):
+            self.source = str(model)
+            model = load_model(model, dtype=dtype, attn_implementation=attn_implementation)
+        else:
+            self.source = type(model).__name__
+            if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+                raise ModelLoadError(
+                    f"Invalid model: expected a local directory or a transformers model, got {type(model).__name__}"
+                )
+            model_type = getattr(model.config, "model_type", None)
+            if model_type not in SUPPORTED_MODEL_TYPES:
+                raise ModelLoadError(
+                    f"Unsupported model architecture {model_type!r}: expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+                )
+        if device is not None:
+            model = model.to(device)
+        if dtype is not None:
+            model = model.to(dtype)
+        self.model = model.eval()
+        self.config = model.config
+        self.model_type = self.config.model_type
+        self.device = next(model.parameters()).device
+        self.logits_width = int(model.get_output_embeddings().weight.shape[0])
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
+        self._cache: _KVCache | None = None
+        self._attn: torch.Tensor | None = None  # [B, max_len] long; 1 = real token
+        self._length = 0  # columns of _attn filled so far
+        self._next_pos: torch.Tensor | None = None  # [B] position id of the next token
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        input_ids: torch.Tensor,  # [B, T] long, left-padded
+        attention_mask: torch.Tensor,  # [B, T] long, 0 on padding
+        max_new_tokens: int,
+        num_last: int = 1,
+    ) -> torch.Tensor:  # [B, num_last, V] float32 logits of the last positions
+        batch, length = input_ids.shape
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device, dtype=torch.long)
+        self._cache = _KVCache(self.model)
+        self._attn = torch.ones((batch, length + max_new_tokens), dtype=torch.long, device=self.device)
+        self._attn[:, :length] = attention_mask
+        self._length = length
+        # Left padding: positions count real tokens only, so row r's first real token is position 0.
+        positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+        self._next_pos = positions[:, -1] + 1
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            logits_to_keep=num_last,
+            **self._cache.kwargs(),
+        )
+        return out.logits[:, -num_last:, :].float()
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [B] long -> logits [B, V] float32
+        self._length += 1
+        out = self.model(
+            input_ids=tokens.view(-1, 1),
+            attention_mask=self._attn[:, : self._length],
+            position_ids=self._next_pos.view(-1, 1),
+            **self._cache.kwargs(),
+        )
+        self._next_pos = self._next_pos + 1
+        return out.logits[:, -1, :].float()
+
+    def release(self) -> None:
+        """Drop the KV cache (frees memory between generate calls)."""
+        self._cache = None
+        self._attn = None
+        self._next_pos = None
