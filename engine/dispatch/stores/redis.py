@@ -34,14 +34,14 @@ from surecall.errors import IdempotencyConflict, StoreUnavailable
 _EXPIRED = "lease expired before the call reported back: effect unknown"
 
 # KEYS: rec, lease. Shared prologue: load the state and turn a lapsed lease into IN_DOUBT.
-_PROLOGUE = """
+_PROLOGUE = f"""
 local rec, lease = KEYS[1], KEYS[2]
 local st = redis.call('HGET', rec, 'state')
 if st == 'IN_FLIGHT' and redis.call('EXISTS', lease) == 0 then
-  redis.call('HSET', rec, 'state', 'IN_DOUBT', 'error', '%s')
+  redis.call('HSET', rec, 'state', 'IN_DOUBT', 'error', '{_EXPIRED}')
   st = 'IN_DOUBT'
 end
-""" % _EXPIRED
+"""
 
 # ARGV: fp, owner, lease_ms, lease_expires, now -> {1|0, hgetall} or {-1, stored fp}
 _CLAIM = _PROLOGUE + """

@@ -1,0 +1,132 @@
+"""`surecall lint FILE...`: lint tool schemas against the five rules and the anti-pattern table.
+
+A FILE is a JSON Schema, a JSON list (or JSONL) of tools ({name, parameters} / OpenAI /
+MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), or a python
+`module:attr` naming a Tool, a pydantic model, a dict or a list of them. Prints findings
+(human or --json) and exits 1 when there are findings, 0 when clean, 2 on unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+from surecall.errors import ToolDefinitionError
+from surecall.lint import RULES, Finding, count_by_rule, lint_schema
+
+_SCHEMA_KEYS = ("inputSchema", "input_schema", "parameters_json_schema", "parameters")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="schema / tools JSON / JSONL / MCP tool list / module:attr")
+    parser.add_argument("--json", action="store_true", help="one JSON object: findings, counts per rule, tools linted")
+    parser.add_argument("--rules", default="", help="comma-separated rule ids to keep (default: all)")
+    parser.add_argument("--summary", action="store_true", help="print only the counts per rule")
+
+
+def run(args: argparse.Namespace) -> int:
+    keep = {r.strip().upper() for r in args.rules.split(",") if r.strip()}
+    unknown = keep - set(RULES)
+    if unknown:
+        raise ToolDefinitionError(f"unknown rule id(s) {sorted(unknown)}; expected some of {list(RULES)}")
+    findings: list[tuple[str, Finding]] = []
+    num_tools = 0
+    for source in args.files:
+        for name, schema in load_tool_schemas(source):
+            num_tools += 1
+            findings += [(source, f) for f in lint_schema(schema, name) if not keep or f.rule in keep]
+    counts = count_by_rule(f for _, f in findings)
+    if args.json:
+        print(json.dumps({"tools": num_tools, "counts": counts,
+                          "findings": [] if args.summary else [{"file": s, **f.to_dict()} for s, f in findings]}))
+    else:
+        _print_human(findings, counts, num_tools, args.summary)
+    return 1 if findings else 0
+
+
+def _print_human(findings: list[tuple[str, Finding]], counts: dict[str, int], num_tools: int, summary_only: bool) -> None:
+    if not summary_only:
+        for source, f in findings:
+            print(f"{source}: {f.tool or '<schema>'}: {f.rule} {f.slug} at {f.pointer or '/'}: {f.message}")
+            print(f"    fix: {f.fix}")
+    print(f"{sum(counts.values())} finding(s) in {num_tools} tool(s)")
+    for rule, n in counts.items():
+        if n:
+            print(f"  {rule:<4} {RULES[rule][0]:<22} {n}")
+
+
+def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
+    """(tool name or None, input schema) for every tool in `source` (see the module docstring)."""
+    if not os.path.exists(source) and ":" in source:
+        return _from_python(source)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ToolDefinitionError(f"cannot read {source}: {exc.strerror}") from exc
+    return _from_json_text(text, source)
+
+
+def _from_json_text(text: str, source: str) -> list[tuple[str | None, Any]]:
+    try:
+        return _entries(json.loads(text), source)
+    except json.JSONDecodeError as whole_error:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        out = []
+        for i, line in enumerate(lines, 1):
+            try:
+                out += _entries(json.loads(line), f"{source}:{i}")
+            except json.JSONDecodeError as exc:
+                if i == 1:
+                    raise ToolDefinitionError(f"{source}: not JSON or JSONL ({whole_error.msg} at line {whole_error.lineno})") from exc
+                raise ToolDefinitionError(f"{source}:{i}: invalid JSON line ({exc.msg})") from exc
+        return out
+
+
+def _entries(data: Any, source: str) -> list[tuple[str | None, Any]]:
+    if isinstance(data, dict) and isinstance(data.get("tools"), list):  # MCP tools/list result
+        data = data["tools"]
+    if isinstance(data, list):
+        return [_entry(item, f"{source}[{i}]") for i, item in enumerate(data)]
+    if isinstance(data, dict):
+        return [_entry(data, source)]
+    raise ToolDefinitionError(f"{source}: expected a schema, a tool or a list of tools, got {type(data).__name__}")
+
+
+def _entry(item: Any, where: str) -> tuple[str | None, Any]:
+    if hasattr(item, "input_schema") and hasattr(item, "name"):
+        return item.name, item.input_schema
+    if hasattr(item, "model_json_schema"):
+        from surecall.tools import Tool
+
+        tool = Tool.from_pydantic(item)
+        return tool.name, tool.input_schema
+    if not isinstance(item, dict):
+        raise ToolDefinitionError(f"{where}: expected a tool object, got {type(item).__name__}")
+    if item.get("type") == "function" and isinstance(item.get("function"), dict):
+        item = item["function"]
+    for key in _SCHEMA_KEYS:
+        if key in item and "name" in item:
+            return str(item["name"]), item[key]
+    return None, item  # a bare schema
+
+
+def _from_python(spec: str) -> list[tuple[str | None, Any]]:
+    module_name, _, attr = spec.partition(":")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ToolDefinitionError(f"cannot load {spec}: {exc}") from exc
+    finally:
+        sys.path.pop(0)
+    if callable(obj) and not hasattr(obj, "model_json_schema") and not isinstance(obj, type):
+        obj = obj()
+    items = obj if isinstance(obj, (list, tuple)) else [obj]
+    return [_entry(item, f"{spec}[{i}]") for i, item in enumerate(items)]
