@@ -1,0 +1,141 @@
+"""The four-tool coding catalog: `coding_tools(workspace) -> list[Tool]`.
+
+Each tool is a `surecall.tools.Tool` whose schema is exported from its pydantic model (titles
+dropped, so the descriptor equals `surecall.catalog.seed_tools()`) and whose handler is a
+`CodingTool`: it parses the arguments, resolves every path inside the workspace and returns a
+`Plan` (what the call touches and how to run it) for `surecall.dispatch.runtime`; `file_edit`
+declares its reconciliation probe on the Tool (`Tool.probe(arguments) -> True/False/None`).
+Side-effect levels, and why:
+  bash_execute A3  a command may do anything, including deleting files: approval (the right
+                   `approve:bash_execute`) and an idempotency key; no probe can tell what ran.
+  file_view    A0  reads only.
+  file_edit    A2  a write that is not idempotent (with allow_multiple, or when new_str holds
+                   old_str, a second run edits again): idempotency key plus a reconciliation probe.
+  grep_search  A0  reads only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from surecall.catalog import seed_tools
+from surecall.errors import PathOutsideWorkspace
+from surecall.toolbox.bash import BashExecuteArgs, bash_execute
+from surecall.toolbox.files import FileEditArgs, FileViewArgs, file_edit, file_view, probe_file_edit
+from surecall.toolbox.paths import is_within, real_workspace, resolve_in_workspace
+from surecall.toolbox.result import Access, Plan
+from surecall.toolbox.sandbox import Sandbox, SandboxConfig
+from surecall.toolbox.search import GrepSearchArgs, SearchLimits, grep_search
+from surecall.tools import SideEffect, Tool
+
+LEVELS = {
+    "bash_execute": SideEffect.A3,
+    "file_view": SideEffect.A0,
+    "file_edit": SideEffect.A2,
+    "grep_search": SideEffect.A0,
+}
+Planner = Callable[[Any, Path, tuple[str, ...]], Plan]
+
+
+def published_schema(model: type[BaseModel]) -> dict:
+    """The model's JSON Schema without pydantic's `title` annotations (what the model sees)."""
+    return _drop_titles(model.model_json_schema())
+
+
+def _drop_titles(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _drop_titles(v) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(node, list):
+        return [_drop_titles(v) for v in node]
+    return node
+
+
+@dataclass(frozen=True)
+class CodingTool:
+    """A toolbox tool's handler: `plan(arguments, capability_objects) -> Plan`."""
+
+    model: type[BaseModel]
+    planner: Planner
+    workspace: Path
+
+    def plan(self, arguments: dict, capability_objects: tuple[str, ...] = ()) -> Plan:
+        args = self.model.model_validate(arguments)
+        return self.planner(args, self.workspace, tuple(capability_objects))
+
+
+# --- planners: what each call touches -----------------------------------------------------
+def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    real = resolve_in_workspace(ws, args.path)
+    return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws))
+
+
+def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    real = resolve_in_workspace(ws, args.path)
+    return Plan((Access("write", str(real)),), run=lambda: file_edit(args, ws))
+
+
+def _planner_grep(limits: SearchLimits) -> Planner:
+    def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+        real = resolve_in_workspace(ws, args.path)
+        return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits))
+
+    return plan
+
+
+def exec_directory(ws: Path, objects: tuple[str, ...]) -> Path:
+    """Where a command runs: the workspace when a capability object covers it, else the first
+    object directory inside the workspace (the sandbox then binds only that directory)."""
+    for obj in objects:
+        if obj.startswith("/") and is_within(ws, Path(os.path.realpath(obj))):
+            return ws
+    for obj in objects:
+        real = Path(os.path.realpath(obj)) if obj.startswith("/") else None
+        if real is not None and is_within(real, ws) and real.is_dir():
+            return real
+    raise PathOutsideWorkspace(f"the capability names no directory in the workspace {str(ws)!r} (objects {list(objects)})")
+
+
+def _planner_bash(sandbox: Sandbox) -> Planner:
+    def plan(args: BashExecuteArgs, ws: Path, objects: tuple[str, ...]) -> Plan:
+        where = exec_directory(ws, objects)
+        return Plan((Access("exec", str(where)),), run=lambda: bash_execute(args, where, sandbox))
+
+    return plan
+
+
+def _edit_probe(ws: Path) -> Callable[[dict], bool | None]:
+    """file_edit's reconciliation probe over raw arguments (see `files.probe_file_edit`)."""
+    return lambda arguments: probe_file_edit(FileEditArgs.model_validate(arguments), ws)
+
+
+def coding_tools(
+    workspace: str | os.PathLike,
+    *,
+    sandbox: Sandbox | SandboxConfig | None = None,
+    search_limits: SearchLimits | None = None,
+) -> list[Tool]:
+    """bash_execute, file_view, file_edit and grep_search, bound to `workspace`."""
+    ws = real_workspace(workspace)
+    shell = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
+    models_and_planners = {
+        "bash_execute": (BashExecuteArgs, _planner_bash(shell)),
+        "file_view": (FileViewArgs, _plan_view),
+        "file_edit": (FileEditArgs, _plan_edit),
+        "grep_search": (GrepSearchArgs, _planner_grep(search_limits or SearchLimits())),
+    }
+    tools = []
+    for seed in seed_tools():
+        model, planner = models_and_planners[seed["name"]]
+        tools.append(
+            Tool(
+                name=seed["name"], description=seed["description"], input_schema=published_schema(model),
+                level=LEVELS[seed["name"]], handler=CodingTool(model, planner, ws), model=model,
+                probe=_edit_probe(ws) if seed["name"] == "file_edit" else None,
+            )
+        )
+    return tools
