@@ -1,0 +1,92 @@
+"""GrammarOptions: every knob that changes which text a compiled grammar accepts, or how it is built.
+
+One frozen dataclass, validated in `__post_init__`, with a stable `cache_key()` (the disk cache
+keys on it). Whitespace, length bounds, recursion and closed-object policy decide the regex;
+the time and memory budgets only bound the compiler. This module does no compiling itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+WHITESPACE_POLICIES = ("none", "bounded", "free")
+_WHITESPACE_CHARS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class GrammarOptions:
+    """How a schema becomes a grammar.
+
+    whitespace: "bounded" (default: at most `max_whitespace` of `whitespace_chars` wherever JSON
+        allows whitespace), "none" (compact JSON only) or "free" (any run of `whitespace_chars`).
+    max_bounded_length: string and array length bounds above it are not materialised in the
+        grammar; they are relaxed and listed (the validator enforces them).
+    max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
+        cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
+    max_any_depth: nesting depth of values under an unconstrained schema (`{}` / `true`).
+    allow_additional_properties: False closes every object to its declared properties (stricter
+        than JSON Schema's default, never looser); True lets undeclared keys follow them where
+        the schema allows it.
+    time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them.
+    """
+
+    whitespace: str = "bounded"
+    max_whitespace: int = 1
+    whitespace_chars: str = " "
+    max_bounded_length: int = 48
+    max_ref_depth: int = 3
+    max_any_depth: int = 2
+    allow_additional_properties: bool = False
+    time_budget_s: float = 30.0
+    memory_budget_bytes: int = 2 << 30
+
+    def __post_init__(self) -> None:
+        if self.whitespace not in WHITESPACE_POLICIES:
+            raise ValueError(
+                f"Invalid whitespace: expected one of {WHITESPACE_POLICIES}, got {self.whitespace!r}"
+            )
+        _check_int("max_whitespace", self.max_whitespace, 0, 64)
+        if not self.whitespace_chars or any(c not in _WHITESPACE_CHARS for c in self.whitespace_chars):
+            raise ValueError(
+                "Invalid whitespace_chars: expected a non-empty subset of ' \\t\\n\\r', "
+                f"got {self.whitespace_chars!r}"
+            )
+        _check_int("max_bounded_length", self.max_bounded_length, 1, 4096)
+        _check_int("max_ref_depth", self.max_ref_depth, 0, 64)
+        _check_int("max_any_depth", self.max_any_depth, 0, 8)
+        if not isinstance(self.allow_additional_properties, bool):
+            raise ValueError(
+                "Invalid allow_additional_properties: expected a bool, "
+                f"got {self.allow_additional_properties!r}"
+            )
+        if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:
+            raise ValueError(f"Invalid time_budget_s: expected a number > 0, got {self.time_budget_s!r}")
+        _check_int("memory_budget_bytes", self.memory_budget_bytes, 1 << 20, 1 << 50)
+
+    def whitespace_regex(self) -> str:
+        """The regex for one place where JSON allows whitespace ("" when none is allowed)."""
+        if self.whitespace == "none" or (self.whitespace == "bounded" and self.max_whitespace == 0):
+            return ""
+        chars = "".join({" ": " ", "\t": r"\t", "\n": r"\n", "\r": r"\r"}[c] for c in self.whitespace_chars)
+        unit = " " if chars == " " else f"[{chars}]"
+        if self.whitespace == "free":
+            return f"{unit}*"
+        if self.max_whitespace == 1:
+            return f"{unit}?"
+        return f"{unit}{{0,{self.max_whitespace}}}"
+
+    def separators(self) -> tuple[str, str]:
+        """(item, key) separators of the canonical rendering: with a space when one is allowed."""
+        if self.whitespace_regex() == "" or " " not in self.whitespace_chars:
+            return (",", ":")
+        return (", ", ": ")
+
+    def cache_key(self) -> str:
+        """A stable string naming these options (sorted JSON of every field)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"Invalid {name}: expected an int in [{low}, {high}], got {value!r}")

@@ -1,0 +1,283 @@
+"""Translate a JSON Schema `pattern` (ECMA-262 regex, search semantics) to a string-body regex.
+
+The result matches the JSON-escaped body of every string (between the quotes) that the pattern
+finds a match in, each character written the way `json.dumps(ensure_ascii=False)` writes it.
+`translate_pattern` raises PatternUnsupported for what it cannot express exactly (lookaround,
+backreferences, word boundaries, anchors inside groups, Unicode property classes, inline flags);
+it returns `exact=False` when a repetition bound above `max_repeat` was widened (the grammar is
+then looser than the pattern and the caller lists the pattern as relaxed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surecall.grammars.regex_json import (
+    ALL_CHARS,
+    STRING_CHAR,
+    char_set_regex,
+    complement,
+    escape_literal,
+    normalize,
+)
+
+_DIGIT = [(0x30, 0x39)]
+_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+          (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
+_LINE_TERMINATORS = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
+_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_CONTROL_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B, "0": 0x00}
+
+
+class PatternUnsupported(ValueError):
+    """The pattern uses a construct that has no exact translation; the message says which."""
+
+
+@dataclass(frozen=True)
+class Translated:
+    regex: str  # the string body (without quotes)
+    is_exact: bool
+
+
+def translate_pattern(pattern: str, max_repeat: int) -> Translated:
+    """String-body regex for strings in which `pattern` finds a match."""
+    parser = _Parser(pattern, max_repeat)
+    branches = parser.parse_top()
+    any_run = f"{STRING_CHAR}*"
+    out = []
+    for starts, body, ends in branches:
+        out.append(("" if starts else any_run) + body + ("" if ends else any_run))
+    regex = out[0] if len(out) == 1 else "|".join(f"(?:{b})" for b in out)
+    return Translated(regex=regex, is_exact=parser.is_exact)
+
+
+class _Parser:
+    """Recursive descent over the pattern; emits regex text directly (None = matches nothing)."""
+
+    def __init__(self, pattern: str, max_repeat: int):
+        self.src = pattern
+        self.pos = 0
+        self.max_repeat = max_repeat
+        self.is_exact = True
+
+    def fail(self, what: str) -> PatternUnsupported:
+        return PatternUnsupported(f"{what} at offset {self.pos} of pattern {self.src!r}")
+
+    def peek(self, k: int = 0) -> str:
+        i = self.pos + k
+        return self.src[i] if i < len(self.src) else ""
+
+    def parse_top(self) -> list[tuple[bool, str, bool]]:
+        branches = []
+        while True:
+            starts = ends = False
+            while self.peek() == "^":
+                self.pos += 1
+                starts = True
+            body = self.parse_sequence(top=True)
+            while self.peek() == "$":
+                self.pos += 1
+                ends = True
+            if self.peek() not in ("|", ""):
+                raise self.fail("an anchor that is not at the start or end of the pattern")
+            if body is not None:
+                branches.append((starts, body, ends))
+            if self.peek() == "":
+                break
+            self.pos += 1
+        if not branches:
+            raise self.fail("a pattern that matches nothing")
+        return branches
+
+    def parse_alternation(self) -> str | None:
+        options = [self.parse_sequence(top=False)]
+        while self.peek() == "|":
+            self.pos += 1
+            options.append(self.parse_sequence(top=False))
+        alive = [o for o in options if o is not None]
+        if not alive:
+            return None
+        return alive[0] if len(alive) == 1 else "(?:" + "|".join(alive) + ")"
+
+    def parse_sequence(self, top: bool) -> str | None:
+        parts: list[str] = []
+        dead = False
+        while self.peek() not in ("", "|", ")") and not (top and self.peek() == "$" and self._dollar_ends()):
+            atom = self.parse_quantified()
+            if atom is None:
+                dead = True
+            else:
+                parts.append(atom)
+        return None if dead else "".join(parts)
+
+    def _dollar_ends(self) -> bool:
+        rest = self.src[self.pos :]
+        stripped = rest.lstrip("$")
+        return stripped == "" or stripped.startswith("|")
+
+    def parse_quantified(self) -> str | None:
+        atom = self.parse_atom()
+        bounds = self.parse_quantifier()
+        if bounds is None:
+            return atom
+        low, high = bounds
+        if self.peek() == "?":  # lazy: same language
+            self.pos += 1
+        return self.repeat(atom, low, high)
+
+    def repeat(self, atom: str | None, low: int, high: int | None) -> str | None:
+        if atom is None:
+            return "" if low == 0 else None
+        if low > self.max_repeat:
+            self.is_exact, low = False, self.max_repeat
+        if high is not None and high > self.max_repeat:
+            self.is_exact, high = False, None
+        if low == 0 and high is None:
+            return f"(?:{atom})*"
+        if low == 1 and high is None:
+            return f"(?:{atom})+"
+        if low == 0 and high == 1:
+            return f"(?:{atom})?"
+        upper = "" if high is None else str(high)
+        if high == low:
+            return f"(?:{atom}){{{low}}}"
+        return f"(?:{atom}){{{low},{upper}}}"
+
+    def parse_quantifier(self) -> tuple[int, int | None] | None:
+        c = self.peek()
+        if c in "*+?" and c:
+            self.pos += 1
+            return {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+        if c == "{":
+            end = self.src.find("}", self.pos)
+            body = self.src[self.pos + 1 : end] if end > 0 else ""
+            low_s, _, high_s = body.partition(",")
+            if low_s.isdigit() and (high_s.isdigit() or high_s == "") and end > 0:
+                self.pos = end + 1
+                low = int(low_s)
+                high = low if "," not in body else (int(high_s) if high_s else None)
+                if high is not None and high < low:
+                    raise self.fail("a quantifier with max < min")
+                return low, high
+        return None
+
+    def parse_atom(self) -> str | None:
+        c = self.peek()
+        if c == "(":
+            return self.parse_group()
+        if c == "[":
+            return char_set_regex(self.parse_class())
+        if c == ".":
+            self.pos += 1
+            return char_set_regex(complement(_LINE_TERMINATORS))
+        if c in "^$":
+            raise self.fail("an anchor inside the pattern")
+        if c in "*+?":
+            raise self.fail("a quantifier with nothing to repeat")
+        if c == "\\":
+            return char_set_regex(self.parse_escape(in_class=False))
+        self.pos += 1
+        return escape_literal(c)
+
+    def parse_group(self) -> str | None:
+        self.pos += 1
+        if self.peek() == "?":
+            if self.src.startswith("?:", self.pos):
+                self.pos += 2
+            elif self.peek(1) == "<" and self.peek(2) not in "=!":
+                end = self.src.find(">", self.pos)
+                if end < 0:
+                    raise self.fail("an unterminated group name")
+                self.pos = end + 1
+            else:
+                raise self.fail("a lookaround or inline flag group")
+        inner = self.parse_alternation()
+        if self.peek() != ")":
+            raise self.fail("an unbalanced parenthesis")
+        self.pos += 1
+        return None if inner is None else f"(?:{inner})"
+
+    def parse_class(self) -> list[tuple[int, int]]:
+        self.pos += 1
+        negate = self.peek() == "^"
+        if negate:
+            self.pos += 1
+        ranges: list[tuple[int, int]] = []
+        first = True
+        while True:
+            c = self.peek()
+            if c == "":
+                raise self.fail("an unterminated character class")
+            if c == "]" and not first:
+                self.pos += 1
+                break
+            first = False
+            lo = self.class_atom()
+            if self.peek() == "-" and self.peek(1) not in ("]", ""):
+                self.pos += 1
+                hi = self.class_atom()
+                if len(lo) != 1 or len(hi) != 1 or lo[0][0] != lo[0][1] or hi[0][0] != hi[0][1]:
+                    raise self.fail("a class range with a class escape as an end")
+                if hi[0][0] < lo[0][0]:
+                    raise self.fail("a class range out of order")
+                ranges.append((lo[0][0], hi[0][0]))
+            else:
+                ranges.extend(lo)
+        ranges = normalize(ranges)
+        return complement(ranges) if negate else ranges
+
+    def class_atom(self) -> list[tuple[int, int]]:
+        if self.peek() == "\\":
+            return self.parse_escape(in_class=True)
+        cp = ord(self.peek())
+        self.pos += 1
+        return [(cp, cp)]
+
+    def parse_escape(self, in_class: bool) -> list[tuple[int, int]]:
+        self.pos += 1
+        c = self.peek()
+        self.pos += 1
+        if c == "":
+            raise self.fail("a trailing backslash")
+        if c.lower() in _CLASS_ESCAPES:
+            ranges = _CLASS_ESCAPES[c.lower()]
+            return complement(ranges) if c.isupper() else list(ranges)
+        if c in _CONTROL_ESCAPES and not (c == "0" and self.peek().isdigit()):
+            return _single(_CONTROL_ESCAPES[c])
+        if c == "b" and in_class:
+            return _single(0x08)
+        if c in "xu":
+            return _single(self.parse_hex_escape(c))
+        if c == "c" and self.peek().isalpha():
+            self.pos += 1
+            return _single(ord(self.src[self.pos - 1]) % 32)
+        if c.isalnum():
+            raise self.fail(f"the escape \\{c} (word boundary, backreference or property class)")
+        return _single(ord(c))
+
+    def parse_hex_escape(self, kind: str) -> int:
+        if kind == "u" and self.peek() == "{":
+            end = self.src.find("}", self.pos)
+            digits = self.src[self.pos + 1 : end] if end > 0 else ""
+            self.pos = end + 1 if end > 0 else self.pos
+        else:
+            width = 2 if kind == "x" else 4
+            digits = self.src[self.pos : self.pos + width]
+            if len(digits) != width:
+                digits = ""
+            self.pos += len(digits)
+        try:
+            cp = int(digits, 16)
+        except ValueError:
+            raise self.fail(f"a malformed \\{kind} escape") from None
+        if 0xD800 <= cp <= 0xDFFF or cp > 0x10FFFF:
+            raise self.fail("a surrogate or out-of-range code point escape")
+        return cp
+
+
+def _single(cp: int) -> list[tuple[int, int]]:
+    return [(cp, cp)]
+
+
+ANY_CHAR_RANGES = ALL_CHARS

@@ -1,0 +1,78 @@
+"""Digit-range regexes: the JSON integers in [low, high], either side possibly open.
+
+`integer_range_regex(low, high)` returns a regex matching exactly the canonical JSON spellings
+(no leading zeros, no "-0", no fraction or exponent) of the integers in the range, or None when
+the range is empty. It does not handle non-integer bounds (callers round them first).
+"""
+
+from __future__ import annotations
+
+# Adapted from the classic "regex for a numeric range" construction (split by digit count, then
+# by common prefix), e.g. https://github.com/dimka665/range-regex
+
+
+def integer_range_regex(low: int | None, high: int | None) -> str | None:
+    """Regex for the integers n with low <= n <= high (None = unbounded on that side)."""
+    if low is not None and high is not None and low > high:
+        return None
+    parts: list[str] = []
+    if low is None or low < 0:  # negative part, as "-" + magnitude
+        mag_low = 1 if high is None or high >= 0 else -high
+        mag_high = None if low is None else -low
+        parts.append("-" + _group(_nonneg_range(mag_low, mag_high)))
+    if high is None or high >= 0:
+        parts.append(_nonneg_range(max(low, 0) if low is not None else 0, high))
+    return parts[0] if len(parts) == 1 else "|".join(_group(p) for p in parts)
+
+
+def _nonneg_range(low: int, high: int | None) -> str:
+    """Regex for low <= n <= high over non-negative integers (high None = unbounded)."""
+    if high is None:
+        width = len(str(low))
+        longer = f"[1-9][0-9]{{{width},}}"
+        if low == 0:
+            return "0|[1-9][0-9]*"
+        return _alt([_nonneg_range(low, 10**width - 1), longer])
+    branches = []
+    for width in range(len(str(low)), len(str(high)) + 1):
+        lo = max(low, 10 ** (width - 1) if width > 1 else 0)
+        hi = min(high, 10**width - 1)
+        if lo <= hi:
+            branches.append(_same_width(str(lo), str(hi)))
+    return _alt(branches)
+
+
+def _same_width(lo: str, hi: str) -> str:
+    """Regex for the digit strings of one width between lo and hi (inclusive)."""
+    if lo == hi:
+        return lo
+    if len(lo) == 1:
+        return _digit_class(lo, hi)
+    if lo[0] == hi[0]:
+        return lo[0] + _group(_same_width(lo[1:], hi[1:]))
+    rest = len(lo) - 1
+    branches = []
+    first_mid, last_mid = int(lo[0]), int(hi[0])
+    if lo[1:] != "0" * rest:
+        branches.append(lo[0] + _group(_same_width(lo[1:], "9" * rest)))
+        first_mid += 1
+    if hi[1:] != "9" * rest:
+        last_mid -= 1
+    if first_mid <= last_mid:
+        branches.append(_digit_class(str(first_mid), str(last_mid)) + f"[0-9]{{{rest}}}")
+    if hi[1:] != "9" * rest:
+        branches.append(hi[0] + _group(_same_width("0" * rest, hi[1:])))
+    return _alt(branches)
+
+
+def _digit_class(lo: str, hi: str) -> str:
+    return lo if lo == hi else f"[{lo}-{hi}]"
+
+
+def _alt(branches: list[str]) -> str:
+    return branches[0] if len(branches) == 1 else "|".join(_group(b) for b in branches)
+
+
+def _group(regex: str) -> str:
+    """Wrap in a non-capturing group unless the regex is one atom-sequence without '|'."""
+    return f"(?:{regex})" if "|" in regex else regex

@@ -1,0 +1,60 @@
+"""Regexes for JSON Schema string `format`s, over the string body (between the quotes).
+
+Each regex accepts a subset of the format's valid strings that is easy for a model to hit (for
+example only `T` and `Z` in date-times, no leading zeros in IPv4, bounded label lengths in
+hostnames): the grammar may be stricter than the format, never looser. Formats missing here
+(uri-reference, iri, idn-*, duration, regex, json-pointer, uri-template, ...) are relaxed by the
+caller. Every regex is plain ASCII without `"` or `\\`, so it reads the same escaped or not.
+"""
+
+from __future__ import annotations
+
+_YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001..9999
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DAY_31 = "(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+_DAY_30 = "(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+_DAY_FEB = "02-(?:0[1-9]|1[0-9]|2[0-8])"
+DATE = f"(?:{_YEAR}-(?:{_DAY_31}|{_DAY_30}|{_DAY_FEB})|{_LEAP_YEAR}-02-29)"
+_HOUR_MIN = "(?:[01][0-9]|2[0-3]):[0-5][0-9]"
+TIME = f"{_HOUR_MIN}:[0-5][0-9](?:\\.[0-9]{{1,6}})?(?:Z|[+-]{_HOUR_MIN})"
+DATE_TIME = f"{DATE}T{TIME}"
+_HEX = "[0-9a-fA-F]"
+UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+IPV4 = f"{_OCTET}(?:\\.{_OCTET}){{3}}"
+_H = f"{_HEX}{{1,4}}"
+IPV6 = "|".join(
+    [
+        f"(?:{_H}:){{7}}{_H}",
+        f"(?:{_H}:){{1,7}}:",
+        f"(?:{_H}:){{1,6}}:{_H}",
+        f"(?:{_H}:){{1,5}}(?::{_H}){{1,2}}",
+        f"(?:{_H}:){{1,4}}(?::{_H}){{1,3}}",
+        f"(?:{_H}:){{1,3}}(?::{_H}){{1,4}}",
+        f"(?:{_H}:){{1,2}}(?::{_H}){{1,5}}",
+        f"{_H}:(?::{_H}){{1,6}}",
+        f":(?:(?::{_H}){{1,7}}|:)",
+    ]
+)
+_LABEL = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
+HOSTNAME = f"{_LABEL}(?:\\.{_LABEL}){{0,3}}"
+_DOMAIN = f"(?:{_LABEL}\\.){{1,3}}[a-zA-Z]{{2,12}}"
+_LOCAL_ATOM = "[a-zA-Z0-9_%+-]{1,32}"
+EMAIL = f"{_LOCAL_ATOM}(?:\\.{_LOCAL_ATOM}){{0,2}}@{_DOMAIN}"
+_PCHAR = "(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
+URI = (
+    f"(?:https?|ftp)://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?"
+    f"(?:/{_PCHAR}*)*(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+)
+
+STRING_FORMATS: dict[str, str] = {
+    "date": DATE,
+    "time": TIME,
+    "date-time": DATE_TIME,
+    "uuid": UUID,
+    "ipv4": IPV4,
+    "ipv6": IPV6,
+    "hostname": HOSTNAME,
+    "email": EMAIL,
+    "uri": URI,
+}

@@ -1,0 +1,578 @@
+"""JSON Schema -> one regex over the whole JSON text, plus the keywords the regex does not enforce.
+
+`schema_to_regex(schema, options)` validates the schema (JSON Schema metaschema, by its
+`$schema` or 2020-12), then walks it: objects list their declared properties in declared order
+(required ones always, optional ones maybe, closed unless options allow more), arrays honour
+prefixItems/items and small min/maxItems, strings small min/maxLength, `pattern` and known
+`format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
+enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. It
+does not build automata: the regex dialect is the common subset of Python `re` and
+regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
+"""
+
+# Adapted from the idea of outlines-core's build_regex_from_schema
+# (https://github.com/dottxt-ai/outlines-core/blob/main/src/json_schema/parsing.rs): declared
+# property order, optional properties by nested alternation, depth-limited recursion.
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import jsonschema_rs
+
+from surecall.errors import SchemaError, UnsupportedSchema
+from surecall.grammars import regex_json as lex
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
+from surecall.grammars.regex_ranges import integer_range_regex
+from surecall.grammars.regex_string_formats import STRING_FORMATS
+
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
+                "propertyNames", "minProperties", "maxProperties", "dependentRequired",
+                "unevaluatedProperties"}
+_ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+               "contains", "minContains", "maxContains", "unevaluatedItems"}
+_STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+_NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+# Restrict values, never enforced by the grammar: always listed when their type is possible.
+_RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
+_RELAXED_OBJECT = ("patternProperties", "propertyNames", "dependentRequired", "unevaluatedProperties")
+_RELAXED_ARRAY = ("contains", "unevaluatedItems")
+_UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
+_ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
+    "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
+# Whitespace-free JSON values from the grammar's point of view.
+_SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
+
+
+@dataclass
+class RegexResult:
+    """The regex (matches the whole JSON text) and the (pointer, keyword) pairs it does not enforce."""
+
+    regex: str
+    relaxed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) -> RegexResult:
+    """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`."""
+    options = options or GrammarOptions()
+    check_schema(schema)
+    conv = _Converter(schema, options)
+    regex = conv.convert(schema, "")
+    if regex is None:
+        if conv.truncated_at is not None:
+            raise UnsupportedSchema(
+                f"recursion cannot end within max_ref_depth={options.max_ref_depth}",
+                conv.truncated_at, "$ref")
+        raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed))
+
+
+def check_schema(schema: object) -> None:
+    """SchemaError (pointer + keyword) unless `schema` is valid against its metaschema."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}", "")
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        path = [str(p) for p in exc.instance_path]
+        pointer = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+        keyword = path[-1] if path else str(list(exc.schema_path)[-1])
+        raise SchemaError(f"invalid JSON Schema: {exc.message}", pointer, keyword) from None
+    except Exception as exc:  # unknown $schema, unresolvable metaschema
+        raise SchemaError(f"cannot check the schema against its metaschema: {exc}", "", "$schema") from None
+
+
+def pointer_join(pointer: str, *parts: object) -> str:
+    return pointer + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def json_literal(value: object, options: GrammarOptions) -> str:
+    """Regex matching the canonical grammar-style spelling of one JSON value."""
+    item_sep, key_sep = options.separators()
+    text = json.dumps(value, ensure_ascii=False, separators=(item_sep, key_sep), allow_nan=False)
+    return "".join(lex.regex_char(ord(c)) for c in text)
+
+
+def _group(regex: str) -> str:
+    return f"(?:{regex})"
+
+
+def _alternation(branches: list[str | None]) -> str | None:
+    alive = list(dict.fromkeys(b for b in branches if b is not None))
+    if not alive:
+        return None
+    return alive[0] if len(alive) == 1 else "|".join(_group(b) for b in alive)
+
+
+class _Converter:
+    """One walk over one schema document; collects relaxed keywords as it goes."""
+
+    def __init__(self, root: dict | bool, options: GrammarOptions):
+        self.root = root
+        self.options = options
+        self.ws = options.whitespace_regex()
+        self.relaxed: dict[tuple[str, str], None] = {}
+        self.ref_depth: dict[str, int] = {}
+        self.truncated_at: str | None = None
+
+    def relax(self, pointer: str, keyword: str) -> None:
+        self.relaxed[(pointer or "", keyword)] = None
+
+    # -- entry ---------------------------------------------------------------------------
+    def convert(self, schema: object, ptr: str) -> str | None:
+        if schema is True or (isinstance(schema, dict) and not any(k in _ASSERTING for k in schema)):
+            return self.any_value(self.options.max_any_depth)
+        if schema is False:
+            return None
+        if not isinstance(schema, dict):
+            raise SchemaError(f"expected a schema object, got {type(schema).__name__}", ptr)
+        for key in _UNSUPPORTED:
+            if key in schema:
+                raise UnsupportedSchema("dynamic references are not supported", ptr, key)
+        if "$ref" in schema:
+            return self.convert_ref(schema, ptr)
+        if "allOf" in schema:
+            return self.convert(self.merge_all_of(schema, ptr), ptr)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.convert_union(schema, key, ptr)
+        self.relax_generic(schema, ptr)
+        if "enum" in schema or "const" in schema:
+            return self.convert_enum(schema, ptr)
+        return _alternation([self.convert_type(t, schema, ptr) for t in self.types_of(schema)])
+
+    def relax_generic(self, schema: dict, ptr: str) -> None:
+        for key in _RELAXED_ANY:
+            if key in schema:
+                self.relax(ptr, key)
+
+    # -- references and combinators ------------------------------------------------------
+    def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
+        if not ref.startswith("#"):
+            raise UnsupportedSchema(f"only local references are supported, got {ref!r}", ptr, "$ref")
+        fragment = ref[1:]
+        if fragment and not fragment.startswith("/"):
+            raise UnsupportedSchema(f"anchor references are not supported, got {ref!r}", ptr, "$ref")
+        from urllib.parse import unquote
+
+        node: object = self.root
+        for raw in fragment.split("/")[1:]:
+            part = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise SchemaError(f"reference {ref!r} does not resolve", ptr, "$ref")
+        return node, fragment
+
+    def convert_ref(self, schema: dict, ptr: str) -> str | None:
+        target, target_ptr = self.resolve(schema["$ref"], ptr)
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        ref = schema["$ref"]
+        depth = self.ref_depth.get(ref, 0)
+        if depth >= self.options.max_ref_depth + 1:
+            self.truncated_at = self.truncated_at or ptr
+            return None
+        self.ref_depth[ref] = depth + 1
+        try:
+            if any(k in _ASSERTING for k in rest):
+                return self.convert({"allOf": [target, rest]}, ptr)
+            return self.convert(target, target_ptr)
+        finally:
+            self.ref_depth[ref] = depth
+
+    def merge_all_of(self, schema: dict, ptr: str) -> dict | bool:
+        merged: dict = {k: v for k, v in schema.items() if k != "allOf"}
+        for i, sub in enumerate(schema["allOf"]):
+            sub_ptr = pointer_join(ptr, "allOf", i)
+            if isinstance(sub, dict) and "$ref" in sub:
+                target, _ = self.resolve(sub["$ref"], sub_ptr)
+                if isinstance(target, dict) and any(k in target for k in ("$ref", "allOf", "anyOf", "oneOf")):
+                    raise UnsupportedSchema("allOf over a reference to a combinator", sub_ptr, "allOf")
+                sub = {**target, **{k: v for k, v in sub.items() if k != "$ref"}} if isinstance(target, dict) else target
+            if sub is True or sub == {}:
+                continue
+            if sub is False:
+                return False
+            if any(k in sub for k in ("allOf", "anyOf", "oneOf")):
+                if "allOf" in sub:
+                    sub = self.merge_all_of(sub, sub_ptr)
+                    if sub is False:
+                        return False
+                if any(k in sub for k in ("anyOf", "oneOf")) and any(k in merged for k in ("anyOf", "oneOf")):
+                    raise UnsupportedSchema("allOf of several anyOf/oneOf", sub_ptr, "allOf")
+            merged = _merge(merged, sub, sub_ptr)
+        return merged
+
+    def convert_union(self, schema: dict, key: str, ptr: str) -> str | None:
+        rest = {k: v for k, v in schema.items() if k != key}
+        has_rest = any(k in _ASSERTING for k in rest)
+        branches = []
+        for i, sub in enumerate(schema[key]):
+            sub_ptr = pointer_join(ptr, key, i)
+            if has_rest:
+                branches.append(self.convert({"allOf": [rest, sub]}, ptr))
+            else:
+                branches.append(self.convert(sub, sub_ptr))
+        if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(schema[key]):
+            self.relax(ptr, "oneOf")
+        return _alternation(branches)
+
+    def disjoint(self, branches: list) -> bool:
+        """True when no JSON value can satisfy two branches (by type or by distinct constants)."""
+        seen_types: set[str] = set()
+        for sub in branches:
+            if isinstance(sub, dict) and "$ref" in sub and len(sub) == 1:
+                sub, _ = self.resolve(sub["$ref"], "")
+            if not isinstance(sub, dict) or any(k in sub for k in ("$ref", "allOf", "anyOf", "oneOf")):
+                return False
+            types = set(self.types_of(sub))
+            if "number" in types:
+                types.add("integer")
+            if "integer" in types:
+                types.add("number")
+            if types & seen_types:
+                return False
+            seen_types |= types
+        return True
+
+    # -- constants -----------------------------------------------------------------------
+    def convert_enum(self, schema: dict, ptr: str) -> str | None:
+        values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
+        if "const" in schema and "enum" in schema:
+            values = [v for v in values if _json_equal(v, schema["const"])]
+        others = {k: v for k, v in schema.items() if k in _ASSERTING and k not in ("enum", "const")}
+        if others:
+            values = [v for v in values if self.value_satisfies(v, schema, others, ptr)]
+        return _alternation([json_literal(v, self.options) for v in values])
+
+    def value_satisfies(self, value: object, schema: dict, others: dict, ptr: str) -> bool:
+        probe = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+        for defs in ("$defs", "definitions"):
+            if isinstance(self.root, dict) and defs in self.root and defs not in probe:
+                probe[defs] = self.root[defs]
+        try:
+            return jsonschema_rs.validator_for(probe).is_valid(value)
+        except Exception:
+            for key in others:
+                self.relax(ptr, key)
+            return True
+
+    # -- types ---------------------------------------------------------------------------
+    def types_of(self, schema: dict) -> list[str]:
+        declared = schema.get("type")
+        if isinstance(declared, str):
+            types = [declared]
+        elif isinstance(declared, list):
+            types = list(declared)
+        else:
+            types = []
+            for name, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS),
+                               ("string", _STRING_KEYS), ("number", _NUMBER_KEYS)):
+                if any(k in schema for k in keys):
+                    types.append(name)
+            if not types:
+                types = ["object", "array", "string", "number", "boolean", "null"]
+        if schema.get("nullable") is True and "null" not in types:
+            types.append("null")
+        return types
+
+    def convert_type(self, kind: str, schema: dict, ptr: str) -> str | None:
+        handler = {
+            "object": self.convert_object, "array": self.convert_array,
+            "string": self.convert_string, "number": self.convert_number,
+            "integer": self.convert_integer,
+        }.get(kind)
+        if handler is not None:
+            return handler(schema, ptr)
+        if kind == "boolean":
+            return lex.BOOLEAN
+        if kind == "null":
+            return lex.NULL
+        raise SchemaError(f"unknown type {kind!r}", ptr, "type")
+
+    def any_value(self, depth: int) -> str:
+        if depth <= 0:
+            return _SCALARS
+        inner = self.any_value(depth - 1)
+        ws, sep = self.ws, f"{self.ws},{self.ws}"
+        member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
+        obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
+        arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
+        return f"{_SCALARS}|{obj}|{arr}"
+
+    # -- strings -------------------------------------------------------------------------
+    def convert_string(self, schema: dict, ptr: str) -> str | None:
+        body = None
+        if "pattern" in schema:
+            body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
+        if "format" in schema:
+            fmt = STRING_FORMATS.get(schema["format"])
+            if fmt is None or body is not None:
+                self.relax(ptr, "format")
+            else:
+                body = fmt
+        if body is not None:
+            for key in ("minLength", "maxLength"):
+                if key in schema:
+                    self.relax(ptr, key)
+            return f'"{_group(body)}"'
+        low, high = self.length_bounds(schema, "minLength", "maxLength", ptr)
+        if high is not None and low > high:
+            return None
+        upper = "" if high is None else str(high)
+        if low == 0 and high is None:
+            return lex.STRING
+        return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    def pattern_body(self, pattern: str, pattern_ptr: str, ptr: str) -> str | None:
+        try:
+            translated = translate_pattern(pattern, self.options.max_bounded_length)
+        except PatternUnsupported:
+            self.relax(ptr, "pattern")
+            return None
+        if not translated.is_exact:
+            self.relax(ptr, "pattern")
+        return translated.regex
+
+    def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str) -> tuple[int, int | None]:
+        """(low, high) as materialised; bounds above max_bounded_length are relaxed and listed."""
+        limit = self.options.max_bounded_length
+        low = int(schema.get(min_key, 0))
+        high = schema.get(max_key)
+        high = None if high is None else int(high)
+        if low > limit:
+            self.relax(ptr, min_key)
+            low = 0
+        if high is not None and high > limit:
+            self.relax(ptr, max_key)
+            high = None
+        return low, high
+
+    # -- numbers -------------------------------------------------------------------------
+    def convert_integer(self, schema: dict, ptr: str) -> str | None:
+        low, high = _integer_bounds(schema)
+        if "multipleOf" in schema and schema["multipleOf"] != 1:
+            self.relax(ptr, "multipleOf")
+        regex = integer_range_regex(low, high)
+        return None if regex is None else regex
+
+    def convert_number(self, schema: dict, ptr: str) -> str | None:
+        if "multipleOf" in schema:
+            self.relax(ptr, "multipleOf")
+        bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in schema]
+        if bounds == ["minimum"] and schema["minimum"] == 0:
+            return lex.NUMBER[2:]  # drop the leading "-?": exactly the numbers >= 0
+        for key in bounds:
+            if not isinstance(schema[key], bool) or schema[key]:
+                self.relax(ptr, key)
+        return lex.NUMBER
+
+    # -- arrays --------------------------------------------------------------------------
+    def convert_array(self, schema: dict, ptr: str) -> str | None:
+        prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
+        low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
+        if schema.get("uniqueItems") is True and (high is None or high > 1):
+            self.relax(ptr, "uniqueItems")
+        for key in _RELAXED_ARRAY:
+            if key in schema:
+                self.relax(ptr, key)
+        items = [self.convert(s, pointer_join(ptr, "prefixItems", i)) for i, s in enumerate(prefix)]
+        if None in items:
+            cut = items.index(None)
+            items, rest, high = items[:cut], None, cut if high is None else min(high, cut)
+        else:
+            rest = self.convert(rest_schema, rest_ptr)
+        if rest is None:
+            high = len(items) if high is None else min(high, len(items))
+        if high is not None and low > high:
+            return None
+        return self.array_regex(items, rest, low, high)
+
+    def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
+        sep = f"{self.ws},{self.ws}"
+        count = len(items) if high is None else min(len(items), high)
+        tail = ""
+        if rest is not None and (high is None or high > count):
+            rest_low = max(1, low - count)
+            rest_high = "" if high is None else str(high - count - 1)
+            more = f"(?:{sep}{_group(rest)}){{{rest_low - 1},{rest_high}}}"
+            tail = _group(rest) + more
+        body = tail if count == 0 else None
+        # build from the last prefix item backwards: item i, then (optionally) the rest
+        for i in range(count - 1, -1, -1):
+            after = body if i < count - 1 else tail
+            if after:
+                after = f"{sep}{after}" if i + 1 < low else f"(?:{sep}{after})?"
+            body = _group(items[i]) + (after or "")
+        if not body:
+            return f"\\[{self.ws}\\]"
+        if low >= 1:
+            return f"\\[{self.ws}{body}{self.ws}\\]"
+        return f"\\[{self.ws}(?:{body}{self.ws})?\\]"
+
+    # -- objects -------------------------------------------------------------------------
+    def convert_object(self, schema: dict, ptr: str) -> str | None:
+        for key in _RELAXED_OBJECT:
+            if key in schema:
+                self.relax(ptr, key)
+        props = dict(schema.get("properties", {}))
+        required = list(dict.fromkeys(schema.get("required", [])))
+        extra_schema = schema.get("additionalProperties", True)
+        for name in required:
+            if name not in props:
+                if extra_schema is False:
+                    return None
+                props[name] = extra_schema
+        members = []
+        for name, sub in props.items():
+            sub_ptr = pointer_join(ptr, "properties", name) if name in schema.get("properties", {}) else ptr
+            value = self.convert(sub, sub_ptr)
+            if value is None:
+                if name in required:
+                    return None
+                continue
+            key = '"' + lex.escape_literal(name) + '"'
+            members.append((f"{key}{self.ws}:{self.ws}{_group(value)}", name in required))
+        extra = self.extra_member(extra_schema, list(props), ptr)
+        num_required = sum(req for _, req in members)
+        self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
+        nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
+        return self.object_regex(members, extra, nonempty)
+
+    def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
+                              has_extra: bool, ptr: str) -> None:
+        low = schema.get("minProperties", 0)
+        if low > max(num_required, 1 if low == 1 else 0):
+            self.relax(ptr, "minProperties")
+        high = schema.get("maxProperties")
+        if high is not None and (has_extra or num_declared > high):
+            self.relax(ptr, "maxProperties")
+
+    def extra_member(self, extra_schema: object, declared: list[str], ptr: str) -> str | None:
+        # A free-form object (nothing declared) keeps its extra keys; declared ones close by policy.
+        if extra_schema is False or (declared and not self.options.allow_additional_properties):
+            return None
+        value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
+        if value is None:
+            return None
+        key = '"' + _string_not_in(declared) + '"'
+        return f"{key}{self.ws}:{self.ws}{_group(value)}"
+
+    def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool) -> str | None:
+        sep = f"{self.ws},{self.ws}"
+        # after[i]: members i.. when something was already written (each preceded by sep)
+        after = f"(?:{sep}{extra})*" if extra else ""
+        first: str | None = f"{extra}{after}" if extra else None  # nothing written yet, i..
+        for regex, is_required in reversed(members):
+            if is_required:
+                first = f"{regex}{after}"
+                after = f"{sep}{regex}{after}"
+            else:
+                starting_here = f"{regex}{after}"
+                first = starting_here if first is None else f"{_group(starting_here)}|{_group(first)}"
+                after = f"(?:{sep}{regex})?{after}"
+        can_be_empty = not any(req for _, req in members) and not nonempty
+        if first is None:
+            return None if nonempty else f"\\{{{self.ws}\\}}"
+        if can_be_empty:
+            return f"\\{{{self.ws}(?:{_group(first)}{self.ws})?\\}}"
+        return f"\\{{{self.ws}{_group(first)}{self.ws}\\}}"
+
+
+def _string_not_in(names: list[str]) -> str:
+    """String body (no escapes) whose value is none of `names`: a complement over their trie."""
+    plain = lex.STRING_BODY_CLASS
+    if not names:
+        return f"{plain}*"
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return _trie_complement(trie)
+
+
+def _trie_complement(node: dict) -> str:
+    plain_chars = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+    children = [c for c in node if c]
+    branches = [] if "" in node else [""]  # stop here unless a name ends here
+    others = lex.subtract(plain_chars, [(ord(c), ord(c)) for c in children])
+    other_char = lex.char_set_regex(others)
+    if other_char is not None:
+        branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
+    for ch in children:
+        branches.append(lex.escape_literal(ch) + _group(_trie_complement(node[ch])))
+    return _group("|".join(_group(b) if b else "" for b in branches))
+
+
+def _array_items(schema: dict, ptr: str) -> tuple[list, object, str]:
+    """(prefix item schemas, schema of the rest, its pointer) across drafts."""
+    items = schema.get("items", True)
+    if isinstance(items, list):  # draft 4-7 tuple form
+        return items, schema.get("additionalItems", True), pointer_join(ptr, "additionalItems")
+    return list(schema.get("prefixItems", [])), items, pointer_join(ptr, "items")
+
+
+def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    low = high = None
+    if "minimum" in schema:
+        low = math.ceil(schema["minimum"])
+        if schema.get("exclusiveMinimum") is True and low == schema["minimum"]:
+            low += 1
+    if "maximum" in schema:
+        high = math.floor(schema["maximum"])
+        if schema.get("exclusiveMaximum") is True and high == schema["maximum"]:
+            high -= 1
+    ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if not isinstance(ex_low, bool) and ex_low is not None:
+        bound = math.floor(ex_low) + 1
+        low = bound if low is None else max(low, bound)
+    if not isinstance(ex_high, bool) and ex_high is not None:
+        bound = math.ceil(ex_high) - 1
+        high = bound if high is None else min(high, bound)
+    return low, high
+
+
+def _json_equal(a: object, b: object) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _merge(a: dict, b: dict, ptr: str) -> dict:
+    """allOf of two keyword dicts, as one dict; UnsupportedSchema when they do not combine."""
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif key == "properties":
+            props = dict(out[key])
+            for name, sub in value.items():
+                props[name] = {"allOf": [props[name], sub]} if name in props else sub
+            out[key] = props
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*out[key], *value]))
+        elif key == "type":
+            left = [out[key]] if isinstance(out[key], str) else list(out[key])
+            right = [value] if isinstance(value, str) else list(value)
+            both = [t for t in left if t in right or (t == "integer" and "number" in right)]
+            both += [t for t in right if t == "integer" and "number" in left and t not in both]
+            out[key] = both
+        elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties") and not isinstance(value, bool):
+            out[key] = max(out[key], value)
+        elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties") and not isinstance(value, bool):
+            out[key] = min(out[key], value)
+        elif key == "enum":
+            out[key] = [v for v in out[key] if any(_json_equal(v, w) for w in value)]
+        elif key == "additionalProperties" and (value is False or out[key] is False):
+            out[key] = False
+        elif key in _ASSERTING and not _json_equal(out[key], value):
+            raise UnsupportedSchema(f"allOf with two different {key!r} cannot be merged", ptr, key)
+    return out
