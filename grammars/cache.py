@@ -1,0 +1,144 @@
+"""Disk cache of compiled TokenTables: one folder of uncompressed .npy files per entry.
+
+Key: sha256 over (kind, canonical schema/regex text, vocabulary fingerprint, options.cache_key(),
+surecall version, cache format). Folder: $SURECALL_CACHE_DIR or ~/.cache/surecall. Entries are
+written into a temporary folder and renamed into place (atomic), and loaded with
+np.load(mmap_mode="r"), so a warm load costs milliseconds. A header records every array's
+dtype, shape and checksums; an entry that is truncated, malformed or fails a checksum is
+deleted and reported as a miss (the caller rebuilds), never trusted. The checksum covers the
+small arrays fully and the large ones (mask, CSR) in 64 sampled blocks plus their sizes, which
+keeps the warm load fast; `load(key, full_check=True)` hashes every byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+from surecall.grammars.table import TokenTable
+
+CACHE_FORMAT = 1
+_ARRAYS = ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids")
+_FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
+_SAMPLES = 64
+_SAMPLE_BYTES = 4096
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("SURECALL_CACHE_DIR")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "surecall"
+
+
+def entry_key(kind: str, text: str, vocab, options) -> str:
+    from surecall import __version__
+
+    h = hashlib.sha256()
+    for part in (f"format={CACHE_FORMAT}", f"version={__version__}", kind, vocab.fingerprint,
+                 str(vocab.logits_width), options.cache_key(), text):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def entry_path(key: str) -> Path:
+    return cache_dir() / key[:2] / key
+
+
+def save(key: str, table: TokenTable) -> Path | None:
+    """Write `table` under `key` atomically; returns the entry folder (None if the disk refused)."""
+    final = entry_path(key)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=final.parent))
+    except OSError:
+        return None
+    try:
+        header = {"format": CACHE_FORMAT, "arrays": {}, "relaxed": table.relaxed, "meta": table.meta,
+                  "vocab_size": table.vocab_size, "logits_width": table.logits_width}
+        for name in _ARRAYS:
+            arr = np.ascontiguousarray(getattr(table, name))
+            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+            header["arrays"][name] = {"dtype": arr.dtype.str, "shape": list(arr.shape),
+                                      "sampled": _checksum(arr, full=False), "full": _checksum(arr, full=True)}
+        (tmp / "header.json").write_text(json.dumps(header, default=_json_default))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another writer got there first: theirs is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+
+
+def load(key: str, full_check: bool = False) -> TokenTable | None:
+    """The cached table (arrays memory-mapped, read-only) or None; a bad entry is deleted."""
+    path = entry_path(key)
+    if not path.is_dir():
+        return None
+    try:
+        table = _read(path, full_check)
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        table = None
+    if table is None:
+        shutil.rmtree(path, ignore_errors=True)
+    return table
+
+
+def _read(path: Path, full_check: bool) -> TokenTable | None:
+    header = json.loads((path / "header.json").read_text())
+    if header.get("format") != CACHE_FORMAT:
+        return None
+    arrays = {}
+    for name in _ARRAYS:
+        spec = header["arrays"][name]
+        arr = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:
+            return None
+        expected = spec["full"] if full_check else spec["sampled"]
+        if _checksum(arr, full=full_check) != expected:
+            return None
+        arrays[name] = arr
+    table = TokenTable(**arrays, vocab_size=int(header["vocab_size"]), logits_width=int(header["logits_width"]),
+                       relaxed=[tuple(r) for r in header["relaxed"]], meta=dict(header["meta"]))
+    return table if _consistent(table) else None
+
+
+def _consistent(t: TokenTable) -> bool:
+    s = t.accept.shape[0]
+    return (
+        s > 0
+        and t.mask.shape == (s, (t.logits_width + 31) // 32)
+        and t.trans_ptr.shape == (s + 1,)
+        and t.dist.shape == (s,)
+        and int(t.trans_ptr[0]) == 0
+        and int(t.trans_ptr[-1]) == t.trans_tok.shape[0] == t.trans_next.shape[0]
+    )
+
+
+def _checksum(arr: np.ndarray, full: bool) -> int:
+    raw = np.asarray(arr).reshape(-1).view(np.uint8)
+    if full or raw.size <= _FULL_CHECK_BYTES:
+        return zlib.crc32(raw)
+    step = raw.size // _SAMPLES
+    crc = zlib.crc32(raw[-_SAMPLE_BYTES:])
+    for i in range(_SAMPLES):
+        crc = zlib.crc32(raw[i * step : i * step + _SAMPLE_BYTES], crc)
+    return crc
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return str(obj)
+
+
+def clear() -> None:
+    """Delete every cached table (the whole cache folder)."""
+    shutil.rmtree(cache_dir(), ignore_errors=True)

@@ -1,0 +1,285 @@
+"""Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
+
+Pipeline: schema_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> every
+state's tokens (tokenwalk.py) -> token-level pruning, dense renumbering, `dist`, CSR and
+bitmask rows (here). Budgets from GrammarOptions are checked between stages and before the big
+allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
+machine. This module does not generate regexes and does not touch devices.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+
+import numpy as np
+from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
+from surecall.grammars import cache as table_cache
+from surecall.grammars.automaton import ByteDFA, regex_to_dfa
+from surecall.grammars.table import TokenTable
+from surecall.grammars.tokenwalk import token_rows, vocab_index
+
+_PROGRESS_AFTER_S = 2.0  # print a progress note on stderr when a stage ends later than this
+
+
+def _options(options):
+    from surecall.grammars.options import GrammarOptions
+
+    return GrammarOptions() if options is None else options
+
+
+def compile_regex(regex: str, vocab, options=None, relaxed=None, use_cache: bool = True, meta=None) -> TokenTable:
+    """Compile a regex (over bytes of UTF-8 text) into a TokenTable over `vocab`."""
+    options = _options(options)
+    key = table_cache.entry_key("regex", regex, vocab, options)
+    if use_cache:
+        hit = table_cache.load(key)
+        if hit is not None:
+            return hit
+    table = _compile_uncached(regex, vocab, options, list(relaxed or []), dict(meta or {}))
+    if use_cache:
+        table_cache.save(key, table)
+    return table
+
+
+def compile_schema(schema: dict, vocab, options=None, use_cache: bool = True) -> TokenTable:
+    """Compile one JSON Schema (a tool's arguments) into a TokenTable; `relaxed` lists what it does not enforce."""
+    from surecall.grammars.schema_regex import schema_to_regex
+
+    options = _options(options)
+    key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
+    if use_cache:
+        hit = table_cache.load(key)
+        if hit is not None:
+            return hit
+    started = time.perf_counter()
+    result = schema_to_regex(schema, options)
+    meta = {"kind": "schema", "regex_ms": (time.perf_counter() - started) * 1e3}
+    table = _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+    if use_cache:
+        table_cache.save(key, table)
+    return table
+
+
+def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool = True) -> TokenTable:
+    """Compile a tool catalog (the tagged union of its calls, in `tool_format`'s envelope)."""
+    from surecall.grammars.formats import catalog_regex
+
+    options = _options(options)
+    text = _canonical({"format": tool_format, "tools": [_tool_as_data(t) for t in tools]})
+    key = table_cache.entry_key("catalog", text, vocab, options)
+    if use_cache:
+        hit = table_cache.load(key)
+        if hit is not None:
+            return hit
+    started = time.perf_counter()
+    result = catalog_regex(tools, tool_format, options)
+    meta = {"kind": "catalog", "format": tool_format, "regex_ms": (time.perf_counter() - started) * 1e3}
+    table = _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+    if use_cache:
+        table_cache.save(key, table)
+    return table
+
+
+def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
+    clock = _Clock(options.time_budget_s)
+    # 1. Regex -> pruned byte DFA.
+    dfa = regex_to_dfa(regex)
+    clock.check("byte DFA")
+    vi = vocab_index(vocab)
+    _check_memory(dfa, vi, vocab.logits_width, options.memory_budget_bytes)
+    # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk).
+    rows = token_rows(dfa, vi)
+    clock.check("token walk")
+    # 3. Token-level pruning, renumbering, dist, CSR and mask.
+    table = build_table(dfa, rows, vocab)
+    clock.check("table")
+    table.relaxed = relaxed
+    table.meta = {
+        **meta,
+        "regex_chars": len(regex),
+        "dfa_states": dfa.num_states,
+        "states": table.num_states,
+        "nnz": int(table.trans_tok.shape[0]),
+        "table_bytes": table.nbytes,
+        "compile_ms": clock.elapsed_s() * 1e3 + meta.get("regex_ms", 0.0),
+        "vocab": getattr(vocab, "name", ""),
+    }
+    return table
+
+
+def build_table(dfa: ByteDFA, rows: list[tuple[np.ndarray, np.ndarray]], vocab) -> TokenTable:
+    """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance."""
+    n = dfa.num_states
+    succ = [_distinct(nexts, n) for _, nexts in rows]
+    order = _live_states(succ, dfa.accept)
+    new_id = np.full(n + 1, -1, dtype=np.int32)
+    new_id[order] = np.arange(order.size, dtype=np.int32)
+    toks, nexts = [], []
+    for q in order.tolist():
+        tok, nxt = rows[q]
+        mapped = new_id[nxt]
+        ok = mapped >= 0
+        if ok.all():
+            toks.append(tok)
+            nexts.append(mapped)
+        else:
+            toks.append(tok[ok])
+            nexts.append(mapped[ok])
+    counts = np.fromiter((t.size for t in toks), dtype=np.int64, count=len(toks))
+    trans_ptr = np.zeros(order.size + 1, dtype=np.int64)
+    trans_ptr[1:] = np.cumsum(counts)
+    accept = dfa.accept[order].copy()
+    stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
+    edges = [new_id[succ[q]] for q in order.tolist()]
+    return TokenTable(
+        mask=_pack_mask(toks, accept, stop_ids, vocab.logits_width),
+        accept=accept,
+        trans_ptr=trans_ptr.astype(np.int32),
+        trans_tok=_concat(toks, np.int32),
+        trans_next=_concat(nexts, np.int32),
+        dist=_dist([e[e >= 0] for e in edges], accept),
+        vocab_size=vocab.vocab_size,
+        logits_width=vocab.logits_width,
+        stop_ids=stop_ids,
+    )
+
+
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    out = np.empty(sum(p.size for p in parts), dtype=dtype)
+    np.concatenate(parts, out=out, casting="unsafe")
+    return out
+
+
+def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
+    if n <= 4 * nexts.size + 4096:
+        return np.flatnonzero(np.bincount(nexts, minlength=n))
+    return np.unique(nexts)
+
+
+def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
+    """States reachable from 0 that reach acceptance over token transitions, in BFS order from 0."""
+    n = len(succ)
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for s, targets in enumerate(succ):
+        for t in targets.tolist():
+            pred[t].append(s)
+    live = accept.copy()
+    queue = deque(np.flatnonzero(accept).tolist())
+    while queue:
+        t = queue.popleft()
+        for s in pred[t]:
+            if not live[s]:
+                live[s] = True
+                queue.append(s)
+    if not live[0]:
+        raise UnsupportedSchema(
+            "no token sequence of this vocabulary spells a document the grammar accepts", pointer="", keyword=None
+        )
+    order, seen, queue = [0], {0}, deque([0])
+    while queue:
+        s = queue.popleft()
+        for t in succ[s].tolist():
+            if live[t] and t not in seen:
+                seen.add(t)
+                order.append(t)
+                queue.append(t)
+    return np.asarray(order, dtype=np.int64)
+
+
+_DENSE_ROW = 4096  # rows with more tokens than this are packed through a bool row
+
+
+def _pack_mask(toks: list[np.ndarray], accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
+    """int32 [S, ceil(width/32)] LSB-first bitmask rows; stop ids only in accepting rows."""
+    num_states = accept.shape[0]
+    words = (width + 31) // 32
+    mask = np.zeros((num_states, words), dtype=np.uint32)
+    sparse = [q for q, t in enumerate(toks) if t.size <= _DENSE_ROW]
+    bits = np.zeros(words * 32, dtype=bool)
+    for q, t in enumerate(toks):
+        if t.size > _DENSE_ROW:
+            bits[:] = False
+            bits[t] = True
+            mask[q] = np.packbits(bits, bitorder="little").view(np.uint32)
+    if sparse:
+        tok = np.concatenate([toks[q] for q in sparse]).astype(np.int64)
+        row = np.repeat(np.asarray(sparse, dtype=np.int64), [toks[q].size for q in sparse])
+        # Distinct bits of one word sum to their OR, exactly, in float64 (< 2**32).
+        flat = np.bincount(row * words + (tok >> 5), weights=np.ldexp(1.0, (tok & 31).astype(np.int32)),
+                           minlength=num_states * words)
+        mask |= flat.astype(np.uint32).reshape(num_states, words)
+    for s in stop_ids.tolist():
+        mask[accept, s >> 5] |= np.uint32(1 << (s & 31))
+    return mask.view(np.int32)
+
+
+def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
+    """Fewest tokens to an accepting state: BFS from the accepting states over reversed edges."""
+    n = accept.shape[0]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for s, targets in enumerate(succ):
+        for t in targets.tolist():
+            pred[t].append(s)
+    dist = np.full(n, -1, dtype=np.int32)
+    dist[accept] = 0
+    queue = deque(np.flatnonzero(accept).tolist())
+    while queue:
+        t = queue.popleft()
+        for s in pred[t]:
+            if dist[s] < 0:
+                dist[s] = dist[t] + 1
+                queue.append(s)
+    return dist
+
+
+def _check_memory(dfa: ByteDFA, vi, logits_width: int, budget_bytes: int) -> None:
+    words = (logits_width + 31) // 32
+    # The mask (and its float64 staging copy), plus every (state, token) pair whose first byte
+    # is live: the walk holds about 48 bytes per pair, the rows 12 per survivor.
+    num_pairs = int((dfa.trans >= 0).astype(np.int64).sum(axis=0) @ vi.grp_count)
+    estimate = dfa.num_states * words * 12 + num_pairs * 60
+    if estimate > budget_bytes:
+        raise CompileBudgetExceeded(
+            f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
+            f"{num_pairs} state-token pairs), over the memory budget of {budget_bytes / 2**20:.0f} MiB; "
+            "lower max_bounded_length or raise memory_budget_bytes"
+        )
+
+
+class _Clock:
+    def __init__(self, budget_s: float):
+        self.budget_s = budget_s
+        self.started = time.perf_counter()
+        self.noted = False
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def check(self, stage: str) -> None:
+        elapsed = self.elapsed_s()
+        if elapsed > self.budget_s:
+            raise CompileBudgetExceeded(
+                f"compile ran {elapsed:.2f} s, past its time budget of {self.budget_s:g} s, "
+                f"after stage {stage!r}; simplify the schema or raise time_budget_s"
+            )
+        if elapsed > _PROGRESS_AFTER_S:
+            print(f"surecall: compiling... {stage} done after {elapsed:.1f} s", file=sys.stderr)
+
+
+def _canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _pairs(relaxed) -> list[tuple[str, str]]:
+    return [(str(p), str(k)) for p, k in relaxed]
+
+
+def _tool_as_data(tool):
+    if isinstance(tool, dict):
+        return tool
+    return {"name": getattr(tool, "name", ""), "input_schema": getattr(tool, "input_schema", None)}

@@ -1,0 +1,278 @@
+"""Byte DFA x vocabulary -> each state's allowed tokens and the state each leads to.
+
+Walking every token from every state is the whole cost of a compile, so the walk is shared:
+- Lexical classes. A state inside a cycle (a JSON string body, a number, whitespace) walks its
+  tokens inside its strongly connected component; that walk depends only on the component's
+  shape seen from the state (canonically relabelled), not on where the component sits in the
+  grammar, so it is computed once per (vocabulary, shape) and cached in `VocabIndex`. Only the
+  tokens that leave the component (a `"` and what follows) are walked per state.
+- Donors. An acyclic state whose byte row agrees with a lexical-class state on most first bytes
+  (the first character of a `minLength: 1` string) copies that state's row for those bytes.
+- Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
+  token's first byte. This module does not prune, number or pack anything: `compile.py` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from surecall.grammars.automaton import ByteDFA, strongly_connected, successor_lists
+
+_MIN_DONOR_TOKENS = 1024  # below this, copying a donor row costs more than walking
+_MAX_CACHED_VOCABS = 4
+
+
+@dataclass
+class ClassWalk:
+    """All tokens walked from local state 0 of one lexical-class shape."""
+
+    cand: np.ndarray  # int64 [n] candidate token ids, sorted
+    end: np.ndarray  # int32 [n] local end state (>= 0), -1 dead, <= -2: left the class from local state -2-end
+    exit_pos: np.ndarray  # int32 [n] byte offset of the leaving byte (only where end <= -2)
+
+
+@dataclass
+class VocabIndex:
+    """A vocabulary as flat bytes, grouped by first byte, plus the per-shape walk cache."""
+
+    vocab_size: int
+    flat: np.ndarray  # uint8 [total bytes] of every normal token, in id order
+    off: np.ndarray  # int64 [V] start of each token in `flat`
+    lens: np.ndarray  # int64 [V] byte length; 0 for special and empty tokens (never walked)
+    first_byte: np.ndarray  # int16 [V] first byte, -1 for tokens never walked
+    grp_ptr: np.ndarray  # int64 [257] tokens with first byte b are grp_ids[grp_ptr[b]:grp_ptr[b+1]]
+    grp_ids: np.ndarray  # int64 [num normal] ids grouped by first byte, ascending inside a group
+    grp_count: np.ndarray  # int64 [256]
+    grp2_ptr: np.ndarray  # int64 [257*256+1] the same by (first byte, second byte or 256 for one-byte tokens)
+    grp2_ids: np.ndarray  # int64 [num normal]
+    grp2_count: np.ndarray  # int64 [257*256]
+    classes: dict = field(default_factory=dict)  # shape signature -> ClassWalk
+
+    @staticmethod
+    def build(vocab) -> VocabIndex:
+        v = vocab.vocab_size
+        special = np.zeros(v, dtype=bool)
+        special[[i for i in vocab.special_ids if i < v]] = True
+        lens = np.fromiter((len(b) for b in vocab.token_bytes), dtype=np.int64, count=v)
+        lens[special] = 0
+        normal = lens > 0
+        flat = np.frombuffer(
+            b"".join(b for b, ok in zip(vocab.token_bytes, normal.tolist(), strict=True) if ok), dtype=np.uint8
+        )
+        off = np.zeros(v, dtype=np.int64)
+        off[1:] = np.cumsum(lens)[:-1]
+        first_byte = np.full(v, -1, dtype=np.int16)
+        ids = np.flatnonzero(normal)
+        first_byte[ids] = flat[off[ids]]
+        order = ids[np.argsort(first_byte[ids], kind="stable")]
+        count = np.bincount(first_byte[ids], minlength=256).astype(np.int64)
+        ptr = np.zeros(257, dtype=np.int64)
+        ptr[1:] = np.cumsum(count)
+        second = np.where(lens[ids] > 1, flat[np.minimum(off[ids] + 1, flat.size - 1)], 256)
+        key2 = first_byte[ids].astype(np.int64) * 257 + second
+        order2 = ids[np.argsort(key2, kind="stable")]
+        count2 = np.bincount(key2, minlength=256 * 257).astype(np.int64)
+        ptr2 = np.zeros(256 * 257 + 1, dtype=np.int64)
+        ptr2[1:] = np.cumsum(count2)
+        return VocabIndex(v, flat, off, lens, first_byte, ptr, order, count, ptr2, order2, count2)
+
+    def tokens_with_first(self, live: np.ndarray) -> np.ndarray:
+        """Ids whose first byte b has live[b] (bool [256]), grouped by first byte."""
+        return _gather_groups(self, np.flatnonzero(live))
+
+
+_INDEXES: OrderedDict[str, VocabIndex] = OrderedDict()
+
+
+def vocab_index(vocab) -> VocabIndex:
+    """The VocabIndex of `vocab`, built once per process per vocabulary fingerprint."""
+    key = vocab.fingerprint
+    if key in _INDEXES:
+        _INDEXES.move_to_end(key)
+        return _INDEXES[key]
+    index = VocabIndex.build(vocab)
+    _INDEXES[key] = index
+    while len(_INDEXES) > _MAX_CACHED_VOCABS:
+        _INDEXES.popitem(last=False)
+    return index
+
+
+def _gather_groups(vi: VocabIndex, bytes_: np.ndarray, two: bool = False) -> np.ndarray:
+    """Ids of the first-byte groups `bytes_` (or of the two-byte groups, keys b1*257+b2)."""
+    ptr, count, ids = (vi.grp2_ptr, vi.grp2_count, vi.grp2_ids) if two else (vi.grp_ptr, vi.grp_count, vi.grp_ids)
+    starts = ptr[bytes_]
+    lengths = count[bytes_]
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    seg_start = np.cumsum(lengths) - lengths
+    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - seg_start, lengths)
+    return ids[pos]
+
+
+def walk(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos: np.ndarray):
+    """Walk token `tok[i]` from byte `pos[i]` starting in `state[i]` through `trans` (int32 [n, 256]).
+
+    Returns (end state, end byte offset). End state -1: a byte was dead; <= -2: a class exit code
+    (the walk stops on it; its byte is at end offset - 1). Vectorised over pairs, compacting the
+    active set after every byte so cost follows the bytes actually walked.
+    """
+    flat_trans = trans.reshape(-1)
+    out_state = state.astype(np.int32, copy=True)
+    out_ptr = vi.off[tok] + pos
+    end = vi.off[tok] + vi.lens[tok]
+    idx = np.flatnonzero(out_ptr < end)
+    ptr, end, cur = out_ptr[idx], end[idx], out_state[idx].astype(np.int64)
+    while idx.size:
+        cur = flat_trans[cur * 256 + vi.flat[ptr]].astype(np.int64)
+        ptr = ptr + 1
+        done = (cur < 0) | (ptr >= end)
+        if done.any():
+            out_state[idx[done]] = cur[done]
+            out_ptr[idx[done]] = ptr[done]
+            keep = ~done
+            idx, ptr, end, cur = idx[keep], ptr[keep], end[keep], cur[keep]
+    return out_state, out_ptr - vi.off[tok]
+
+
+def _class_shape(dfa: ByteDFA, succ, comp: np.ndarray, q: int):
+    """Canonical local table of q's component seen from q, and local -> global ids."""
+    c = comp[q]
+    order = [q]
+    seen = {q}
+    queue = deque([q])
+    while queue:
+        s = queue.popleft()
+        for t in succ[s]:
+            if comp[t] == c and t not in seen:
+                seen.add(t)
+                order.append(t)
+                queue.append(t)
+    g = np.asarray(order, dtype=np.int64)
+    local = np.full(dfa.num_states + 1, -1, dtype=np.int64)
+    local[g] = np.arange(g.size)
+    rows = dfa.trans[g].astype(np.int64)
+    inside = local[rows] >= 0  # rows == -1 indexes the sentinel slot, which stays -1
+    exits = -2 - np.arange(g.size, dtype=np.int64)[:, None]
+    table = np.where(rows < 0, -1, np.where(inside, local[rows], exits)).astype(np.int32)
+    return table, g
+
+
+def _class_walk(vi: VocabIndex, table: np.ndarray) -> ClassWalk:
+    sig = hashlib.blake2b(table.tobytes(), digest_size=16).digest() + table.shape[0].to_bytes(4, "little")
+    hit = vi.classes.get(sig)
+    if hit is not None:
+        return hit
+    cand = np.sort(vi.tokens_with_first(table[0] >= 0))
+    end, end_pos = walk(table, vi, cand, np.zeros(cand.size, np.int32), np.zeros(cand.size, np.int64))
+    result = ClassWalk(cand=cand, end=end, exit_pos=(end_pos - 1).astype(np.int32))
+    vi.classes[sig] = result
+    return result
+
+
+def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For every DFA state: (allowed token ids sorted, int32 next states), dead tokens removed."""
+    succ = successor_lists(dfa.trans)
+    comp, comp_cyclic = strongly_connected(succ)
+    cyclic = comp_cyclic[comp]
+    live = dfa.trans >= 0  # [S, 256]
+    walk_bytes = live.copy()  # first bytes still to walk generically, per state
+    shared: list = [None] * dfa.num_states  # rows from class walks or donors
+    # 1. Lexical-class states: shared class walk for first bytes that stay inside, then the
+    #    tokens that leave the class later on, per state.
+    exit_jobs = []  # (state, positions in its row, tokens, global start states, byte offsets)
+    for q in np.flatnonzero(cyclic).tolist():
+        table, g = _class_shape(dfa, succ, comp, q)
+        cw = _class_walk(vi, table)
+        nexts = np.full(cw.cand.size, -1, dtype=np.int32)
+        stay = cw.end >= 0
+        nexts[stay] = g[cw.end[stay]]
+        leave = np.flatnonzero(cw.end <= -2)
+        if leave.size:
+            exit_jobs.append((q, leave, cw.cand[leave], g[-2 - cw.end[leave]], cw.exit_pos[leave]))
+        shared[q] = (cw.cand, nexts)
+        walk_bytes[q] &= table[0] < -1
+    _run_exit_jobs(dfa, vi, shared, exit_jobs)
+    # 2. Acyclic states: copy from a donor where the byte rows agree.
+    _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes)
+    # 3. Everything left: one batched walk, pruned by the first two bytes.
+    walked = _walk_generic(dfa, vi, walk_bytes)
+    return [_drop_dead(_merge(shared[q], walked.get(q))) for q in range(dfa.num_states)]
+
+
+def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
+    if not jobs:
+        return
+    tok = np.concatenate([j[2] for j in jobs])
+    start = np.concatenate([j[3] for j in jobs]).astype(np.int32)
+    pos = np.concatenate([j[4] for j in jobs]).astype(np.int64)
+    end, _ = walk(dfa.trans, vi, tok, start, pos)
+    at = 0
+    for q, leave, *_ in jobs:
+        rows[q][1][leave] = end[at : at + leave.size]
+        at += leave.size
+
+
+def _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes) -> None:
+    """Fill `shared` for acyclic states from the best-agreeing class row; clear those bytes."""
+    donors = [q for q in np.flatnonzero(cyclic).tolist() if shared[q][0].size >= _MIN_DONOR_TOKENS]
+    if not donors:
+        return
+    d_trans = dfa.trans[donors]  # [D, 256]
+    for q in np.flatnonzero(~cyclic).tolist():
+        agree = (d_trans == dfa.trans[q]) & walk_bytes[q]  # [D, 256]
+        weight = agree.astype(np.int64) @ vi.grp_count
+        best = int(np.argmax(weight))
+        if weight[best] < _MIN_DONOR_TOKENS:
+            continue
+        cand, nexts = shared[donors[best]]
+        sel = agree[best][vi.first_byte[cand]]
+        shared[q] = (cand[sel], nexts[sel])
+        walk_bytes[q] &= ~agree[best]
+
+
+def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
+    """Walk (state, token) pairs whose first two bytes are live, all states in one batch."""
+    qi, bi = np.nonzero(walk_bytes)
+    if not qi.size:
+        return {}
+    # Second bytes live after (q, b), plus the one-byte token b itself (key b*257+256).
+    mid = dfa.trans[qi, bi]
+    live2 = np.concatenate([dfa.trans[mid] >= 0, np.ones((qi.size, 1), dtype=bool)], axis=1)  # [P, 257]
+    pi, b2 = np.nonzero(live2)
+    keys = bi[pi].astype(np.int64) * 257 + b2
+    counts = vi.grp2_count[keys]
+    tok = _gather_groups(vi, keys, two=True)
+    state = np.repeat(qi[pi], counts).astype(np.int32)
+    end, _ = walk(dfa.trans, vi, tok, state, np.zeros(tok.size, np.int64))
+    ok = end >= 0
+    state, tok, end = state[ok], tok[ok], end[ok]
+    order = np.lexsort((tok, state))
+    state, tok, end = state[order], tok[order], end[order]
+    states = np.unique(state)
+    lo = np.searchsorted(state, states, side="left")
+    hi = np.searchsorted(state, states, side="right")
+    return {int(q): (tok[a:b], end[a:b]) for q, a, b in zip(states.tolist(), lo.tolist(), hi.tolist(), strict=True)}
+
+
+def _merge(a, b):
+    """Union of two sorted rows with disjoint tokens (b is usually the small one)."""
+    if a is None and b is None:
+        return (np.zeros(0, np.int64), np.zeros(0, np.int32))
+    if a is None or b is None:
+        return a if b is None else b
+    if b[0].size > a[0].size:
+        a, b = b, a
+    at = np.searchsorted(a[0], b[0])
+    return np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1])
+
+
+def _drop_dead(row):
+    tok, nxt = row
+    ok = nxt >= 0
+    if ok.all():
+        return tok, nxt.astype(np.int32, copy=False)
+    return tok[ok], nxt[ok].astype(np.int32, copy=False)

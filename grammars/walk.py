@@ -1,0 +1,57 @@
+"""Random walks through a TokenTable: fuzz a grammar without a model.
+
+`random_walk` draws tokens uniformly from what the table allows (random logits, equal weight),
+keeping only tokens that can still reach acceptance inside the budget (dist[next] <= remaining
+- 1, the same rule as the mask kernel), and stops with a stop token in an accepting state. The
+returned ids exclude the stop token; `decode` joins their bytes. `accepts` replays ids through
+the CSR. Nothing here samples from a model or touches a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from surecall.errors import RequestError
+from surecall.grammars.table import TokenTable
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: int | None = None) -> list[int]:
+    """Token ids of one random document the table accepts, at most `max_tokens` of them.
+
+    With max_tokens None the walk is capped at DEFAULT_MAX_TOKENS. Raises RequestError when
+    the budget is below the fewest tokens any document needs (dist of the start state).
+    """
+    budget = DEFAULT_MAX_TOKENS if max_tokens is None else int(max_tokens)
+    if budget < int(table.dist[0]):
+        raise RequestError(
+            f"max_tokens {budget} is below the {int(table.dist[0])} tokens the shortest document needs"
+        )
+    state, out = 0, []
+    while True:
+        remaining = budget - len(out)
+        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
+        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+        ok = table.dist[nexts] <= remaining - 1
+        num_options = int(ok.sum()) + (1 if table.accept[state] else 0)
+        pick = int(rng.integers(num_options))
+        if table.accept[state] and pick == num_options - 1:
+            return out
+        i = np.flatnonzero(ok)[pick]
+        out.append(int(toks[i]))
+        state = int(nexts[i])
+
+
+def decode(vocab, ids: list[int]) -> bytes:
+    return b"".join(vocab.token_bytes[i] for i in ids)
+
+
+def accepts(table: TokenTable, ids: list[int]) -> bool:
+    """Whether the table walks `ids` from state 0 into an accepting state (CSR only)."""
+    state = 0
+    for t in ids:
+        nxt = table.next_state(state, int(t))
+        if nxt is None:
+            return False
+        state = nxt
+    return bool(table.accept[state])
