@@ -174,7 +174,7 @@ def attenuate(
         raise CapabilityError(f"cannot attenuate: parent denied ({decision.code.value}): {decision.reason}")
     child = Capability(
         rights=parent.rights if rights is None else frozenset(rights),
-        objects=parent.objects if objects is None else tuple(objects),
+        objects=parent.objects if objects is None else tuple(normalise_object(o) for o in objects),
         max_cost=parent.max_cost if max_cost is None else max_cost,
         expires_at=parent.expires_at if expires_at is None else expires_at,
         issued_at=time.time() if now is None else now,

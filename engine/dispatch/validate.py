@@ -57,15 +57,20 @@ def compiled_validator(schema: dict) -> jsonschema_rs.Draft202012Validator:
 
 @lru_cache(maxsize=1024)
 def _compile(schema_text: str) -> jsonschema_rs.Draft202012Validator:
-    schema = json.loads(schema_text)
+    return make_validator(json.loads(schema_text))
+
+
+def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = None, validate_formats: bool = False) -> jsonschema_rs.Draft202012Validator:
+    """Check `schema` against the 2020-12 metaschema, then compile it. Remote `$ref`s resolve
+    only through `registry`: the validator never fetches anything over the network."""
     try:
-        jsonschema_rs.meta.validate(schema)
+        jsonschema_rs.meta.validate(schema, registry=registry)
     except jsonschema_rs.ValidationError as exc:
         raise SchemaError(f"Invalid schema: {exc.message}", pointer=_pointer(exc.instance_path)) from exc
-    except Exception as exc:  # unknown $schema etc.
+    except Exception as exc:  # unknown $schema, unresolvable metaschema
         raise SchemaError(f"Invalid schema: {exc}") from exc
     try:
-        return jsonschema_rs.Draft202012Validator(schema)
+        return jsonschema_rs.Draft202012Validator(schema, registry=registry, validate_formats=validate_formats, offline=True)
     except Exception as exc:  # bad regex, unresolvable $ref, ...
         raise SchemaError(f"Invalid schema: {exc}") from exc
 

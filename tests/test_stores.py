@@ -1,0 +1,297 @@
+"""Idempotency stores (SQLite and a real redis-server): the state machine, crashes, races."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from surecall.dispatch.idempotency import ProbeOutcome, RecordState, derive_key, execute_once
+from surecall.dispatch.stores import SQLiteStore, open_store
+from surecall.errors import IdempotencyConflict, StoreUnavailable
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+CTX = multiprocessing.get_context("fork")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip(f"redis-server not installed ({REDIS_SERVER}); `.ci/run` installs it")
+    workdir = tmp_path_factory.mktemp("redis")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.skip("redis-server did not start")
+    yield url
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "records.db")
+    return request.getfixturevalue("redis_url")
+
+
+@pytest.fixture
+def store(store_url):
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def _key(tag: str, args=None) -> str:
+    return derive_key(f"traj-{tag}-{time.time_ns()}", 1, "call-1", "file_edit", args or {"path": "a.py"})
+
+
+def _args_key(key: str, args: dict) -> str:
+    """The same slot as `key` with other arguments' fingerprint."""
+    return key.split(".")[0] + "." + derive_key("x", 0, "x", "x", args).split(".")[1]
+
+
+# --- state machine ---------------------------------------------------------------------------
+def test_claim_complete_replay(store):
+    key = _key("replay")
+    assert store.get(key).state is RecordState.UNSEEN
+    first = execute_once(store, key, lambda: {"ok": 1})
+    second = execute_once(store, key, lambda: {"ok": 2})
+    assert first.ran and not second.ran
+    assert second.record.state is RecordState.COMPLETED and second.record.result == {"ok": 1}
+    assert second.record.attempts == 1
+
+
+def test_same_key_other_arguments_conflicts(store):
+    key = _key("conflict")
+    claim = store.claim(key)
+    other = _args_key(key, {"path": "b.py"})
+    with pytest.raises(IdempotencyConflict, match="already used with different arguments"):
+        store.claim(other)
+    with pytest.raises(IdempotencyConflict, match="already used with different arguments"):
+        store.complete(other, claim.owner, {})
+
+
+def test_live_lease_blocks_and_owner_checked(store):
+    key = _key("lease")
+    claim = store.claim(key, lease_s=30)
+    again = store.claim(key)
+    assert not again.acquired and again.record.state is RecordState.IN_FLIGHT
+    with pytest.raises(IdempotencyConflict, match="cannot complete .* IN_FLIGHT \\(held by another owner\\)"):
+        store.complete(key, "not-the-owner", {})
+    with pytest.raises(IdempotencyConflict, match="cannot settle .* live lease"):
+        store.settle(key, lambda r: True)
+    renewed = store.renew(key, claim.owner, lease_s=60)
+    assert renewed.lease_expires_at > claim.record.lease_expires_at
+    store.complete(key, claim.owner, {"done": True})
+    with pytest.raises(IdempotencyConflict, match="cannot complete .* COMPLETED"):
+        store.complete(key, claim.owner, {"done": True})
+
+
+def test_failure_is_in_doubt_until_settled(store):
+    key = _key("fail")
+    claim = store.claim(key)
+    assert store.fail(key, claim.owner, "TimeoutError: tool hung").state is RecordState.IN_DOUBT
+    refused = store.claim(key)
+    assert not refused.acquired and refused.record.state is RecordState.IN_DOUBT
+    assert "TimeoutError" in refused.record.error
+    assert store.settle(key, lambda r: None).state is RecordState.IN_DOUBT  # probe cannot tell
+    settled = store.settle(key, lambda r: ProbeOutcome(True, {"probed": 1}))
+    assert settled.state is RecordState.COMPLETED and settled.result == {"probed": 1}
+    assert store.settle(key, lambda r: False).state is RecordState.COMPLETED  # settled stays settled
+    assert store.claim(key).record.result == {"probed": 1}
+
+
+def test_not_executed_can_be_claimed_again(store):
+    key = _key("release")
+    claim = store.claim(key)
+    assert store.release(key, claim.owner, "denied").state is RecordState.NOT_EXECUTED
+    again = store.claim(key)
+    assert again.acquired and again.record.attempts == 2 and again.owner != claim.owner
+    key2 = _key("settle-no")
+    store.fail(key2, store.claim(key2).owner, "boom")
+    assert store.settle(key2, lambda r: False).state is RecordState.NOT_EXECUTED
+    assert store.claim(key2).acquired
+
+
+def test_expired_lease_becomes_in_doubt_and_late_owner_may_complete(store):
+    key = _key("late")
+    claim = store.claim(key, lease_s=0.05)
+    time.sleep(0.15)
+    assert store.get(key).state is RecordState.IN_DOUBT
+    with pytest.raises(IdempotencyConflict, match="cannot renew"):
+        store.renew(key, claim.owner)
+    assert store.complete(key, claim.owner, {"late": True}).state is RecordState.COMPLETED
+
+
+def test_unknown_record_steps(store):
+    key = _key("unknown")
+    with pytest.raises(IdempotencyConflict, match="no record"):
+        store.settle(key, lambda r: True)
+    with pytest.raises(IdempotencyConflict, match="no record"):
+        store.complete(key, "o", {})
+
+
+def test_result_must_be_json(store):
+    key = _key("json")
+    claim = store.claim(key)
+    with pytest.raises(IdempotencyConflict, match="not JSON-serialisable"):
+        store.complete(key, claim.owner, {"x": object()})
+    assert store.get(key).state is RecordState.IN_FLIGHT
+
+
+def test_store_unavailable(tmp_path):
+    with pytest.raises(StoreUnavailable, match="SQLite store .*nothing was recorded"):
+        SQLiteStore(tmp_path / "missing-dir" / "x.db")
+    from surecall.dispatch.stores import RedisStore
+
+    down = RedisStore(f"redis://127.0.0.1:{_free_port()}/0", timeout_s=0.5)
+    with pytest.raises(StoreUnavailable, match="Redis store"):
+        down.claim(_key("down"))
+
+
+def test_redis_store_down_mid_run(tmp_path):
+    """A store that goes away: typed error, and once it is back the record is where it was."""
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server not installed")
+    port = _free_port()
+    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--appendonly", "yes", "--save", ""]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from surecall.dispatch.stores import RedisStore
+
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", timeout_s=1.0)
+    try:
+        _wait_ready(store)
+        key = _key("down-mid")
+        claim = store.claim(key)
+        proc.terminate()
+        proc.wait(timeout=10)
+        with pytest.raises(StoreUnavailable, match="retry it"):
+            store.complete(key, claim.owner, {"r": 1})
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_ready(store)
+        assert store.complete(key, claim.owner, {"r": 1}).state is RecordState.COMPLETED
+    finally:
+        store.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _wait_ready(store) -> None:
+    for _ in range(100):
+        try:
+            store.get(_key("ping"))
+            return
+        except StoreUnavailable:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not come up")
+
+
+# --- crashes and races (separate processes) --------------------------------------------------
+def _crashing_worker(url: str, key: str, effects: str, ready: str, do_effect: bool) -> None:
+    store = open_store(url)
+    claim = store.claim(key, lease_s=LEASE_S)
+    if claim.acquired and do_effect:
+        with open(effects, "a") as fh:
+            fh.write("x\n")
+    open(ready, "w").close()
+    time.sleep(60)  # killed with SIGKILL before it can complete
+
+
+LEASE_S = 0.6
+
+
+def _count(path: str) -> int:
+    return len(open(path).read().splitlines()) if os.path.exists(path) else 0
+
+
+@pytest.mark.parametrize("did_effect", [True, False])
+def test_sigkill_mid_execution(store_url, tmp_path, did_effect):
+    store = open_store(store_url)
+    key = _key(f"kill-{did_effect}")
+    effects, ready = str(tmp_path / "effects"), str(tmp_path / "ready")
+    proc = CTX.Process(target=_crashing_worker, args=(store_url, key, effects, ready, did_effect))
+    proc.start()
+    deadline = time.time() + 10
+    while not os.path.exists(ready) and time.time() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    killed_at = time.time()
+    # 1. the lease is still live: IN_FLIGHT, and a repeat is refused
+    assert store.get(key).state is RecordState.IN_FLIGHT
+    assert not store.claim(key).acquired
+    # 2. after the lease: IN_DOUBT, never silently re-run
+    time.sleep(max(0.0, LEASE_S - (time.time() - killed_at)) + 0.2)
+    for _ in range(3):
+        repeat = store.claim(key)
+        assert not repeat.acquired and repeat.record.state is RecordState.IN_DOUBT
+    # 3. settle with a probe that reads the environment (the effects file)
+    settled = store.settle(key, lambda r: ProbeOutcome(_count(effects) > 0, {"effects": _count(effects)}))
+    if did_effect:
+        assert settled.state is RecordState.COMPLETED and settled.result == {"effects": 1}
+        assert not store.claim(key).acquired
+    else:
+        assert settled.state is RecordState.NOT_EXECUTED
+        assert execute_once(store, key, lambda: open(effects, "a").write("x\n")).ran
+    assert _count(effects) == 1
+    store.close()
+
+
+def _racing_worker(url: str, key: str, effects: str, barrier, results) -> None:
+    store = open_store(url)
+    barrier.wait()
+
+    def effect():
+        with open(effects, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(0.05)
+        return {"pid": os.getpid()}
+
+    outcome = execute_once(store, key, effect, lease_s=10)
+    results.put((outcome.ran, outcome.record.state.value))
+    store.close()
+
+
+@pytest.mark.parametrize("num_procs", [8])
+def test_concurrent_same_call_runs_once(store_url, tmp_path, num_procs):
+    key = _key("race")
+    effects = str(tmp_path / "effects")
+    barrier, results = CTX.Barrier(num_procs), CTX.Queue()
+    procs = [CTX.Process(target=_racing_worker, args=(store_url, key, effects, barrier, results)) for _ in range(num_procs)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert _count(effects) == 1
+    assert sum(ran for ran, _ in outcomes) == 1
+    assert {state for ran, state in outcomes if not ran} <= {"IN_FLIGHT", "COMPLETED"}
+    final = open_store(store_url).get(key)
+    assert final.state is RecordState.COMPLETED and final.result["pid"] == int(open(effects).read().strip())
