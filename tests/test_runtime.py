@@ -64,6 +64,8 @@ def test_all_four_tools_allowed(ws, store):
     assert grep.data["matches"] == [{"path": "src/app.py", "line": 1, "text": "x = 2"}]
     bash = dispatch(rt, cap, call("bash_execute", command="cat src/app.py | wc -l"), "b")
     assert bash.ok and bash.output.strip() == "2" and bash.exit_status == 0
+    failing = dispatch(rt, cap, call("bash_execute", command="echo no >&2; exit 4"), "b2")
+    assert failing.to_message() == "[stderr]\nno\n\n[exit status 4]"
     assert bash.idempotency_state == "COMPLETED" and bash.decision.allowed
     assert all(o.tool == n for o, n in [(view, "file_view"), (edit, "file_edit"), (grep, "grep_search"), (bash, "bash_execute")])
 

@@ -48,6 +48,11 @@ def test_view_notes_when_the_window_passes_the_end(ws):
     assert out.output.endswith("[end of file: lines 18-20 of 20]")
 
 
+def test_view_of_an_empty_file_says_so(ws):
+    (ws / "empty.txt").write_text("")
+    assert view(ws, path="empty.txt").output == "[empty file: 0 lines]"
+
+
 def test_view_offset_past_the_end_is_an_error(ws):
     with pytest.raises(ToolError, match="offset 21 is past the end of 'a.txt', which has 20 lines"):
         view(ws, path="a.txt", offset=21)

@@ -131,6 +131,16 @@ def test_writing_gigabytes_is_bounded_by_the_file_size_limit(ws):
     assert "File size limit exceeded" in out.output and "status 153" in out.output  # 128 + SIGXFSZ
 
 
+@needs_bwrap
+def test_private_tmp_is_bounded_and_not_the_hosts(ws):
+    small = Sandbox(SandboxConfig(max_tmp_bytes=1 << 20))
+    out = run(ws, "head -c 5M /dev/zero > /tmp/fill; echo status $?; ls /tmp | wc -l", sandbox=small)
+    if not small._has_size_option:
+        pytest.skip("this bubblewrap has no --size: /tmp is not bounded")
+    assert "No space left on device" in out.output and "status 1" in out.output
+    assert not os.path.exists("/tmp/fill")
+
+
 def _process_limit_is_enforced() -> bool:
     if os.getuid() != 0:
         return True  # RLIMIT_NPROC applies

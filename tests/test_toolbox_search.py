@@ -60,6 +60,11 @@ def test_catastrophic_backtracking_ends_with_a_clear_error_in_time(ws):
     assert time.perf_counter() - started < 3
 
 
+def test_walking_past_the_time_budget_stops_with_the_flag(ws):
+    out = grep(ws, SearchLimits(time_budget_s=1e-9), pattern="main")
+    assert out.truncated and out.data["matches"] == [] and "stopped after" in out.output
+
+
 def test_bad_regex_missing_path_and_outside_path(ws):
     with pytest.raises(ToolError, match="invalid regular expression"):
         grep(ws, pattern="(unclosed")

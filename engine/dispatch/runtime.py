@@ -83,7 +83,10 @@ class Observation:
         """The text to show the model."""
         if not self.decision.allowed:
             return f"[denied: {self.decision.reason}]"
-        return self.output if self.error is None else f"{self.output}\n[error: {self.error}]".lstrip()
+        text = self.output
+        if self.exit_status not in (None, 0):
+            text += f"\n[exit status {self.exit_status}]"
+        return text if self.error is None else f"{text}\n[error: {self.error}]".lstrip()
 
 
 def _unpack(call: Any) -> tuple[str, dict]:
@@ -155,7 +158,7 @@ class Runtime:
             plan = self._plan(tool, arguments, capability)
         except PathOutsideWorkspace as exc:
             return _denied(name, "outside_workspace", str(exc))
-        except ToolError as exc:
+        except (ToolError, ValueError) as exc:
             return _denied(name, "bad_input", str(exc))
         verdict = self._approve(tool, plan, capability)
         if not verdict.allowed:
@@ -240,6 +243,8 @@ class Runtime:
                 record = self.store.fail(key, owner, result.error or "", now=self.clock())
             else:
                 record = self.store.complete(key, owner, result.to_dict(), now=self.clock())
+            if record.state is not RecordState.IN_DOUBT:
+                self._intents.pop(key, None)  # only IN_DOUBT records may need settle(key) later
         except (StoreUnavailable, IdempotencyConflict) as exc:
             error = f"ran, but the result could not be recorded ({exc}); the record will turn IN_DOUBT"
             return _observed(name, verdict, result, key=key, state="UNRECORDED", extra_error=error)

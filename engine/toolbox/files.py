@@ -83,7 +83,9 @@ def file_view(args: FileViewArgs, workspace: Path) -> ToolResult:
     window = lines[args.offset - 1 : args.offset - 1 + args.limit]
     last = args.offset + len(window) - 1
     body, cut = _numbered(window, args.offset)
-    if args.offset - 1 + args.limit >= num_lines:
+    if num_lines == 0:
+        note = "[empty file: 0 lines]"
+    elif args.offset - 1 + args.limit >= num_lines:
         note = f"[end of file: lines {args.offset}-{last} of {num_lines}]"
     else:
         note = f"[lines {args.offset}-{last} of {num_lines}; next offset {last + 1}]"

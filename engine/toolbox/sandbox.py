@@ -68,8 +68,9 @@ class ExecResult:
 
 
 # --- the bubblewrap command line -------------------------------------------------------------
-def bwrap_argv(config: SandboxConfig, workspace: Path) -> list[str]:
-    """The bwrap arguments (before `--`) for a sandbox around `workspace`."""
+def bwrap_argv(config: SandboxConfig, workspace: Path, *, has_size_option: bool = True) -> list[str]:
+    """The bwrap arguments (before `--`) for a sandbox around `workspace`. `--size` (a bounded
+    /tmp) needs bubblewrap >= 0.7; older ones get an unbounded /tmp (RLIMIT_FSIZE still holds)."""
     argv = [config.bwrap_path, "--unshare-all", "--die-with-parent", "--new-session"]
     for path in config.ro_paths:
         if os.path.islink(path):
@@ -78,7 +79,8 @@ def bwrap_argv(config: SandboxConfig, workspace: Path) -> list[str]:
             argv += ["--ro-bind", path, path]
     argv += [arg for path in MASKED_FILES if os.path.isfile(path) for arg in ("--ro-bind", "/dev/null", path)]
     argv += [arg for path in MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(config.max_tmp_bytes), "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += (["--size", str(config.max_tmp_bytes)] if has_size_option else []) + ["--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
     if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL"]
@@ -209,6 +211,7 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self._checked: bool | None = None
         self._why_unavailable = ""
+        self._has_size_option = False
 
     def is_available(self) -> bool:
         """Whether bubblewrap can set up a sandbox here (checked once, with a trivial command)."""
@@ -220,8 +223,10 @@ class Sandbox:
         if shutil.which(self.config.bwrap_path) is None:
             return False, f"{self.config.bwrap_path} not found (install the 'bubblewrap' package)"
         with tempfile.TemporaryDirectory(prefix="surecall-probe-") as tmp:
-            argv = bwrap_argv(self.config, Path(os.path.realpath(tmp))) + ["--", SHELL, "-c", "true"]
             try:
+                usage = subprocess.run([self.config.bwrap_path, "--help"], capture_output=True, timeout=10)
+                self._has_size_option = b"--size" in usage.stdout + usage.stderr
+                argv = self._argv(Path(os.path.realpath(tmp))) + [SHELL, "-c", "true"]
                 done = subprocess.run(argv, capture_output=True, timeout=10, env=self.config.env)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return False, f"bubblewrap failed to start: {exc}"
@@ -237,8 +242,11 @@ class Sandbox:
                 f"bash_execute refused: {self._why_unavailable}; configure SandboxConfig(allow_unsandboxed=True) "
                 "to run commands without a sandbox"
             )
-        prefix = bwrap_argv(self.config, workspace) + ["--"] if is_sandboxed else []
+        prefix = self._argv(workspace) if is_sandboxed else []
         return self._execute(prefix + [SHELL, "-c", command], workspace, timeout_ms, is_sandboxed)
+
+    def _argv(self, workspace: Path) -> list[str]:
+        return bwrap_argv(self.config, workspace, has_size_option=self._has_size_option) + ["--"]
 
     def _execute(self, argv: list[str], workspace: Path, timeout_ms: int, is_sandboxed: bool) -> ExecResult:
         # 1. limits: CPU a little above the wall budget, processes counted on top of the user's own

@@ -109,8 +109,11 @@ def grep_search(args: GrepSearchArgs, workspace: Path, limits: SearchLimits = Se
         raise ToolError(f"path {args.path!r} does not exist")
     compiled = compile_pattern(args.pattern)
     deadline = time.monotonic() + limits.time_budget_s
-    matches, num_bytes, num_files, num_skipped, truncated = [], 0, 0, 0, False
+    matches, num_bytes, num_files, num_skipped, truncated, timed_out = [], 0, 0, 0, False, False
     for path in _candidate_files(root, start):
+        if time.monotonic() > deadline:  # a huge tree: stop walking, say so
+            truncated, timed_out = True, True
+            break
         rel = display_path(path, root)
         if not _matches_glob(rel, args.glob):
             continue
@@ -128,7 +131,7 @@ def grep_search(args: GrepSearchArgs, workspace: Path, limits: SearchLimits = Se
             matches.append(record)
         if truncated:
             break
-    return _result(matches, truncated, num_files, num_skipped, limits)
+    return _result(matches, truncated, timed_out, num_files, num_skipped, limits)
 
 
 def _matching_lines(compiled: regex.Pattern, text: str, deadline: float, pattern: str):
@@ -149,12 +152,16 @@ def _matching_lines(compiled: regex.Pattern, text: str, deadline: float, pattern
             yield line_no, line
 
 
-def _result(matches: list[dict], truncated: bool, num_files: int, num_skipped: int, limits: SearchLimits) -> ToolResult:
+def _result(
+    matches: list[dict], truncated: bool, timed_out: bool, num_files: int, num_skipped: int, limits: SearchLimits
+) -> ToolResult:
     lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in matches]
     summary = f"[{len(matches)} match(es) in {num_files} file(s) searched"
     if num_skipped:
         summary += f", {num_skipped} binary or huge file(s) skipped"
-    if truncated:
+    if timed_out:
+        summary += f"; stopped after {limits.time_budget_s} s of searching, narrow the path"
+    elif truncated:
         summary += f"; truncated at {limits.max_matches} matches / {limits.max_output_bytes} bytes, narrow the search"
     lines.append(summary + "]")
     data = {"matches": matches, "truncated": truncated, "num_files_searched": num_files, "num_files_skipped": num_skipped}
