@@ -421,7 +421,8 @@ def _load_object(tokenizer) -> dict:
     eos = getattr(tokenizer, "eos_token_id", None)
     parts["eos_ids"] = [eos] if isinstance(eos, int) else parts.get("eos_ids", [])
     parts["format"] = "transformers"
-    parts["size"] = max(len(tokenizer), 1 + max([*parts["pieces"], *parts["special"]]))
+    num_ids = len(tokenizer) if hasattr(tokenizer, "__len__") else 0
+    parts["size"] = max(num_ids, 1 + max([*parts["pieces"], *parts["special"]]))
     return parts
 
 
