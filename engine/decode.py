@@ -111,6 +111,7 @@ class Decoder:
         self.config = config or EngineConfig()
         self.ops = ops or KernelOps()
 
+    @torch.inference_mode()
     def run(
         self,
         rows: list[DecodeRow],
@@ -152,27 +153,25 @@ class Decoder:
         by_stop = torch.zeros(batch, dtype=torch.bool, device=device)
         length = torch.zeros(batch, dtype=torch.int64, device=device)
         pad = torch.full((batch,), pad_id, dtype=torch.int64, device=device)
+        use_sort = any(r.sampling.top_k > 0 or r.sampling.top_p < 1.0 for r in rows)
         num_steps = 0
         # 3. the step loop
         for step in range(max_steps):
             num_steps = step + 1
             remaining = (budget - step).clamp_min(1)
-            if want_unmasked:
-                temp1 = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).view(-1, 1)
-                raw_lse = torch.logsumexp(logits / temp1, dim=-1)
-            if dtable is not None:
-                mark = clock.start("mask_s")
-                self.ops.mask_inplace(
-                    logits, dtable, torch.where(done, -1, state), remaining, check=self.config.check_kernel_inputs
-                )
-                clock.stop(mark)
             step_t = torch.full((batch,), step, dtype=torch.int64, device=device)
-            tok, lp = self.ops.sample(logits, temperature, top_k, top_p, seed, step_t, check=self.config.check_kernel_inputs)
+            mark = clock.start("mask_s" if dtable is not None else "sample_s")
+            tok, lp, raw = self.ops.sample(
+                logits, dtable, torch.where(done, -1, state), remaining, temperature, top_k, top_p, seed, step_t,
+                use_sort=use_sort, want_unmasked=want_unmasked, check=self.config.check_kernel_inputs,
+            )
+            clock.stop(mark)
+            done |= tok < 0  # a row whose mask allowed nothing (a table bug): end it, never embed -1
             tok = torch.where(done, pad, tok)
             out_tok[:, step] = tok
             out_lp[:, step] = lp
             if want_unmasked:
-                out_raw[:, step] = logits.gather(1, tok.view(-1, 1)).view(-1) / temp1.view(-1) - raw_lse
+                out_raw[:, step] = raw
             # 4. advance grammars; decide which rows finished with this token
             finished = torch.isin(tok, stops)
             if dtable is not None:
