@@ -8,7 +8,9 @@ workspace bound read-write at its real path. Limits: wall time (the process grou
 (RLIMIT_NPROC, which Linux does not enforce for uid 0, plus a pids cgroup with `pids.max` when
 one is writable). stdout and stderr are each cut at `max_output_bytes` with a marker.
 It does not filter system calls (no seccomp) and does not decide who may run what: the
-runtime's capability check does. Unsandboxed execution happens only when configured.
+runtime's capability check does. Unsandboxed execution happens only when configured, and is
+best effort: the process group is killed, but a command that calls `setsid` escapes it unless a
+pids cgroup holds it.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class _Drain(threading.Thread):
         self.kept, self.num_dropped = bytearray(), 0
 
     def run(self) -> None:
-        while chunk := self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536):
+        while chunk := self.stream.read1(65536):  # read1: whatever is there, never waits for a full block
             room = self.max_bytes - len(self.kept)
             self.kept += chunk[:room]
             self.num_dropped += max(len(chunk) - room, 0)
@@ -255,26 +257,12 @@ class Sandbox:
         nproc = _count_user_processes(os.getuid()) + cfg.max_processes
         cgroup = PidsCgroup.create(cfg.max_processes)
         started = time.monotonic()
-        # 2. start in a new session (process group) so a timeout can kill the whole tree
-        proc = subprocess.Popen(
-            argv, cwd=workspace, env=cfg.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_preexec(cfg, cpu_s, nproc, cgroup),
-        )
-        drains = [_Drain(proc.stdout, cfg.max_output_bytes), _Drain(proc.stderr, cfg.max_output_bytes)]
-        for d in drains:
-            d.start()
-        # 3. wait, kill the group (and the cgroup) at the deadline
-        is_timed_out = False
+        # 2. run; the cgroup goes whatever happens
         try:
-            proc.wait(timeout=timeout_ms / 1000)
-        except subprocess.TimeoutExpired:
-            is_timed_out = True
-        _kill_group(proc.pid)
-        if cgroup is not None:
-            cgroup.remove()
-        proc.wait()
-        for d in drains:
-            d.join(timeout=2)
+            proc, drains, is_timed_out = self._spawn_and_wait(argv, workspace, timeout_ms, cpu_s, nproc, cgroup)
+        finally:
+            if cgroup is not None:
+                cgroup.remove()  # kills whatever is left in it, even a process that left the group
         limits = {"max_processes_enforced_by": _nproc_enforcer(cgroup), "cpu_s": cpu_s,
                   "max_file_bytes": cfg.max_file_bytes, "max_memory_bytes": cfg.max_memory_bytes}
         return ExecResult(
@@ -282,6 +270,31 @@ class Sandbox:
             is_timed_out=is_timed_out, is_truncated=any(d.num_dropped for d in drains),
             duration_s=time.monotonic() - started, is_sandboxed=is_sandboxed, limits=limits,
         )
+
+    def _spawn_and_wait(self, argv: list[str], workspace: Path, timeout_ms: int, cpu_s: int, nproc: int,
+                        cgroup: PidsCgroup | None) -> tuple[subprocess.Popen, list[_Drain], bool]:
+        """Start `argv` in a new session (its own process group), drain its pipes, and kill the
+        group when it exits or at `timeout_ms`; (process, drains, timed out)."""
+        cfg = self.config
+        proc = subprocess.Popen(
+            argv, cwd=workspace, env=cfg.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_preexec(cfg, cpu_s, nproc, cgroup),
+        )
+        drains = [_Drain(proc.stdout, cfg.max_output_bytes), _Drain(proc.stderr, cfg.max_output_bytes)]
+        for d in drains:
+            d.start()
+        is_timed_out = False
+        try:
+            proc.wait(timeout=timeout_ms / 1000)
+        except subprocess.TimeoutExpired:
+            is_timed_out = True
+        _kill_group(proc.pid)  # also ends background jobs of an unsandboxed command
+        if cgroup is not None:
+            cgroup.kill_all()
+        proc.wait()
+        for d in drains:
+            d.join(timeout=2)
+        return proc, drains, is_timed_out
 
 
 def _kill_group(pgid: int) -> None:
