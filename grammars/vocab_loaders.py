@@ -51,6 +51,7 @@ class TiktokenFamily:
 # tokenizer.py) and Qwen's qwen.tiktoken; cross-checked with ../shared/data/tokenizers/manifest.json.
 TIKTOKEN_FAMILIES = {f.num_ranks: f for f in (
     TiktokenFamily("r50k_base", 50256, 50257, {"<|endoftext|>": 50256}),
+    TiktokenFamily("p50k_base", 50281, 50281, {"<|endoftext|>": 50256}),  # ranks skip 50256
     TiktokenFamily("cl100k_base", 100256, 100277, {
         "<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
         "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}),

@@ -266,6 +266,16 @@ def test_transformers_tokenizer_object(tokdir):
     assert vocab.stop_ids == files.stop_ids and vocab.eos_id == tokenizer.eos_token_id
 
 
+def test_saved_tokenizer_json_matches_source_files(tokdir, tmp_path):
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(tokdir / "qwen2")).save_pretrained(str(tmp_path))
+    vocab, files = load(tmp_path / "tokenizer.json"), cached_vocab("qwen2")
+    assert vocab.format == "hf-tokenizer-json"
+    assert vocab.token_bytes == files.token_bytes and vocab.special_ids == files.special_ids
+    assert vocab.stop_ids == files.stop_ids and vocab.eos_id == files.eos_id
+
+
 def test_tiktoken_encoding_object(tokdir):
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
@@ -418,6 +428,17 @@ def test_corrupt_tiktoken(tmp_path):
     path.write_text("IQ== 0\nnot-base64!! 1\n")
     with pytest.raises(VocabError, match=r"corrupt tiktoken ranks in .*x.tiktoken at line 2"):
         load(path)
+
+
+def test_tiktoken_file_of_unknown_family(tmp_path):
+    import base64
+
+    path = tmp_path / "small.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate([b"a", b"\xe2\x82", b" b"])))
+    bare = load(path)
+    assert bare.token_bytes == (b"a", b"\xe2\x82", b" b") and not bare.special_ids and bare.stop_ids == ()
+    named = load(path, special_tokens={"<|endoftext|>": 4})
+    assert named.vocab_size == 5 and named.special_ids == {3, 4} and named.stop_ids == (4,)
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
