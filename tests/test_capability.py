@@ -70,6 +70,7 @@ def test_flipped_signature_byte_denied(auth, cap, workspace):
 
 
 def test_widened_rights_denied(auth, cap, workspace):
+    assert auth.approve(cap, "read", workspace, now=NOW).allowed  # the genuine one is now cached
     forged = dataclasses.replace(cap, rights=cap.rights | {"exec"})
     d = auth.approve(forged, "exec", workspace, now=NOW)
     assert (d.allowed, d.code) == (False, DenyCode.BAD_SIGNATURE)

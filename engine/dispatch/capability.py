@@ -3,8 +3,9 @@
 The signature is HMAC-SHA256 over the RFC 8785 canonical body (never `repr`), keyed with a
 secret only the runtime holds (`Authority`). Rights are strings: `read`, `write`, `exec`,
 `call:<tool>` or `call:*`, and `approve:<tool>` / `approve:*` (the approval an A3 tool needs).
-Objects are absolute path prefixes, compared component by component after `realpath` (so
-`..` and symlinks are resolved and `/work` never admits `/workspace_evil`), or exact
+Objects are absolute path prefixes, resolved when issued (`Authority.issue`, `attenuate`);
+a target is compared with them component by component after `realpath` (so `..` and
+symlinks are resolved and `/work` never admits `/workspace_evil`), or exact
 resource ids (anything not starting with `/`). `attenuate` only narrows; a child carries its
 parent and is checked against it on every `approve`. This module does not execute anything.
 """
@@ -129,20 +130,32 @@ def verify(cap: Capability, key: bytes, now: float | None = None, skew_s: float 
     """Signature, validity window (with `skew_s` of clock allowance) and, along the parent
     chain, that each child is no wider than its parent."""
     _check_key(key)
-    now = time.time() if now is None else now
+    return check_static(cap, key) or check_window(cap, time.time() if now is None else now, skew_s)
+
+
+def check_static(cap: Capability, key: bytes) -> Decision | None:
+    """The time-independent part of `verify` (signatures, child <= parent): a denial or None."""
     if not cap.signature or not hmac.compare_digest(_mac(cap, key), cap.signature):
         return Decision(False, "signature does not match the capability body (tampered or foreign key)", DenyCode.BAD_SIGNATURE)
-    if now > cap.expires_at + skew_s:
-        return Decision(False, f"expired at {cap.expires_at:.3f}, now {now:.3f} (skew allowance {skew_s} s)", DenyCode.EXPIRED)
-    if now < cap.issued_at - skew_s:
-        return Decision(False, f"not valid before {cap.issued_at:.3f}, now {now:.3f} (skew allowance {skew_s} s)", DenyCode.NOT_YET_VALID)
     if cap.parent is not None:
-        parent_decision = verify(cap.parent, key, now, skew_s)
-        if not parent_decision.allowed:
-            return parent_decision
+        denied = check_static(cap.parent, key)
+        if denied is not None:
+            return denied
         wider = _widening(cap.parent, cap)
         if wider:
             return Decision(False, f"child is wider than its parent: {wider}", DenyCode.WIDER_THAN_PARENT)
+    return None
+
+
+def check_window(cap: Capability, now: float, skew_s: float) -> Decision:
+    """Expiry and not-before of `cap` and every ancestor, with `skew_s` of allowance."""
+    node: Capability | None = cap
+    while node is not None:
+        if now > node.expires_at + skew_s:
+            return Decision(False, f"expired at {node.expires_at:.3f}, now {now:.3f} (skew allowance {skew_s} s)", DenyCode.EXPIRED)
+        if now < node.issued_at - skew_s:
+            return Decision(False, f"not valid before {node.issued_at:.3f}, now {now:.3f} (skew allowance {skew_s} s)", DenyCode.NOT_YET_VALID)
+        node = node.parent
     return Decision(True, "signature and validity window ok")
 
 
@@ -152,8 +165,11 @@ def approve(
 ) -> Decision:
     """May `cap` perform right `op` on `target` (a path, a resource id, or None) at `cost`?"""
     decision = verify(cap, key, now, skew_s)
-    if not decision.allowed:
-        return decision
+    return decision if not decision.allowed else authorize(cap, op, target, cost)
+
+
+def authorize(cap: Capability, op: str, target, cost: float = 0.0) -> Decision:
+    """Rights, cost ceiling and objects only: for a capability already verified."""
     if not has_right(cap.rights, op):
         return Decision(False, f"right {op!r} not in {sorted(cap.rights)}", DenyCode.RIGHT_MISSING)
     if cap.max_cost is not None and cost > cap.max_cost:
@@ -195,6 +211,7 @@ class Authority:
             raise ValueError(f"Invalid skew_s: expected >= 0, got {skew_s}")
         self._key = bytes(key)
         self.skew_s = float(skew_s)
+        self._checked: dict[Capability, Decision | None] = {}
 
     def __repr__(self) -> str:  # never print the key
         return f"Authority(skew_s={self.skew_s})"
@@ -205,10 +222,20 @@ class Authority:
         return sign(Capability(frozenset(rights), objs, max_cost, now + ttl_s, issued_at=now), self._key)
 
     def verify(self, cap: Capability, now: float | None = None) -> Decision:
-        return verify(cap, self._key, now, self.skew_s)
+        """As `verify`, remembering capabilities whose signatures were checked (by value: a
+        tampered copy is a different key, so it is checked afresh); the window is always checked."""
+        try:
+            static = self._checked[cap]
+        except KeyError:
+            static = check_static(cap, self._key)
+            if len(self._checked) >= 4096:
+                self._checked.clear()
+            self._checked[cap] = static
+        return static or check_window(cap, time.time() if now is None else now, self.skew_s)
 
     def approve(self, cap: Capability, op: str, target=None, cost: float = 0.0, now: float | None = None) -> Decision:
-        return approve(cap, op, target, cost, now, key=self._key, skew_s=self.skew_s)
+        decision = self.verify(cap, now)
+        return decision if not decision.allowed else authorize(cap, op, target, cost)
 
     def attenuate(self, parent: Capability, **narrower) -> Capability:
         return attenuate(parent, self._key, **narrower)
@@ -247,7 +274,7 @@ def _approve_object(cap: Capability, target) -> Decision:
         return Decision(False, f"resource {text!r} not among the objects {list(cap.objects)}", DenyCode.OBJECT_OUTSIDE)
     resolved = os.path.realpath(text)
     for obj in cap.objects:
-        if obj.startswith("/") and path_within(resolved, os.path.realpath(obj)):
+        if obj.startswith("/") and path_within(resolved, obj):
             return Decision(True, f"{resolved} is inside {obj}")
     return Decision(False, f"{text} resolves to {resolved}, outside the objects {list(cap.objects)}", DenyCode.OBJECT_OUTSIDE)
 

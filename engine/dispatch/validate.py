@@ -32,27 +32,41 @@ def validate_arguments(tool_or_schema: Any, args: Any, *, max_bytes: int = MAX_A
     where = f" for tool {name!r}" if name else ""
     if not isinstance(args, Mapping):
         raise ArgumentValidationError(f"Invalid arguments{where}: expected a JSON object, got {type(args).__name__}", [("", "not an object")])
-    problems = check_canonicalisable(args)
+    problems, size = _scan(args, "", 0)
     if problems:
         raise ArgumentValidationError(_summary(f"Invalid arguments{where}", problems), problems)
-    size = len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     if size > max_bytes:
         raise ArgumentValidationError(
-            f"Invalid arguments{where}: {size} bytes of JSON, more than the limit of {max_bytes} bytes",
+            f"Invalid arguments{where}: about {size} bytes of JSON, more than the limit of {max_bytes} bytes",
             [("", f"oversized: {size} > {max_bytes} bytes")],
         )
-    failures = [(_pointer(err.instance_path), err.message) for err in compiled_validator(schema).iter_errors(args)]
-    if failures:
-        raise ArgumentValidationError(_summary(f"Invalid arguments{where}", failures), failures)
+    validator = compiled_validator(schema)
+    if validator.is_valid(args):  # the fast path; iter_errors only to explain a failure
+        return
+    failures = [(_pointer(err.instance_path), err.message) for err in validator.iter_errors(args)]
+    raise ArgumentValidationError(_summary(f"Invalid arguments{where}", failures), failures)
 
 
 def compiled_validator(schema: dict) -> jsonschema_rs.Draft202012Validator:
-    """The cached 2020-12 validator of `schema`; SchemaError if the schema itself is malformed."""
+    """The cached 2020-12 validator of `schema`; SchemaError if the schema itself is malformed.
+    A schema object is treated as immutable once validated against (a `Tool` copies its schema
+    at construction): the fast path looks it up by identity, the slow path by canonical text."""
+    hit = _BY_ID.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
     try:
         text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"Invalid schema: not JSON-serialisable ({exc})") from exc
-    return _compile(text)
+    validator = _compile(text)
+    if len(_BY_ID) >= _MAX_BY_ID:
+        _BY_ID.clear()
+    _BY_ID[id(schema)] = (schema, validator)  # holding the schema keeps its id from being reused
+    return validator
+
+
+_BY_ID: dict[int, tuple[dict, jsonschema_rs.Draft202012Validator]] = {}
+_MAX_BY_ID = 1024
 
 
 @lru_cache(maxsize=1024)
@@ -75,36 +89,52 @@ def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = Non
         raise SchemaError(f"Invalid schema: {exc}") from exc
 
 
-def check_canonicalisable(value: Any, pointer: str = "", depth: int = 0) -> list[tuple[str, str]]:
+def check_canonicalisable(value: Any) -> list[tuple[str, str]]:
     """(pointer, problem) for every value RFC 8785 cannot canonicalise; [] when all is well."""
+    return _scan(value, "", 0)[0]
+
+
+def _scan(value: Any, pointer: str, depth: int) -> tuple[list[tuple[str, str]], int]:
+    """(problems, size): size is the UTF-8 length of the compact JSON text, escapes not counted."""
     if depth > MAX_DEPTH:
-        return [(pointer, f"nested deeper than {MAX_DEPTH} levels")]
+        return [(pointer, f"nested deeper than {MAX_DEPTH} levels")], 0
+    if isinstance(value, str):
+        try:
+            return [], len(value.encode("utf-8")) + 2
+        except UnicodeEncodeError:
+            return [(pointer, "string holds a lone surrogate; RFC 8785 needs valid Unicode")], len(value)
     if value is None or isinstance(value, bool):
-        return []
+        return [], 5
     if isinstance(value, int):
         if abs(value) > MAX_SAFE_INTEGER:
-            return [(pointer, f"integer {value} is beyond 2^53-1; RFC 8785 cannot canonicalise it (send it as a string)")]
-        return []
+            return [(pointer, f"integer {value} is beyond 2^53-1; RFC 8785 cannot canonicalise it (send it as a string)")], 20
+        return [], 20
     if isinstance(value, float):
-        return [] if math.isfinite(value) else [(pointer, f"{value} is not a finite number")]
-    if isinstance(value, str):
-        return [(pointer, "string holds a lone surrogate; RFC 8785 needs valid Unicode")] if _has_lone_surrogate(value) else []
+        return ([], 24) if math.isfinite(value) else ([(pointer, f"{value} is not a finite number")], 24)
     if isinstance(value, Mapping):
-        out = []
-        for key, item in value.items():
-            child = f"{pointer}/{_escape(str(key))}"
-            if not isinstance(key, str):
-                out.append((child, f"object key {key!r} is not a string"))
-            elif _has_lone_surrogate(key):
-                out.append((child, "object key holds a lone surrogate; RFC 8785 needs valid Unicode"))
-            out.extend(check_canonicalisable(item, child, depth + 1))
-        return out
+        return _scan_object(value, pointer, depth)
     if isinstance(value, (list, tuple)):
-        out = []
+        problems, size = [], 2
         for i, item in enumerate(value):
-            out.extend(check_canonicalisable(item, f"{pointer}/{i}", depth + 1))
-        return out
-    return [(pointer, f"{type(value).__name__} is not a JSON value")]
+            p, n = _scan(item, f"{pointer}/{i}", depth + 1)
+            problems += p
+            size += n + 1
+        return problems, size
+    return [(pointer, f"{type(value).__name__} is not a JSON value")], 0
+
+
+def _scan_object(value: Mapping, pointer: str, depth: int) -> tuple[list[tuple[str, str]], int]:
+    problems, size = [], 2
+    for key, item in value.items():
+        child = f"{pointer}/{_escape(str(key))}"
+        if not isinstance(key, str):
+            problems.append((child, f"object key {key!r} is not a string"))
+        elif _has_lone_surrogate(key):
+            problems.append((child, "object key holds a lone surrogate; RFC 8785 needs valid Unicode"))
+        p, n = _scan(item, child, depth + 1)
+        problems += p
+        size += n + len(str(key)) + 4
+    return problems, size
 
 
 def _has_lone_surrogate(text: str) -> bool:

@@ -77,13 +77,8 @@ class SQLiteStore(IdempotencyStore):
 
     # --- reads ---------------------------------------------------------------------------
     def _row(self, conn: sqlite3.Connection, slot: str) -> Record | None:
-        row = conn.execute(f"SELECT {_COLUMNS} FROM surecall_records WHERE slot=?", (slot,)).fetchone()
-        if row is None:
-            return None
-        return Record(
-            key=row[0], fingerprint=row[1], state=RecordState(row[2]), owner=row[3], lease_expires_at=row[4],
-            result=load_result(row[5]), error=row[6], attempts=row[7], updated_at=row[8],
-        )
+        return _record(conn.execute(f"SELECT {_COLUMNS} FROM surecall_records WHERE slot=?", (slot,)).fetchone())
+
 
     def _expire(self, conn: sqlite3.Connection, rec: Record, now: float) -> Record:
         """IN_FLIGHT with a lease past `now` -> IN_DOUBT (CAS on owner and state)."""
@@ -138,10 +133,11 @@ class SQLiteStore(IdempotencyStore):
         slot, fp = split_key(key)
 
         def op(conn):
-            cur = conn.execute(sql, (*params, slot, fp, owner, *[s.value for s in allowed]))
+            # RETURNING (SQLite >= 3.35) hands back the new row from the same atomic statement
+            rows = conn.execute(sql + f" RETURNING {_COLUMNS}", (*params, slot, fp, owner, *[s.value for s in allowed])).fetchall()
+            if rows:  # fetchall: the statement (and its write lock) is finished before we return
+                return _record(rows[0])
             rec = self._row(conn, slot)
-            if cur.rowcount == 1:
-                return rec
             if rec is None:
                 raise IdempotencyConflict(f"cannot {step} {slot[:16]}...: no record (claim it first)")
             check_fingerprint(key, rec.fingerprint, fp)
@@ -200,3 +196,12 @@ class SQLiteStore(IdempotencyStore):
             return self._row(conn, slot)
 
         return self._run(op)
+
+
+def _record(row: tuple | None) -> Record | None:
+    if row is None:
+        return None
+    return Record(
+        key=row[0], fingerprint=row[1], state=RecordState(row[2]), owner=row[3], lease_expires_at=row[4],
+        result=load_result(row[5]), error=row[6], attempts=row[7], updated_at=row[8],
+    )
