@@ -1,0 +1,153 @@
+"""Grammar mask: set every token a row's grammar state forbids to -inf, in place.
+
+Semantics of xgrammar's `apply_token_bitmask_inplace` (bit j of word w of a state's mask row
+allows token 32*w + j; a 0 bit writes -inf; allowed logits are left bit-for-bit alone), with
+the mask row gathered from the DeviceTable by each row's state, plus: columns past the table's
+bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
+optional per-row budget keeps only tokens that can still reach acceptance in time. The kernel
+only writes (it never reads logits), like xgrammar's. It does not sample (sample.py does).
+"""
+
+from __future__ import annotations
+
+import torch
+from surecall.kernels import checks
+from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels.csr import budget_drop_torch, budget_keep_triton
+from surecall.kernels.table import DeviceTable
+
+
+@triton.jit
+def _apply_mask_kernel(
+    logits_ptr,  # float [B, L] logits, masked in place
+    logits_stride,  # elements between consecutive rows of logits
+    width,  # L: columns of logits (may exceed the table's 32 * W bits: the excess is -inf)
+    rows_ptr,  # int64 [R] batch rows to mask (read only when HAS_ROWS)
+    states_ptr,  # int32 [B] grammar state per row; < 0 leaves the row untouched
+    mask_ptr,  # int32 [S, W] packed allowed-token bits, LSB first
+    num_words,  # W: packed words per state
+    remaining_ptr,  # int32 [B] tokens the row may still emit, this one included (HAS_BUDGET)
+    max_next_dist_ptr,  # int32 [S] largest dist one step ahead: the budget binds below it
+    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
+    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
+    trans_next_ptr,  # int32 [nnz] transition targets
+    dist_ptr,  # int32 [S] fewest tokens to acceptance
+    num_search_steps,  # binary-search iterations over the longest CSR row
+    HAS_ROWS: tl.constexpr,  # mask only the rows listed in rows_ptr
+    HAS_BUDGET: tl.constexpr,  # apply the remaining-token budget
+    BLOCK_WORDS: tl.constexpr,  # packed words per program (32 * BLOCK_WORDS columns)
+):
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
+    else:
+        row = tl.program_id(0).to(tl.int64)
+    state = tl.load(states_ptr + row)
+    if state >= 0:
+        words = tl.program_id(1) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+        packed = tl.load(
+            mask_ptr + state.to(tl.int64) * num_words + words, mask=words < num_words, other=0
+        )
+        bits = tl.arange(0, 32)
+        cols = words[:, None] * 32 + bits[None, :]
+        keep = ((packed[:, None] >> bits[None, :]) & 1) != 0
+        if HAS_BUDGET:
+            rem = tl.load(remaining_ptr + row)
+            if rem - 1 < tl.load(max_next_dist_ptr + state):
+                keep = keep & budget_keep_triton(
+                    cols,
+                    state,
+                    rem,
+                    trans_ptr_ptr,
+                    trans_tok_ptr,
+                    trans_next_ptr,
+                    dist_ptr,
+                    num_search_steps,
+                )
+        drop = (cols < width) & (keep == 0)
+        tl.store(logits_ptr + row * logits_stride + cols, float("-inf"), mask=drop)
+
+
+def apply_token_mask_inplace(
+    logits: torch.Tensor,  # [B, L] float32 | float16 | bfloat16
+    table: DeviceTable,
+    states: torch.Tensor,  # [B] int32; < 0 = no grammar on this row
+    rows: torch.Tensor | None = None,  # [R] int64: only these rows (default: all)
+    remaining: torch.Tensor
+    | None = None,  # [B] int32 tokens the row may still emit, this one included
+    check: bool = True,
+    backend: str = "auto",
+) -> None:
+    """Set the logits of forbidden tokens to -inf on grammar rows; no host sync when check=False."""
+    if check:
+        _check_inputs(logits, table, states, rows, remaining)
+    if resolve_backend(backend, logits.device) == "torch":
+        apply_token_mask_torch(logits, table, states, rows, remaining)
+        return
+    _launch(logits, table, states, rows, remaining)
+
+
+def _launch(logits, table, states, rows, remaining) -> None:
+    batch, width = logits.shape
+    num_rows = batch if rows is None else rows.shape[0]
+    num_cols_words = (width + 31) // 32
+    block_words = _block_words(num_cols_words, logits.device)
+    if num_rows == 0 or batch == 0:
+        return
+    grid = (num_rows, triton.cdiv(num_cols_words, block_words))
+    _apply_mask_kernel[grid](
+        logits, logits.stride(0), width,
+        rows if rows is not None else states, states,
+        table.mask, table.num_words,
+        remaining if remaining is not None else states,
+        table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
+        table.num_search_steps,
+        HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None, BLOCK_WORDS=block_words,
+        num_warps=4, **launch_options(logits.device),
+    )  # fmt: skip
+
+
+def _block_words(num_cols_words: int, device: torch.device) -> int:
+    """128 words (4096 columns) per program on GPU, as xgrammar; bigger in the interpreter."""
+    cap = 128 if device.type == "cuda" else 512
+    return min(cap, triton.next_power_of_2(max(num_cols_words, 1)))
+
+
+def apply_token_mask_torch(
+    logits: torch.Tensor,
+    table: DeviceTable,
+    states: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    remaining: torch.Tensor | None = None,
+) -> None:
+    """Torch reference of `apply_token_mask_inplace` (syncs with the host; fine on CPU)."""
+    idx = torch.arange(logits.shape[0], device=logits.device) if rows is None else rows.long()
+    idx = idx[states[idx] >= 0]
+    if idx.numel() == 0:
+        return
+    st = states[idx].long()
+    keep = allowed_columns(table, st, logits.shape[1])
+    if remaining is not None:
+        keep &= ~budget_drop_torch(table, st, remaining[idx], logits.shape[1])
+    logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+
+
+def allowed_columns(table: DeviceTable, states: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """bool [R, num_cols]: the mask bits of each state (>= 0), False past the table's bits."""
+    words = table.mask[states.long()]
+    bits = torch.arange(32, device=words.device, dtype=torch.int32)
+    keep = ((words[:, :, None] >> bits) & 1).bool().reshape(words.shape[0], -1)
+    if keep.shape[1] >= num_cols:
+        return keep[:, :num_cols].contiguous()
+    pad = torch.zeros(keep.shape[0], num_cols - keep.shape[1], dtype=torch.bool, device=keep.device)
+    return torch.cat([keep, pad], dim=1)
+
+
+def _check_inputs(logits, table, states, rows, remaining) -> None:
+    checks.check_logits(logits)
+    checks.check_table(table, logits)
+    batch = logits.shape[0]
+    checks.check_vector(states, "states", batch, (torch.int32,), logits.device)
+    checks.check_vector(remaining, "remaining", batch, (torch.int32,), logits.device)
+    checks.check_rows(rows, batch, logits.device)
+    checks.check_states(states, table)
+    checks.check_nonempty(table, states, remaining, rows)

@@ -1,0 +1,80 @@
+"""Counter-based random numbers for sampling: one Gumbel variate per (seed, step, token id).
+
+The noise for token t of a row is a pure function of (seed, step, t), so a row's draw never
+depends on the batch around it, the launch grid or the backend. The hash is murmur3's 32-bit
+finaliser (fmix32) applied twice; the torch version does the same uint32 arithmetic in int64
+with explicit masking. The uniform has 24 bits, and -log(-log(u)) is computed in float64 and
+rounded to float32, so the CPU path, the Triton interpreter and the GPU agree bit for bit
+(float32 `log` differs by an ulp between numpy, torch and CUDA on ~20% of inputs; float64
+then rounding to float32 was identical on 4M inputs). This module does no sampling itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from surecall.kernels._triton import tl, triton
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B1  # odd constant spreading consecutive token ids over the 32-bit space
+C1, C2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3 fmix32 multipliers
+SEED_SALT, STEP_SALT = 0x6A09E667, 0xBB67AE85
+# Largest Gumbel value the 24-bit uniform can produce is 16.64; a block whose best logit plus
+# this bound is below the running best cannot win (used to skip noise work, never changes a draw).
+GUMBEL_MAX = 17.0
+
+
+# ---- torch (int64 holding uint32) --------------------------------------------------------
+def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+    """(a * c) mod 2**32 without int64 overflow: multiply by the two 16-bit halves of c."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (a * lo + (((a * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def fmix32_torch(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, C1)
+    h = h ^ (h >> 13)
+    h = _mul32(h, C2)
+    return h ^ (h >> 16)
+
+
+def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two uint32 keys (as int64 [B]) per row from int64 seed and step; device-side, no sync."""
+    seed = seed.to(torch.int64)
+    step = step.to(torch.int64)
+    key_a = fmix32_torch((seed & MASK32) ^ fmix32_torch(((seed >> 32) & MASK32) ^ SEED_SALT))
+    key_b = fmix32_torch(
+        key_a ^ (step & MASK32) ^ fmix32_torch(((step >> 32) & MASK32) ^ STEP_SALT)
+    )
+    return key_a, key_b
+
+
+def gumbel_torch(tokens: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor) -> torch.Tensor:
+    """float32 Gumbel noise for `tokens` (int64, broadcastable against the [B, 1] keys)."""
+    h = fmix32_torch(_mul32(tokens.to(torch.int64) & MASK32, GOLDEN) ^ key_b)
+    h = fmix32_torch(h ^ key_a)
+    u = ((h >> 8) | 1).to(torch.float64) * 2.0**-24  # odd 24-bit numerator: u in (0, 1), exact
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+# ---- triton -------------------------------------------------------------------------------
+@triton.jit
+def gumbel_triton(
+    tokens,  # int32 tensor of token ids (any shape)
+    key_a,  # uint32 scalar: the row's first key (row_keys)
+    key_b,  # uint32 scalar: the row's second key
+):
+    # fmix32 is written out twice rather than called: nested jit calls are slow in the interpreter.
+    h = (tokens.to(tl.uint32) * 0x9E3779B1) ^ key_b
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    h = h ^ (h >> 16) ^ key_a
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    h = h ^ (h >> 16)
+    u = ((h >> 8) | 1).to(tl.float64) * 5.9604644775390625e-08  # 2**-24
+    return (-tl.log(-tl.log(u))).to(tl.float32)

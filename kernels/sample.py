@@ -1,0 +1,416 @@
+"""Fused grammar-masked sampling: mask, temperature, optional top-k/top-p, draw, logprobs.
+
+Policy. The token is drawn from softmax(mask(logits) / T) (top-k then top-p applied to that,
+renormalised), by Gumbel-max with counter-based noise keyed by (seed, step, token id) (rng.py),
+so a row's token depends only on its logits, seed and step. T = 0 is greedy (argmax, lowest
+id on ties). `logprobs` is the sampled token's log-probability under the distribution it was
+drawn from (mask, budget, temperature, top-k/top-p); for greedy rows under mask(logits) at
+T = 1. `unmasked_logprobs` (optional) is under softmax(logits / T) with no mask and no
+top-k/top-p (T = 1 for greedy rows): the model's own policy, which RL needs next to it.
+A row whose mask allows nothing gets token -1 and logprob -inf (check=True raises instead).
+
+Paths. Without top-k/top-p, two Triton kernels and no host sync: a split pass (each program
+reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax) and a combine pass. The
+slice size depends on the vocabulary width only, never on the batch, so results are batch
+invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors use torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from surecall.errors import KernelInputError
+from surecall.kernels import checks
+from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels.csr import budget_keep_triton
+from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
+from surecall.kernels.rng import GUMBEL_MAX, gumbel_torch, gumbel_triton, row_keys
+from surecall.kernels.table import DeviceTable
+
+
+@dataclass
+class SamplingTensors:
+    temperature: torch.Tensor  # float32 [B]; 0 = greedy
+    top_k: torch.Tensor  # int32 [B]; 0 = off
+    top_p: torch.Tensor  # float32 [B]; 1.0 = off
+    seed: torch.Tensor  # int64 [B]
+    step: torch.Tensor  # int64 [B]; the row's decode step (part of the RNG counter)
+    # Whether any row uses top-k/top-p (takes the sort path). None: found out with one host sync.
+    use_top_k_top_p: bool | None = None
+
+    @classmethod
+    def build(cls, temperature, top_k, top_p, seed, step, device="cpu") -> SamplingTensors:
+        """From Python lists (one entry per row); decides the path on the host, with no sync later."""
+        use_sort = any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p)
+        return cls(
+            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.int32, device=device),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            seed=torch.tensor(seed, dtype=torch.int64, device=device),
+            step=torch.tensor(step, dtype=torch.int64, device=device),
+            use_top_k_top_p=use_sort,
+        )
+
+    def needs_sort(self) -> bool:
+        if self.use_top_k_top_p is None:
+            return bool(((self.top_k > 0) | (self.top_p < 1.0)).any())
+        return self.use_top_k_top_p
+
+
+@dataclass
+class SampleOutput:
+    tokens: torch.Tensor  # int64 [B]; -1 where the row allowed nothing
+    logprobs: torch.Tensor  # float32 [B]
+    unmasked_logprobs: torch.Tensor | None  # float32 [B] when asked for
+
+
+@triton.jit
+def _sample_split_kernel(
+    logits_ptr,  # float [B, L] logits (read only)
+    logits_stride,  # elements between consecutive rows
+    width,  # L: columns of logits
+    states_ptr,  # int32 [B] grammar state per row; < 0 = unconstrained (HAS_TABLE)
+    mask_ptr,  # int32 [S, W] packed allowed-token bits
+    num_words,  # W
+    remaining_ptr,  # int32 [B] tokens the row may still emit (HAS_BUDGET)
+    max_next_dist_ptr,  # int32 [S] the budget binds when remaining - 1 is below this
+    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
+    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
+    trans_next_ptr,  # int32 [nnz] transition targets
+    dist_ptr,  # int32 [S] fewest tokens to acceptance
+    num_search_steps,  # binary-search iterations over the longest CSR row
+    inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
+    temp_ptr,  # float32 [B] temperature; 0 = greedy (no noise)
+    key_a_ptr,  # int64 [B] first RNG key of the row (uint32 value)
+    key_b_ptr,  # int64 [B] second RNG key of the row
+    part_max_ptr,  # float32 [B, P] out: max of masked scaled logits in the slice
+    part_sum_ptr,  # float32 [B, P] out: sum of exp(x - max) over the slice
+    part_key_ptr,  # float32 [B, P] out: best Gumbel key in the slice
+    part_idx_ptr,  # int32 [B, P] out: its token id (-1 if the slice allows nothing)
+    part_umax_ptr,  # float32 [B, P] out: as part_max without the mask (HAS_UNMASKED)
+    part_usum_ptr,  # float32 [B, P] out: as part_sum without the mask (HAS_UNMASKED)
+    split_size,  # columns per slice (a multiple of 32 * BLOCK_WORDS)
+    num_splits,  # P
+    HAS_TABLE: tl.constexpr,  # apply the grammar mask
+    HAS_BUDGET: tl.constexpr,  # apply the remaining-token budget
+    HAS_UNMASKED: tl.constexpr,  # also reduce the unmasked distribution
+    BLOCK_WORDS: tl.constexpr,  # packed words per block (32 * BLOCK_WORDS columns)
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    inv_t = tl.load(inv_temp_ptr + row)
+    is_random = tl.load(temp_ptr + row) != 0.0
+    key_a = tl.load(key_a_ptr + row).to(tl.uint32)
+    key_b = tl.load(key_b_ptr + row).to(tl.uint32)
+    state = -1
+    binding = False
+    rem = 0
+    if HAS_TABLE:
+        state = tl.load(states_ptr + row)
+        if HAS_BUDGET:
+            rem = tl.load(remaining_ptr + row)
+            if state >= 0:
+                binding = rem - 1 < tl.load(max_next_dist_ptr + state)
+    bits = tl.arange(0, 32)
+    offs = tl.arange(0, 32 * BLOCK_WORDS)
+    m = float("-inf")
+    s = 0.0
+    um = float("-inf")
+    us = 0.0
+    best = float("-inf")
+    best_idx = -1
+    for start in range(split * split_size, (split + 1) * split_size, 32 * BLOCK_WORDS):
+        cols = start + offs
+        in_range = cols < width
+        xs = (
+            tl.load(logits_ptr + row * logits_stride + cols, mask=in_range, other=float("-inf")).to(
+                tl.float32
+            )
+            * inv_t
+        )
+        if HAS_UNMASKED:  # online logsumexp (written out: nested jit calls are slow interpreted)
+            um_new = tl.maximum(um, tl.max(xs, 0))
+            safe = tl.where(um_new == float("-inf"), 0.0, um_new)
+            us = us * tl.exp(um - safe) + tl.sum(tl.exp(xs - safe), 0)
+            um = um_new
+        allowed = in_range
+        if HAS_TABLE:
+            if state >= 0:
+                # One load per 32 columns, expanded to bits, as xgrammar's kernel does.
+                words = start // 32 + tl.arange(0, BLOCK_WORDS)
+                packed = tl.load(
+                    mask_ptr + state.to(tl.int64) * num_words + words,
+                    mask=words < num_words,
+                    other=0,
+                )
+                bit_set = ((packed[:, None] >> bits[None, :]) & 1) != 0
+                allowed = allowed & tl.reshape(bit_set, [32 * BLOCK_WORDS])
+                if binding:
+                    allowed = allowed & budget_keep_triton(
+                        cols,
+                        state,
+                        rem,
+                        trans_ptr_ptr,
+                        trans_tok_ptr,
+                        trans_next_ptr,
+                        dist_ptr,
+                        num_search_steps,
+                    )
+        xm = tl.where(allowed, xs, float("-inf"))
+        blk_max = tl.max(xm, 0)
+        m_new = tl.maximum(m, blk_max)
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - safe) + tl.sum(tl.exp(xm - safe), 0)
+        m = m_new
+        # Gumbel noise is bounded by GUMBEL_MAX: a block that cannot beat the best so far is skipped.
+        if (blk_max > float("-inf")) & (blk_max + GUMBEL_MAX >= best):
+            key = xm
+            if is_random:
+                key = xm + gumbel_triton(cols, key_a, key_b)
+            blk_best, pos = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
+            if blk_best > best:
+                best = blk_best
+                best_idx = start + pos
+    out = row * num_splits + split
+    tl.store(part_max_ptr + out, m)
+    tl.store(part_sum_ptr + out, s)
+    tl.store(part_key_ptr + out, best)
+    tl.store(part_idx_ptr + out, best_idx)
+    if HAS_UNMASKED:
+        tl.store(part_umax_ptr + out, um)
+        tl.store(part_usum_ptr + out, us)
+
+
+@triton.jit
+def _sample_combine_kernel(
+    logits_ptr,  # float [B, L] logits (read only: one element per row)
+    logits_stride,  # elements between consecutive rows
+    batch,  # B
+    inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
+    part_max_ptr,  # float32 [B, P] per-slice results of _sample_split_kernel
+    part_sum_ptr,
+    part_key_ptr,
+    part_idx_ptr,
+    part_umax_ptr,
+    part_usum_ptr,
+    num_splits,  # P
+    tokens_ptr,  # int64 [B] out: sampled token, -1 if the row allows nothing
+    logprobs_ptr,  # float32 [B] out: logprob under the sampled (masked) distribution
+    unmasked_ptr,  # float32 [B] out: logprob under the unmasked distribution (HAS_UNMASKED)
+    HAS_UNMASKED: tl.constexpr,
+    ROWS: tl.constexpr,  # batch rows per program (the work per row is tiny)
+    SPLITS: tl.constexpr,  # next power of two >= P
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < batch
+    valid = row_ok[:, None] & (tl.arange(0, SPLITS)[None, :] < num_splits)
+    base = rows.to(tl.int64)[:, None] * num_splits + tl.arange(0, SPLITS)[None, :]
+    keys = tl.load(part_key_ptr + base, mask=valid, other=float("-inf"))
+    idx = tl.load(part_idx_ptr + base, mask=valid, other=2147483647)
+    best = tl.max(keys, 1)
+    # Lowest id on ties; -1 when every slice allowed nothing.
+    token = tl.min(tl.where(valid & (keys == best[:, None]), idx, 2147483647), 1)
+    has_token = row_ok & (token >= 0)
+    x_tok = tl.load(
+        logits_ptr + rows.to(tl.int64) * logits_stride + token, mask=has_token, other=0.0
+    )
+    x_tok = x_tok.to(tl.float32) * tl.load(inv_temp_ptr + rows, mask=row_ok, other=1.0)
+    pm = tl.load(part_max_ptr + base, mask=valid, other=float("-inf"))
+    ps = tl.load(part_sum_ptr + base, mask=valid, other=0.0)
+    top = tl.max(pm, 1)
+    safe = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(ps * tl.exp(pm - safe[:, None]), 1)
+    lse = safe + tl.log(tl.where(total > 0, total, 1.0))  # empty rows are -inf below anyway
+    tl.store(tokens_ptr + rows, token.to(tl.int64), mask=row_ok)
+    tl.store(logprobs_ptr + rows, tl.where(has_token, x_tok - lse, float("-inf")), mask=row_ok)
+    if HAS_UNMASKED:
+        pm = tl.load(part_umax_ptr + base, mask=valid, other=float("-inf"))
+        ps = tl.load(part_usum_ptr + base, mask=valid, other=0.0)
+        top = tl.max(pm, 1)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(ps * tl.exp(pm - safe[:, None]), 1)
+        ulse = safe + tl.log(tl.where(total > 0, total, 1.0))
+        tl.store(unmasked_ptr + rows, tl.where(has_token, x_tok - ulse, float("-inf")), mask=row_ok)
+
+
+def sample(
+    logits: torch.Tensor,  # [B, L] float32 | float16 | bfloat16 (not modified)
+    table: DeviceTable | None,
+    states: torch.Tensor | None,  # [B] int32; < 0 = no grammar on this row
+    params: SamplingTensors,
+    remaining: torch.Tensor
+    | None = None,  # [B] int32 tokens the row may still emit, this one included
+    return_unmasked_logprobs: bool = False,
+    check: bool = True,
+    backend: str = "auto",
+    split_size: int | None = None,  # columns per program on the fused path (tests vary it)
+) -> SampleOutput:
+    """Draw one token per row from the masked, tempered distribution; no host sync when check=False
+    and `params.use_top_k_top_p` is set."""
+    if check:
+        _check_inputs(logits, table, states, params, remaining)
+    if table is None:
+        states = remaining = None
+    path = resolve_backend(backend, logits.device)
+    if params.needs_sort():
+        return _sample_sorted(
+            logits, table, states, params, remaining, return_unmasked_logprobs, path
+        )
+    if path == "torch":
+        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs)
+    return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size)
+
+
+def _inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """1 / T, and 1 for greedy rows (their logprobs are reported at T = 1)."""
+    return torch.where(
+        temperature > 0, 1.0 / temperature.clamp(min=1e-30), torch.ones_like(temperature)
+    )
+
+
+def _launch(logits, table, states, params, remaining, want_unmasked, split_size) -> SampleOutput:
+    batch, width = logits.shape
+    dev = logits.device
+    block_words = 32 if dev.type == "cuda" else 128
+    block_cols = 32 * block_words
+    if split_size is None:
+        split_size = 8192 if dev.type == "cuda" else triton.cdiv(width, block_cols) * block_cols
+    split_size = triton.cdiv(split_size, block_cols) * block_cols
+    num_splits = triton.cdiv(width, split_size)
+    inv_t = _inverse_temperature(params.temperature)
+    key_a, key_b = row_keys(params.seed, params.step)
+    parts = [torch.empty(batch, num_splits, dtype=torch.float32, device=dev) for _ in range(5)]
+    part_idx = torch.empty(batch, num_splits, dtype=torch.int32, device=dev)
+    tokens = torch.empty(batch, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(batch, dtype=torch.float32, device=dev)
+    unmasked = torch.empty(batch, dtype=torch.float32, device=dev) if want_unmasked else None
+    if batch == 0:
+        return SampleOutput(tokens, logprobs, unmasked)
+    has_table = table is not None
+    t = table if has_table else _Dummy(dev)
+    opts = launch_options(dev)
+    _sample_split_kernel[(batch, num_splits)](
+        logits, logits.stride(0), width,
+        states if has_table else inv_t, t.mask, t.num_words,
+        remaining if remaining is not None else inv_t,
+        t.max_next_dist, t.trans_ptr, t.trans_tok, t.trans_next, t.dist, t.num_search_steps,
+        inv_t, params.temperature, key_a, key_b,
+        parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
+        split_size, num_splits,
+        HAS_TABLE=has_table, HAS_BUDGET=remaining is not None, HAS_UNMASKED=want_unmasked,
+        BLOCK_WORDS=block_words, num_warps=4, **opts,
+    )  # fmt: skip
+    splits_p2 = max(2, triton.next_power_of_2(num_splits))
+    rows_per_program = max(1, min(64, 1024 // splits_p2))
+    _sample_combine_kernel[(triton.cdiv(batch, rows_per_program),)](
+        logits, logits.stride(0), batch, inv_t,
+        parts[0], parts[1], parts[2], part_idx, parts[3], parts[4], num_splits,
+        tokens, logprobs, unmasked if want_unmasked else logprobs,
+        HAS_UNMASKED=want_unmasked, ROWS=rows_per_program, SPLITS=splits_p2, num_warps=4, **opts,
+    )  # fmt: skip
+    return SampleOutput(tokens, logprobs, unmasked)
+
+
+class _Dummy:
+    """Stands in for a DeviceTable on unconstrained launches (its tensors are never read)."""
+
+    def __init__(self, dev: torch.device):
+        z = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.mask = self.max_next_dist = self.trans_ptr = self.trans_tok = self.trans_next = (
+            self.dist
+        ) = z
+        self.num_words = 1
+        self.num_search_steps = 1
+
+
+# ---- torch paths ---------------------------------------------------------------------------
+def _masked_scaled(logits, table, states, remaining, inv_t, backend: str) -> torch.Tensor:
+    """float32 [B, L]: mask(logits) * (1 / T), -inf where forbidden."""
+    work = logits.float().clone()
+    if table is not None:
+        if backend == "torch":
+            apply_token_mask_torch(work, table, states, None, remaining)
+        else:
+            apply_token_mask_inplace(
+                work, table, states, remaining=remaining, check=False, backend=backend
+            )
+    return work * inv_t[:, None]
+
+
+def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Gumbel-max over the rows of `xf` (argmax for greedy rows); -1 where everything is -inf."""
+    key_a, key_b = row_keys(params.seed, params.step)
+    cols = torch.arange(xf.shape[1], device=xf.device)[None, :]
+    noise = gumbel_torch(cols, key_a[:, None], key_b[:, None])
+    key = torch.where((temperature == 0)[:, None], xf, xf + noise)
+    best, tok = key.max(dim=1)
+    return torch.where(best == float("-inf"), torch.full_like(tok, -1), tok)
+
+
+def _logprob_of(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    lp = torch.log_softmax(x, dim=1).gather(1, tokens.clamp(min=0)[:, None])[:, 0]
+    return torch.where(tokens >= 0, lp, torch.full_like(lp, float("-inf")))
+
+
+def sample_torch(
+    logits, table, states, params, remaining=None, return_unmasked_logprobs=False
+) -> SampleOutput:
+    """Torch reference of the fused path (no top-k/top-p)."""
+    inv_t = _inverse_temperature(params.temperature)
+    xm = _masked_scaled(logits, table, states, remaining, inv_t, "torch")
+    tokens = _draw(xm, params.temperature, params)
+    unmasked = (
+        _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
+    )
+    return SampleOutput(tokens, _logprob_of(xm, tokens), unmasked)
+
+
+def _sample_sorted(
+    logits, table, states, params, remaining, want_unmasked, backend
+) -> SampleOutput:
+    """Top-k then top-p on the masked, tempered logits (sort path); greedy rows skip both."""
+    inv_t = _inverse_temperature(params.temperature)
+    xm = _masked_scaled(logits, table, states, remaining, inv_t, backend)
+    greedy = params.temperature == 0
+    top_k = torch.where(greedy, torch.zeros_like(params.top_k), params.top_k).long()
+    top_p = torch.where(greedy, torch.ones_like(params.top_p), params.top_p)
+    sorted_x, order = xm.sort(dim=1, descending=True, stable=True)
+    ranks = torch.arange(xm.shape[1], device=xm.device)[None, :]
+    keep = (top_k[:, None] == 0) | (ranks < top_k[:, None])
+    probs = torch.softmax(torch.where(keep, sorted_x, float("-inf")), dim=1)
+    before = probs.cumsum(dim=1) - probs
+    keep &= (top_p[:, None] >= 1.0) | (before < top_p[:, None])
+    xf = torch.empty_like(xm).scatter_(1, order, torch.where(keep, sorted_x, float("-inf")))
+    tokens = _draw(xf, params.temperature, params)
+    unmasked = _logprob_of(logits.float() * inv_t[:, None], tokens) if want_unmasked else None
+    return SampleOutput(tokens, _logprob_of(xf, tokens), unmasked)
+
+
+def _check_inputs(logits, table, states, params, remaining) -> None:
+    checks.check_logits(logits)
+    batch, dev = logits.shape[0], logits.device
+    if not isinstance(params, SamplingTensors):
+        raise KernelInputError(f"params: expected SamplingTensors, got {type(params).__name__}")
+    checks.check_vector(params.temperature, "params.temperature", batch, (torch.float32,), dev)
+    checks.check_vector(params.top_k, "params.top_k", batch, (torch.int32,), dev)
+    checks.check_vector(params.top_p, "params.top_p", batch, (torch.float32,), dev)
+    checks.check_vector(params.seed, "params.seed", batch, (torch.int64,), dev)
+    checks.check_vector(params.step, "params.step", batch, (torch.int64,), dev)
+    if batch and not bool(((params.temperature >= 0) & torch.isfinite(params.temperature)).all()):
+        raise KernelInputError("params.temperature: expected finite values >= 0 (0 = greedy)")
+    if batch and not bool((params.top_k >= 0).all()):
+        raise KernelInputError("params.top_k: expected values >= 0 (0 = off)")
+    if batch and not bool(((params.top_p > 0) & (params.top_p <= 1)).all()):
+        raise KernelInputError("params.top_p: expected values in (0, 1] (1 = off)")
+    if table is None:
+        return
+    checks.check_table(table, logits)
+    checks.check_vector(states, "states", batch, (torch.int32,), dev)
+    if states is None:
+        raise KernelInputError(
+            "states: expected an int32 tensor [batch] when a table is given, got None"
+        )
+    checks.check_vector(remaining, "remaining", batch, (torch.int32,), dev)
+    checks.check_states(states, table)
+    checks.check_nonempty(table, states, remaining, None)
