@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ _BOS_TEXTS = ("<|begin_of_text|>", "<s>", "<bos>")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+=* \d+\r?$")
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_CONTROL_SHAPE = re.compile(r"^(<[^<>\s]+>|\[[A-Z_/]+\])$")  # <|endoftext|>, </s>, <pad>, [INST]
 _EXPECTED = ("a local directory or file holding tokenizer.json, vocab.json + merges.txt, "
              "tokenizer.model (SentencePiece or tiktoken ranks) or a *.tiktoken file")
 
@@ -93,7 +95,7 @@ def load(source, logits_width: int | None = None, name: str | None = None,
     `logits_width` pads past the tokenizer's size (default: config.json's vocab_size when present).
     `special_tokens` (text -> id) adds specials to a bare tiktoken file of an unknown family.
     """
-    if isinstance(source, (str, Path)):
+    if isinstance(source, (str, os.PathLike)):
         path = _local_path(source)
         parts = _load_path(path, special_tokens)
         default_name = (path if path.is_dir() else path.parent).name
@@ -248,9 +250,10 @@ def _load_hf_bpe(vocab_path: Path, merges_path: Path) -> dict:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line and not line.startswith("#version")]
     joins = _parse_merges(lines, vocab, merges_path)
     pieces = {idx: _byte_level_bytes(tok) for tok, idx in vocab.items()}
-    # A multi-char entry no merge produces can never come out of encoding text: an added/control
-    # token such as GPT-2's <|endoftext|>.
-    special = {idx: tok for tok, idx in vocab.items() if len(tok) > 1 and tok not in joins}
+    # A control-shaped entry no merge produces never comes out of encoding text: an added/control
+    # token such as GPT-2's <|endoftext|> (GPT2Tokenizer's default eos), never allowed in a call.
+    special = {idx: tok for tok, idx in vocab.items()
+               if len(tok) > 1 and tok not in joins and _CONTROL_SHAPE.match(tok)}
     added_special, added_plain = _added_tokens(vocab_path.parent)
     special.update(added_special)
     for idx, text in added_plain.items():  # HF passes added tokens through the byte-level decoder too

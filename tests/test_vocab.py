@@ -309,13 +309,14 @@ def write_bpe(folder: Path, vocab: dict, merges: list[str], **extra_json) -> Pat
 
 
 def test_byte_level_bpe_files(tmp_path):
-    vocab = {"a": 0, "b": 1, "Ġ": 2, "Ġa": 3, "Ġab": 4, "Ã": 5, "©": 6, "Ã©": 7, "<|endoftext|>": 8}
+    vocab = {"a": 0, "b": 1, "Ġ": 2, "Ġa": 3, "Ġab": 4, "Ã": 5, "©": 6, "Ã©": 7, "<|endoftext|>": 8, "ba": 10}
     folder = write_bpe(tmp_path / "tok", vocab, ["Ġ a", "Ġa b", "Ã ©"],
                        tokenizer_config={"added_tokens_decoder": {"9": {"content": "<tool>", "special": False}}})
     loaded = load(folder)
     assert loaded.token_bytes[3] == b" a" and loaded.token_bytes[4] == b" ab"
     assert loaded.token_bytes[5] == b"\xc3" and loaded.token_bytes[7] == "é".encode()
     assert loaded.special_ids == {8} and loaded.stop_ids == (8,) and loaded.token_bytes[9] == b"<tool>"
+    assert loaded.token_bytes[10] == b"ba"  # unreachable by merges but not control-shaped: kept
     assert load_vocab(folder / "vocab.json", logits_width=16).logits_width == 16
 
 
