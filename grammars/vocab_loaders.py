@@ -471,8 +471,10 @@ def _assemble(parts: dict, logits_width: int | None, name: str, config_dir: Path
     if bos_id is None:
         bos_id = next((by_text[t] for t in _BOS_TEXTS if t in by_text), None)
     width = logits_width if logits_width is not None else max(size, config_width or 0)
-    if not isinstance(width, int) or width < size:
-        raise VocabError(f"logits width {width!r} is smaller than the tokenizer's size {size} "
+    if not isinstance(width, int) or isinstance(width, bool):
+        raise VocabError(f"logits width {width!r} is not an integer: expected an integer >= {size}")
+    if width < size:
+        raise VocabError(f"logits width {width} is smaller than the tokenizer's size {size} "
                          f"(ids 0..{size - 1}); expected an integer >= {size}")
     return Vocab(
         token_bytes=token_bytes, special_ids=frozenset(special_ids), stop_ids=tuple(stop_ids),

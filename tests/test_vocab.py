@@ -468,6 +468,8 @@ def test_logits_width_smaller_than_tokenizer(tmp_path):
     write_bpe(tmp_path, {"a": 0, "b": 1}, [])
     with pytest.raises(VocabError, match=r"logits width 1 is smaller than the tokenizer's size 2"):
         load(tmp_path, logits_width=1)
+    with pytest.raises(VocabError, match=r"logits width '64' is not an integer"):
+        load(tmp_path, logits_width="64")
 
 
 def test_unknown_shared_name_and_object():
