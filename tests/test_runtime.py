@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from surecall.dispatch.capability import Capability
@@ -17,6 +18,7 @@ from surecall.errors import IdempotencyConflict, ToolDefinitionError
 from surecall.toolbox.catalog import coding_tools
 from surecall.toolbox.result import Plan
 from surecall.toolbox.sandbox import Sandbox, SandboxConfig
+from surecall.toolbox.search import SearchLimits
 from surecall.tools import SideEffect, Tool
 
 KEY = b"0123456789abcdef-test-signing-key"
@@ -279,3 +281,31 @@ def test_plain_callable_tools_and_catalog_errors(ws, store):
     with pytest.raises(ValueError, match="Invalid lease_s"):
         make_runtime(ws, store, tools=[double], lease_s=0)
     assert isinstance(rt.issue(["read"], [str(ws)]), Capability)
+
+
+def test_concurrent_identical_calls_run_once(ws, store):
+    rt = make_runtime(ws, store)
+    cap = rt.issue(ALL, [str(ws)])
+    grow = call("file_edit", path="src/app.py", old_str="a", new_str="aa", allow_multiple=True)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda _: dispatch(rt, cap, grow), range(16)))
+    assert (ws / "src" / "app.py").read_text() == "x = 1\ny = 'aa'\n"
+    ran = [o for o in results if not o.replayed and o.error is None]
+    assert len(ran) == 1
+    assert all(o.replayed or "in flight elsewhere" in (o.error or "") for o in results if o is not ran[0])
+
+
+@needs_bwrap
+def test_bad_input_ends_in_clear_observations_and_the_runtime_keeps_serving(ws, store):
+    (ws / "evil.txt").write_text("a" * 3000 + "!\n")
+    (ws / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    tools = coding_tools(ws, search_limits=SearchLimits(time_budget_s=0.3))
+    rt = make_runtime(ws, store, tools=tools)
+    cap = rt.issue(ALL, [str(ws)])
+    sleeper = dispatch(rt, cap, call("bash_execute", command="sleep 60", timeout_ms=1000), "s")
+    assert sleeper.decision.allowed and "timed out after 1000 ms" in sleeper.error and sleeper.exit_status is None
+    regex = dispatch(rt, cap, call("grep_search", pattern=r"(a|aa)+$"), "r")
+    assert "ran past the search time limit" in regex.error
+    binary = dispatch(rt, cap, call("file_view", path="image.png"), "v")
+    assert "looks binary" in binary.error
+    assert dispatch(rt, cap, call("file_view", path="src/app.py"), "ok").ok
