@@ -47,5 +47,5 @@ def render(report: dict, top: int) -> str:
         )
     ranked = sorted(report["tool_tokens"].items(), key=lambda kv: -kv[1])[:top]
     if ranked:
-        lines.append(f"  most expensive tools: " + ", ".join(f"{n} ({s})" for n, s in ranked))
+        lines.append("  most expensive tools: " + ", ".join(f"{n} ({s})" for n, s in ranked))
     return "\n".join(lines)
