@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from surecall.dispatch.capability import Capability
 from surecall.dispatch.idempotency import RecordState, derive_key
 from surecall.dispatch.runtime import Observation, Runtime
@@ -80,6 +81,9 @@ def test_file_tools_denied_without_the_right_or_outside_the_objects(ws, store):
     edit = dispatch(rt, read_only, call("file_edit", path="src/app.py", old_str="x = 1", new_str="x = 9"))
     assert not edit.decision.allowed and edit.decision.code == "right_missing"
     assert edit.idempotency_state == "NOT_CLAIMED" and "'write'" in edit.error
+    assert (ws / "src" / "app.py").read_bytes() == before
+    write_only = rt.issue(["call:*", "write"], [str(ws)])  # file_edit shows the edited lines: needs read too
+    assert dispatch(rt, write_only, call("file_edit", path="src/app.py", old_str="x = 1", new_str="x = 9")).decision.code == "right_missing"
     assert (ws / "src" / "app.py").read_bytes() == before
     (ws / "docs").mkdir()
     (ws / "docs" / "notes.md").write_text("x = 7\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from surecall.errors import PathOutsideWorkspace, ToolError
 from surecall.toolbox.search import GrepSearchArgs, SearchLimits, grep_search
 
@@ -79,6 +80,12 @@ def test_symlinked_file_out_of_the_workspace_is_not_searched(ws, tmp_path):
     (ws / "src" / "leak.txt").symlink_to(tmp_path / "secret.txt")
     assert all(m["path"] != "src/leak.txt" for m in grep(ws, pattern="secret").data["matches"])
     assert grep(ws, pattern="secret").data["matches"] == []
+
+
+def test_symlink_leaving_the_searched_directory_is_skipped(ws):
+    (ws / "src" / "readme_link.md").symlink_to(ws / "README.md")
+    assert [m["path"] for m in grep(ws, pattern="# main", path="src").data["matches"]] == []
+    assert [m["path"] for m in grep(ws, pattern="# main").data["matches"]] == ["README.md", "src/readme_link.md"]
 
 
 def test_limits_are_validated():

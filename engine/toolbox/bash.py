@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from surecall.toolbox.result import ToolResult
 from surecall.toolbox.sandbox import ExecResult, Sandbox
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
 from surecall.catalog import seed_tools
 from surecall.errors import PathOutsideWorkspace
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
@@ -76,7 +77,8 @@ def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
 
 def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
     real = resolve_in_workspace(ws, args.path)
-    return Plan((Access("write", str(real)),), run=lambda: file_edit(args, ws))
+    # read too: the observation shows the edited lines, so a write-only capability must not edit
+    return Plan((Access("read", str(real)), Access("write", str(real))), run=lambda: file_edit(args, ws))
 
 
 def _planner_grep(limits: SearchLimits) -> Planner:

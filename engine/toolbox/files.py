@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from surecall.errors import ToolError
 from surecall.toolbox.paths import display_path, resolve_in_workspace
 from surecall.toolbox.result import ToolResult

@@ -4,7 +4,7 @@ Results are (path, line, text) records, capped by `max_matches` and `max_output_
 `truncated` flag. The pattern runs on the `regex` package (Python `re` syntax) with a timeout,
 so a catastrophically backtracking pattern ends with a clear error after `time_budget_s`
 instead of pinning a core. No shell and no subprocess: files are walked in Python, symlinks
-are not followed out of the workspace, `.git` is skipped, and binary or huge files are skipped
+are not followed out of the searched path, `.git` is skipped, and binary or huge files are skipped
 (and counted). It does not honour .gitignore.
 """
 
@@ -19,6 +19,7 @@ from typing import Annotated
 
 import regex
 from pydantic import BaseModel, ConfigDict, Field
+
 from surecall.errors import ToolError
 from surecall.toolbox.paths import display_path, is_within, real_workspace, resolve_in_workspace
 from surecall.toolbox.result import ToolResult
@@ -67,8 +68,9 @@ def _matches_glob(rel_path: str, glob: str | None) -> bool:
     return fnmatch.fnmatchcase(target, glob)
 
 
-def _candidate_files(root: Path, start: Path):
-    """Regular files under `start` (or `start` itself), never leaving `root`."""
+def _candidate_files(start: Path):
+    """Regular files under `start` (or `start` itself). A symlink whose target leaves `start`
+    is skipped, so the search never reads past the path the capability approved."""
     if start.is_file():
         yield start
         return
@@ -77,7 +79,7 @@ def _candidate_files(root: Path, start: Path):
         for name in sorted(filenames):
             path = Path(dirpath) / name
             real = Path(os.path.realpath(path))
-            if is_within(real, root) and real.is_file():
+            if is_within(real, start) and real.is_file():
                 yield path
 
 
@@ -110,7 +112,7 @@ def grep_search(args: GrepSearchArgs, workspace: Path, limits: SearchLimits = Se
     compiled = compile_pattern(args.pattern)
     deadline = time.monotonic() + limits.time_budget_s
     matches, num_bytes, num_files, num_skipped, truncated, timed_out = [], 0, 0, 0, False, False
-    for path in _candidate_files(root, start):
+    for path in _candidate_files(start):
         if time.monotonic() > deadline:  # a huge tree: stop walking, say so
             truncated, timed_out = True, True
             break
