@@ -200,7 +200,8 @@ def report(rows: list[dict], steps: dict, ok: bool, args) -> None:
     step_lines = ["| step | " + " | ".join(f"{s} us (p50)" for s in steps) + " |", "| --- |" + " --- |" * len(steps)]
     for step in next(iter(steps.values())):
         step_lines.append(f"| {step} | " + " | ".join(f"{steps[s][step]:.1f}" for s in steps) + " |")
-    machine = f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    machine = f"{platform.machine()} {os.cpu_count()} CPUs (load average {load}), {platform.platform()}, Python {platform.python_version()}"
     command = "python " + " ".join(sys.argv)
     text = "\n".join([
         "# Dispatch core: per-call overhead (validate + approve + derive key + claim + complete)", "",

@@ -55,8 +55,8 @@ _UNIT_WORDS = {
     "eur", "cents", "mph", "kmh", "kph", "hz", "khz", "mhz", "epoch", "unix", "timestamp", "iso", "percentage",
 }
 _BARE_PREFIXES = {"max", "min", "default", "limit", "the"}
-_PATH_NAMES = {"path", "file", "filepath", "filename", "file_path", "file_name", "target_file", "target", "dest", "destination"}
-_CONTENT_NAMES = {"content", "contents", "file_content", "file_contents", "new_content", "file_text", "text", "body", "data", "source"}
+_PATH_NAMES = {"path", "file", "filepath", "filename", "file_path", "file_name", "target_file", "target_path"}
+_CONTENT_NAMES = {"content", "contents", "file_content", "file_contents", "new_content", "file_text", "new_file_content"}
 _BOUNDED_FORMATS = {"date", "date-time", "time", "uuid", "ipv4", "ipv6"}
 _CHILD_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _CHILD_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")

@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     findings: list[tuple[str, Finding]] = []
     num_tools = 0
     for source in args.files:
-        for name, schema in load_tool_schemas(source):
+        for where, name, schema in load_tool_entries(source):
             num_tools += 1
-            findings += [(source, f) for f in lint_schema(schema, name) if not keep or f.rule in keep]
+            findings += [(where, f) for f in lint_schema(schema, name) if not keep or f.rule in keep]
     counts = count_by_rule(f for _, f in findings)
     if args.json:
         print(json.dumps({"tools": num_tools, "counts": counts,
@@ -61,6 +61,11 @@ def _print_human(findings: list[tuple[str, Finding]], counts: dict[str, int], nu
 
 def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
     """(tool name or None, input schema) for every tool in `source` (see the module docstring)."""
+    return [(name, schema) for _, name, schema in load_tool_entries(source)]
+
+
+def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
+    """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
     if not os.path.exists(source) and ":" in source:
         return _from_python(source)
     try:
@@ -71,7 +76,7 @@ def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
     return _from_json_text(text, source)
 
 
-def _from_json_text(text: str, source: str) -> list[tuple[str | None, Any]]:
+def _from_json_text(text: str, source: str) -> list[tuple[str, str | None, Any]]:
     try:
         return _entries(json.loads(text), source)
     except json.JSONDecodeError as whole_error:
@@ -87,7 +92,7 @@ def _from_json_text(text: str, source: str) -> list[tuple[str | None, Any]]:
         return out
 
 
-def _entries(data: Any, source: str) -> list[tuple[str | None, Any]]:
+def _entries(data: Any, source: str) -> list[tuple[str, str | None, Any]]:
     if isinstance(data, dict) and isinstance(data.get("tools"), list):  # MCP tools/list result
         data = data["tools"]
     if isinstance(data, list):
@@ -97,25 +102,25 @@ def _entries(data: Any, source: str) -> list[tuple[str | None, Any]]:
     raise ToolDefinitionError(f"{source}: expected a schema, a tool or a list of tools, got {type(data).__name__}")
 
 
-def _entry(item: Any, where: str) -> tuple[str | None, Any]:
+def _entry(item: Any, where: str) -> tuple[str, str | None, Any]:
     if hasattr(item, "input_schema") and hasattr(item, "name"):
-        return item.name, item.input_schema
+        return where, item.name, item.input_schema
     if hasattr(item, "model_json_schema"):
         from surecall.tools import Tool
 
         tool = Tool.from_pydantic(item)
-        return tool.name, tool.input_schema
+        return where, tool.name, tool.input_schema
     if not isinstance(item, dict):
         raise ToolDefinitionError(f"{where}: expected a tool object, got {type(item).__name__}")
     if item.get("type") == "function" and isinstance(item.get("function"), dict):
         item = item["function"]
     for key in _SCHEMA_KEYS:
         if key in item and "name" in item:
-            return str(item["name"]), item[key]
-    return None, item  # a bare schema
+            return where, str(item["name"]), item[key]
+    return where, None, item  # a bare schema
 
 
-def _from_python(spec: str) -> list[tuple[str | None, Any]]:
+def _from_python(spec: str) -> list[tuple[str, str | None, Any]]:
     module_name, _, attr = spec.partition(":")
     sys.path.insert(0, os.getcwd())
     try:
