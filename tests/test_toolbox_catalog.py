@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from surecall.catalog import seed_tools
 from surecall.errors import PathOutsideWorkspace, ToolError
 from surecall.toolbox.bash import BashExecuteArgs

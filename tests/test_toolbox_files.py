@@ -6,6 +6,7 @@ import os
 import stat
 
 import pytest
+
 from surecall.errors import PathOutsideWorkspace, ToolError
 from surecall.toolbox.files import (
     MAX_FILE_BYTES,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from surecall.errors import SandboxUnavailable
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
 from surecall.toolbox.sandbox import PidsCgroup, Sandbox, SandboxConfig
