@@ -9,6 +9,7 @@ import os
 
 import pytest
 import rfc8785
+
 from surecall.dispatch.capability import (
     Authority,
     Capability,

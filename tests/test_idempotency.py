@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from surecall.dispatch.idempotency import (
     ProbeOutcome,
     RecordState,

@@ -6,6 +6,7 @@ import json
 
 import pydantic
 import pytest
+
 from surecall.cli import main
 from surecall.lint import RULES, count_by_rule, lint_schema
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+
 from surecall.dispatch.idempotency import ProbeOutcome, RecordState, derive_key, execute_once
 from surecall.dispatch.stores import SQLiteStore, open_store
 from surecall.errors import IdempotencyConflict, StoreUnavailable
@@ -295,3 +296,17 @@ def test_concurrent_same_call_runs_once(store_url, tmp_path, num_procs):
     assert {state for ran, state in outcomes if not ran} <= {"IN_FLIGHT", "COMPLETED"}
     final = open_store(store_url).get(key)
     assert final.state is RecordState.COMPLETED and final.result["pid"] == int(open(effects).read().strip())
+
+
+def test_concurrent_settles_compare_and_set(store):
+    """A settle that loses the race returns the winner's record instead of overwriting it."""
+    key = _key("settle-race")
+    store.fail(key, store.claim(key).owner, "crashed")
+
+    def outer_probe(record):
+        inner = store.settle(key, lambda r: False)  # another settler gets there first
+        assert inner.state is RecordState.NOT_EXECUTED
+        return True
+
+    assert store.settle(key, outer_probe).state is RecordState.NOT_EXECUTED
+    assert store.claim(key).acquired

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pydantic
 import pytest
+
 from surecall.dispatch.validate import validate_arguments
 from surecall.errors import ArgumentValidationError, ToolDefinitionError
 from surecall.tools import SideEffect, Tool

@@ -7,6 +7,7 @@ import os
 
 import jsonschema_rs
 import pytest
+
 from surecall.dispatch.validate import check_canonicalisable, make_validator, validate_arguments
 from surecall.errors import ArgumentValidationError, SchemaError
 from surecall.tools import Tool
@@ -134,3 +135,13 @@ def test_malformed_schema_is_a_schema_error():
 def test_remote_refs_are_never_fetched():
     with pytest.raises(SchemaError, match="Invalid schema"):
         validate_arguments({"$ref": "http://localhost:1/never.json"}, {})
+
+
+def test_too_deep_arguments():
+    deep: list = []
+    node = deep
+    for _ in range(80):
+        node.append([])
+        node = node[0]
+    with pytest.raises(ArgumentValidationError, match="nested deeper than 64 levels"):
+        validate_arguments({"type": "object"}, {"d": deep})

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 import rfc8785
+
 from surecall.errors import CapabilityError
 
 DEFAULT_SKEW_S = 30.0

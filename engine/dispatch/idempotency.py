@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
+
 from surecall.errors import ArgumentValidationError, IdempotencyConflict
 
 KEY_VERSION = "k1"

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 import jsonschema_rs
+
 from surecall.errors import ArgumentValidationError, SchemaError
 
 MAX_ARGUMENT_BYTES = 1 << 20  # 1 MiB of JSON text per call

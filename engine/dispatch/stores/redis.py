@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import redis
+
 from surecall.dispatch.idempotency import (
     Claim,
     Record,
