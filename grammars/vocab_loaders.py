@@ -205,13 +205,16 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 _BYTE_LEVEL = _byte_level_decoder()
+# str.translate table: each alphabet char -> the latin-1 char of its byte; any other char below
+# 256 -> a char latin-1 cannot encode, so a token holding one falls back to its raw UTF-8.
+_BYTE_LEVEL_TRANSLATE = {**{c: "\U0010ffff" for c in range(256)}, **{ord(c): b for c, b in _BYTE_LEVEL.items()}}
 
 
 def _byte_level_bytes(token: str) -> bytes:
     """A byte-level token's bytes; a token with a char outside the alphabet is its raw UTF-8 (as HF does)."""
     try:
-        return bytes(_BYTE_LEVEL[c] for c in token)
-    except KeyError:
+        return token.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
+    except UnicodeEncodeError:
         return token.encode("utf-8")
 
 
@@ -228,20 +231,27 @@ def _check_vocab_map(vocab, path: Path) -> dict[str, int]:
     return vocab
 
 
-def _parse_merges(lines, vocab: dict[str, int], path: Path) -> set[str]:
+def _parse_merges(lines, vocab: dict[str, int], path) -> set[str]:
     """Check every merge `a b` names two vocabulary tokens whose join is one too; return the joins."""
     results = set()
     for lineno, line in lines:
-        parts = line.split(" ") if isinstance(line, str) else list(line)
-        if len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
-            raise VocabError(f"corrupt merges in {path} at line {lineno}: {line!r}; expected two tokens 'A B'")
-        joined = parts[0] + parts[1]
-        missing = [t for t in (*parts, joined) if t not in vocab]
-        if missing:
-            raise VocabError(f"corrupt merges in {path} at line {lineno}: {line!r} uses {missing[0]!r}, "
-                             f"which is not in the vocabulary; expected merges of vocabulary tokens")
-        results.add(joined)
+        parts = line.split(" ") if isinstance(line, str) else line
+        if len(parts) == 2 and isinstance(parts[0], str) and isinstance(parts[1], str):
+            joined = parts[0] + parts[1]
+            if parts[0] in vocab and parts[1] in vocab and joined in vocab:
+                results.add(joined)
+                continue
+        _raise_bad_merge(lineno, line, parts, vocab, path)
     return results
+
+
+def _raise_bad_merge(lineno: int, line, parts, vocab: dict[str, int], path) -> None:
+    where = f"corrupt merges in {path} at line {lineno}: {line!r}"
+    if len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
+        raise VocabError(f"{where}; expected two tokens 'A B'")
+    missing = next(t for t in (*parts, parts[0] + parts[1]) if t not in vocab)
+    raise VocabError(f"{where} uses {missing!r}, which is not in the vocabulary; "
+                     f"expected merges of vocabulary tokens")
 
 
 def _load_hf_bpe(vocab_path: Path, merges_path: Path) -> dict:
