@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+
 from surecall.grammars.table import TokenTable
 
 
@@ -22,11 +23,12 @@ def random_table(
     logits_width: int | None = None,
     num_stop: int = 2,
     max_density: float = 0.6,
+    accept_frac: float = 0.3,
 ) -> TokenTable:
     logits_width = logits_width or vocab_size
     stop_ids = np.sort(rng.choice(vocab_size, size=num_stop, replace=False)).astype(np.int32)
     normal = np.setdiff1d(np.arange(vocab_size), stop_ids)
-    accept = rng.random(num_states) < 0.3
+    accept = rng.random(num_states) < accept_frac
     accept[rng.integers(num_states)] = True
     order = rng.permutation(
         num_states
@@ -37,7 +39,9 @@ def random_table(
     for s in range(num_states):
         density = rng.choice([0.0 if accept[s] else 0.01, 0.02, rng.uniform(0.05, max_density)])
         toks = normal[rng.random(normal.shape[0]) < density]
-        row = {int(t): int(rng.integers(num_states)) for t in toks}
+        # Targets drawn from the states after s in depth order keep `dist` deep when accept_frac is small.
+        later = order[rank[s] :]
+        row = {int(t): int(rng.choice(later)) for t in toks}
         if not accept[s]:
             closer = (
                 order[: rank[s]][accept[order[: rank[s]]]]
@@ -114,3 +118,16 @@ def random_states(
     states = rng.integers(0, num_states, size=batch)
     states[rng.random(batch) < frac_free] = -1
     return states.astype(np.int32)
+
+
+def deep_table(
+    rng: np.random.Generator, vocab_size: int = 200, logits_width: int | None = None
+) -> TokenTable:
+    """A table whose dist reaches at least 3 (for budget tests)."""
+    for _ in range(50):
+        table = random_table(
+            rng, num_states=24, vocab_size=vocab_size, logits_width=logits_width, accept_frac=0.05
+        )
+        if int(table.dist.max()) >= 3:
+            return table
+    raise RuntimeError("could not draw a deep table")
