@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 import numpy as np
+
 from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
 from surecall.grammars import cache as table_cache
 from surecall.grammars.automaton import ByteDFA, regex_to_dfa
@@ -156,9 +157,11 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
 
 
 def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
+    """Distinct live next states of one row (-1 marks a dead token)."""
     if n <= 4 * nexts.size + 4096:
-        return np.flatnonzero(np.bincount(nexts, minlength=n))
-    return np.unique(nexts)
+        return np.flatnonzero(np.bincount(nexts + 1, minlength=n + 1)[1:])
+    found = np.unique(nexts)
+    return found[found >= 0]
 
 
 def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
@@ -240,9 +243,9 @@ def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
 def _check_memory(dfa: ByteDFA, vi, logits_width: int, budget_bytes: int) -> None:
     words = (logits_width + 31) // 32
     # The mask (and its float64 staging copy), plus every (state, token) pair whose first byte
-    # is live: the walk holds about 48 bytes per pair, the rows 12 per survivor.
+    # is live: the rows hold 12 bytes per pair, the CSR 8 more.
     num_pairs = int((dfa.trans >= 0).astype(np.int64).sum(axis=0) @ vi.grp_count)
-    estimate = dfa.num_states * words * 12 + num_pairs * 60
+    estimate = dfa.num_states * words * 12 + num_pairs * 20
     if estimate > budget_bytes:
         raise CompileBudgetExceeded(
             f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "

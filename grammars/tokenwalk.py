@@ -19,8 +19,14 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from surecall.grammars.automaton import ByteDFA, strongly_connected, successor_lists
 
+# Lexical regions are the strongly connected components of the DFA without its structural
+# edges (these bytes, unless on a self-loop): a string body, a number, a whitespace run, not
+# a whole object's member loop. Any partition is exact (leaving a region is walked per state);
+# this one keeps regions small and their shapes shared.
+_STRUCTURAL = b'"{}[],:'
 _MIN_DONOR_TOKENS = 1024  # below this, copying a donor row costs more than walking
 _MAX_CACHED_VOCABS = 4
 
@@ -71,7 +77,7 @@ class VocabIndex:
         count = np.bincount(first_byte[ids], minlength=256).astype(np.int64)
         ptr = np.zeros(257, dtype=np.int64)
         ptr[1:] = np.cumsum(count)
-        second = np.where(lens[ids] > 1, flat[np.minimum(off[ids] + 1, flat.size - 1)], 256)
+        second = np.where(lens[ids] > 1, flat[np.minimum(off[ids] + 1, flat.size - 1)].astype(np.int64), 256)
         key2 = first_byte[ids].astype(np.int64) * 257 + second
         order2 = ids[np.argsort(key2, kind="stable")]
         count2 = np.bincount(key2, minlength=256 * 257).astype(np.int64)
@@ -173,11 +179,21 @@ def _class_walk(vi: VocabIndex, table: np.ndarray) -> ClassWalk:
     return result
 
 
-def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For every DFA state: (allowed token ids sorted, int32 next states), dead tokens removed."""
-    succ = successor_lists(dfa.trans)
+def lexical_regions(dfa: ByteDFA):
+    """(successor lists without structural edges, region id per state, whether its region cycles)."""
+    trans = dfa.trans.copy()
+    self_loop = np.arange(dfa.num_states, dtype=np.int32)
+    for b in _STRUCTURAL:
+        col = trans[:, b]
+        col[col != self_loop] = -1
+    succ = successor_lists(trans)
     comp, comp_cyclic = strongly_connected(succ)
-    cyclic = comp_cyclic[comp]
+    return succ, comp, comp_cyclic[comp]
+
+
+def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For every DFA state: (candidate token ids sorted, int32 next states, -1 where dead)."""
+    succ, comp, cyclic = lexical_regions(dfa)
     live = dfa.trans >= 0  # [S, 256]
     walk_bytes = live.copy()  # first bytes still to walk generically, per state
     shared: list = [None] * dfa.num_states  # rows from class walks or donors
@@ -191,7 +207,7 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarra
         stay = cw.end >= 0
         nexts[stay] = g[cw.end[stay]]
         leave = np.flatnonzero(cw.end <= -2)
-        if leave.size:
+        if leave.size:  # tokens that leave the region: walked per state from where they leave
             exit_jobs.append((q, leave, cw.cand[leave], g[-2 - cw.end[leave]], cw.exit_pos[leave]))
         shared[q] = (cw.cand, nexts)
         walk_bytes[q] &= table[0] < -1
@@ -200,7 +216,7 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarra
     _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes)
-    return [_drop_dead(_merge(shared[q], walked.get(q))) for q in range(dfa.num_states)]
+    return [_merge(shared[q], walked.get(q)) for q in range(dfa.num_states)]
 
 
 def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
@@ -217,18 +233,26 @@ def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
 
 
 def _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes) -> None:
-    """Fill `shared` for acyclic states from the best-agreeing class row; clear those bytes."""
-    donors = [q for q in np.flatnonzero(cyclic).tolist() if shared[q][0].size >= _MIN_DONOR_TOKENS]
-    if not donors:
-        return
-    d_trans = dfa.trans[donors]  # [D, 256]
+    """Fill `shared` for acyclic states from the best-agreeing class row; clear those bytes.
+
+    Candidate donors are the region states a state's live bytes lead to (the first character
+    of a `minLength: 1` string leads into the body whose row it mostly shares).
+    """
+    is_donor = np.zeros(dfa.num_states + 1, dtype=bool)  # slot -1 (dead) stays False
+    for q in np.flatnonzero(cyclic).tolist():
+        is_donor[q] = shared[q][0].size >= _MIN_DONOR_TOKENS
     for q in np.flatnonzero(~cyclic).tolist():
-        agree = (d_trans == dfa.trans[q]) & walk_bytes[q]  # [D, 256]
+        row = dfa.trans[q]
+        targets = np.unique(row[walk_bytes[q]])
+        donors = targets[is_donor[targets]]
+        if not donors.size:
+            continue
+        agree = (dfa.trans[donors] == row) & walk_bytes[q]  # [D, 256]
         weight = agree.astype(np.int64) @ vi.grp_count
         best = int(np.argmax(weight))
         if weight[best] < _MIN_DONOR_TOKENS:
             continue
-        cand, nexts = shared[donors[best]]
+        cand, nexts = shared[int(donors[best])]
         sel = agree[best][vi.first_byte[cand]]
         shared[q] = (cand[sel], nexts[sel])
         walk_bytes[q] &= ~agree[best]
@@ -268,11 +292,3 @@ def _merge(a, b):
         a, b = b, a
     at = np.searchsorted(a[0], b[0])
     return np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1])
-
-
-def _drop_dead(row):
-    tok, nxt = row
-    ok = nxt >= 0
-    if ok.all():
-        return tok, nxt.astype(np.int32, copy=False)
-    return tok[ok], nxt[ok].astype(np.int32, copy=False)

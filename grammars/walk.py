@@ -10,6 +10,7 @@ the CSR. Nothing here samples from a model or touches a device.
 from __future__ import annotations
 
 import numpy as np
+
 from surecall.errors import RequestError
 from surecall.grammars.table import TokenTable
 
@@ -55,3 +56,32 @@ def accepts(table: TokenTable, ids: list[int]) -> bool:
             return False
         state = nxt
     return bool(table.accept[state])
+
+
+def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
+    """(unaccounted errors, errors on relaxed keywords) of `document` against `schema`.
+
+    Uses the `jsonschema` package (a dev dependency). An error counts as relaxed when its
+    keyword was listed for its schema location, or when it sits under a combinator
+    (anyOf/oneOf/...) whose location holds a relaxed keyword.
+    """
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    relaxed_pairs = {(str(p).rstrip("/"), str(k)) for p, k in relaxed}
+    bad, soft = [], []
+    for error in cls(schema).iter_errors(document):
+        where = "/" + "/".join(str(p) for p in list(error.schema_path)[:-1])
+        message = f"{error.validator} at {where}: {error.message[:200]}"
+        (soft if _is_relaxed(where.rstrip("/"), str(error.validator), relaxed_pairs) else bad).append(message)
+    return bad, soft
+
+
+def _is_relaxed(where: str, keyword: str, relaxed_pairs: set) -> bool:
+    tail = where.split("/$ref", 1)[-1] if "/$ref" in where else where
+    for pointer, kw in relaxed_pairs:
+        if kw == keyword and (pointer == where or pointer.endswith(tail) or where.endswith(pointer)):
+            return True
+        if keyword in ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else") and pointer.startswith(where):
+            return True
+    return False

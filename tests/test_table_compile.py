@@ -1,0 +1,240 @@
+"""The table compiler: regex -> byte DFA -> TokenTable, checked against slow references.
+
+Fast cases use a small synthetic vocabulary (every byte plus multi-byte tokens that cross JSON
+token boundaries) and the seed tool schemas over Llama-3 (loaded once per module). The corpus
+sweeps live in test_grammar_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+
+import numpy as np
+import pytest
+
+from surecall.errors import CompileBudgetExceeded, RequestError
+from surecall.grammars import cache as table_cache
+from surecall.grammars.automaton import regex_to_dfa
+from surecall.grammars.compile import compile_regex, compile_schema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.tokenwalk import VocabIndex, token_rows
+from surecall.grammars.vocab import Vocab
+from surecall.grammars.walk import accepts, decode, random_walk
+
+JSONISH = r'\{ ?"a" ?: ?(?:"(?:[^"\\\x00-\x1f]|\\["\\nt])*"|-?(?:0|[1-9][0-9]*)|true) ?(?:, ?"b" ?: ?\[(?:(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*)?\])? ?\}'
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def synthetic_vocab() -> Vocab:
+    pieces = [bytes([b]) for b in range(256)]
+    pieces += [b'{"', b'{"a', b'":', b'": "', b'"}', b'",', b', "', b'"b', b'12', b'0,', b'[1', b'],',
+               b'true', b' }', b'\\n', b'\\"', b'ab', b'\xc3\xa9t\xc3\xa9', b'\xe2\x82', b'\xac"', b'"a":1}']
+    pieces += [b"", b""]  # two specials: a stop id and a control token
+    stop, control = len(pieces) - 2, len(pieces) - 1
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop, control}), stop_ids=(stop,),
+                 logits_width=len(pieces) + 7, format="test", name="synthetic")
+
+
+def reference_rows(dfa, vocab):
+    """Every (state, token) walked byte by byte in Python."""
+    rows = []
+    for q in range(dfa.num_states):
+        row = {}
+        for t, piece in enumerate(vocab.token_bytes):
+            if not piece or t in vocab.special_ids:
+                continue
+            s = q
+            for b in piece:
+                s = int(dfa.trans[s, b])
+                if s < 0:
+                    break
+            if s >= 0:
+                row[t] = s
+        rows.append(row)
+    return rows
+
+
+def reference_dist(table) -> np.ndarray:
+    out = np.full(table.num_states, -1)
+    for s0 in range(table.num_states):
+        seen, queue = {s0: 0}, deque([s0])
+        while queue:
+            s = queue.popleft()
+            if table.accept[s]:
+                out[s0] = seen[s]
+                break
+            for n in table.trans_next[table.trans_ptr[s] : table.trans_ptr[s + 1]].tolist():
+                if n not in seen:
+                    seen[n] = seen[s] + 1
+                    queue.append(n)
+    return out
+
+
+def check_table_invariants(table, vocab) -> None:
+    assert table.mask.dtype == np.int32 and table.mask.shape == (table.num_states, (vocab.logits_width + 31) // 32)
+    assert np.all(np.diff(table.trans_ptr) >= 0) and table.trans_ptr[-1] == table.trans_tok.size
+    stops = set(vocab.stop_ids)
+    never = set(vocab.special_ids) - stops
+    for s in range(table.num_states):
+        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
+        row = table.trans_tok[lo:hi]
+        assert np.all(np.diff(row) > 0), "CSR row not sorted"
+        expected = set(row.tolist()) | (stops if table.accept[s] else set())
+        assert set(table.allowed(s).tolist()) == expected, f"mask and CSR disagree in state {s}"
+        assert not (set(row.tolist()) & (stops | never)), "a special id is a transition"
+        assert int(row.max(initial=-1)) < vocab.vocab_size
+    assert np.array_equal(table.dist, reference_dist(table))
+    assert np.all(table.dist >= 0) and np.all((table.dist == 0) == table.accept)
+
+
+# --- synthetic vocabulary: exact agreement with the byte-level reference ------------------
+def test_rows_equal_bytewise_reference():
+    vocab = synthetic_vocab()
+    dfa = regex_to_dfa(JSONISH)
+    rows = token_rows(dfa, VocabIndex.build(vocab))
+    for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
+        got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
+        assert got == ref, f"state {q}"
+
+
+def test_synthetic_table_invariants_and_walks():
+    vocab = synthetic_vocab()
+    table = compile_regex(JSONISH, vocab, GrammarOptions())
+    check_table_invariants(table, vocab)
+    assert table.logits_width > table.vocab_size
+    padded = np.unpackbits(table.mask.view(np.uint8), axis=1, bitorder="little")[:, vocab.vocab_size :]
+    assert not padded.any(), "ids past the tokenizer are allowed"
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = random_walk(table, vocab, rng, max_tokens=30)
+        assert accepts(table, ids) and len(ids) <= 30
+        json.loads(decode(vocab, ids))
+
+
+def test_walk_honours_tight_budget():
+    vocab = synthetic_vocab()
+    table = compile_regex(JSONISH, vocab, GrammarOptions())
+    rng = np.random.default_rng(1)
+    budget = int(table.dist[0])
+    for _ in range(20):
+        ids = random_walk(table, vocab, rng, max_tokens=budget)
+        assert len(ids) <= budget and accepts(table, ids)
+    with pytest.raises(RequestError, match="below the .* tokens the shortest document needs"):
+        random_walk(table, vocab, rng, max_tokens=budget - 1)
+
+
+# --- budgets -------------------------------------------------------------------------------
+def test_time_budget_exceeded():
+    vocab = synthetic_vocab()
+    with pytest.raises(CompileBudgetExceeded, match="past its time budget of 1e-09 s"):
+        compile_regex(JSONISH, vocab, GrammarOptions(time_budget_s=1e-9), use_cache=False)
+
+
+def test_memory_budget_exceeded():
+    pieces = tuple(bytes([b]) for b in range(256)) + tuple(f"tok{i}".encode() for i in range(40000))
+    vocab = Vocab(token_bytes=pieces, special_ids=frozenset(), stop_ids=(), logits_width=len(pieces),
+                  format="test", name="wide")
+    with pytest.raises(CompileBudgetExceeded, match="over the memory budget of 1 MiB"):
+        compile_regex('"[a-z]{0,40}"', vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+
+
+# --- disk cache ----------------------------------------------------------------------------
+def _entry(regex, vocab):
+    return table_cache.entry_path(table_cache.entry_key("regex", regex, vocab, GrammarOptions()))
+
+
+def test_cache_warm_load_is_mapped_and_equal():
+    vocab = synthetic_vocab()
+    cold = compile_regex(JSONISH, vocab, GrammarOptions())
+    warm = compile_regex(JSONISH, vocab, GrammarOptions())
+    assert isinstance(warm.mask, np.memmap) and not isinstance(cold.mask, np.memmap)
+    for name in ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids"):
+        assert np.array_equal(getattr(cold, name), getattr(warm, name)), name
+    assert warm.meta["states"] == cold.meta["states"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "header"])
+def test_corrupt_cache_entry_is_rebuilt(damage):
+    vocab = synthetic_vocab()
+    good = compile_regex(JSONISH, vocab, GrammarOptions())
+    entry = _entry(JSONISH, vocab)
+    if damage == "truncate":
+        data = (entry / "trans_tok.npy").read_bytes()
+        (entry / "trans_tok.npy").write_bytes(data[: len(data) - 8])
+    elif damage == "flip":
+        data = bytearray((entry / "dist.npy").read_bytes())
+        data[-1] ^= 0x01
+        (entry / "dist.npy").write_bytes(bytes(data))
+    else:
+        (entry / "header.json").write_text("{not json")
+    key = table_cache.entry_key("regex", JSONISH, vocab, GrammarOptions())
+    assert table_cache.load(key) is None and not entry.exists(), "a damaged entry was trusted"
+    rebuilt = compile_regex(JSONISH, vocab, GrammarOptions())
+    assert np.array_equal(rebuilt.dist, good.dist) and entry.exists()
+
+
+# --- Llama-3: the seed tools ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama3(data_dir):
+    from conftest import cached_vocab
+
+    return cached_vocab("llama3")
+
+
+@pytest.fixture(scope="module")
+def seed_tables(llama3):
+    from surecall.catalog import seed_tools
+
+    return {t["name"]: (t["parameters"], compile_schema(t["parameters"], llama3, use_cache=False))
+            for t in seed_tools()}
+
+
+def test_seed_tool_tables_invariants(seed_tables, llama3):
+    _, table = seed_tables["file_edit"]
+    check_table_invariants(table, llama3)
+    assert table.meta["states"] == table.num_states and table.meta["compile_ms"] > 0
+
+
+def test_seed_tool_rows_match_reference_on_token_sample(llama3):
+    from surecall.catalog import seed_tools
+    from surecall.grammars.schema_regex import schema_to_regex
+    from surecall.grammars.tokenwalk import vocab_index
+
+    schema = seed_tools()[1]["parameters"]  # file_view: strings and integer ranges
+    dfa = regex_to_dfa(schema_to_regex(schema, GrammarOptions()).regex)
+    rows = token_rows(dfa, vocab_index(llama3))
+    rng = np.random.default_rng(0)
+    sample = rng.choice(llama3.vocab_size, 1500, replace=False).tolist()
+    sample += [i for i, b in enumerate(llama3.token_bytes) if b[:1] in (b'"', b",", b"1", b" ")][:1500]
+    for q in range(dfa.num_states):
+        tok, nxt = rows[q]
+        got = dict(zip(tok.tolist(), nxt.tolist(), strict=True))
+        for t in sample:
+            piece = llama3.token_bytes[t]
+            if not piece or t in llama3.special_ids:
+                assert got.get(t, -1) < 0
+                continue
+            s = q
+            for b in piece:
+                s = int(dfa.trans[s, b])
+                if s < 0:
+                    break
+            assert got.get(t, -1) == s, f"state {q} token {t} {piece!r}"
+
+
+def test_seed_tool_walks_validate(seed_tables, llama3):
+    from surecall.grammars.walk import schema_violations
+
+    rng = np.random.default_rng(7)
+    for name, (schema, table) in seed_tables.items():
+        for i in range(8):
+            budget = int(table.dist[0]) + 2 if i % 2 else 200
+            ids = random_walk(table, llama3, rng, max_tokens=budget)
+            doc = json.loads(decode(llama3, ids))
+            bad, _ = schema_violations(schema, doc, table.relaxed)
+            assert not bad, f"{name}: {bad}"
