@@ -34,14 +34,9 @@ class GrepSearchArgs(BaseModel):
     path: Annotated[
         str, Field(min_length=1, max_length=4096, description="File or directory to search, relative to the workspace.")
     ] = "."
-    # Optional without a null in the schema: the seed publishes a plain string, not anyOf/null.
     glob: Annotated[
-        str,
-        Field(
-            min_length=1, max_length=256, description="Only search files whose name matches this glob, e.g. *.py.",
-            json_schema_extra=lambda schema: schema.pop("default", None),
-        ),
-    ] = None  # type: ignore[assignment]
+        str, Field(min_length=1, max_length=256, description="Only search files whose name matches this glob, e.g. *.py.")
+    ] = "*"
 
 
 @dataclass(frozen=True)
