@@ -22,6 +22,7 @@ from surecall.grammars.automaton import ByteDFA, regex_to_dfa
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import token_rows, vocab_index
 
+_BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character, rounded up (measured: > 40)
 _PROGRESS_AFTER_S = 2.0  # print a progress note on stderr when a stage ends later than this
 
 
@@ -86,7 +87,13 @@ def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_c
 
 def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
     clock = _Clock(options.time_budget_s)
-    # 1. Regex -> pruned byte DFA.
+    # 1. Regex -> pruned byte DFA (outlines-core cannot be interrupted: bound its input first).
+    if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
+        raise CompileBudgetExceeded(
+            f"regex of {len(regex)} characters is too large to compile within the memory budget of "
+            f"{options.memory_budget_bytes / 2**20:.0f} MiB (about {_BYTES_PER_REGEX_CHAR} bytes per character); "
+            "lower max_ref_depth / max_any_depth / max_bounded_length or raise memory_budget_bytes"
+        )
     dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
     vi = vocab_index(vocab)
@@ -194,28 +201,20 @@ def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
     return np.asarray(order, dtype=np.int64)
 
 
-_DENSE_ROW = 4096  # rows with more tokens than this are packed through a bool row
-
-
 def _pack_mask(toks: list[np.ndarray], accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
     """int32 [S, ceil(width/32)] LSB-first bitmask rows; stop ids only in accepting rows."""
     num_states = accept.shape[0]
     words = (width + 31) // 32
-    mask = np.zeros((num_states, words), dtype=np.uint32)
-    sparse = [q for q, t in enumerate(toks) if t.size <= _DENSE_ROW]
-    bits = np.zeros(words * 32, dtype=bool)
-    for q, t in enumerate(toks):
-        if t.size > _DENSE_ROW:
-            bits[:] = False
-            bits[t] = True
-            mask[q] = np.packbits(bits, bitorder="little").view(np.uint32)
-    if sparse:
-        tok = np.concatenate([toks[q] for q in sparse]).astype(np.int64)
-        row = np.repeat(np.asarray(sparse, dtype=np.int64), [toks[q].size for q in sparse])
-        # Distinct bits of one word sum to their OR, exactly, in float64 (< 2**32).
-        flat = np.bincount(row * words + (tok >> 5), weights=np.ldexp(1.0, (tok & 31).astype(np.int32)),
-                           minlength=num_states * words)
-        mask |= flat.astype(np.uint32).reshape(num_states, words)
+    mask = np.zeros(num_states * words, dtype=np.uint32)
+    if any(t.size for t in toks):
+        tok = np.concatenate(toks).astype(np.int64)
+        row = np.repeat(np.arange(num_states, dtype=np.int64), [t.size for t in toks])
+        # Rows are in state order and sorted inside, so the word keys are sorted: OR each run.
+        key = row * words + (tok >> 5)
+        starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+        bits = np.left_shift(np.uint32(1), (tok & 31).astype(np.uint32))
+        mask[key[starts]] = np.bitwise_or.reduceat(bits, starts)
+    mask = mask.reshape(num_states, words)
     for s in stop_ids.tolist():
         mask[accept, s >> 5] |= np.uint32(1 << (s & 31))
     return mask.view(np.int32)
