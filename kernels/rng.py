@@ -20,7 +20,7 @@ C1, C2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3 fmix32 multipliers
 SEED_SALT, STEP_SALT = 0x6A09E667, 0xBB67AE85
 # Largest Gumbel value the 24-bit uniform can produce is 16.64; a block whose best logit plus
 # this bound is below the running best cannot win (used to skip noise work, never changes a draw).
-GUMBEL_MAX = 17.0
+GUMBEL_MAX = tl.constexpr(17.0)
 
 
 # ---- torch (int64 holding uint32) --------------------------------------------------------

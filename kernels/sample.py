@@ -103,23 +103,23 @@ def _sample_split_kernel(
     is_random = tl.load(temp_ptr + row) != 0.0
     key_a = tl.load(key_a_ptr + row).to(tl.uint32)
     key_b = tl.load(key_b_ptr + row).to(tl.uint32)
-    state = -1
-    binding = False
-    rem = 0
+    # Scalars start as typed tensors: compiled Triton needs one type per variable across branches.
+    state = tl.full([], -1, tl.int32)
+    rem = tl.full([], 0, tl.int32)
+    binding = tl.full([], 0, tl.int1)
     if HAS_TABLE:
         state = tl.load(states_ptr + row)
         if HAS_BUDGET:
             rem = tl.load(remaining_ptr + row)
-            if state >= 0:
-                binding = rem - 1 < tl.load(max_next_dist_ptr + state)
+            binding = (state >= 0) & (rem - 1 < tl.load(max_next_dist_ptr + tl.maximum(state, 0)))
     bits = tl.arange(0, 32)
     offs = tl.arange(0, 32 * BLOCK_WORDS)
-    m = float("-inf")
-    s = 0.0
-    um = float("-inf")
-    us = 0.0
-    best = float("-inf")
-    best_idx = -1
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    um = tl.full([], float("-inf"), tl.float32)
+    us = tl.full([], 0.0, tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = tl.full([], -1, tl.int32)
     for start in range(split * split_size, (split + 1) * split_size, 32 * BLOCK_WORDS):
         cols = start + offs
         in_range = cols < width
