@@ -201,19 +201,29 @@ def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
     return np.asarray(order, dtype=np.int64)
 
 
+_DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
+
+
 def _pack_mask(toks: list[np.ndarray], accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
     """int32 [S, ceil(width/32)] LSB-first bitmask rows; stop ids only in accepting rows."""
     num_states = accept.shape[0]
     words = (width + 31) // 32
     mask = np.zeros(num_states * words, dtype=np.uint32)
-    if any(t.size for t in toks):
-        tok = np.concatenate(toks).astype(np.int64)
-        row = np.repeat(np.arange(num_states, dtype=np.int64), [t.size for t in toks])
+    is_dense = np.fromiter((t.size * _DENSE_ROW_FRACTION > width for t in toks), dtype=bool, count=num_states)
+    bits = np.zeros(words * 32, dtype=bool)
+    for q in np.flatnonzero(is_dense).tolist():
+        bits[:] = False
+        bits[toks[q]] = True
+        mask[q * words : (q + 1) * words] = np.packbits(bits, bitorder="little").view(np.uint32)
+    sparse = np.flatnonzero(~is_dense).tolist()
+    if sparse and any(toks[q].size for q in sparse):
+        tok = np.concatenate([toks[q] for q in sparse]).astype(np.int64)
+        row = np.repeat(np.asarray(sparse, dtype=np.int64), [toks[q].size for q in sparse])
         # Rows are in state order and sorted inside, so the word keys are sorted: OR each run.
         key = row * words + (tok >> 5)
         starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
-        bits = np.left_shift(np.uint32(1), (tok & 31).astype(np.uint32))
-        mask[key[starts]] = np.bitwise_or.reduceat(bits, starts)
+        shifts = (tok & 31).astype(np.uint32)
+        mask[key[starts]] = np.bitwise_or.reduceat(np.left_shift(np.uint32(1), shifts), starts)
     mask = mask.reshape(num_states, words)
     for s in stop_ids.tolist():
         mask[accept, s >> 5] |= np.uint32(1 << (s & 31))

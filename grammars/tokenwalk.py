@@ -144,12 +144,16 @@ def walk(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, 
     return out_state, out_ptr - vi.off[tok]
 
 
-def _class_shape(dfa: ByteDFA, succ, comp: np.ndarray, q: int):
-    """Canonical local table of q's component seen from q, and local -> global ids."""
-    c = comp[q]
-    order = [q]
-    seen = {q}
-    queue = deque([q])
+def _region_shape(dfa: ByteDFA, succ, comp: np.ndarray, root: int):
+    """Canonical local table of root's region (BFS from its root), local -> global ids, and its hash.
+
+    Regions built by the same regex construct get the same table, so their walks are shared;
+    two isomorphic regions seen from different roots only cost an extra (exact) walk.
+    """
+    c = comp[root]
+    order = [root]
+    seen = {root}
+    queue = deque([root])
     while queue:
         s = queue.popleft()
         for t in succ[s]:
@@ -164,18 +168,21 @@ def _class_shape(dfa: ByteDFA, succ, comp: np.ndarray, q: int):
     inside = local[rows] >= 0  # rows == -1 indexes the sentinel slot, which stays -1
     exits = -2 - np.arange(g.size, dtype=np.int64)[:, None]
     table = np.where(rows < 0, -1, np.where(inside, local[rows], exits)).astype(np.int32)
-    return table, g
+    sig = hashlib.blake2b(table.tobytes(), digest_size=16).digest() + g.size.to_bytes(4, "little")
+    return table, g, sig
 
 
-def _class_walk(vi: VocabIndex, table: np.ndarray) -> ClassWalk:
-    sig = hashlib.blake2b(table.tobytes(), digest_size=16).digest() + table.shape[0].to_bytes(4, "little")
-    hit = vi.classes.get(sig)
+def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> ClassWalk:
+    """Every token walked from local state `start` of a region table (cached per vocabulary)."""
+    key = sig + start.to_bytes(4, "little")
+    hit = vi.classes.get(key)
     if hit is not None:
         return hit
-    cand = np.sort(vi.tokens_with_first(table[0] >= 0))
-    end, end_pos = walk(table, vi, cand, np.zeros(cand.size, np.int32), np.zeros(cand.size, np.int64))
+    cand = np.sort(vi.tokens_with_first(table[start] >= 0))
+    begin = np.full(cand.size, start, np.int32)
+    end, end_pos = walk(table, vi, cand, begin, np.zeros(cand.size, np.int64))
     result = ClassWalk(cand=cand, end=end, exit_pos=(end_pos - 1).astype(np.int32))
-    vi.classes[sig] = result
+    vi.classes[key] = result
     return result
 
 
@@ -200,9 +207,14 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarra
     # 1. Lexical-class states: shared class walk for first bytes that stay inside, then the
     #    tokens that leave the class later on, per state.
     exit_jobs = []  # (state, positions in its row, tokens, global start states, byte offsets)
+    shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
     for q in np.flatnonzero(cyclic).tolist():
-        table, g = _class_shape(dfa, succ, comp, q)
-        cw = _class_walk(vi, table)
+        if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
+            table, g, sig = _region_shape(dfa, succ, comp, q)
+            shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
+        table, g, sig, local = shapes[comp[q]]
+        start = local[q]
+        cw = _class_walk(vi, table, sig, start)
         nexts = np.full(cw.cand.size, -1, dtype=np.int32)
         stay = cw.end >= 0
         nexts[stay] = g[cw.end[stay]]
@@ -210,7 +222,7 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarra
         if leave.size:  # tokens that leave the region: walked per state from where they leave
             exit_jobs.append((q, leave, cw.cand[leave], g[-2 - cw.end[leave]], cw.exit_pos[leave]))
         shared[q] = (cw.cand, nexts)
-        walk_bytes[q] &= table[0] < -1
+        walk_bytes[q] &= table[start] < -1
     _run_exit_jobs(dfa, vi, shared, exit_jobs)
     # 2. Acyclic states: copy from a donor where the byte rows agree.
     _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes)
