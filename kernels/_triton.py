@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from surecall.errors import KernelInputError
 
 try:  # pragma: no cover - depends on the platform

@@ -11,6 +11,7 @@ or sample; one lane per row, a fixed-step binary search, no host sync when check
 from __future__ import annotations
 
 import torch
+
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton

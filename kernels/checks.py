@@ -8,6 +8,7 @@ calls the kernels with check=False; tests and first calls use check=True.
 from __future__ import annotations
 
 import torch
+
 from surecall.errors import KernelInputError
 from surecall.kernels.table import DeviceTable
 

@@ -10,6 +10,7 @@ a transition is kept iff dist[next] <= rem - 1, and a stop id (never in the CSR)
 from __future__ import annotations
 
 import torch
+
 from surecall.kernels._triton import tl, triton
 from surecall.kernels.table import DeviceTable
 

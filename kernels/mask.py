@@ -11,6 +11,7 @@ only writes (it never reads logits), like xgrammar's. It does not sample (sample
 from __future__ import annotations
 
 import torch
+
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.csr import budget_drop_torch, budget_keep_triton
@@ -125,19 +126,31 @@ def apply_token_mask_torch(
     if idx.numel() == 0:
         return
     st = states[idx].long()
-    keep = allowed_columns(table, st, logits.shape[1])
+    drop = ~allowed_columns(table, st, logits.shape[1])
     if remaining is not None:
-        keep &= ~budget_drop_torch(table, st, remaining[idx], logits.shape[1])
-    logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+        drop |= budget_drop_torch(table, st, remaining[idx], logits.shape[1])
+    if (
+        idx.numel() == logits.shape[0] and rows is None
+    ):  # every row: mask in place, no gather/scatter
+        logits.masked_fill_(drop, float("-inf"))
+    else:
+        logits[idx] = logits[idx].masked_fill(drop, float("-inf"))
+
+
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
 
 
 def allowed_columns(table: DeviceTable, states: torch.Tensor, num_cols: int) -> torch.Tensor:
     """bool [R, num_cols]: the mask bits of each state (>= 0), False past the table's bits."""
     words = table.mask[states.long()]
-    bits = torch.arange(32, device=words.device, dtype=torch.int32)
-    keep = ((words[:, :, None] >> bits) & 1).bool().reshape(words.shape[0], -1)
+    # One table lookup per byte (LSB first) instead of 32 shifts per word: ~4x faster on CPU.
+    lut = _BYTE_BITS.get(words.device)
+    if lut is None:
+        lut = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool().to(words.device)
+        _BYTE_BITS[words.device] = lut
+    keep = lut[words.contiguous().view(torch.uint8).long()].reshape(words.shape[0], -1)
     if keep.shape[1] >= num_cols:
-        return keep[:, :num_cols].contiguous()
+        return keep[:, :num_cols]
     pad = torch.zeros(keep.shape[0], num_cols - keep.shape[1], dtype=torch.bool, device=keep.device)
     return torch.cat([keep, pad], dim=1)
 

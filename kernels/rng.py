@@ -12,6 +12,7 @@ then rounding to float32 was identical on 4M inputs). This module does no sampli
 from __future__ import annotations
 
 import torch
+
 from surecall.kernels._triton import tl, triton
 
 MASK32 = 0xFFFFFFFF
@@ -20,7 +21,11 @@ C1, C2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3 fmix32 multipliers
 SEED_SALT, STEP_SALT = 0x6A09E667, 0xBB67AE85
 # Largest Gumbel value the 24-bit uniform can produce is 16.64; a block whose best logit plus
 # this bound is below the running best cannot win (used to skip noise work, never changes a draw).
-GUMBEL_MAX = tl.constexpr(17.0)
+GUMBEL_MAX_VALUE = 17.0
+GUMBEL_MAX = tl.constexpr(GUMBEL_MAX_VALUE)
+# Smallest Gumbel value it can produce is -2.81: no token more than GUMBEL_MAX + 2.81 below a
+# row's best logit can win, so the CPU path draws noise only for tokens within PRUNE_MARGIN.
+PRUNE_MARGIN = GUMBEL_MAX_VALUE + 3.0
 
 
 # ---- torch (int64 holding uint32) --------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from surecall.errors import KernelInputError
 from surecall.grammars.table import TokenTable
 
