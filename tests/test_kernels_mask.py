@@ -112,9 +112,9 @@ def test_budget_keeps_only_tokens_that_can_finish(backend):
     dt = DeviceTable.from_table(table)
     batch = 60
     states = torch.from_numpy(rng.integers(0, table.num_states, size=batch).astype(np.int32))
-    remaining = (dt.dist[states.long()] + torch.from_numpy(rng.integers(0, 3, size=batch))).to(
-        torch.int32
-    )
+    remaining = (
+        dt.dist[states.long()].clamp(min=1) + torch.from_numpy(rng.integers(0, 3, size=batch))
+    ).to(torch.int32)
     logits = torch.zeros(batch, 320)
     apply_token_mask_inplace(logits, dt, states, remaining=remaining, backend=backend)
     stops = set(table.stop_ids.tolist())
@@ -140,7 +140,8 @@ def test_budget_triton_equals_torch():
     dt = DeviceTable.from_table(table)
     states = torch.from_numpy(random_states(rng, 50, table.num_states))
     remaining = (
-        dt.dist[states.clamp(min=0).long()] + torch.from_numpy(rng.integers(0, 4, size=50))
+        dt.dist[states.clamp(min=0).long()].clamp(min=1)
+        + torch.from_numpy(rng.integers(0, 4, size=50))
     ).to(torch.int32)
     logits = torch.from_numpy(rng.normal(size=(50, 2048)).astype(np.float32)).to(torch.bfloat16)
     a, b = _both(logits, dt, states, remaining=remaining)

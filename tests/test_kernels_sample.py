@@ -91,7 +91,8 @@ def test_triton_equals_torch_with_budget_and_without_table():
     dt = DeviceTable.from_table(table)
     states = torch.from_numpy(random_states(rng, 24, table.num_states))
     remaining = (
-        dt.dist[states.clamp(min=0).long()] + torch.from_numpy(rng.integers(0, 3, size=24))
+        dt.dist[states.clamp(min=0).long()].clamp(min=1)
+        + torch.from_numpy(rng.integers(0, 3, size=24))
     ).to(torch.int32)
     logits = torch.from_numpy((3 * rng.normal(size=(24, 1536))).astype(np.float32))
     params = _params(24, rng)
