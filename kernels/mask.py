@@ -137,18 +137,11 @@ def apply_token_mask_torch(
         logits[idx] = logits[idx].masked_fill(drop, float("-inf"))
 
 
-_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
-
-
 def allowed_columns(table: DeviceTable, states: torch.Tensor, num_cols: int) -> torch.Tensor:
     """bool [R, num_cols]: the mask bits of each state (>= 0), False past the table's bits."""
     words = table.mask[states.long()]
-    # One table lookup per byte (LSB first) instead of 32 shifts per word: ~4x faster on CPU.
-    lut = _BYTE_BITS.get(words.device)
-    if lut is None:
-        lut = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool().to(words.device)
-        _BYTE_BITS[words.device] = lut
-    keep = lut[words.contiguous().view(torch.uint8).long()].reshape(words.shape[0], -1)
+    bits = torch.arange(32, device=words.device, dtype=torch.int32)
+    keep = ((words[:, :, None] >> bits) & 1).bool().reshape(words.shape[0], -1)
     if keep.shape[1] >= num_cols:
         return keep[:, :num_cols]
     pad = torch.zeros(keep.shape[0], num_cols - keep.shape[1], dtype=torch.bool, device=keep.device)
