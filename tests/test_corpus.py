@@ -112,3 +112,13 @@ def test_corpus_config_rejects_bad_values(kwargs, match):
 def test_train_bpe_rejects_a_vocab_below_the_byte_alphabet():
     with pytest.raises(ValueError, match="Invalid vocab_size"):
         train_bpe(["abc"], vocab_size=100)
+
+
+def test_bpe_keeps_escapes_apart_and_round_trips():
+    rows = generate(CorpusConfig(300, seed=2))
+    texts = [render_call(r["tool"], r["arguments"]) for r in rows]
+    tokenizer = train_bpe(texts + [r["messages"][0]["content"] for r in rows], vocab_size=600)
+    pieces = [p for p, _ in tokenizer.pre_tokenizer.pre_tokenize_str('a\\nconst user_id\\"')]
+    assert pieces == ["a", "\\n", "const", "Ġuser_id", '\\"']
+    for text in texts[:50]:
+        assert tokenizer.decode(tokenizer.encode(text).ids) == text

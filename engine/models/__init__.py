@@ -34,9 +34,12 @@ def model_dir(name: str) -> Path:
     return path
 
 
-def heldout_path() -> Path:
+def default_heldout_path() -> Path:
     """The held-out prompts of surecall-tiny (JSON lines: messages, tool, arguments)."""
     path = default_model_dir() / "heldout.jsonl"
     if not path.is_file():
         raise ModelLoadError(f"held-out prompts missing at {path}: reinstall surecall")
     return path
+
+
+heldout_path = default_heldout_path

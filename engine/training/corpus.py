@@ -120,7 +120,7 @@ def _edit_pair(rng: random.Random, split: str, max_lines: int) -> tuple[str, str
 
 def _edit_block(rng, split):
     p = sn.path(rng, split)
-    old, new = _edit_pair(rng, split, rng.choice([3, 6, 12]))
+    old, new = _edit_pair(rng, split, rng.choice([3, 6, 9]))
     text = rng.choice(["In {p}, replace{o}with{n}", "Edit {p}: change{o}to{n}",
                        "Please swap this block in {p}:{o}for{n}"]).format(
         p=_show(p), o=_show_block(old), n=_show_block(new))

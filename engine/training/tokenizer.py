@@ -3,8 +3,8 @@
 Trained with `tokenizers` on the corpus (prompts, calls) plus code-like text, and saved in the
 Hugging Face format (tokenizer.json + tokenizer_config.json with the Jinja chat template), so
 `transformers.AutoTokenizer.from_pretrained(dir)` loads it offline. Pre-tokenization is byte
-level without the GPT-2 word regex, so merges may span spaces and punctuation (as
-SentencePiece's do); `max_token_length` keeps tokens short. Training the model is train.py.
+level after a GPT-2-style word split (escapes kept apart, see PRETOKENIZE_PATTERN), so a
+word is the same token in the request and in the call. Training the model is train.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -60,6 +60,14 @@ CHAT_TEMPLATE = (
 )
 
 
+# GPT-2's word split (with _ inside words), plus: a backslash and the character after it form one piece, so a JSON
+# escape (\n, \", \\) never fuses with the word that follows it. Words then tokenize the same
+# in the request and inside the call's strings, which makes copying an induction task.
+# Adapted from the GPT-2 pre-tokenizer regex (https://github.com/openai/gpt-2, encoder.py).
+PRETOKENIZE_PATTERN = (r"\\.|'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}_]+| ?\p{N}+| ?[^\s\p{L}\p{N}_\\]+"
+                       r"|\s+(?!\S)|\s+|\\")
+
+
 def system_block(tools: list[dict]) -> str:
     """The text between `<|im_start|>` and `<|im_end|>` of the system turn (for BPE training)."""
     lines = [f"system\n{DEFAULT_SYSTEM}\n\n# Tools\n<tools>"]
@@ -77,7 +85,9 @@ def train_bpe(texts: list[str], vocab_size: int = 3072, max_token_length: int = 
     if vocab_size < 300:
         raise ValueError(f"Invalid vocab_size: expected >= 300 (256 bytes + specials), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,

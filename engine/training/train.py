@@ -26,6 +26,8 @@ from surecall.catalog import seed_tools
 from surecall.training import evaluate as ev
 from surecall.training import tokenizer as tk
 from surecall.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
+
+TOOL_FORMAT = "hermes"
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 
@@ -44,7 +46,7 @@ class TrainConfig:
     num_layers: int = 4
     num_heads: int = 6
     intermediate_size: int = 512
-    batch_size: int = 32
+    batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 50
     eval_minutes: float = 4.0
@@ -111,9 +113,11 @@ def make_model(cfg: TrainConfig, tokenizer) -> LlamaForCausalLM:
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-        max_position_embeddings=1024, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        max_position_embeddings=2048, tie_word_embeddings=True, rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
+    # The model is trained on Hermes calls; an engine keyed on model_type alone would pick llama3.
+    config.surecall_tool_format = TOOL_FORMAT
     return LlamaForCausalLM(config)
 
 
