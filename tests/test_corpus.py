@@ -6,6 +6,7 @@ import json
 
 import jsonschema
 import pytest
+
 from surecall.catalog import seed_tools
 from surecall.training.corpus import CorpusConfig, generate, render_call
 from surecall.training.evaluate import make_validators, parse_call, score_call

@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
 from surecall.catalog import seed_tools
 from surecall.training import evaluate as ev
 from surecall.training import tokenizer as tk
 from surecall.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
 
 TOOL_FORMAT = "hermes"
-from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 
 @dataclass
