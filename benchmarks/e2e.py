@@ -167,7 +167,7 @@ def main(argv=None) -> int:
 
     from surecall.catalog import seed_tools
     from surecall.config import EngineConfig
-    from surecall.grammars.formats import catalog_regex, get_format
+    from surecall.formats_compat import catalog_regex, get_format
     from surecall.llm import LLM
 
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
@@ -176,12 +176,12 @@ def main(argv=None) -> int:
     llm = LLM(model, tokenizer=vocab, config=EngineConfig(max_batch_size=max(batches)))
     tools = seed_tools()
     fmt = get_format(llm.default_format)
-    start = time.perf_counter()
-    from surecall.grammars.compile import compile_catalog
+    from surecall.formats_compat import compile_tools
 
-    table = compile_catalog(tools, vocab, tool_format=fmt.name, use_cache=False)
+    start = time.perf_counter()
+    table = compile_tools(tools, vocab, fmt, None)
     ours_compile_s = time.perf_counter() - start
-    regex = catalog_regex(tools, fmt.name, None).regex
+    regex = catalog_regex(tools, fmt, None)
     try:
         compiled, xgr_compile_s = xgrammar_compiled(vocab, regex)
     except Exception as exc:  # the peer is optional on a bare machine

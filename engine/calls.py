@@ -66,10 +66,15 @@ def _validate(schema: dict, arguments: Any) -> str | None:
 
 def check_call(text: str, tool_format, tools: list) -> CallCheck:
     """Parse `text` with the tool format and validate the call against the matching tool."""
-    try:
-        name, arguments = tool_format.parse(text)
-    except (SurecallError, ValueError, TypeError, KeyError) as exc:
-        return CallCheck(None, f"malformed call: {exc}", "malformed")
+    prefix = getattr(tool_format, "control_prefix", None)
+    candidates = [text] + ([text.lstrip()[len(prefix) :]] if prefix and text.lstrip().startswith(prefix) else [])
+    for i, candidate in enumerate(candidates):
+        try:
+            name, arguments = tool_format.parse(candidate)
+            break
+        except (SurecallError, ValueError, TypeError, KeyError) as exc:
+            if i == len(candidates) - 1:
+                return CallCheck(None, f"malformed call: {exc}", "malformed")
     call = ToolCall(name, arguments if isinstance(arguments, dict) else {})
     schemas = dict(tool_name_schema(t) for t in tools)
     if name not in schemas:

@@ -19,6 +19,7 @@ from surecall.calls import ToolCall, check_call, tool_name_schema
 from surecall.config import EngineConfig, SamplingParams
 from surecall.decode import Decoder, DecodeRow
 from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.formats_compat import compile_tools, get_format
 from surecall.kernel_ops import KernelOps
 from surecall.model_runner import ModelRunner
 from surecall.prompts import is_single_prompt, render_prompt
@@ -131,18 +132,22 @@ class LLM:
 
         return _encode(self.tokenizer, text, add_special_tokens=False)
 
-    def table_for(self, tools: list, tool_format: str | None = None):
-        """The compiled (cached) TokenTable of a tool list in a format."""
-        return self._tables[self._table_key(tools, self._format(tool_format))]
+    def compile(self, tools: list, tool_format: str | None = None):
+        """The TokenTable of a tool list in a format (compiled once, then cached in this LLM)."""
+        if self.vocab is None:
+            raise RequestError("Invalid request: constrained decoding needs a tokenizer (LLM was built without one)")
+        fmt = self._format(tool_format)
+        self._compile_s = 0.0
+        return self._compile(self._table_key(tools, fmt), tools, fmt)
+
+    def min_tokens(self, tools: list, tool_format: str | None = None) -> int:
+        """The fewest tokens any call of `tools` takes (max_tokens below it is refused)."""
+        fmt = self._format(tool_format)
+        return int(self.compile(tools, tool_format).dist[0]) + (1 if getattr(fmt, "control_prefix", None) else 0)
 
     # --- preparation ----------------------------------------------------------------------
     def _format(self, name: str | None):
-        from surecall.grammars.formats import get_format
-
-        try:
-            return get_format(name or self.default_format)
-        except (KeyError, ValueError) as exc:
-            raise RequestError(f"Invalid tool_format: {exc}") from exc
+        return get_format(name or self.default_format)
 
     @staticmethod
     def _per_row_tools(tools, n: int) -> list:
@@ -205,11 +210,9 @@ class LLM:
 
     def _compile(self, key: str, tools: list, fmt):
         if key not in self._tables:
-            from surecall.grammars.compile import compile_catalog
-
             start = time.perf_counter()
             named = [{"name": n, "parameters": s} for n, s in (tool_name_schema(t) for t in tools)]
-            self._tables[key] = compile_catalog(named, self.vocab, tool_format=fmt.name, options=self.config.grammar_options)
+            self._tables[key] = compile_tools(named, self.vocab, fmt, self.config.grammar_options)
             self._compile_s += time.perf_counter() - start
         return self._tables[key]
 
