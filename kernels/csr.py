@@ -16,29 +16,6 @@ from surecall.kernels.table import DeviceTable
 
 
 @triton.jit
-def csr_find_triton(
-    tokens,  # int32 tensor: token ids to look up
-    lo,  # int32 tensor (or scalar) broadcastable to tokens: first CSR slot of the state's row
-    hi,  # same: one past the last slot of the row
-    trans_tok_ptr,  # int32 [nnz] sorted token ids per row
-    num_search_steps,  # iterations that cover the longest row
-):
-    """(found, slot): whether each token is a transition of its row, and its CSR slot."""
-    end = tl.zeros_like(tokens) + hi
-    lo = tl.zeros_like(tokens) + lo
-    hi = end
-    for _ in range(num_search_steps):
-        active = lo < hi
-        mid = lo + (hi - lo) // 2
-        go_right = tl.load(trans_tok_ptr + mid, mask=active, other=0) < tokens
-        lo = tl.where(active & go_right, mid + 1, lo)
-        hi = tl.where(active & (go_right == 0), mid, hi)
-    in_row = lo < end
-    found = in_row & (tl.load(trans_tok_ptr + lo, mask=in_row, other=-1) == tokens)
-    return found, lo
-
-
-@triton.jit
 def budget_keep_triton(
     tokens,  # int32 tensor of token ids
     state,  # int32 scalar: the row's grammar state
@@ -49,7 +26,8 @@ def budget_keep_triton(
     dist_ptr,  # int32 [S] fewest tokens to acceptance
     num_search_steps,  # binary-search iterations
 ):
-    # csr_find_triton written out: nested jit calls are slow in the interpreter.
+    # Fixed-step binary search for each token in the state's CSR row (advance.py has the same
+    # loop written out: nested jit calls are slow in the interpreter).
     end = tl.zeros_like(tokens) + tl.load(trans_ptr_ptr + state + 1)
     lo = tl.zeros_like(tokens) + tl.load(trans_ptr_ptr + state)
     hi = end

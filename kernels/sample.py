@@ -189,12 +189,12 @@ def _sample_combine_kernel(
     logits_stride,  # elements between consecutive rows
     batch,  # B
     inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
-    part_max_ptr,  # float32 [B, P] per-slice results of _sample_split_kernel
-    part_sum_ptr,
-    part_key_ptr,
-    part_idx_ptr,
-    part_umax_ptr,
-    part_usum_ptr,
+    part_max_ptr,  # float32 [B, P] per-slice max of masked scaled logits (_sample_split_kernel)
+    part_sum_ptr,  # float32 [B, P] per-slice sum of exp(x - max)
+    part_key_ptr,  # float32 [B, P] per-slice best Gumbel key
+    part_idx_ptr,  # int32 [B, P] per-slice token of that key (-1: none allowed)
+    part_umax_ptr,  # float32 [B, P] as part_max, unmasked (HAS_UNMASKED)
+    part_usum_ptr,  # float32 [B, P] as part_sum, unmasked (HAS_UNMASKED)
     num_splits,  # P
     tokens_ptr,  # int64 [B] out: sampled token, -1 if the row allows nothing
     logprobs_ptr,  # float32 [B] out: logprob under the sampled (masked) distribution
