@@ -3,13 +3,13 @@
 #   1. installs carried wheels from .whl/ (xgrammar and its needs; the GPU image lacks them), if present;
 #   2. makes `surecall` importable without pip (a symlink tree: engine/ + kernels/ + grammars/);
 #   3. runs the GPU tests of the kernels (pytest -m gpu tests/test_kernels_gpu.py);
-#   4. runs benchmarks/kernels.py (all shapes) writing kernels_gpu.json/.md to benchmarks/results/ and $OUT.
+#   4. runs benchmarks/kernels.py (all shapes, plus a launch-parameter sweep) writing kernels_gpu.json/.md to benchmarks/results/ and $OUT.
 # Fetch the wheels here first (once; .whl/ is git-ignored), then call the device tool with carry [".whl"]:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl xgrammar==0.2.9 \
 #     apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-#   device run: bash benchmarks/gpu_check.sh   (timeout_s 330)
+#   device run: bash benchmarks/gpu_check.sh   (timeout_s 330; it ends in under 5 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"
@@ -33,11 +33,11 @@ export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/kernels_gpu_device.txt"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
 
-timeout 150 "$PY" -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+timeout 120 "$PY" -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
   --junitxml="$OUT/kernels_gpu_pytest.xml" 2>&1 | tee "$OUT/kernels_gpu_pytest.log"
 TESTS_RC=${PIPESTATUS[0]}
 
-timeout 170 "$PY" benchmarks/kernels.py --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/kernels_gpu_bench.log"
+timeout 150 "$PY" benchmarks/kernels.py --sweep --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/kernels_gpu_bench.log"
 BENCH_RC=${PIPESTATUS[0]}
 
 printf '{"check": "kernels_gpu", "pytest_rc": %d, "bench_rc": %d}\n' "$TESTS_RC" "$BENCH_RC" | tee "$OUT/kernels_gpu_check.json"

@@ -20,6 +20,7 @@ import platform
 import shutil
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -71,9 +72,9 @@ def timer(device: torch.device, quick: bool):
 
         def gpu(fn) -> tuple[float, str]:
             try:
-                return triton.testing.do_bench_cudagraph(fn, rep=40) * 1e3, "cudagraph"
+                return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3, "cudagraph"
             except Exception:  # a peer that cannot be captured
-                return triton.testing.do_bench(fn, warmup=10, rep=40) * 1e3, "eager"
+                return triton.testing.do_bench(fn, warmup=10, rep=20) * 1e3, "eager"
 
         return gpu
 
@@ -148,6 +149,45 @@ def bench_shape(batch, width, dtype_name, dt, device, time_fn, xgr_apply, rng) -
     return row
 
 
+def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024)) -> list[dict]:
+    """Launch-parameter sweep on the GPU (mask: block size x warps; sample: columns per program),
+    so a session with a GPU can pick the defaults from numbers instead of guesses."""
+    from surecall.kernels import mask as mask_mod
+
+    dt = DeviceTable.from_table(make_table(width, rng), device)
+    out = []
+    for batch in batches:
+        states = torch.from_numpy(rng.integers(0, 4, size=batch).astype(np.int32)).to(device)
+        logits = torch.randn(batch, width, device=device).to(torch.bfloat16)
+        for block_words, num_warps in [(32, 4), (64, 4), (128, 4), (128, 8), (256, 8)]:
+            us, _ = time_fn(
+                partial(mask_mod._launch, logits, dt, states, None, None, block_words, num_warps)
+            )
+            out.append(
+                {
+                    "op": "mask",
+                    "batch": batch,
+                    "block_words": block_words,
+                    "num_warps": num_warps,
+                    "us": us,
+                }
+            )
+        params = SamplingTensors.build(
+            [1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch, device
+        )
+        for split in (2048, 4096, 8192, 16384):
+            us, _ = time_fn(
+                partial(sample, logits, dt, states, params, check=False, split_size=split)
+            )
+            out.append({"op": "sample", "batch": batch, "split_size": split, "us": us})
+        for r in out[-9:]:
+            print(
+                json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}),
+                flush=True,
+            )
+    return out
+
+
 def goals(rows: list[dict]) -> dict:
     """The issue's H200 goals, evaluated on the rows (meaningful on the GPU only)."""
     with_xgr = [r for r in rows if "xgr_mask_us" in r]
@@ -195,47 +235,8 @@ def machine(device: torch.device) -> dict:
     return info
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small subset (the CPU smoke test)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--out", default="benchmarks/results", help="folder for kernels_<device>.json/.md"
-    )
-    parser.add_argument(
-        "--copy-to", default=None, help="also copy the JSON/markdown here (e.g. $OUT)"
-    )
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    quick = args.quick or device.type == "cpu"
-    if device.type == "cpu":
-        # One thread, like xgrammar's CPU kernel; on a shared 2-core machine torch's thread pool
-        # otherwise waits for time slices (every op read ~20 ms there).
-        torch.set_num_threads(1)
-    batches, vocabs, dtypes = (
-        (BATCHES, VOCABS, list(DTYPES)) if not quick else ([1, 8], VOCABS[:2], list(DTYPES))
-    )
-    if args.quick and device.type == "cuda":
-        batches, vocabs = [1, 64, 1024], [128_256]
-    rng = np.random.default_rng(0)
-    time_fn = timer(device, quick)
-    xgr_apply = xgrammar_apply()
-    rows = []
-    for width in vocabs:
-        dt = DeviceTable.from_table(make_table(width, rng), device)
-        for dtype_name in dtypes:
-            for batch in batches:
-                rows.append(
-                    bench_shape(batch, width, dtype_name, dt, device, time_fn, xgr_apply, rng)
-                )
-                print(
-                    json.dumps(
-                        {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
-                    ),
-                    flush=True,
-                )
-    table = render(rows)
-    print(table)
+def save(args, device, quick, rows, sweep_rows) -> dict:
+    """Write kernels_<device>.json/.md (called after every vocabulary, so a cut-off run keeps its rows)."""
     summary = {
         "bench": "kernels",
         "device": device.type,
@@ -246,20 +247,69 @@ def main() -> int:
         if device.type == "cuda"
         else "not evaluated (no GPU: CPU smoke test of the torch path)",
         "rows": rows,
+        "sweep": sweep_rows,
     }
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"kernels_{'gpu' if device.type == 'cuda' else 'cpu'}")
     with open(stem + ".json", "w") as f:
         json.dump(summary, f, indent=1)
     with open(stem + ".md", "w") as f:
+        f.write(f"# Kernel benchmark ({device.type})\n\nCommand: `{summary['command']}`\n\n")
         f.write(
-            f"# Kernel benchmark ({device.type})\n\nCommand: `{summary['command']}`\n\nMachine: `{json.dumps(summary['machine'])}`\n\n"
+            f"Machine: `{json.dumps(summary['machine'])}`\n\nGoals: `{json.dumps(summary['goals'])}`\n\n"
         )
-        f.write(f"Goals: `{json.dumps(summary['goals'])}`\n\n{table}\n")
+        f.write(render(rows) + "\n")
     if args.copy_to:
         os.makedirs(args.copy_to, exist_ok=True)
         for ext in (".json", ".md"):
             shutil.copy(stem + ext, args.copy_to)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small subset (the CPU smoke test)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--out", default="benchmarks/results", help="folder for kernels_<device>.json/.md"
+    )
+    parser.add_argument(
+        "--copy-to", default=None, help="also copy the JSON/markdown here (e.g. $OUT)"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also sweep launch parameters (GPU only)"
+    )
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    quick = args.quick or device.type == "cpu"
+    if device.type == "cpu":
+        # One thread, like xgrammar's CPU kernel; on a shared 2-core machine torch's thread pool
+        # otherwise waits for time slices (every op read ~20 ms there).
+        torch.set_num_threads(1)
+    batches, vocabs = (BATCHES, VOCABS) if not quick else ([1, 8], VOCABS[:2])
+    if args.quick and device.type == "cuda":
+        batches, vocabs = [1, 64, 1024], [128_256]
+    rng = np.random.default_rng(0)
+    time_fn = timer(device, quick)
+    xgr_apply = xgrammar_apply()
+    rows: list[dict] = []
+    for width in vocabs:
+        dt = DeviceTable.from_table(make_table(width, rng), device)
+        for dtype_name in DTYPES:
+            for batch in batches:
+                rows.append(
+                    bench_shape(batch, width, dtype_name, dt, device, time_fn, xgr_apply, rng)
+                )
+                print(
+                    json.dumps(
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
+                    ),
+                    flush=True,
+                )
+        save(args, device, quick, rows, [])
+    print(render(rows))
+    sweep_rows = sweep(device, time_fn, rng) if args.sweep and device.type == "cuda" else []
+    summary = save(args, device, quick, rows, sweep_rows)
     print(
         json.dumps(
             {k: summary[k] for k in ("bench", "device", "quick", "goals")} | {"num_rows": len(rows)}

@@ -87,11 +87,14 @@ def apply_token_mask_inplace(
     _launch(logits, table, states, rows, remaining)
 
 
-def _launch(logits, table, states, rows, remaining) -> None:
+def _launch(
+    logits, table, states, rows, remaining, block_words: int | None = None, num_warps: int = 4
+) -> None:
+    """Launch the Triton kernel; `block_words`/`num_warps` are tuning knobs (benchmarks/kernels.py --sweep)."""
     batch, width = logits.shape
     num_rows = batch if rows is None else rows.shape[0]
     num_cols_words = (width + 31) // 32
-    block_words = _block_words(num_cols_words, logits.device)
+    block_words = block_words or _block_words(num_cols_words, logits.device)
     if num_rows == 0 or batch == 0:
         return
     grid = (num_rows, triton.cdiv(num_cols_words, block_words))
@@ -103,7 +106,7 @@ def _launch(logits, table, states, rows, remaining) -> None:
         table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
         table.num_search_steps,
         HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None, BLOCK_WORDS=block_words,
-        num_warps=4, **launch_options(logits.device),
+        num_warps=num_warps, **launch_options(logits.device),
     )  # fmt: skip
 
 
