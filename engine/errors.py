@@ -41,6 +41,10 @@ class CompileBudgetExceeded(SurecallError):
     """A grammar compile ran past its configured time or memory budget."""
 
 
+class MalformedCall(SurecallError):
+    """A model's tool-call text does not parse in its tool format (the message says why)."""
+
+
 # --- kernels and decoding ----------------------------------------------------------------
 class KernelInputError(SurecallError, ValueError):
     """Mismatched shapes, dtypes or devices, an out-of-range state, or a row that allows nothing."""
