@@ -270,10 +270,19 @@ def _inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _launch(logits, table, states, params, remaining, want_unmasked, split_size) -> SampleOutput:
+def _launch(
+    logits,
+    table,
+    states,
+    params,
+    remaining,
+    want_unmasked,
+    split_size,
+    block_words: int | None = None,
+) -> SampleOutput:
     batch, width = logits.shape
     dev = logits.device
-    block_words = 32 if dev.type == "cuda" else 128
+    block_words = block_words or (32 if dev.type == "cuda" else 128)  # bigger blocks interpreted
     block_cols = 32 * block_words
     if split_size is None:
         # 4096 columns per program on GPU: ~32-50 programs per row at real vocabularies, so batch 1
