@@ -28,6 +28,8 @@ class GrammarOptions:
     allow_additional_properties: False closes every object to its declared properties (stricter
         than JSON Schema's default, never looser); True lets undeclared keys follow them where
         the schema allows it.
+    max_regex_length: a schema whose regex grows past this many characters is unsupported
+        (recursion and nested optional properties can grow it exponentially).
     time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them.
     """
 
@@ -38,6 +40,7 @@ class GrammarOptions:
     max_ref_depth: int = 3
     max_any_depth: int = 2
     allow_additional_properties: bool = False
+    max_regex_length: int = 500_000
     time_budget_s: float = 30.0
     memory_budget_bytes: int = 2 << 30
 
@@ -55,6 +58,7 @@ class GrammarOptions:
         _check_int("max_bounded_length", self.max_bounded_length, 1, 4096)
         _check_int("max_ref_depth", self.max_ref_depth, 0, 64)
         _check_int("max_any_depth", self.max_any_depth, 0, 8)
+        _check_int("max_regex_length", self.max_regex_length, 1000, 1 << 30)
         if not isinstance(self.allow_additional_properties, bool):
             raise ValueError(
                 "Invalid allow_additional_properties: expected a bool, "

@@ -42,6 +42,8 @@ _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
 _RELAXED_OBJECT = ("patternProperties", "propertyNames", "dependentRequired", "unevaluatedProperties")
 _RELAXED_ARRAY = ("contains", "unevaluatedItems")
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
+_LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
+_UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
 _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
     "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
@@ -60,7 +62,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) 
     """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`."""
     options = options or GrammarOptions()
     check_schema(schema)
-    conv = _Converter(schema, options)
+    conv = Converter(schema, options)
     regex = conv.convert(schema, "")
     if regex is None:
         if conv.truncated_at is not None:
@@ -110,7 +112,7 @@ def _alternation(branches: list[str | None]) -> str | None:
     return alive[0] if len(alive) == 1 else "|".join(_group(b) for b in alive)
 
 
-class _Converter:
+class Converter:
     """One walk over one schema document; collects relaxed keywords as it goes."""
 
     def __init__(self, root: dict | bool, options: GrammarOptions):
@@ -124,8 +126,17 @@ class _Converter:
     def relax(self, pointer: str, keyword: str) -> None:
         self.relaxed[(pointer or "", keyword)] = None
 
+    def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
+        if regex is not None and len(regex) > self.options.max_regex_length:
+            raise UnsupportedSchema(
+                f"the regex grows past max_regex_length={self.options.max_regex_length}", ptr, keyword)
+        return regex
+
     # -- entry ---------------------------------------------------------------------------
     def convert(self, schema: object, ptr: str) -> str | None:
+        return self.check_size(self.convert_unchecked(schema, ptr), ptr)
+
+    def convert_unchecked(self, schema: object, ptr: str) -> str | None:
         if schema is True or (isinstance(schema, dict) and not any(k in _ASSERTING for k in schema)):
             return self.any_value(self.options.max_any_depth)
         if schema is False:
@@ -188,28 +199,86 @@ class _Converter:
         finally:
             self.ref_depth[ref] = depth
 
-    def merge_all_of(self, schema: dict, ptr: str) -> dict | bool:
-        merged: dict = {k: v for k, v in schema.items() if k != "allOf"}
+    def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
+        """One keyword dict equal to the allOf (references inside it followed)."""
+        merged: dict | bool = {k: v for k, v in schema.items() if k != "allOf"}
         for i, sub in enumerate(schema["allOf"]):
-            sub_ptr = pointer_join(ptr, "allOf", i)
-            if isinstance(sub, dict) and "$ref" in sub:
-                target, _ = self.resolve(sub["$ref"], sub_ptr)
-                if isinstance(target, dict) and any(k in target for k in ("$ref", "allOf", "anyOf", "oneOf")):
-                    raise UnsupportedSchema("allOf over a reference to a combinator", sub_ptr, "allOf")
-                sub = {**target, **{k: v for k, v in sub.items() if k != "$ref"}} if isinstance(target, dict) else target
-            if sub is True or sub == {}:
-                continue
+            sub = self.flatten(sub, pointer_join(ptr, "allOf", i), hops)
             if sub is False:
                 return False
-            if any(k in sub for k in ("allOf", "anyOf", "oneOf")):
-                if "allOf" in sub:
-                    sub = self.merge_all_of(sub, sub_ptr)
-                    if sub is False:
-                        return False
-                if any(k in sub for k in ("anyOf", "oneOf")) and any(k in merged for k in ("anyOf", "oneOf")):
-                    raise UnsupportedSchema("allOf of several anyOf/oneOf", sub_ptr, "allOf")
-            merged = _merge(merged, sub, sub_ptr)
+            if sub is not True:
+                merged = self.merge_pair(merged, sub, pointer_join(ptr, "allOf", i))
+                if merged is False:
+                    return False
         return merged
+
+    def flatten(self, sub: object, ptr: str, hops: int) -> dict | bool:
+        """A subschema with its own $ref and allOf resolved (anyOf/oneOf kept as they are)."""
+        if hops > 32:
+            raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
+        if isinstance(sub, dict) and "$ref" in sub:
+            target, _ = self.resolve(sub["$ref"], ptr)
+            rest = {k: v for k, v in sub.items() if k != "$ref"}
+            sub = {"allOf": [target, rest]}
+        if isinstance(sub, dict) and "allOf" in sub:
+            return self.merge_all_of(sub, ptr, hops + 1)
+        if isinstance(sub, dict) and not sub:
+            return True
+        return sub
+
+    def merge_pair(self, a: dict, b: dict, ptr: str) -> dict | bool:
+        """allOf of two keyword dicts as one dict (False: unsatisfiable)."""
+        out = dict(a)
+        for key, value in b.items():
+            if key not in out:
+                out[key] = value
+            elif key in ("anyOf", "oneOf") or not _json_equal(out[key], value):
+                merged = self.merge_keyword(out, key, value, ptr)
+                if merged is False:
+                    return False
+        if "anyOf" in out and "oneOf" in out:
+            self.relax(ptr, "oneOf")
+            out["anyOf"] = [{"allOf": [x, y]} for x in out.pop("anyOf") for y in out.pop("oneOf")]
+        return out
+
+    def merge_keyword(self, out: dict, key: str, value: object, ptr: str) -> bool:
+        """Combine out[key] with value in place; False when no value can satisfy both."""
+        old = out[key]
+        if key in ("anyOf", "oneOf"):
+            if key == "oneOf" or "oneOf" in out:
+                self.relax(ptr, "oneOf")
+            out[key] = [{"allOf": [x, y]} for x in old for y in value]
+        elif key == "properties":
+            props = dict(old)
+            for name, sub in value.items():
+                props[name] = {"allOf": [props[name], sub]} if name in props else sub
+            out[key] = props
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*old, *value]))
+        elif key == "type":
+            left = [old] if isinstance(old, str) else list(old)
+            right = [value] if isinstance(value, str) else list(value)
+            both = [t for t in left if t in right or (t == "integer" and "number" in right)]
+            both += [t for t in right if t == "integer" and "number" in left and t not in both]
+            out[key] = both
+        elif key in _LOWER_BOUNDS and not isinstance(value, bool) and not isinstance(old, bool):
+            out[key] = max(old, value)
+        elif key in _UPPER_BOUNDS and not isinstance(value, bool) and not isinstance(old, bool):
+            out[key] = min(old, value)
+        elif key == "enum":
+            out[key] = [v for v in old if any(_json_equal(v, w) for w in value)]
+        elif key == "const":
+            return False
+        elif key == "uniqueItems":
+            out[key] = bool(old) or bool(value)
+        elif key in ("additionalProperties", "items", "additionalItems", "not") and not (
+                isinstance(old, list) or isinstance(value, list)):
+            out[key] = {"allOf": [old, value]}
+        elif key in ("pattern", "format", "multipleOf", *_RELAXED_ANY, *_RELAXED_OBJECT, *_RELAXED_ARRAY):
+            self.relax(ptr, key)  # the first one is kept (and enforced where it can be)
+        elif key in _ASSERTING:
+            raise UnsupportedSchema(f"allOf with two different {key!r} cannot be merged", ptr, key)
+        return True
 
     def convert_union(self, schema: dict, key: str, ptr: str) -> str | None:
         rest = {k: v for k, v in schema.items() if k != key}
@@ -445,7 +514,7 @@ class _Converter:
         num_required = sum(req for _, req in members)
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
-        return self.object_regex(members, extra, nonempty)
+        return self.object_regex(members, extra, nonempty, ptr)
 
     def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
                               has_extra: bool, ptr: str) -> None:
@@ -466,25 +535,30 @@ class _Converter:
         key = '"' + _string_not_in(declared) + '"'
         return f"{key}{self.ws}:{self.ws}{_group(value)}"
 
-    def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool) -> str | None:
+    def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
+                     ptr: str) -> str | None:
+        """`{...}` with the members in order (optional ones maybe), then extras, comma-separated.
+
+        Built left to right so each member's regex appears at most twice: `written` is every
+        non-empty way to write the members so far (all required ones among them present).
+        """
         sep = f"{self.ws},{self.ws}"
-        # after[i]: members i.. when something was already written (each preceded by sep)
-        after = f"(?:{sep}{extra})*" if extra else ""
-        first: str | None = f"{extra}{after}" if extra else None  # nothing written yet, i..
-        for regex, is_required in reversed(members):
-            if is_required:
-                first = f"{regex}{after}"
-                after = f"{sep}{regex}{after}"
-            else:
-                starting_here = f"{regex}{after}"
-                first = starting_here if first is None else f"{_group(starting_here)}|{_group(first)}"
-                after = f"(?:{sep}{regex})?{after}"
-        can_be_empty = not any(req for _, req in members) and not nonempty
-        if first is None:
+        written: str | None = None
+        seen_required = False
+        for regex, is_required in [*members, *([(extra, False)] if extra else [])]:
+            repeat = "*" if regex is extra else "?"
+            if written is not None:
+                written = f"{written}{sep}{regex}" if is_required else f"{written}(?:{sep}{regex}){repeat}"
+            if not seen_required:
+                alone = f"{regex}(?:{sep}{regex})*" if regex is extra else regex
+                written = alone if written is None else f"(?:{written}|{alone})"
+            seen_required = seen_required or is_required
+            self.check_size(written, ptr, "properties")
+        if written is None:
             return None if nonempty else f"\\{{{self.ws}\\}}"
-        if can_be_empty:
-            return f"\\{{{self.ws}(?:{_group(first)}{self.ws})?\\}}"
-        return f"\\{{{self.ws}{_group(first)}{self.ws}\\}}"
+        if not seen_required and not nonempty:
+            return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+        return f"\\{{{self.ws}{written}{self.ws}\\}}"
 
 
 def _string_not_in(names: list[str]) -> str:
@@ -544,35 +618,3 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
 
 def _json_equal(a: object, b: object) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _merge(a: dict, b: dict, ptr: str) -> dict:
-    """allOf of two keyword dicts, as one dict; UnsupportedSchema when they do not combine."""
-    out = dict(a)
-    for key, value in b.items():
-        if key not in out:
-            out[key] = value
-        elif key == "properties":
-            props = dict(out[key])
-            for name, sub in value.items():
-                props[name] = {"allOf": [props[name], sub]} if name in props else sub
-            out[key] = props
-        elif key == "required":
-            out[key] = list(dict.fromkeys([*out[key], *value]))
-        elif key == "type":
-            left = [out[key]] if isinstance(out[key], str) else list(out[key])
-            right = [value] if isinstance(value, str) else list(value)
-            both = [t for t in left if t in right or (t == "integer" and "number" in right)]
-            both += [t for t in right if t == "integer" and "number" in left and t not in both]
-            out[key] = both
-        elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties") and not isinstance(value, bool):
-            out[key] = max(out[key], value)
-        elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties") and not isinstance(value, bool):
-            out[key] = min(out[key], value)
-        elif key == "enum":
-            out[key] = [v for v in out[key] if any(_json_equal(v, w) for w in value)]
-        elif key == "additionalProperties" and (value is False or out[key] is False):
-            out[key] = False
-        elif key in _ASSERTING and not _json_equal(out[key], value):
-            raise UnsupportedSchema(f"allOf with two different {key!r} cannot be merged", ptr, key)
-    return out
