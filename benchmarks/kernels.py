@@ -227,12 +227,20 @@ def machine(device: torch.device) -> dict:
 
         info.update(gpu=torch.cuda.get_device_name(device), triton=triton.__version__)
     try:
-        import xgrammar
+        from importlib.metadata import version
 
-        info["xgrammar"] = xgrammar.__version__
+        info["xgrammar"] = version("xgrammar")
     except Exception:
         info["xgrammar"] = None
     return info
+
+
+CPU_NOTE = (
+    "CPU smoke test: the torch reference path, one thread, on a shared 2-core machine under other "
+    "jobs' load, so timings are noisy. xgrammar runs its C++ CPU kernel. t_mask is negative here "
+    "because the CPU sampler draws Gumbel noise only for tokens that can still win, and the mask "
+    "removes most of them. GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu_check.sh."
+)
 
 
 def save(args, device, quick, rows, sweep_rows) -> dict:
@@ -258,6 +266,8 @@ def save(args, device, quick, rows, sweep_rows) -> dict:
         f.write(
             f"Machine: `{json.dumps(summary['machine'])}`\n\nGoals: `{json.dumps(summary['goals'])}`\n\n"
         )
+        if device.type == "cpu":
+            f.write(CPU_NOTE + "\n\n")
         f.write(render(rows) + "\n")
     if args.copy_to:
         os.makedirs(args.copy_to, exist_ok=True)
