@@ -137,15 +137,15 @@ class Converter:
         return self.check_size(self.convert_unchecked(schema, ptr), ptr)
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:
-        if schema is True or (isinstance(schema, dict) and not any(k in _ASSERTING for k in schema)):
-            return self.any_value(self.options.max_any_depth)
         if schema is False:
             return None
-        if not isinstance(schema, dict):
+        if schema is not True and not isinstance(schema, dict):
             raise SchemaError(f"expected a schema object, got {type(schema).__name__}", ptr)
         for key in _UNSUPPORTED:
-            if key in schema:
+            if schema is not True and key in schema:
                 raise UnsupportedSchema("dynamic references are not supported", ptr, key)
+        if schema is True or not any(k in _ASSERTING for k in schema):
+            return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
         if "allOf" in schema:

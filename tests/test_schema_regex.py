@@ -1,0 +1,411 @@
+"""schema_to_regex: each keyword enforced or listed, every error typed, JSONSchemaBench instances."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from surecall.catalog import seed_tools
+from surecall.errors import SchemaError, UnsupportedSchema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
+from surecall.grammars.regex_ranges import integer_range_regex
+from surecall.grammars.regex_render import grammar_dumps
+from surecall.grammars.schema_regex import schema_to_regex
+
+
+def accepts(schema, value_or_text, options=None) -> bool:
+    options = options or GrammarOptions()
+    regex = schema_to_regex(schema, options).regex
+    text = value_or_text if isinstance(value_or_text, str) else grammar_dumps(value_or_text, schema, options)
+    return re.fullmatch(regex, text) is not None
+
+
+def relaxed(schema, options=None) -> list[tuple[str, str]]:
+    return schema_to_regex(schema, options or GrammarOptions()).relaxed
+
+
+# --- options ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"whitespace": "lots"}, "Invalid whitespace"),
+        ({"max_whitespace": -1}, "Invalid max_whitespace"),
+        ({"whitespace_chars": "x"}, "Invalid whitespace_chars"),
+        ({"max_bounded_length": 0}, "Invalid max_bounded_length"),
+        ({"max_ref_depth": True}, "Invalid max_ref_depth"),
+        ({"allow_additional_properties": "yes"}, "Invalid allow_additional_properties"),
+        ({"time_budget_s": 0}, "Invalid time_budget_s"),
+        ({"memory_budget_bytes": 10}, "Invalid memory_budget_bytes"),
+        ({"max_regex_length": 5}, "Invalid max_regex_length"),
+    ],
+)
+def test_options_reject_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GrammarOptions(**kwargs)
+
+
+def test_cache_key_is_stable_and_distinguishes_options():
+    assert GrammarOptions().cache_key() == GrammarOptions().cache_key()
+    assert GrammarOptions().cache_key() != GrammarOptions(max_bounded_length=16).cache_key()
+    json.loads(GrammarOptions().cache_key())
+
+
+def test_whitespace_policies():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert accepts(schema, '{"a": 1}') and accepts(schema, '{"a":1}')
+    assert not accepts(schema, '{"a":  1}')  # at most one space by default
+    assert not accepts(schema, '{"a":\n1}')
+    none = GrammarOptions(whitespace="none")
+    assert accepts(schema, '{"a":1}', none) and not accepts(schema, '{"a": 1}', none)
+    free = GrammarOptions(whitespace="free", whitespace_chars=" \n")
+    assert accepts(schema, '{\n  "a":   1\n}', free)
+    bounded = GrammarOptions(max_whitespace=2)
+    assert accepts(schema, '{"a":  1}', bounded) and not accepts(schema, '{"a":   1}', bounded)
+
+
+# --- scalar types ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "schema, good, bad",
+    [
+        ({"type": "boolean"}, ["true", "false"], ["1", '"true"']),
+        ({"type": "null"}, ["null"], ["0", '""']),
+        ({"type": "integer"}, ["0", "-7", "123"], ["01", "1.5", "-0", "1e3"]),
+        ({"type": "number"}, ["0", "-1.25", "3e-7", "2E+10"], ["01", ".5", "1.", "+1"]),
+        ({"type": "string"}, ['""', '"a\\"b"', '"\\u00e9"', '"\\ud83d\\ude00"'], ['"\\ud83d"', '"a\nb"', '"\\x"']),
+        ({"type": ["string", "null"]}, ['"x"', "null"], ["1"]),
+        ({"type": "string", "nullable": True}, ['"x"', "null"], ["1"]),
+        ({"enum": ["a", 1, None, {"k": [1]}]}, ['"a"', "1", "null", '{"k": [1]}'], ['"b"', "2"]),
+        ({"const": "fixed"}, ['"fixed"'], ['"other"']),
+        ({"type": "string", "enum": ["a", 2]}, ['"a"'], ["2"]),
+    ],
+)
+def test_scalar_keywords(schema, good, bad):
+    for text in good:
+        assert accepts(schema, text), text
+    for text in bad:
+        assert not accepts(schema, text), text
+
+
+def test_integer_bounds_are_enforced_not_relaxed():
+    schema = {"type": "integer", "minimum": -5, "exclusiveMaximum": 12}
+    assert relaxed(schema) == []
+    assert [n for n in range(-20, 30) if accepts(schema, str(n))] == list(range(-5, 12))
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer",
+              "minimum": 3, "exclusiveMinimum": True, "maximum": 5}
+    assert [n for n in range(0, 9) if accepts(draft4, str(n))] == [4, 5]
+
+
+def test_integer_range_regex_against_brute_force():
+    rng = random.Random(1234)
+    values = range(-1200, 1200)
+    for _ in range(300):
+        low = rng.choice([None, rng.randint(-1100, 1100), rng.randint(-12, 12)])
+        high = rng.choice([None, rng.randint(-1100, 1100), rng.randint(-12, 12)])
+        regex = integer_range_regex(low, high)
+        if low is not None and high is not None and low > high:
+            assert regex is None
+            continue
+        compiled = re.compile(regex)
+        for n in values:
+            expected = (low is None or n >= low) and (high is None or n <= high)
+            assert bool(compiled.fullmatch(str(n))) == expected, (low, high, n, regex)
+        assert not compiled.fullmatch("-0") and not compiled.fullmatch("007")
+
+
+def test_number_bounds_and_multiple_of_are_relaxed_and_listed():
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5, "multipleOf": 0.5}},
+              "required": ["x"]}
+    assert set(relaxed(schema)) == {("/properties/x", "minimum"), ("/properties/x", "multipleOf")}
+    non_negative = {"type": "number", "minimum": 0}
+    assert relaxed(non_negative) == [] and accepts(non_negative, "0.5") and not accepts(non_negative, "-1")
+
+
+# --- strings ---------------------------------------------------------------------------------
+def test_small_length_bounds_are_exact_large_ones_relaxed():
+    small = {"type": "string", "minLength": 2, "maxLength": 3}
+    assert relaxed(small) == []
+    assert [accepts(small, json.dumps("x" * n)) for n in range(5)] == [False, False, True, True, False]
+    assert accepts(small, '"\\n\\u00e9"')  # escapes count as one character
+    big = {"type": "string", "minLength": 1, "maxLength": 8192}
+    assert relaxed(big) == [("", "maxLength")]
+    assert not accepts(big, '""') and accepts(big, json.dumps("y" * 9000))
+
+
+def test_pattern_is_enforced_with_search_semantics():
+    schema = {"type": "string", "pattern": "[0-9]{3}"}
+    assert accepts(schema, '"ab123cd"') and not accepts(schema, '"ab12cd"')
+    anchored = {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$"}
+    assert accepts(anchored, '"foo-bar"') and not accepts(anchored, '"foo-"') and relaxed(anchored) == []
+    quote = {"type": "string", "pattern": '^a"b\\\\$'}
+    assert accepts(quote, json.dumps('a"b\\'))
+
+
+def test_pattern_with_length_keeps_pattern_and_relaxes_length():
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    assert relaxed(schema) == [("", "maxLength")]
+    assert not accepts(schema, '"ABC"')
+
+
+@pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "(^a|b)", "\\p{L}+"])
+def test_untranslatable_pattern_is_relaxed_never_dropped(pattern):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}
+    assert ("/properties/s", "pattern") in relaxed(schema)
+    with pytest.raises(PatternUnsupported, match="pattern"):
+        translate_pattern(pattern, 48)
+
+
+def test_long_repetition_in_pattern_is_widened_and_listed():
+    schema = {"type": "string", "pattern": "^[a-z]{1,500}$"}
+    assert relaxed(schema) == [("", "pattern")]
+    assert accepts(schema, json.dumps("a" * 600)) and not accepts(schema, '"A"')
+
+
+@pytest.mark.parametrize(
+    "fmt, good, bad",
+    [
+        ("date", ["2024-02-29", "1999-12-31"], ["2023-02-29", "2024-13-01", "0000-01-01"]),
+        ("date-time", ["2024-01-01T12:30:00Z", "2024-01-01T00:00:00.5+05:30"], ["2024-01-01 12:30:00"]),
+        ("time", ["23:59:59Z"], ["24:00:00Z"]),
+        ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
+        ("ipv4", ["192.168.0.1"], ["256.1.1.1", "01.1.1.1"]),
+        ("ipv6", ["::1", "2001:db8::ff00:42:8329"], ["1:2:3"]),
+        ("email", ["a.b@example.com"], ["no-at-sign"]),
+        ("hostname", ["api.example.com"], ["-bad.com"]),
+        ("uri", ["https://example.com/a?b=c#d"], ["not a uri"]),
+    ],
+)
+def test_known_formats_are_enforced(fmt, good, bad):
+    schema = {"type": "string", "format": fmt}
+    assert relaxed(schema) == []
+    for text in good:
+        assert accepts(schema, json.dumps(text)), text
+    for text in bad:
+        assert not accepts(schema, json.dumps(text)), text
+
+
+def test_unknown_format_is_relaxed_and_listed():
+    assert relaxed({"type": "string", "format": "idn-email"}) == [("", "format")]
+
+
+# --- objects and arrays ----------------------------------------------------------------------
+def test_object_declared_order_required_optional_closed():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                               "c": {"type": "boolean"}}, "required": ["b"]}
+    assert accepts(schema, '{"b": "x"}') and accepts(schema, '{"a": 1, "b": "x", "c": true}')
+    assert not accepts(schema, '{"a": 1}')  # b required
+    assert not accepts(schema, '{"b": "x", "a": 1}')  # declared order
+    assert not accepts(schema, '{"b": "x", "z": 1}')  # closed by default
+    opened = GrammarOptions(allow_additional_properties=True)
+    assert accepts(schema, '{"b": "x", "z": 1}', opened)
+    assert not accepts(schema, '{"b": "x", "a": 1}', opened)  # declared names are not "extra"
+    assert accepts({"type": "object"}, '{"free": [1, {"x": null}]}')  # free-form object
+
+
+def test_object_relaxed_keywords_carry_pointers():
+    schema = {"type": "object", "properties": {"o": {
+        "type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 3},
+        "minProperties": 2, "dependentRequired": {"a": ["b"]}}}}
+    assert set(relaxed(schema)) == {("/properties/o", k) for k in
+                                    ("patternProperties", "propertyNames", "minProperties", "dependentRequired")}
+    exact = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
+             "minProperties": 1, "maxProperties": 2}
+    assert relaxed(exact) == []
+
+
+def test_arrays_items_prefix_items_and_bounds():
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+    assert [accepts(schema, json.dumps(list(range(n)))) for n in range(5)] == [False, True, True, True, False]
+    tup = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
+    assert accepts(tup, '["a", 1]') and accepts(tup, '["a"]') and not accepts(tup, '["a", 1, 2]')
+    assert not accepts(tup, "[1]")
+    big = {"type": "array", "maxItems": 1000, "uniqueItems": True, "contains": {"type": "integer"}}
+    assert set(relaxed(big)) == {("", "maxItems"), ("", "uniqueItems"), ("", "contains")}
+
+
+def test_generic_relaxed_keywords_are_listed():
+    schema = {"type": "object", "properties": {
+        "n": {"not": {"type": "null"}}, "i": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
+    assert set(relaxed(schema)) == {("/properties/n", "not"), ("/properties/i", "if")}
+
+
+# --- combinators and references --------------------------------------------------------------
+def test_any_of_one_of_all_of():
+    any_of = {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]}
+    assert accepts(any_of, "5") and accepts(any_of, '"ab"') and not accepts(any_of, '"abc"')
+    assert relaxed({"oneOf": [{"type": "integer"}, {"type": "string"}]}) == []
+    assert relaxed({"oneOf": [{"type": "integer"}, {"type": "number"}]}) == [("", "oneOf")]
+    all_of = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    assert accepts(all_of, '{"a": 1, "b": "x"}') and not accepts(all_of, '{"a": 1}')
+    bounds = {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 9}]}
+    assert accepts(bounds, "9") and not accepts(bounds, "10")
+
+
+def test_refs_defs_definitions_and_recursion():
+    schema = {"$defs": {"pos": {"type": "integer", "minimum": 1}},
+              "definitions": {"name": {"type": "string"}},
+              "type": "object", "properties": {"n": {"$ref": "#/$defs/pos"}, "s": {"$ref": "#/definitions/name"}},
+              "required": ["n"]}
+    assert accepts(schema, '{"n": 3, "s": "x"}') and not accepts(schema, '{"n": 0}')
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        "required": ["v"]}}, "$ref": "#/$defs/node"}
+    options = GrammarOptions(max_ref_depth=2)
+    assert accepts(tree, '{"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}', options)
+    assert not accepts(tree, '{"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4}]}]}]}', options)
+
+
+def test_relaxed_pointer_of_a_referenced_keyword_names_its_definition():
+    schema = {"$defs": {"s": {"type": "string", "maxLength": 5000}}, "type": "object",
+              "properties": {"a": {"$ref": "#/$defs/s"}}}
+    assert relaxed(schema) == [("/$defs/s", "maxLength")]
+
+
+# --- errors ----------------------------------------------------------------------------------
+def test_invalid_schema_raises_schema_error_with_pointer_and_keyword():
+    with pytest.raises(SchemaError, match=r"at /properties/a/type") as info:
+        schema_to_regex({"type": "object", "properties": {"a": {"type": "strin"}}})
+    assert info.value.pointer == "/properties/a/type" and info.value.keyword == "type"
+    with pytest.raises(SchemaError, match="minLength"):
+        schema_to_regex({"type": "string", "minLength": -1})
+    with pytest.raises(SchemaError, match="must be an object or a boolean"):
+        schema_to_regex([1, 2])
+    with pytest.raises(SchemaError, match="does not resolve"):
+        schema_to_regex({"$ref": "#/$defs/missing"})
+
+
+@pytest.mark.parametrize(
+    "schema, match",
+    [
+        (False, "unsatisfiable"),
+        ({"enum": []}, "unsatisfiable"),
+        ({"type": "string", "enum": [1, 2]}, "unsatisfiable"),
+        ({"type": "integer", "minimum": 5, "maximum": 4}, "unsatisfiable"),
+        ({"$ref": "https://example.com/s.json"}, "only local references"),
+        ({"$dynamicRef": "#meta"}, "dynamic references"),
+        ({"allOf": [{"type": "string", "contentMediaType": "x", "minLength": 1},
+                    {"prefixItems": [{}]}, {"prefixItems": [{}, {}]}]}, "cannot be merged"),
+    ],
+)
+def test_unsupported_schemas_raise_with_keyword(schema, match):
+    with pytest.raises(UnsupportedSchema, match=match):
+        schema_to_regex(schema)
+
+
+def test_required_recursion_past_the_depth_limit_is_unsupported():
+    loop = {"$defs": {"a": {"type": "object", "properties": {"next": {"$ref": "#/$defs/a"}},
+                            "required": ["next"]}}, "$ref": "#/$defs/a"}
+    with pytest.raises(UnsupportedSchema, match=r"max_ref_depth.*keyword '\$ref'"):
+        schema_to_regex(loop)
+
+
+def test_regex_size_limit_is_a_clear_error():
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "format": "email"} for i in range(60)}}
+    with pytest.raises(UnsupportedSchema, match="max_regex_length"):
+        schema_to_regex(wide, GrammarOptions(max_regex_length=10_000))
+
+
+# --- the seed catalog and the dialect --------------------------------------------------------
+def test_seed_catalog_bounds():
+    tools = {t["name"]: t["parameters"] for t in seed_tools()}
+    bash = schema_to_regex(tools["bash_execute"])
+    assert ("/properties/command", "maxLength") in bash.relaxed
+    grep = schema_to_regex(tools["grep_search"])
+    assert ("/properties/pattern", "maxLength") in grep.relaxed
+    assert not any(k in ("minimum", "maximum") for _, k in bash.relaxed)
+    for n, ok in [(999, False), (1000, True), (300000, True), (300001, False)]:
+        assert bool(re.fullmatch(bash.regex, f'{{"command": "ls", "timeout_ms": {n}}}')) == ok
+    view = schema_to_regex(tools["file_view"]).regex
+    for n, ok in [(0, False), (1, True), (500, True), (501, False)]:
+        assert bool(re.fullmatch(view, f'{{"path": "a", "limit": {n}}}')) == ok
+    edit = schema_to_regex(tools["file_edit"]).regex
+    assert not re.fullmatch(edit, '{"path": "a", "old_str": "", "new_str": ""}')  # old_str minLength 1
+
+
+def test_regexes_build_in_outlines_core():
+    from outlines_core import Index, Vocabulary
+
+    vocab = Vocabulary(200, {chr(b): [b] for b in range(32, 127)})
+    for tool in seed_tools():
+        index = Index(schema_to_regex(tool["parameters"]).regex, vocab)
+        assert index.get_final_states()
+
+
+# --- JSONSchemaBench --------------------------------------------------------------------------
+def _bench_records(data_dir, subset: str, num: int, seed: int = 0) -> list[dict]:
+    path = data_dir / "jsonschemabench" / f"{subset}.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    random.Random(seed).shuffle(records)
+    return [r for r in records if r.get("tests")][:num]
+
+
+def _compile_or_none(schema, options, max_length=20_000):
+    try:
+        result = schema_to_regex(schema, options)
+    except SchemaError:
+        return None
+    if len(result.regex) > max_length:  # Python's backtracking re is the bottleneck, not the grammar
+        return None
+    return result
+
+
+# Subsets whose valid instances use no undeclared keys, deep free-form values or lax formats:
+# the grammar must accept every one of them.
+@pytest.mark.parametrize("subset", ["Glaiveai2K", "MCPspec", "Synthesized"])
+def test_bench_valid_instances_are_accepted(data_dir, subset):
+    options = GrammarOptions()
+    checked = 0
+    for record in _bench_records(data_dir, subset, 30):
+        result = _compile_or_none(record["schema"], options)
+        if result is None:
+            continue
+        compiled = re.compile(result.regex)
+        for test in record["tests"]:
+            if test["valid"]:
+                text = grammar_dumps(test["data"], record["schema"], options)
+                assert compiled.fullmatch(text), (record["id"], text)
+                checked += 1
+    assert checked >= 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("subset", ["Github_easy", "Github_medium", "Kubernetes", "Snowplow", "JsonSchemaStore", "JME"])
+def test_bench_valid_instances_mostly_accepted(data_dir, subset):
+    """Closed objects and bounded free-form depth reject some valid instances: by design, stricter."""
+    options = GrammarOptions(allow_additional_properties=True)
+    accepted = total = 0
+    for record in _bench_records(data_dir, subset, 40):
+        result = _compile_or_none(record["schema"], options, max_length=60_000)
+        if result is None:
+            continue
+        compiled = re.compile(result.regex)
+        for test in record["tests"]:
+            if test["valid"]:
+                total += 1
+                accepted += bool(compiled.fullmatch(grammar_dumps(test["data"], record["schema"], options)))
+    assert total >= 10 and accepted / total >= 0.7, (accepted, total)
+
+
+@pytest.mark.parametrize("subset", ["Glaiveai2K", "Github_trivial", "Github_easy", "Kubernetes", "Snowplow", "JME"])
+def test_bench_invalid_instances_rejected_when_nothing_is_relaxed(data_dir, subset):
+    """With nothing relaxed the grammar enforces every keyword: no invalid instance may pass."""
+    options = GrammarOptions(allow_additional_properties=True)
+    checked = 0
+    for record in _bench_records(data_dir, subset, 60, seed=1):
+        result = _compile_or_none(record["schema"], options)
+        if result is None or result.relaxed:
+            continue
+        compiled = re.compile(result.regex)
+        for test in record["tests"]:
+            if not test["valid"]:
+                text = grammar_dumps(test["data"], record["schema"], options)
+                assert not compiled.fullmatch(text), (record["id"], text)
+                checked += 1
+    if checked == 0:
+        pytest.skip(f"no invalid instances under fully enforced schemas in the {subset} sample")
