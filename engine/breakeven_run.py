@@ -94,6 +94,12 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
     if progress is not None:
         progress.total = total
 
+    # 0. warm-up: the first generate pays one-time costs (grammar compile, allocator, lazy init)
+    warm = [prompts[i].messages for i in batches[0]]
+    warm_sampling = [SamplingParams(temperature=cfg.temperature, max_tokens=min(cfg.max_tokens, 32), seed=cfg.seed)] * len(warm)
+    llm.generate(warm, tools=tools, sampling=warm_sampling, constrained=False)
+    llm.generate(warm, tools=tools, sampling=warm_sampling, constrained=True)
+
     # 1. free and constrained passes, paired per batch and repeat (same prompts, same seeds)
     outcomes: list[RowOutcome] = []
     free_steps, cons_steps = [], []
