@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+
 from surecall.errors import SchemaError
 
 _EOS_ID = 256  # the byte vocabulary's end id: outlines-core needs one; never a byte
@@ -59,6 +60,63 @@ def regex_to_dfa(regex: str) -> ByteDFA:
     raw = index.get_transitions()
     finals = set(index.get_final_states())
     return _densify(raw, index.get_initial_state(), finals)
+
+
+_CHILD_CODE = """
+import io, resource, sys
+import numpy as np
+limit = int(sys.argv[1])
+with open("/proc/self/status") as f:
+    vm_size = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
+resource.setrlimit(resource.RLIMIT_AS, (vm_size + limit, vm_size + limit))
+from surecall.errors import SchemaError
+from surecall.grammars.automaton import regex_to_dfa
+try:
+    dfa = regex_to_dfa(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
+except SchemaError as exc:
+    sys.stderr.write(str(exc))
+    sys.exit(3)
+except MemoryError:
+    sys.exit(4)
+out = io.BytesIO()
+np.save(out, dfa.trans)
+np.save(out, dfa.accept)
+sys.stdout.buffer.write(out.getvalue())
+"""
+
+
+def regex_to_dfa_isolated(regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
+    """`regex_to_dfa` in a child interpreter that is killed past the time or memory budget.
+
+    outlines-core cannot be interrupted once it runs, and a large regex can cost it minutes or
+    gigabytes; a separate process bounds both (RLIMIT_AS inside, a wall-clock timeout outside).
+    Raises CompileBudgetExceeded when the child is killed or runs out of memory.
+    """
+    import io
+    import subprocess
+    import sys
+
+    from surecall.errors import CompileBudgetExceeded
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD_CODE, str(int(memory_budget_bytes))],
+                              input=regex.encode("utf-8", "surrogatepass"), capture_output=True,
+                              timeout=time_budget_s)
+    except subprocess.TimeoutExpired:
+        raise CompileBudgetExceeded(
+            f"the byte DFA of a {len(regex)}-character regex took longer than the time budget of "
+            f"{time_budget_s:g} s; simplify the schema or raise time_budget_s"
+        ) from None
+    if done.returncode == 3:
+        raise SchemaError(done.stderr.decode(errors="replace"), pointer="", keyword="regex")
+    if done.returncode != 0:
+        raise CompileBudgetExceeded(
+            f"the byte DFA of a {len(regex)}-character regex ran past the memory budget of "
+            f"{memory_budget_bytes / 2**20:.0f} MiB (child exit {done.returncode}); "
+            "simplify the schema or raise memory_budget_bytes"
+        )
+    buf = io.BytesIO(done.stdout)
+    return ByteDFA(trans=np.load(buf), accept=np.load(buf))
 
 
 def _densify(raw: dict, initial: int, finals: set) -> ByteDFA:

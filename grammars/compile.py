@@ -18,11 +18,15 @@ import numpy as np
 
 from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
 from surecall.grammars import cache as table_cache
-from surecall.grammars.automaton import ByteDFA, regex_to_dfa
+from surecall.grammars.automaton import ByteDFA, regex_to_dfa, regex_to_dfa_isolated
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import token_rows, vocab_index
 
 _BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character, rounded up (measured: > 40)
+# Longer regexes get their byte DFA built in a child process that the budgets can kill: a few of
+# JSONSchemaBench's take outlines-core 20 s to 8 min. Shorter ones (the seed catalog is ~2k) stay
+# in process, where they take milliseconds.
+_ISOLATE_REGEX_CHARS = 6000
 _PROGRESS_AFTER_S = 2.0  # print a progress note on stderr when a stage ends later than this
 
 
@@ -94,7 +98,11 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
             f"{options.memory_budget_bytes / 2**20:.0f} MiB (about {_BYTES_PER_REGEX_CHAR} bytes per character); "
             "lower max_ref_depth / max_any_depth / max_bounded_length or raise memory_budget_bytes"
         )
-    dfa = regex_to_dfa(regex)
+    if len(regex) > _ISOLATE_REGEX_CHARS:
+        dfa = regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
+                                    options.memory_budget_bytes)
+    else:
+        dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
     vi = vocab_index(vocab)
     _check_memory(dfa, vi, vocab.logits_width, options.memory_budget_bytes)

@@ -62,8 +62,8 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     """(unaccounted errors, errors on relaxed keywords) of `document` against `schema`.
 
     Uses the `jsonschema` package (a dev dependency). An error counts as relaxed when its
-    keyword was listed for its schema location, or when it sits under a combinator
-    (anyOf/oneOf/...) whose location holds a relaxed keyword.
+    keyword was listed for its schema location, or when it is a combinator (anyOf/oneOf/...)
+    whose location holds, or lies under, a relaxed keyword's location.
     """
     import jsonschema
 
@@ -82,6 +82,7 @@ def _is_relaxed(where: str, keyword: str, relaxed_pairs: set) -> bool:
     for pointer, kw in relaxed_pairs:
         if kw == keyword and (pointer == where or pointer.endswith(tail) or where.endswith(pointer)):
             return True
-        if keyword in ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else") and pointer.startswith(where):
+        combinator = keyword in ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else")
+        if combinator and (pointer.startswith(where) or where.startswith(pointer)):
             return True
     return False

@@ -143,6 +143,18 @@ def test_memory_budget_exceeded():
         compile_regex('"[a-z]{0,40}"', vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
 
 
+def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
+    import surecall.grammars.compile as compile_module
+
+    vocab = synthetic_vocab()
+    inline = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
+    monkeypatch.setattr(compile_module, "_ISOLATE_REGEX_CHARS", 0)
+    isolated = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
+    assert np.array_equal(inline.trans_next, isolated.trans_next) and np.array_equal(inline.mask, isolated.mask)
+    with pytest.raises(CompileBudgetExceeded, match="byte DFA of a .*-character regex took longer than the time budget"):
+        compile_regex(JSONISH, vocab, GrammarOptions(time_budget_s=0.05), use_cache=False)
+
+
 # --- disk cache ----------------------------------------------------------------------------
 def _entry(regex, vocab):
     return table_cache.entry_path(table_cache.entry_key("regex", regex, vocab, GrammarOptions()))
