@@ -159,19 +159,16 @@ def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024)) -> 
     for batch in batches:
         states = torch.from_numpy(rng.integers(0, 4, size=batch).astype(np.int32)).to(device)
         logits = torch.randn(batch, width, device=device).to(torch.bfloat16)
-        for block_words, num_warps in [(32, 4), (64, 4), (128, 4), (128, 8), (256, 8)]:
-            us, _ = time_fn(
-                partial(mask_mod._launch, logits, dt, states, None, None, block_words, num_warps)
+        for block_words, num_warps, read_write in [
+            (32, 4, False), (64, 4, False), (128, 4, False), (128, 8, False), (256, 8, False),
+            (64, 4, True), (128, 4, True), (128, 8, True),
+        ]:  # fmt: skip
+            launch = partial(
+                mask_mod._launch, logits, dt, states, None, None, block_words, num_warps, read_write
             )
-            out.append(
-                {
-                    "op": "mask",
-                    "batch": batch,
-                    "block_words": block_words,
-                    "num_warps": num_warps,
-                    "us": us,
-                }
-            )
+            us, _ = time_fn(launch)
+            out.append({"op": "mask", "batch": batch, "block_words": block_words, "num_warps": num_warps,
+                        "read_write": read_write, "us": us})  # fmt: skip
         params = SamplingTensors.build(
             [1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch, device
         )
@@ -180,7 +177,7 @@ def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024)) -> 
                 partial(sample, logits, dt, states, params, check=False, split_size=split)
             )
             out.append({"op": "sample", "batch": batch, "split_size": split, "us": us})
-        for r in out[-9:]:
+        for r in out[-16:]:
             print(
                 json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}),
                 flush=True,

@@ -42,7 +42,9 @@ def budget_keep_triton(
     slot = lo
     nxt = tl.load(trans_next_ptr + slot, mask=found, other=0)
     d = tl.load(dist_ptr + nxt, mask=found, other=0)
-    return tl.where(found, d <= rem - 1, rem >= 1)
+    return (
+        tl.where(found, d <= rem - 1, rem >= 1) != 0
+    )  # `!= 0`: a plain bool tensor in the interpreter too
 
 
 def csr_find_torch(

@@ -5,7 +5,8 @@ allows token 32*w + j; a 0 bit writes -inf; allowed logits are left bit-for-bit 
 the mask row gathered from the DeviceTable by each row's state, plus: columns past the table's
 bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
 optional per-row budget keeps only tokens that can still reach acceptance in time. The kernel
-only writes (it never reads logits), like xgrammar's. It does not sample (sample.py does).
+has three store forms (STORE_MODE; xgrammar's predicated -inf stores is mode 0), all giving the
+same result; the GPU default is chosen by measurement. It does not sample (sample.py does).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def _apply_mask_kernel(
     HAS_ROWS: tl.constexpr,  # mask only the rows listed in rows_ptr
     HAS_BUDGET: tl.constexpr,  # apply the remaining-token budget
     BLOCK_WORDS: tl.constexpr,  # packed words per program (32 * BLOCK_WORDS columns)
+    STORE_MODE: tl.constexpr,  # 0: -inf where forbidden; 1: read all, write all; 2: read allowed, write all
 ):
     if HAS_ROWS:
         row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
@@ -64,8 +66,26 @@ def _apply_mask_kernel(
                     dist_ptr,
                     num_search_steps,
                 )
-        drop = (cols < width) & (keep == 0)
-        tl.store(logits_ptr + row * logits_stride + cols, float("-inf"), mask=drop)
+        ptrs = logits_ptr + row * logits_stride + cols
+        in_range = cols < width
+        if (
+            STORE_MODE == 0
+        ):  # xgrammar's form: per-element predicated stores, allowed logits untouched
+            tl.store(ptrs, float("-inf"), mask=in_range & (keep == 0))
+        else:
+            # Write every column back (allowed ones as read, bit for bit): unpredicated stores
+            # vectorise to 16 bytes and fill whole sectors, where predicated 2-byte stores touch
+            # each sector 8 times and leave partial sectors for HBM to read-modify-write. Mode 2
+            # reads only the allowed columns, so a structural row costs little more than its writes.
+            if STORE_MODE == 1:
+                x = tl.load(ptrs, mask=in_range)
+            else:
+                x = tl.load(ptrs, mask=in_range & keep)
+            tl.store(ptrs, tl.where(keep, x, float("-inf")), mask=in_range)
+
+
+# The GPU default until a GPU run says otherwise (benchmarks/kernels.py --sweep measures 0, 1, 2).
+DEFAULT_STORE_MODE = 2
 
 
 def apply_token_mask_inplace(
@@ -88,9 +108,16 @@ def apply_token_mask_inplace(
 
 
 def _launch(
-    logits, table, states, rows, remaining, block_words: int | None = None, num_warps: int = 4
+    logits,
+    table,
+    states,
+    rows,
+    remaining,
+    block_words: int | None = None,
+    num_warps: int = 4,
+    store_mode: int | None = None,
 ) -> None:
-    """Launch the Triton kernel; `block_words`/`num_warps` are tuning knobs (benchmarks/kernels.py --sweep)."""
+    """Launch the Triton kernel; the keywords are tuning knobs (benchmarks/kernels.py --sweep)."""
     batch, width = logits.shape
     num_rows = batch if rows is None else rows.shape[0]
     num_cols_words = (width + 31) // 32
@@ -106,7 +133,7 @@ def _launch(
         table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
         table.num_search_steps,
         HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None, BLOCK_WORDS=block_words,
-        num_warps=num_warps, **launch_options(logits.device),
+        STORE_MODE=DEFAULT_STORE_MODE if store_mode is None else store_mode, num_warps=num_warps, **launch_options(logits.device),
     )  # fmt: skip
 
 

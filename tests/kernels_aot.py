@@ -51,14 +51,11 @@ def _compile(kernel, logits_type: str, constexprs: dict, options: dict) -> None:
 
 def main(quick: bool = False) -> int:
     variants = []
-    for dtype, has_rows, has_budget in itertools.product(LOGITS, (False, True), (False, True)):
-        variants.append(
-            (
-                _apply_mask_kernel,
-                dtype,
-                {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "BLOCK_WORDS": 128},
-            )
-        )
+    for dtype, has_rows, has_budget, mode in itertools.product(
+        LOGITS, (False, True), (False, True), (0, 1, 2)
+    ):
+        flags = {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "BLOCK_WORDS": 128}
+        variants.append((_apply_mask_kernel, dtype, {**flags, "STORE_MODE": mode}))
     for dtype, has_table, has_budget, unmasked in itertools.product(
         LOGITS, (False, True), (False, True), (False, True)
     ):
@@ -85,6 +82,7 @@ def main(quick: bool = False) -> int:
             )
         ]
         variants = [v for v in variants if v[0] is _advance_kernel or v[1] == "bf16"]
+        variants = [v for v in variants if v[2].get("STORE_MODE", 2) == 2]
     unique = {(k.__name__, d, tuple(sorted(f.items()))): (k, d, f) for k, d, f in variants}
     failures = 0
     for kernel, dtype, flags in unique.values():

@@ -187,3 +187,21 @@ def test_empty_row_after_budget_raises():
         apply_token_mask_inplace(logits, dt, states, remaining=too_tight)
     apply_token_mask_inplace(logits, dt, states, remaining=too_tight + 1)  # just enough: fine
     assert torch.isfinite(logits).any()
+
+
+@needs_interpreter
+@pytest.mark.interpreter
+@pytest.mark.parametrize("store_mode", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_store_mode_equals_torch(store_mode, dtype):
+    from surecall.kernels.mask import _launch
+
+    rng, _, dt, states, logits = _case(41, 12, 1500, 1600, 1536)
+    logits = logits.to(dtype)
+    rows = torch.from_numpy(rng.choice(12, size=6, replace=False)).long()
+    remaining = (dt.dist[states.clamp(min=0).long()].clamp(min=1) + 1).to(torch.int32)
+    for subset, budget in ((None, None), (rows, remaining)):
+        a, b = logits.clone(), logits.clone()
+        _launch(a, dt, states, subset, budget, block_words=16, store_mode=store_mode)
+        apply_token_mask_inplace(b, dt, states, rows=subset, remaining=budget, backend="torch")
+        assert torch.equal(a, b)
