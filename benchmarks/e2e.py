@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -50,6 +51,10 @@ def build_model(name: str, width: int, device: str, dtype: torch.dtype):
     config = cfg(vocab_size=width, max_position_embeddings=4096, **shape)
     with torch.device(device):
         model = cls(config)
+    # Random init gives near-uniform next-token distributions; a trained model's are peaked. Scale
+    # the output head so logits have std ~10 (what trained LMs show), the regime samplers see.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, 10.0 / config.hidden_size**0.5)
     return model.to(dtype).eval()
 
 
@@ -179,7 +184,7 @@ def main(argv=None) -> int:
     from surecall.formats_compat import compile_tools
 
     start = time.perf_counter()
-    table = compile_tools(tools, vocab, fmt, None)
+    table = compile_tools(tools, vocab, fmt, None, use_cache=False)
     ours_compile_s = time.perf_counter() - start
     regex = catalog_regex(tools, fmt, None)
     try:
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
         "benchmark": "e2e",
         "command": " ".join([sys.executable, *sys.argv]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name() if gpu else "cpu", "num_threads": torch.get_num_threads()},
+                    "device": torch.cuda.get_device_name() if gpu else "cpu", "num_threads": torch.get_num_threads(),
+                    "load_average_1m": os.getloadavg()[0]},
         "model": model_name, "vocab": SHAPES[model_name]["vocab"], "dtype": str(dtype), "tool_format": fmt.name,
         "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": llm.ops.name,
         "compile_s": {"ours": ours_compile_s, "xgrammar": xgr_compile_s},
@@ -260,7 +266,8 @@ def markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}`  ",
         f"Machine: {report['machine']['platform']}, torch {report['machine']['torch']}, "
-        f"{report['machine']['num_threads']} threads; kernels: {report['kernels']}  ",
+        f"{report['machine']['num_threads']} threads, load average {report['machine']['load_average_1m']:.1f}; "
+        f"kernels: {report['kernels']}  ",
         f"Tool format {report['tool_format']}, seed four-tool catalog, max_tokens {report['max_tokens']}, "
         f"prompt {report['prompt_len']} tokens, random weights.  ",
         f"Compile: ours {report['compile_s']['ours'] * 1e3:.1f} ms (uncached), xgrammar "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from surecall.errors import RequestError, SurecallError
+from surecall.errors import MalformedCall, RequestError, SurecallError
 
 _SPECIAL = set(".^$*+?{}[]\\|()")
 
@@ -22,10 +22,6 @@ def _escape(text: str) -> str:
     """Regex-escape for the grammar compiler's syntax (escapes control characters as \\n, \\t, ...)."""
     named = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
     return "".join(named.get(c) or ("\\" + c if c in _SPECIAL else c) for c in text)
-
-
-class MalformedCall(SurecallError, ValueError):
-    """Generated text that is not a call in the expected tool format."""
 
 
 @dataclass(frozen=True)
@@ -108,16 +104,17 @@ def get_format(name: str):
     return FALLBACK_FORMATS[name]
 
 
-def compile_tools(tools: list[dict], vocab, fmt, options):
+def compile_tools(tools: list[dict], vocab, fmt, options, use_cache: bool = True):
     """The TokenTable of a catalog ([{name, parameters}]) in `fmt`."""
     if _formats_module() is not None:
         from surecall.grammars.compile import compile_catalog
 
-        return compile_catalog(tools, vocab, tool_format=fmt.name, options=options)
+        return compile_catalog(tools, vocab, tool_format=fmt.name, options=options, use_cache=use_cache)
     from surecall.grammars.compile import compile_regex
 
     regex, relaxed = fmt.catalog_regex(tools, options)
-    return compile_regex(regex, vocab, options, relaxed=relaxed, meta={"kind": "catalog", "format": fmt.name})
+    meta = {"kind": "catalog", "format": fmt.name}
+    return compile_regex(regex, vocab, options, relaxed=relaxed, use_cache=use_cache, meta=meta)
 
 
 def catalog_regex(tools: list[dict], fmt, options) -> str:

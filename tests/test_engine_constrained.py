@@ -231,3 +231,24 @@ def test_free_mode_reports_malformed_calls(llama):
     results = llama.generate(_prompts(2), tools=tools, sampling=SamplingParams(max_tokens=6, seed=4), constrained=False)
     for r in results:  # a random model does not write a call: each row says why
         assert r.call is None and r.error_kind == "malformed" and r.error.startswith("malformed call")
+
+
+def test_mistral_forces_its_control_token(data_dir):
+    from conftest import cached_vocab
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from surecall.llm import LLM
+
+    vocab = cached_vocab("mistral-v0.3")
+    if "[TOOL_CALLS]" not in vocab.special_tokens:
+        pytest.skip("this Mistral vocabulary has no [TOOL_CALLS] token")
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=vocab.logits_width, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    llm = LLM(model, tokenizer=vocab)
+    tools = seed_tools()
+    assert llm.default_format == "mistral"
+    results = llm.generate([[1, 3, 100], [1, 3, 200]], tools=tools, sampling=_tight(llm, tools, 3, 1))
+    for r in results:
+        assert r.token_ids[0] == vocab.special_tokens["[TOOL_CALLS]"] and r.logprobs[0] == 0.0
+        _assert_valid(r, tools, llm.compile(tools))
