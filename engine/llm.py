@@ -88,10 +88,25 @@ def _load_vocab(tokenizer, logits_width: int):
     return vocab
 
 
+def _default_format(tokenizer, model_type: str) -> str:
+    """The chat template's own call syntax when it shows one, else the model family's default."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    return DEFAULT_FORMATS.get(model_type, "json")
+
+
 class LLM:
     """A causal LM plus its tokenizer, generating tool calls (constrained or free)."""
 
-    def __init__(self, model, tokenizer=None, device=None, dtype=None, config: EngineConfig | None = None):
+    def __init__(self, model=None, tokenizer=None, device=None, dtype=None, config: EngineConfig | None = None):
+        if model is None:
+            from surecall.models import default_model_dir
+
+            model = default_model_dir()
         self.config = config or EngineConfig()
         self.runner = ModelRunner(model, device=device, dtype=dtype, attn_implementation=self.config.attn_implementation)
         from surecall.grammars.vocab import Vocab
@@ -100,7 +115,7 @@ class LLM:
         self.vocab = _load_vocab(self.tokenizer, self.runner.logits_width)
         if isinstance(self.tokenizer, Vocab):
             self.tokenizer = None
-        self.default_format = DEFAULT_FORMATS.get(self.runner.model_type, "json")
+        self.default_format = _default_format(self.tokenizer, self.runner.model_type)
         self.ops = KernelOps()
         self.decoder = Decoder(self.runner, self.config, self.ops)
         self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError
 from surecall.model_runner import ModelRunner
@@ -158,3 +159,20 @@ def test_prompt_past_the_context_is_refused_per_row(llm):
     good, bad = llm.generate([[1], [1] * 500], sampling=SamplingParams(temperature=0, max_tokens=16), constrained=False)
     assert bad.finish_reason == "error" and "exceeds the model's 512 positions" in bad.error
     assert good.num_tokens == 16
+
+
+def test_default_model_loads_and_its_calls_validate():
+    from surecall.catalog import seed_tools
+    from surecall.llm import LLM
+    from surecall.models import default_model_dir
+
+    try:
+        path = default_model_dir()
+    except ModelLoadError as exc:
+        pytest.skip(f"the shipped model is not there: {exc}")
+    llm = LLM()
+    assert llm.default_format == "hermes"  # its chat template writes <tool_call> blocks
+    prompts = [json.loads(line)["messages"] for line in (path / "heldout.jsonl").read_text().splitlines()[:3]]
+    for r in llm.generate(prompts, tools=seed_tools(), sampling=SamplingParams(temperature=0, max_tokens=96)):
+        assert r.call is not None and r.error is None, (r.text, r.error)
+        assert r.text.startswith("<tool_call>")
