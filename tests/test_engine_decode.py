@@ -151,3 +151,25 @@ def test_forced_prefix_is_reported_first(runner, vocab, tables):
         ref = torch.log_softmax(runner.model(torch.tensor([[1, 9]])).logits[0, -1].float(), -1)[control]
     assert r.unmasked_logprobs[0] == pytest.approx(float(ref), abs=2e-4)
     json.loads(_text(vocab, r.token_ids[1:]))
+
+
+@pytest.mark.gpu
+def test_cuda_decode_is_valid_deterministic_and_batch_independent(vocab, tables):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=vocab.logits_width, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    runner = ModelRunner(MistralForCausalLM(config).eval(), device="cuda")
+    a, b, both, offsets = tables
+    dec = _decoder(runner)
+    dtable = dec.ops.to_device(both, runner.device)
+    mine = SamplingParams(max_tokens=int(both.dist[offsets[0]]) + 8, seed=42)
+    others = [DecodeRow([1, 5 + i], SamplingParams(max_tokens=30, seed=i), state=offsets[i % 2]) for i in range(6)]
+    alone = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], list(vocab.stop_ids), table=dtable).rows[0]
+    again = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], list(vocab.stop_ids), table=dtable).rows[0]
+    rows = others[:3] + [DecodeRow([1, 7], mine, state=offsets[0])] + others[3:]
+    batch = dec.run(rows, list(vocab.stop_ids), table=dtable)
+    assert alone.token_ids == again.token_ids == batch.rows[3].token_ids
+    for row, out in zip(rows, batch.rows, strict=True):
+        assert both.accept[_walk(both, out.token_ids, set(vocab.stop_ids), row.state)]
