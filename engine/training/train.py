@@ -54,6 +54,8 @@ class TrainConfig:
     num_eval_rows: int = 64
     eval_max_new_tokens: int = 384
     num_threads: int = 1
+    init_from: str | None = None  # a checkpoint to continue from (its tokenizer and weights)
+    shuffle_seed: int | None = None  # data order; None = seed
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "num_train_rows", "vocab_size", "hidden_size", "num_layers",
@@ -75,6 +77,14 @@ def build_tokenizer(rows: list[dict], tools: list[dict], cfg: TrainConfig, out_d
     texts += [render_call(r["tool"], r["arguments"]) for r in rows]
     texts += code_text(cfg.seed, len(rows) // 8)
     tk.save_hf(tk.train_bpe(texts, cfg.vocab_size), out_dir)
+    return AutoTokenizer.from_pretrained(str(out_dir))
+
+
+def copy_tokenizer(src: Path, out_dir: Path):
+    """Reuse a checkpoint's tokenizer files (continued training keeps the vocabulary)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(src / name, out_dir / name)
     return AutoTokenizer.from_pretrained(str(out_dir))
 
 
@@ -199,14 +209,20 @@ def train(cfg: TrainConfig) -> Path:
     seen = {r["messages"][0]["content"] for r in heldout}
     rows = [r for r in generate(CorpusConfig(cfg.num_train_rows, cfg.seed, "train"))
             if r["messages"][0]["content"] not in seen]
-    tokenizer = build_tokenizer(rows, tools, cfg, out_dir / "tokenizer")
+    if cfg.init_from:
+        tokenizer = copy_tokenizer(Path(cfg.init_from), out_dir / "tokenizer")
+    else:
+        tokenizer = build_tokenizer(rows, tools, cfg, out_dir / "tokenizer")
     encoded = encode_rows(tokenizer, rows, tools)
     prefix = torch.tensor(shared_prefix_ids(tokenizer, tools))
     eval_rows = heldout[: cfg.num_eval_rows]
     eval_prompts = prompt_ids(tokenizer, eval_rows, tools)
     validators = ev.make_validators(tools)
     # 2. model and optimizer
-    model = make_model(cfg, tokenizer)
+    if cfg.init_from:
+        model = LlamaForCausalLM.from_pretrained(cfg.init_from, local_files_only=True)
+    else:
+        model = make_model(cfg, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(tk.EOS)])
@@ -217,7 +233,8 @@ def train(cfg: TrainConfig) -> Path:
     # 3. the loop: time-bounded cosine schedule, periodic checkpoint + eval
     budget_s, start = cfg.minutes * 60, time.perf_counter()
     next_eval, step, running = cfg.eval_minutes * 60, 0, None
-    batch_iter = batches(encoded, cfg.batch_size, random.Random(cfg.seed))
+    batch_iter = batches(encoded, cfg.batch_size, random.Random(
+        cfg.seed if cfg.shuffle_seed is None else cfg.shuffle_seed))
     model.train()
     while True:
         elapsed = time.perf_counter() - start
@@ -261,10 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=80_000, help="training rows")
     parser.add_argument("--eval-minutes", type=float, default=4.0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--init-from", default=None, help="continue from this checkpoint")
+    parser.add_argument("--shuffle-seed", type=int, default=None, help="data order (default: --seed)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--eval-rows", type=int, default=64, help="held-out rows per quick eval")
     args = parser.parse_args(argv)
     cfg = TrainConfig(out_dir=args.out, minutes=args.minutes, max_steps=args.max_steps,
                       seed=args.seed, num_train_rows=args.rows, eval_minutes=args.eval_minutes,
-                      num_threads=args.threads)
+                      num_threads=args.threads, init_from=args.init_from,
+                      shuffle_seed=args.shuffle_seed, lr=args.lr, num_eval_rows=args.eval_rows)
     print(train(cfg))
     return 0
 
