@@ -50,7 +50,7 @@ class SamplingParams:
 @dataclass(frozen=True)
 class EngineConfig:
     stop_check_interval: int = 8  # steps between host syncs that look for finished rows
-    cuda_graphs: bool = False  # capture the decode step per batch bucket (CUDA only; ignored on CPU)
+    cuda_graphs: bool = False  # capture the decode step per batch bucket: not implemented yet (warns)
     max_batch_size: int = 256  # rows per forward pass; larger requests are split
     max_seq_len: int | None = None  # prompt + generation limit; None = the model's max positions
     grammar_options: Any = None  # surecall.grammars.options.GrammarOptions or None for defaults

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import secrets
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+
 from surecall.config import EngineConfig, SamplingParams
 from surecall.kernel_ops import KernelOps
 
@@ -110,6 +112,9 @@ class Decoder:
         self.runner = runner
         self.config = config or EngineConfig()
         self.ops = ops or KernelOps()
+        if self.config.cuda_graphs:
+            warnings.warn("EngineConfig(cuda_graphs=True) is not implemented yet: the decode step runs eagerly",
+                          stacklevel=2)
 
     @torch.inference_mode()
     def run(
