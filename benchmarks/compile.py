@@ -304,9 +304,9 @@ print(json.dumps({{"first_cold_ms": first, "cold_ms": statistics.median(cold), "
 # --- main ------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-subset", type=int, default=6,
-                        help="schemas sampled per subset (default 6: about 10 minutes on the loaded 2-core machine)")
-    parser.add_argument("--timeout-s", type=float, default=20.0, help="per-schema wall-clock limit per engine")
+    parser.add_argument("--per-subset", type=int, default=4,
+                        help="schemas sampled per subset (default 4: about 10 minutes on the loaded 2-core machine)")
+    parser.add_argument("--timeout-s", type=float, default=15.0, help="per-schema wall-clock limit per engine")
     parser.add_argument("--rss-gib", type=float, default=4.0, help="address-space limit of each worker")
     parser.add_argument("--walks", type=int, default=4, help="random walks checked per compiled schema (ours)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats for the seed catalog timings")
