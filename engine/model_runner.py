@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from surecall.errors import ModelLoadError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -108,7 +109,7 @@ class ModelRunner:
         self.logits_width = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         self._cache: _KVCache | None = None
-        self._attn: torch.Tensor | None = None  # [B, max_len] long; 1 = real token
+        self._attn: torch.Tensor | None = None  # [B, 1, 1, max_len] decode mask (see _decode_mask)
         self._length = 0  # columns of _attn filled so far
         self._next_pos: torch.Tensor | None = None  # [B] position id of the next token
 
@@ -124,8 +125,7 @@ class ModelRunner:
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device, dtype=torch.long)
         self._cache = _KVCache(self.model)
-        self._attn = torch.ones((batch, length + max_new_tokens), dtype=torch.long, device=self.device)
-        self._attn[:, :length] = attention_mask
+        self._attn = self._decode_mask(attention_mask, max_new_tokens)
         self._length = length
         # Left padding: positions count real tokens only, so row r's first real token is position 0.
         positions = (attention_mask.cumsum(-1) - 1).clamp_min(0)
@@ -139,12 +139,27 @@ class ModelRunner:
         )
         return out.logits[:, -num_last:, :].float()
 
+    def _decode_mask(self, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """[B, 1, 1, T + new] mask in the form the attention implementation adds or selects with.
+
+        A ready 4D mask makes transformers skip its mask building, whose padding check
+        (`padding_mask.all()`) is a host sync on every decode step.
+        """
+        keep = torch.ones((attention_mask.shape[0], attention_mask.shape[1] + max_new_tokens), dtype=torch.bool,
+                          device=self.device)
+        keep[:, : attention_mask.shape[1]] = attention_mask.bool()
+        keep = keep[:, None, None, :]
+        if getattr(self.config, "_attn_implementation", "sdpa") == "sdpa":
+            return keep
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(keep.shape, dtype=dtype, device=self.device).masked_fill_(~keep, torch.finfo(dtype).min)
+
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [B] long -> logits [B, V] float32
         self._length += 1
         out = self.model(
             input_ids=tokens.view(-1, 1),
-            attention_mask=self._attn[:, : self._length],
+            attention_mask=self._attn[..., : self._length],
             position_ids=self._next_pos.view(-1, 1),
             **self._cache.kwargs(),
         )
