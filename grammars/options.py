@@ -40,7 +40,7 @@ class GrammarOptions:
     max_ref_depth: int = 3
     max_any_depth: int = 2
     allow_additional_properties: bool = False
-    max_regex_length: int = 500_000
+    max_regex_length: int = 1_000_000
     time_budget_s: float = 30.0
     memory_budget_bytes: int = 2 << 30
 

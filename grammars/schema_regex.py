@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 import jsonschema_rs
@@ -497,9 +498,10 @@ class Converter:
         extra_schema = schema.get("additionalProperties", True)
         for name in required:
             if name not in props:
-                if extra_schema is False:
+                matching = _pattern_schemas(schema.get("patternProperties", {}), name)
+                if not matching and extra_schema is False:
                     return None
-                props[name] = extra_schema
+                props[name] = {"allOf": matching} if matching else extra_schema
         members = []
         for name, sub in props.items():
             sub_ptr = pointer_join(ptr, "properties", name) if name in schema.get("properties", {}) else ptr
@@ -559,6 +561,19 @@ class Converter:
         if not seen_required and not nonempty:
             return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
         return f"\\{{{self.ws}{written}{self.ws}\\}}"
+
+
+def _pattern_schemas(pattern_properties: dict, name: str) -> list:
+    """Schemas of the patternProperties whose pattern finds `name` (Python re approximates ECMA)."""
+    found = []
+    for pattern, sub in pattern_properties.items():
+        try:
+            hit = re.search(pattern, name) is not None
+        except re.error:
+            hit = True  # patternProperties is relaxed and listed: the validator decides
+        if hit:
+            found.append(sub)
+    return found
 
 
 def _string_not_in(names: list[str]) -> str:

@@ -205,6 +205,13 @@ def test_object_declared_order_required_optional_closed():
     assert accepts({"type": "object"}, '{"free": [1, {"x": null}]}')  # free-form object
 
 
+def test_required_property_matched_by_pattern_properties():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "additionalProperties": False,
+              "patternProperties": {"^line[1-3]$": {"type": "string"}}, "required": ["city", "line1"]}
+    assert accepts(schema, '{"city": "a", "line1": "b"}') and not accepts(schema, '{"city": "a", "line1": 3}')
+    assert relaxed(schema) == [("", "patternProperties")]
+
+
 def test_object_relaxed_keywords_carry_pointers():
     schema = {"type": "object", "properties": {"o": {
         "type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 3},
