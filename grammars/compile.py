@@ -138,7 +138,7 @@ def build_table(dfa: ByteDFA, rows: list[tuple[np.ndarray, np.ndarray]], vocab) 
         tok, nxt = rows[q]
         mapped = new_id[nxt]
         ok = mapped >= 0
-        if ok.all():
+        if ok.all():  # rows shared between states (class walks) stay shared here
             toks.append(tok)
             nexts.append(mapped)
         else:

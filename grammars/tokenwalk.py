@@ -35,7 +35,7 @@ _MAX_CACHED_VOCABS = 4
 class ClassWalk:
     """All tokens walked from local state 0 of one lexical-class shape."""
 
-    cand: np.ndarray  # int64 [n] candidate token ids, sorted
+    cand: np.ndarray  # int32 [n] candidate token ids, sorted
     end: np.ndarray  # int32 [n] local end state (>= 0), -1 dead, <= -2: left the class from local state -2-end
     exit_pos: np.ndarray  # int32 [n] byte offset of the leaving byte (only where end <= -2)
 
@@ -50,10 +50,10 @@ class VocabIndex:
     lens: np.ndarray  # int64 [V] byte length; 0 for special and empty tokens (never walked)
     first_byte: np.ndarray  # int16 [V] first byte, -1 for tokens never walked
     grp_ptr: np.ndarray  # int64 [257] tokens with first byte b are grp_ids[grp_ptr[b]:grp_ptr[b+1]]
-    grp_ids: np.ndarray  # int64 [num normal] ids grouped by first byte, ascending inside a group
+    grp_ids: np.ndarray  # int32 [num normal] ids grouped by first byte, ascending inside a group
     grp_count: np.ndarray  # int64 [256]
     grp2_ptr: np.ndarray  # int64 [257*256+1] the same by (first byte, second byte or 256 for one-byte tokens)
-    grp2_ids: np.ndarray  # int64 [num normal]
+    grp2_ids: np.ndarray  # int32 [num normal]
     grp2_count: np.ndarray  # int64 [257*256]
     classes: dict = field(default_factory=dict)  # shape signature -> ClassWalk
 
@@ -83,7 +83,9 @@ class VocabIndex:
         count2 = np.bincount(key2, minlength=256 * 257).astype(np.int64)
         ptr2 = np.zeros(256 * 257 + 1, dtype=np.int64)
         ptr2[1:] = np.cumsum(count2)
-        return VocabIndex(v, flat, off, lens, first_byte, ptr, order, count, ptr2, order2, count2)
+        # Token ids as int32 end to end: the table stores them so, and casting 10^6-long rows costs.
+        return VocabIndex(v, flat, off, lens, first_byte, ptr, order.astype(np.int32), count, ptr2,
+                          order2.astype(np.int32), count2)
 
     def tokens_with_first(self, live: np.ndarray) -> np.ndarray:
         """Ids whose first byte b has live[b] (bool [256]), grouped by first byte."""
@@ -113,7 +115,7 @@ def _gather_groups(vi: VocabIndex, bytes_: np.ndarray, two: bool = False) -> np.
     lengths = count[bytes_]
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32)
     seg_start = np.cumsum(lengths) - lengths
     pos = np.arange(total, dtype=np.int64) + np.repeat(starts - seg_start, lengths)
     return ids[pos]
@@ -297,7 +299,7 @@ def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
 def _merge(a, b):
     """Union of two sorted rows with disjoint tokens (b is usually the small one)."""
     if a is None and b is None:
-        return (np.zeros(0, np.int64), np.zeros(0, np.int32))
+        return (np.zeros(0, np.int32), np.zeros(0, np.int32))
     if a is None or b is None:
         return a if b is None else b
     if b[0].size > a[0].size:
