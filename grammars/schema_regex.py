@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 import jsonschema_rs
 
-from surecall.errors import SchemaError, UnsupportedSchema
+from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars import regex_json as lex
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
@@ -123,6 +124,7 @@ class Converter:
         self.relaxed: dict[tuple[str, str], None] = {}
         self.ref_depth: dict[str, int] = {}
         self.truncated_at: str | None = None
+        self.deadline = time.perf_counter() + options.time_budget_s
 
     def relax(self, pointer: str, keyword: str) -> None:
         self.relaxed[(pointer or "", keyword)] = None
@@ -135,6 +137,9 @@ class Converter:
 
     # -- entry ---------------------------------------------------------------------------
     def convert(self, schema: object, ptr: str) -> str | None:
+        if time.perf_counter() > self.deadline:
+            raise CompileBudgetExceeded(
+                f"schema -> regex ran past time_budget_s={self.options.time_budget_s} (at {ptr or '/'})")
         return self.check_size(self.convert_unchecked(schema, ptr), ptr)
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from surecall.catalog import seed_tools
-from surecall.errors import SchemaError, UnsupportedSchema
+from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
 from surecall.grammars.regex_ranges import integer_range_regex
@@ -314,6 +314,13 @@ def test_regex_size_limit_is_a_clear_error():
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "format": "email"} for i in range(60)}}
     with pytest.raises(UnsupportedSchema, match="max_regex_length"):
         schema_to_regex(wide, GrammarOptions(max_regex_length=10_000))
+
+
+def test_time_budget_stops_the_walk():
+    deep = {"$defs": {"n": {"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/$defs/n"}, "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
+    with pytest.raises(CompileBudgetExceeded, match="time_budget_s=1e-06"):
+        schema_to_regex(deep, GrammarOptions(time_budget_s=1e-6, max_ref_depth=8))
 
 
 # --- the seed catalog and the dialect --------------------------------------------------------
