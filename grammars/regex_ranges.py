@@ -76,3 +76,52 @@ def _alt(branches: list[str]) -> str:
 def _group(regex: str) -> str:
     """Wrap in a non-capturing group unless the regex is one atom-sequence without '|'."""
     return f"(?:{regex})" if "|" in regex else regex
+
+
+_FRACTION_ANY = r"(?:\.[0-9]+)?"
+_FRACTION_ZERO = r"(?:\.0+)?"
+_FRACTION_NONZERO = r"\.[0-9]*[1-9][0-9]*"
+
+
+def number_range_regex(low: int | None, high: int | None, is_low_exclusive: bool = False,
+                       is_high_exclusive: bool = False) -> str | None:
+    """Regex for JSON numbers x (no exponent, no "-0") with low <= x <= high (or <, per flags).
+
+    Bounds are integers (callers relax fractional bounds); None = unbounded on that side.
+    """
+    parts = []
+    if low is None or low < 0:  # x = -m with m > 0
+        if high is None or high >= 0:
+            m_low, m_low_excl = 0, True
+        else:
+            m_low, m_low_excl = -high, is_high_exclusive
+        m_high = None if low is None else -low
+        negative = _magnitude(m_low, m_low_excl, m_high, is_low_exclusive)
+        if negative is not None:
+            parts.append("-" + _group(negative))
+    if high is None or high >= 0:
+        if low is None or low < 0:
+            a, a_excl = 0, False
+        else:
+            a, a_excl = low, is_low_exclusive
+        non_negative = _magnitude(a, a_excl, high, is_high_exclusive)
+        if non_negative is not None:
+            parts.append(non_negative)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else "|".join(_group(p) for p in parts)
+
+
+def _magnitude(a: int, a_excl: bool, b: int | None, b_excl: bool) -> str | None:
+    """Non-negative decimals m (integer part + fraction) with a <= m <= b (or <, per flags)."""
+    if b is not None and b < a:
+        return None
+    if b is not None and b == a:
+        return None if (a_excl or b_excl) else f"{a}{_FRACTION_ZERO}"
+    parts = [f"{a}{_FRACTION_NONZERO if a_excl else _FRACTION_ANY}"]
+    middle = integer_range_regex(a + 1, None if b is None else b - 1)
+    if middle is not None:
+        parts.append(_group(middle) + _FRACTION_ANY)
+    if b is not None and not b_excl:
+        parts.append(f"{b}{_FRACTION_ZERO}")
+    return "|".join(_group(p) for p in parts)

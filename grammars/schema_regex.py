@@ -28,7 +28,7 @@ from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchem
 from surecall.grammars import regex_json as lex
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
-from surecall.grammars.regex_ranges import integer_range_regex
+from surecall.grammars.regex_ranges import integer_range_regex, number_range_regex
 from surecall.grammars.regex_string_formats import STRING_FORMATS
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -440,14 +440,18 @@ class Converter:
         return None if regex is None else regex
 
     def convert_number(self, schema: dict, ptr: str) -> str | None:
+        """Integral bounds are enforced (numbers then carry no exponent); others are relaxed."""
         if "multipleOf" in schema:
             self.relax(ptr, "multipleOf")
-        bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in schema]
-        if bounds == ["minimum"] and schema["minimum"] == 0:
-            return lex.NUMBER[2:]  # drop the leading "-?": exactly the numbers >= 0
+        bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+                  if k in schema and not isinstance(schema[k], bool)]
+        if not bounds:
+            return lex.NUMBER
+        if all(_is_integral(schema[k]) for k in bounds):
+            (low, low_excl), (high, high_excl) = _number_bounds(schema)
+            return number_range_regex(low, high, low_excl, high_excl)
         for key in bounds:
-            if not isinstance(schema[key], bool) or schema[key]:
-                self.relax(ptr, key)
+            self.relax(ptr, key)
         return lex.NUMBER
 
     # -- arrays --------------------------------------------------------------------------
@@ -634,6 +638,26 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
         bound = math.ceil(ex_high) - 1
         high = bound if high is None else min(high, bound)
     return low, high
+
+
+def _is_integral(value: object) -> bool:
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _number_bounds(schema: dict) -> tuple[tuple[int | None, bool], tuple[int | None, bool]]:
+    """((low, is_exclusive), (high, is_exclusive)) across drafts (draft 4 boolean exclusives)."""
+    low = high = None
+    low_excl = high_excl = False
+    if "minimum" in schema:
+        low, low_excl = int(schema["minimum"]), schema.get("exclusiveMinimum") is True
+    if "maximum" in schema:
+        high, high_excl = int(schema["maximum"]), schema.get("exclusiveMaximum") is True
+    ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if ex_low is not None and not isinstance(ex_low, bool) and (low is None or ex_low >= low):
+        low, low_excl = int(ex_low), True
+    if ex_high is not None and not isinstance(ex_high, bool) and (high is None or ex_high <= high):
+        high, high_excl = int(ex_high), True
+    return (low, low_excl), (high, high_excl)
 
 
 def _json_equal(a: object, b: object) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from decimal import Decimal
 
 import pytest
 
@@ -12,7 +13,7 @@ from surecall.catalog import seed_tools
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
-from surecall.grammars.regex_ranges import integer_range_regex
+from surecall.grammars.regex_ranges import integer_range_regex, number_range_regex
 from surecall.grammars.regex_render import grammar_dumps
 from surecall.grammars.schema_regex import schema_to_regex
 
@@ -120,8 +121,32 @@ def test_number_bounds_and_multiple_of_are_relaxed_and_listed():
     schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5, "multipleOf": 0.5}},
               "required": ["x"]}
     assert set(relaxed(schema)) == {("/properties/x", "minimum"), ("/properties/x", "multipleOf")}
-    non_negative = {"type": "number", "minimum": 0}
-    assert relaxed(non_negative) == [] and accepts(non_negative, "0.5") and not accepts(non_negative, "-1")
+
+
+def test_integral_number_bounds_are_enforced():
+    schema = {"type": "number", "minimum": -1, "exclusiveMaximum": 2}
+    assert relaxed(schema) == []
+    good = ["-1", "-1.0", "-0.5", "0", "1.999", "1"]
+    bad = ["-1.01", "2", "2.0", "-0", "1e0", "3"]
+    assert all(accepts(schema, t) for t in good) and not any(accepts(schema, t) for t in bad)
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number",
+              "minimum": 0, "exclusiveMinimum": True}
+    assert accepts(draft4, "0.1") and not accepts(draft4, "0") and not accepts(draft4, "0.0")
+
+
+def test_number_range_regex_against_decimal_comparison():
+    rng = random.Random(99)
+    texts = sorted({f"{i}{f}" for i in range(-12, 13) for f in ("", ".0", ".5", ".05", ".999")})
+    for _ in range(200):
+        low, high = rng.choice([None, rng.randint(-10, 10)]), rng.choice([None, rng.randint(-10, 10)])
+        low_excl, high_excl = rng.random() < 0.5, rng.random() < 0.5
+        regex = number_range_regex(low, high, low_excl, high_excl)
+        for text in texts:
+            value = Decimal(text)
+            expected = (low is None or (value > low if low_excl else value >= low)) and (
+                high is None or (value < high if high_excl else value <= high))
+            expected = expected and not (text.startswith("-0") and value == 0)
+            assert bool(regex and re.fullmatch(regex, text)) == expected, (low, high, text, regex)
 
 
 # --- strings ---------------------------------------------------------------------------------
