@@ -70,7 +70,11 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     relaxed_pairs = {(str(p).rstrip("/"), str(k)) for p, k in relaxed}
     bad, soft = [], []
-    for error in cls(schema).iter_errors(document):
+    try:
+        errors = list(cls(schema).iter_errors(document))
+    except (OverflowError, ValueError) as exc:  # e.g. 1e999 parses to inf and multipleOf cannot divide it
+        return [], [f"the validator cannot evaluate this document ({type(exc).__name__}: {exc})"]
+    for error in errors:
         where = "/" + "/".join(str(p) for p in list(error.schema_path)[:-1])
         message = f"{error.validator} at {where}: {error.message[:200]}"
         (soft if _is_relaxed(where.rstrip("/"), str(error.validator), relaxed_pairs) else bad).append(message)
