@@ -6,7 +6,7 @@ written into a temporary folder and renamed into place (atomic), and loaded with
 np.load(mmap_mode="r"), so a warm load costs milliseconds. A header records every array's
 dtype, shape and checksums; an entry that is truncated, malformed or fails a checksum is
 deleted and reported as a miss (the caller rebuilds), never trusted. The checksum covers the
-small arrays fully and the large ones (mask, CSR) in 64 sampled blocks plus their sizes, which
+small arrays fully and the large ones (mask, CSR) in 16 sampled blocks plus their sizes, which
 keeps the warm load fast; `load(key, full_check=True)` hashes every byte.
 """
 
@@ -21,12 +21,13 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
 from surecall.grammars.table import TokenTable
 
 CACHE_FORMAT = 1
 _ARRAYS = ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids")
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
-_SAMPLES = 64
+_SAMPLES = 16
 _SAMPLE_BYTES = 4096
 
 
