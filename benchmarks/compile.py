@@ -9,6 +9,7 @@ schema (relaxed keywords accounted for) before a compile counts. Peak memory is 
 peak RSS during the compile (VmHWM, reset before each job) above its RSS before it.
 Then the seed four-tool catalog: ours cold (fresh process and repeat), warm (disk cache) and
 xgrammar. Prints tables, writes benchmarks/results/compile.{md,json}, ends with one JSON line.
+Just over 400 lines: the isolated workers, three engines and the report belong to one run.
 
   .venv/bin/python benchmarks/compile.py [--per-subset 6] [--timeout-s 20] [--out benchmarks/results/compile]
 """
