@@ -15,6 +15,7 @@ from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
 from surecall.grammars.regex_ranges import integer_range_regex, number_range_regex
 from surecall.grammars.regex_render import grammar_dumps
+from surecall.grammars.regex_string_formats import STRING_FORMATS
 from surecall.grammars.schema_regex import schema_to_regex
 
 
@@ -210,6 +211,31 @@ def test_known_formats_are_enforced(fmt, good, bad):
         assert accepts(schema, json.dumps(text)), text
     for text in bad:
         assert not accepts(schema, json.dumps(text)), text
+
+
+@pytest.mark.parametrize("fmt", sorted(STRING_FORMATS))
+def test_format_regexes_only_produce_valid_strings(fmt):
+    """Random walks through each format regex satisfy jsonschema-rs's format check."""
+    import jsonschema_rs
+    from outlines_core import Index, Vocabulary
+
+    eos = 200
+    index = Index(STRING_FORMATS[fmt], Vocabulary(eos, {chr(b): [b] for b in range(32, 127)}))
+    validator = jsonschema_rs.validator_for({"format": fmt}, validate_formats=True)
+    rng = random.Random(fmt)
+    finished = 0
+    for _ in range(300):
+        state, text = index.get_initial_state(), []
+        while len(text) < 200 and not (index.is_final_state(state) and rng.random() < 0.1):
+            allowed = [t for t in index.get_allowed_tokens(state) if t != eos]
+            if not allowed:
+                break
+            text.append(chr(rng.choice(allowed)))
+            state = index.get_next_state(state, ord(text[-1]))
+        if index.is_final_state(state):
+            finished += 1
+            assert validator.is_valid("".join(text)), "".join(text)
+    assert finished >= 100
 
 
 def test_unknown_format_is_relaxed_and_listed():
@@ -466,8 +492,8 @@ def test_random_walks_through_fully_enforced_regexes_validate(data_dir):
             if result is None or result.relaxed:
                 continue
             index = Index(result.regex, vocab)
-            validator = jsonschema.validators.validator_for(record["schema"])(
-                record["schema"], format_checker=jsonschema.FormatChecker())
+            cls = jsonschema.validators.validator_for(record["schema"])
+            validator = cls(record["schema"], format_checker=cls.FORMAT_CHECKER)
             for _ in range(5):
                 state, text = index.get_initial_state(), []
                 for _step in range(400):
