@@ -24,6 +24,7 @@ from surecall.kernel_ops import KernelOps
 from surecall.model_runner import ModelRunner
 from surecall.prompts import is_single_prompt, render_prompt
 
+MAX_DEVICE_TABLES = 16  # concatenated per-batch tables kept on the device
 DEFAULT_FORMATS = {"qwen2": "hermes", "llama": "llama3", "mistral": "mistral"}
 
 
@@ -245,6 +246,8 @@ class LLM:
         if keys not in self._device_tables:
             from surecall.grammars.table import TokenTable
 
+            if len(self._device_tables) >= MAX_DEVICE_TABLES:  # drop the oldest batch combination
+                self._device_tables.pop(next(iter(self._device_tables)))
             tables = [self._tables[k] for k in keys]
             table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
             self._device_tables[keys] = (self.ops.to_device(table, self.runner.device), [int(o) for o in offsets])
