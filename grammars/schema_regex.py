@@ -65,7 +65,11 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) 
     options = options or GrammarOptions()
     check_schema(schema)
     conv = Converter(schema, options)
-    regex = conv.convert(schema, "")
+    try:
+        regex = conv.convert(schema, "")
+    except RecursionError:
+        raise UnsupportedSchema(
+            "references nest too deeply to expand (lower max_ref_depth)", "", "$ref") from None
     if regex is None:
         if conv.truncated_at is not None:
             raise UnsupportedSchema(

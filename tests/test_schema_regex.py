@@ -361,6 +361,13 @@ def test_required_recursion_past_the_depth_limit_is_unsupported():
         schema_to_regex(loop)
 
 
+def test_very_deep_reference_chains_are_unsupported_not_a_crash():
+    defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(600)}
+    defs["d600"] = {"type": "integer"}
+    with pytest.raises(UnsupportedSchema, match="nest too deeply"):
+        schema_to_regex({"$defs": defs, "$ref": "#/$defs/d0"})
+
+
 def test_regex_size_limit_is_a_clear_error():
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "format": "email"} for i in range(60)}}
     with pytest.raises(UnsupportedSchema, match="max_regex_length"):
