@@ -42,14 +42,86 @@ class Translated:
 
 def translate_pattern(pattern: str, max_repeat: int) -> Translated:
     """String-body regex for strings in which `pattern` finds a match."""
-    parser = _Parser(pattern, max_repeat)
-    branches = parser.parse_top()
     any_run = f"{STRING_CHAR}*"
-    out = []
-    for starts, body, ends in branches:
-        out.append(("" if starts else any_run) + body + ("" if ends else any_run))
+    out, is_exact = [], True
+    for branch in _top_branches(pattern):
+        parser = _Parser(branch, max_repeat)
+        for starts, body, ends in parser.parse_top():
+            out.append(("" if starts else any_run) + body + ("" if ends else any_run))
+        is_exact = is_exact and parser.is_exact
     regex = out[0] if len(out) == 1 else "|".join(f"(?:{b})" for b in out)
-    return Translated(regex=regex, is_exact=parser.is_exact)
+    return Translated(regex=regex, is_exact=is_exact)
+
+
+def _top_branches(pattern: str) -> list[str]:
+    """Top-level alternatives, each unwrapped from groups that span all of it.
+
+    `^$|(^a+$)` becomes `^$` and `^a+$`, so anchors written inside a whole-branch group are
+    still at the ends of their branch (a group changes nothing about what it matches).
+    """
+    branches = []
+    for branch in _split_alternatives(pattern):
+        inner = _unwrap_group(branch)
+        if inner is None:
+            branches.append(branch)
+        else:
+            branches.extend(_top_branches(inner))
+    return branches
+
+
+def _split_alternatives(pattern: str) -> list[str]:
+    parts, depth, start, i, in_class = [], 0, 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    parts.append(pattern[start:])
+    return parts
+
+
+def _unwrap_group(branch: str) -> str | None:
+    """The inside of a plain or named group that spans the whole branch, else None."""
+    if not branch.startswith("(") or not branch.endswith(")") or branch.startswith("(?="):
+        return None
+    if branch.startswith(("(?!", "(?<=", "(?<!")):
+        return None
+    depth, i, in_class = 0, 0, False
+    while i < len(branch):
+        c = branch[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0 and i != len(branch) - 1:
+                return None
+        i += 1
+    body = branch[1:-1]
+    if body.startswith("?:"):
+        return body[2:]
+    if body.startswith("?<"):
+        end = body.find(">")
+        return body[end + 1 :] if end > 0 else None
+    return None if body.startswith("?") else body
 
 
 class _Parser:

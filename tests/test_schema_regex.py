@@ -166,6 +166,9 @@ def test_pattern_is_enforced_with_search_semantics():
     assert accepts(schema, '"ab123cd"') and not accepts(schema, '"ab12cd"')
     anchored = {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$"}
     assert accepts(anchored, '"foo-bar"') and not accepts(anchored, '"foo-"') and relaxed(anchored) == []
+    grouped = {"type": "string", "pattern": "^$|(^[a-z]+$)"}  # anchors inside a whole-branch group
+    assert accepts(grouped, '""') and accepts(grouped, '"ab"') and not accepts(grouped, '"a1"')
+    assert relaxed(grouped) == []
     quote = {"type": "string", "pattern": '^a"b\\\\$'}
     assert accepts(quote, json.dumps('a"b\\'))
 
