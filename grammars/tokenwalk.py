@@ -261,7 +261,9 @@ def _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes) -> None:
         donors = targets[is_donor[targets]]
         if not donors.size:
             continue
-        agree = (dfa.trans[donors] == row) & walk_bytes[q]  # [D, 256]
+        # Only bytes the donor's shared row covers: its first bytes that leave its region are
+        # walked later (walk_bytes[donor]) and are not in shared[donor] yet.
+        agree = (dfa.trans[donors] == row) & walk_bytes[q] & ~walk_bytes[donors]  # [D, 256]
         weight = agree.astype(np.int64) @ vi.grp_count
         best = int(np.argmax(weight))
         if weight[best] < _MIN_DONOR_TOKENS:

@@ -8,6 +8,7 @@ sweeps live in test_grammar_fuzz.py.
 from __future__ import annotations
 
 import json
+import random
 from collections import deque
 
 import numpy as np
@@ -100,6 +101,39 @@ def test_rows_equal_bytewise_reference():
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
         assert got == ref, f"state {q}"
+
+
+def wide_synthetic_vocab(num_tokens: int = 5000, seed: int = 0) -> Vocab:
+    """Every byte plus random JSON-ish pieces: enough tokens for the donor path (>= 1024 per row)."""
+    rng = random.Random(seed)
+    alphabet = [b"a", b"b", b"z", b"1", b"0", b"5", b"7", b"2", b"9", b"3", b" ", b'"', b",", b":", b"{", b"}", b"[", b"]", b"\\", b"n",
+                b"-", b".", b"e", "\u00e9".encode(), b"\xe2\x82"]
+    pieces = {bytes([b]) for b in range(256)}
+    while len(pieces) < 256 + num_tokens:
+        pieces.add(b"".join(rng.choice(alphabet) for _ in range(rng.randint(2, 5))))
+    ordered = sorted(pieces, key=lambda p: (len(p), p))
+    return Vocab(token_bytes=tuple(ordered) + (b"",), special_ids=frozenset({len(ordered)}), stop_ids=(len(ordered),),
+                 logits_width=len(ordered) + 1, format="test", name="wide-synthetic")
+
+
+WIDE_REGEXES = [
+    JSONISH,
+    r'\{"s":"(?:[^"\\\x00-\x1f]|\\["\\nt])+"(?:,"n":(?:0|[1-9][0-9]*))?,"t":\[(?:-?[0-9]+(?:\.[0-9]+)?(?:, ?[0-9]+)*)?\]\}',
+    r'\{ ?"k" ?: ?(?:[1-9][0-9]{0,3}|"[a-z ]{1,6}") ?(?:, ?"m" ?: ?"[^"]*")? ?\}',
+    # After "5" the state is acyclic but shares its "." edge with the digit loop, which leaves
+    # its region on "." (a donor must not lend bytes it walks later).
+    r'\{"a":(?:5|[1-9][0-9]*\.[0-9]+)(?:, ?"b":"[a-z]*")?\}',
+]
+
+
+@pytest.mark.parametrize("regex", WIDE_REGEXES)
+def test_rows_equal_reference_with_donors(regex):
+    vocab = wide_synthetic_vocab()
+    dfa = regex_to_dfa(regex)
+    rows = token_rows(dfa, VocabIndex.build(vocab))
+    for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
+        got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
+        assert got == ref, f"state {q}: {len(got)} vs {len(ref)} tokens"
 
 
 def test_synthetic_table_invariants_and_walks():
