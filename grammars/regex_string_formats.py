@@ -36,7 +36,7 @@ IPV6 = "|".join(
         f":(?:(?::{_H}){{1,7}}|:)",
     ]
 )
-_LABEL = "[a-zA-Z0-9]{1,20}(?:-[a-zA-Z0-9]{1,10})?"  # no "--" (IDNA reserves it at 3-4)
+_LABEL = "[a-zA-Z0-9]{1,20}(?:-[a-zA-Z0-9]{1,10}){0,3}"  # no "--" (IDNA reserves it at 3-4)
 HOSTNAME = f"{_LABEL}(?:\\.{_LABEL}){{0,3}}"
 _DOMAIN = f"(?:{_LABEL}\\.){{1,3}}[a-zA-Z]{{2,12}}"
 _LOCAL_ATOM = "[a-zA-Z0-9_%+-]{1,20}"  # three atoms and two dots stay within 64

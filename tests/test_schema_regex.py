@@ -203,7 +203,7 @@ def test_long_repetition_in_pattern_is_widened_and_listed():
         ("ipv4", ["192.168.0.1"], ["256.1.1.1", "01.1.1.1"]),
         ("ipv6", ["::1", "2001:db8::ff00:42:8329"], ["1:2:3"]),
         ("email", ["a.b@example.com"], ["no-at-sign"]),
-        ("hostname", ["api.example.com"], ["-bad.com"]),
+        ("hostname", ["api.example.com", "a-b-c.example.com"], ["-bad.com", "ab--cd.com"]),
         ("uri", ["https://example.com/a?b=c#d"], ["not a uri"]),
     ],
 )
