@@ -163,10 +163,15 @@ class Converter:
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 return self.convert_union(schema, key, ptr)
-        self.relax_generic(schema, ptr)
         if "enum" in schema or "const" in schema:
-            return self.convert_enum(schema, ptr)
-        return _alternation([self.convert_type(t, schema, ptr) for t in self.types_of(schema)])
+            return self.convert_enum(schema, ptr)  # every other keyword filters the values
+        types = self.types_of(schema)
+        negated = _negated_types(schema.get("not"))
+        if negated is not None and not ("integer" in negated and "number" in types):
+            types = [t for t in types if t not in negated and not (t == "integer" and "number" in negated)]
+            schema = {k: v for k, v in schema.items() if k != "not"}
+        self.relax_generic(schema, ptr)
+        return _alternation([self.convert_type(t, schema, ptr) for t in types])
 
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
@@ -642,6 +647,16 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
         bound = math.ceil(ex_high) - 1
         high = bound if high is None else min(high, bound)
     return low, high
+
+
+def _negated_types(not_schema: object) -> set[str] | None:
+    """The types a `not: {type: ...}` schema excludes (None: not of that simple form)."""
+    if not isinstance(not_schema, dict) or "type" not in not_schema:
+        return None
+    if any(k in _ASSERTING for k in not_schema if k != "type"):
+        return None
+    declared = not_schema["type"]
+    return {declared} if isinstance(declared, str) else set(declared)
 
 
 def _is_integral(value: object) -> bool:

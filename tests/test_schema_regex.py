@@ -287,9 +287,18 @@ def test_arrays_items_prefix_items_and_bounds():
     assert set(relaxed(big)) == {("", "maxItems"), ("", "uniqueItems"), ("", "contains")}
 
 
+def test_not_of_a_type_and_enum_filters_are_enforced():
+    not_null = {"type": ["string", "null"], "not": {"type": "null"}}
+    assert relaxed(not_null) == [] and accepts(not_null, '"a"') and not accepts(not_null, "null")
+    filtered = {"allOf": [{"enum": [{"a": 1}, {"a": "x"}]}, {"not": {"properties": {"a": {"type": "string"}}}}]}
+    assert relaxed(filtered) == [] and accepts(filtered, '{"a": 1}') and not accepts(filtered, '{"a": "x"}')
+    not_integer = {"type": "number", "not": {"type": "integer"}}
+    assert relaxed(not_integer) == [("", "not")]
+
+
 def test_generic_relaxed_keywords_are_listed():
     schema = {"type": "object", "properties": {
-        "n": {"not": {"type": "null"}}, "i": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
+        "n": {"not": {"minimum": 3}}, "i": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
     assert set(relaxed(schema)) == {("/properties/n", "not"), ("/properties/i", "if")}
 
 
