@@ -305,27 +305,52 @@ class Converter:
                 branches.append(self.convert({"allOf": [rest, sub]}, ptr))
             else:
                 branches.append(self.convert(sub, sub_ptr))
-        if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(schema[key]):
+        effective = [{"allOf": [rest, sub]} for sub in schema[key]] if has_rest else schema[key]
+        if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(effective):
             self.relax(ptr, "oneOf")
         return _alternation(branches)
 
     def disjoint(self, branches: list) -> bool:
-        """True when no JSON value can satisfy two branches (by type or by distinct constants)."""
-        seen_types: set[str] = set()
+        """True when nothing the grammar emits for one branch satisfies another branch.
+
+        Sufficient tests, per ordered pair: disjoint types; a closed object branch that never
+        writes a property the other requires; or a shared required discriminator property
+        whose const/enum values differ.
+        """
+        flat = []
         for sub in branches:
-            if isinstance(sub, dict) and "$ref" in sub and len(sub) == 1:
-                sub, _ = self.resolve(sub["$ref"], "")
-            if not isinstance(sub, dict) or any(k in sub for k in ("$ref", "allOf", "anyOf", "oneOf")):
+            try:
+                sub = self.flatten(sub, "", 0)
+            except SchemaError:
                 return False
-            types = set(self.types_of(sub))
+            if not isinstance(sub, dict) or any(k in sub for k in ("anyOf", "oneOf", "not", "if")):
+                return False
+            flat.append(sub)
+        return all(self.excludes(a, b) for a in flat for b in flat if a is not b)
+
+    def excludes(self, emitted: dict, other: dict) -> bool:
+        """True when no value the grammar writes for `emitted` satisfies `other`."""
+        types_a, types_b = set(self.types_of(emitted)), set(self.types_of(other))
+        for types in (types_a, types_b):
             if "number" in types:
                 types.add("integer")
-            if "integer" in types:
-                types.add("number")
-            if types & seen_types:
-                return False
-            seen_types |= types
-        return True
+        if not types_a & types_b:
+            return True
+        if types_a != {"object"}:
+            return False
+        props = emitted.get("properties", {})
+        is_closed = bool(props) and (emitted.get("additionalProperties") is False
+                                     or not self.options.allow_additional_properties)
+        required_b = other.get("required", [])
+        written = set(props) | set(emitted.get("required", []))  # required-undeclared are written too
+        if is_closed and any(name not in written for name in required_b):
+            return True
+        for name in set(emitted.get("required", [])) & set(required_b):
+            left, right = _constants(props.get(name)), _constants(other.get("properties", {}).get(name))
+            if left is not None and right is not None and not any(
+                    _json_equal(x, y) for x in left for y in right):
+                return True
+        return False
 
     # -- constants -----------------------------------------------------------------------
     def convert_enum(self, schema: dict, ptr: str) -> str | None:
@@ -647,6 +672,15 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
         bound = math.ceil(ex_high) - 1
         high = bound if high is None else min(high, bound)
     return low, high
+
+
+def _constants(schema: object) -> list | None:
+    """The values a const/enum schema allows (None: not a constant schema)."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    return list(schema["enum"]) if isinstance(schema.get("enum"), list) else None
 
 
 def _negated_types(not_schema: object) -> set[str] | None:

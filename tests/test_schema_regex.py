@@ -308,6 +308,21 @@ def test_any_of_one_of_all_of():
     assert accepts(any_of, "5") and accepts(any_of, '"ab"') and not accepts(any_of, '"abc"')
     assert relaxed({"oneOf": [{"type": "integer"}, {"type": "string"}]}) == []
     assert relaxed({"oneOf": [{"type": "integer"}, {"type": "number"}]}) == [("", "oneOf")]
+    tagged = {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]}
+    assert relaxed(tagged) == []
+    by_required = {"oneOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    assert relaxed(by_required) == []
+    assert relaxed(by_required, GrammarOptions(allow_additional_properties=True)) == [("", "oneOf")]
+    undeclared = {"oneOf": [{"type": "object", "properties": {"a": {}}, "required": ["a", "b"]},
+                            {"type": "object", "properties": {"b": {}}, "required": ["b"]}]}
+    assert relaxed(undeclared) == [("", "oneOf")]
+    overlapping = {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                             {"type": "object", "properties": {"b": {"type": "string"}}}]}
+    assert relaxed(overlapping) == [("", "oneOf")]
     all_of = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                         {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
     assert accepts(all_of, '{"a": 1, "b": "x"}') and not accepts(all_of, '{"a": 1}')
