@@ -9,9 +9,12 @@ import pytest
 from surecall.shared_data import shared_data_dir
 
 try:
-    import torch  # noqa: F401
+    import torch
 
     HAS_CUDA = torch.cuda.is_available()
+    # The suite's models are tiny: one intra-op thread is fastest, and on a loaded 2-core machine
+    # OpenMP spin-waiting across threads makes a 192-wide matmul ~100x slower.
+    torch.set_num_threads(1)
 except Exception:  # pragma: no cover
     HAS_CUDA = False
 
@@ -31,7 +34,7 @@ def data_dir():
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cached_vocab(name: str):
     """Load a shared vocabulary once per test session (by manifest name)."""
     from surecall.grammars.vocab_loaders import load_shared

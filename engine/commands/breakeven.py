@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="paired free/constrained timing repeats (default 3)")
     parser.add_argument("--repairs", type=int, default=16, help="repair rounds to run and time (default 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU intra-op threads (default: 1 for the shipped tiny model, else torch's default)")
     parser.add_argument("--out", default="runs/breakeven", help="output folder (default runs/breakeven)")
 
 
@@ -52,6 +54,17 @@ def load_prompts(path: str | Path, limit: int | None = None):
     return prompts
 
 
+def set_cpu_threads(threads: int | None, is_tiny: bool) -> None:
+    """Tiny models decode fastest on one intra-op thread: more threads only add OpenMP
+    synchronisation per small matmul (~100x slower on a loaded 2-core machine)."""
+    import torch
+
+    if threads is not None and threads < 1:
+        raise ValueError(f"Invalid threads: expected >= 1, got {threads}")
+    if threads or is_tiny:
+        torch.set_num_threads(threads or 1)
+
+
 def run(args: argparse.Namespace) -> int:
     report = measure_and_write(args)
     print(report["table"])
@@ -60,15 +73,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure_and_write(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
     from surecall.breakeven import format_table, plot
     from surecall.breakeven_run import BreakevenConfig, measure
     from surecall.llm import LLM
     from surecall.models import default_model_dir, heldout_path
     from surecall.tools_io import load_tool_dicts
-    from tqdm import tqdm
 
     cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
     model_dir = args.model or str(default_model_dir())
+    set_cpu_threads(getattr(args, "threads", None), is_tiny=args.model is None)
     prompts = load_prompts(args.prompts or heldout_path(), args.limit)
     tools = load_tool_dicts(args.tools)
     llm = LLM(model_dir, device=args.device)

@@ -26,12 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repairs", type=int, default=8, help="repair rounds to run and time (default 8)")
     parser.add_argument("--max-tokens", type=int, default=256, help="token budget per call (default 256)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1: fastest for the tiny model)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from surecall.commands.breakeven import load_prompts, measure_and_write
+    from surecall.commands.breakeven import load_prompts, measure_and_write, set_cpu_threads
     from surecall.models import default_model_dir, heldout_path
 
+    set_cpu_threads(args.threads, is_tiny=True)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     be_args = argparse.Namespace(
         model=str(model_dir), tools="seed", prompts=str(prompts_path), batch=args.batch, device=args.device,
         limit=args.limit, max_tokens=args.max_tokens, temperature=1.0, repeats=args.repeats,
-        repairs=args.repairs, seed=args.seed, out=str(out),
+        repairs=args.repairs, seed=args.seed, threads=args.threads, out=str(out),
     )
     breakeven = measure_and_write(be_args)
     print(breakeven["table"])
