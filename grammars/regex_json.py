@@ -20,7 +20,8 @@ _UNICODE_ESCAPE = (
 STRING_CHAR = rf'(?:{STRING_BODY_CLASS}|\\["\\/bfnrt]|{_UNICODE_ESCAPE})'
 STRING = f'"{STRING_CHAR}*"'
 INTEGER = r"-?(?:0|[1-9][0-9]*)"
-NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+# Exponents stay within |e| <= 308 (at most 3 digits) so a short literal like 1e999 cannot parse to inf.
+NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?(?:[0-9]{1,2}|[0-2][0-9]{2}|30[0-8]))?"
 BOOLEAN = "true|false"
 NULL = "null"
 

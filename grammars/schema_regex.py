@@ -243,6 +243,7 @@ class Converter:
 
     def merge_pair(self, a: dict, b: dict, ptr: str) -> dict | bool:
         """allOf of two keyword dicts as one dict (False: unsatisfiable)."""
+        a, b = _localize_additional(a, b), _localize_additional(b, a)
         out = dict(a)
         for key, value in b.items():
             if key not in out:
@@ -537,6 +538,9 @@ class Converter:
             if key in schema:
                 self.relax(ptr, key)
         props = dict(schema.get("properties", {}))
+        for name, sub in props.items():  # a declared name also takes the patternProperties it matches
+            matching = _pattern_schemas(schema.get("patternProperties", {}), name)
+            props[name] = {"allOf": [sub, *matching]} if matching else sub
         required = list(dict.fromkeys(schema.get("required", [])))
         extra_schema = schema.get("additionalProperties", True)
         for name in required:
@@ -604,6 +608,26 @@ class Converter:
         if not seen_required and not nonempty:
             return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
         return f"\\{{{self.ws}{written}{self.ws}\\}}"
+
+
+def _localize_additional(own: dict, other: dict) -> dict:
+    """`own` with its additionalProperties written out for the names `other` declares or either requires.
+
+    additionalProperties covers the names its own branch neither declares nor matches by
+    pattern; once two allOf branches merge their properties that scope is lost, so each name
+    the merge declares (or requires) that `own` leaves to additionalProperties gets it explicitly.
+    """
+    extra = own.get("additionalProperties", True)
+    if extra is True:
+        return own
+    declared = own.get("properties", {})
+    patterns = own.get("patternProperties", {})
+    names = [*other.get("properties", {})]
+    for side in (own, other):
+        if isinstance(side.get("required"), list):
+            names += side["required"]
+    added = {n: extra for n in dict.fromkeys(names) if n not in declared and not _pattern_schemas(patterns, n)}
+    return {**own, "properties": {**declared, **added}} if added else own
 
 
 def _pattern_schemas(pattern_properties: dict, name: str) -> list:

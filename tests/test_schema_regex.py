@@ -76,7 +76,7 @@ def test_whitespace_policies():
         ({"type": "boolean"}, ["true", "false"], ["1", '"true"']),
         ({"type": "null"}, ["null"], ["0", '""']),
         ({"type": "integer"}, ["0", "-7", "123"], ["01", "1.5", "-0", "1e3"]),
-        ({"type": "number"}, ["0", "-1.25", "3e-7", "2E+10"], ["01", ".5", "1.", "+1"]),
+        ({"type": "number"}, ["0", "-1.25", "3e-7", "2E+10"], ["01", ".5", "1.", "+1", "1e999"]),
         ({"type": "string"}, ['""', '"a\\"b"', '"\\u00e9"', '"\\ud83d\\ude00"'], ['"\\ud83d"', '"a\nb"', '"\\x"']),
         ({"type": ["string", "null"]}, ['"x"', "null"], ["1"]),
         ({"type": "string", "nullable": True}, ['"x"', "null"], ["1"]),
@@ -328,6 +328,27 @@ def test_any_of_one_of_all_of():
     assert accepts(all_of, '{"a": 1, "b": "x"}') and not accepts(all_of, '{"a": 1}')
     bounds = {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 9}]}
     assert accepts(bounds, "9") and not accepts(bounds, "10")
+
+
+def test_all_of_additional_properties_cover_names_other_branches_declare():
+    # Handwritten---pp2: "ab" is additional for the first branch (it only matches the second's pattern).
+    by_pattern = {"type": "object", "required": ["ab"], "allOf": [
+        {"additionalProperties": {"type": "array", "minItems": 2}},
+        {"patternProperties": {"a": {"type": "array"}}}]}
+    assert accepts(by_pattern, '{"ab": [1, 2]}') and not accepts(by_pattern, '{"ab": [1]}')
+    closed = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                        {"properties": {"b": {"type": "integer"}}}]}
+    assert accepts(closed, '{"a": 1}') and not accepts(closed, '{"b": 1}')
+    # Handwritten---mod301: the second branch's additionalProperties reach "a", declared by the first.
+    nested = {"allOf": [{"type": "object", "properties": {"a": {"type": "object"}}, "additionalProperties": False},
+                        {"additionalProperties": {"minProperties": 1}}]}
+    assert accepts(nested, '{"a": {"x": 1}}') and not accepts(nested, '{"a": {}}')
+
+
+def test_declared_property_also_takes_matching_pattern_properties():
+    schema = {"type": "object", "properties": {"ab": {"type": "integer"}},
+              "patternProperties": {"^a": {"minimum": 0}}, "required": ["ab"]}
+    assert accepts(schema, '{"ab": 0}') and not accepts(schema, '{"ab": -1}')
 
 
 def test_refs_defs_definitions_and_recursion():
