@@ -275,8 +275,8 @@ def markdown(report: dict) -> str:
         f"{report['compile_s']['xgrammar'] * 1e3:.1f} ms.",
         "",
         "| batch | ours free ms/step | ours constrained ms/step | t_mask us/step (%) | HF free ms/step | HF+xgrammar ms/step | "
-        "ours tok/s | HF+xgr tok/s | ours/HF+xgr tok/s | ours TTFT ms | HF TTFT ms | ours parsed | HF+xgr parsed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ours tok/s | HF+xgr tok/s | ours/HF+xgr tok/s | ours TTFT ms | HF TTFT ms | ours parsed | HF+xgr parsed | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         c, f, h, x = r["ours_constrained"], r["ours_free"], r["hf_free"], r["hf_xgrammar"]
