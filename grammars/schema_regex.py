@@ -50,6 +50,10 @@ _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
     "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
+# Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
+_AT = "$surecall:at"
+# Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
+_FROM = "$surecall:from"
 
 
 @dataclass
@@ -126,11 +130,14 @@ class Converter:
         self.options = options
         self.ws = options.whitespace_regex()
         self.relaxed: dict[tuple[str, str], None] = {}
+        self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
     def relax(self, pointer: str, keyword: str) -> None:
+        if pointer == self.origins[0]:
+            pointer = self.origins[1].get(keyword, pointer)
         self.relaxed[(pointer or "", keyword)] = None
 
     def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
@@ -144,7 +151,15 @@ class Converter:
         if time.perf_counter() > self.deadline:
             raise CompileBudgetExceeded(
                 f"schema -> regex ran past time_budget_s={self.options.time_budget_s} (at {ptr or '/'})")
-        return self.check_size(self.convert_unchecked(schema, ptr), ptr)
+        origins: dict = {}
+        if isinstance(schema, dict) and (_AT in schema or _FROM in schema):
+            ptr, origins = schema.get(_AT, ptr), schema.get(_FROM, {})
+            schema = {k: v for k, v in schema.items() if k not in (_AT, _FROM)}
+        outer, self.origins = self.origins, (ptr, origins)
+        try:
+            return self.check_size(self.convert_unchecked(schema, ptr), ptr)
+        finally:
+            self.origins = outer
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:
         if schema is False:
@@ -209,20 +224,21 @@ class Converter:
         self.ref_depth[ref] = depth + 1
         try:
             if any(k in _ASSERTING for k in rest):
-                return self.convert({"allOf": [target, rest]}, ptr)
+                return self.convert({"allOf": [_at(target, target_ptr), _at(rest, ptr)]}, ptr)
             return self.convert(target, target_ptr)
         finally:
             self.ref_depth[ref] = depth
 
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
         """One keyword dict equal to the allOf (references inside it followed)."""
-        merged: dict | bool = {k: v for k, v in schema.items() if k != "allOf"}
+        merged: dict | bool = {k: v for k, v in schema.items() if k not in ("allOf", _AT, _FROM)}
         for i, sub in enumerate(schema["allOf"]):
-            sub = self.flatten(sub, pointer_join(ptr, "allOf", i), hops)
+            sub_ptr = sub.get(_AT, pointer_join(ptr, "allOf", i)) if isinstance(sub, dict) else ptr
+            sub = self.flatten(sub, sub_ptr, hops)
             if sub is False:
                 return False
             if sub is not True:
-                merged = self.merge_pair(merged, sub, pointer_join(ptr, "allOf", i))
+                merged = self.merge_pair(merged, _mark_children(sub, sub_ptr), sub_ptr)
                 if merged is False:
                     return False
         return merged
@@ -232,12 +248,12 @@ class Converter:
         if hops > 32:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
-            target, _ = self.resolve(sub["$ref"], ptr)
+            target, target_ptr = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
-            sub = {"allOf": [target, rest]}
+            sub = {"allOf": [_at(target, target_ptr), _at(rest, ptr)]}
         if isinstance(sub, dict) and "allOf" in sub:
             return self.merge_all_of(sub, ptr, hops + 1)
-        if isinstance(sub, dict) and not sub:
+        if isinstance(sub, dict) and all(k == _AT for k in sub):
             return True
         return sub
 
@@ -245,9 +261,13 @@ class Converter:
         """allOf of two keyword dicts as one dict (False: unsatisfiable)."""
         a, b = _localize_additional(a, b), _localize_additional(b, a)
         out = dict(a)
+        origins = dict(a.get(_FROM, {}))
         for key, value in b.items():
+            if key in (_AT, _FROM):
+                continue
             if key not in out:
                 out[key] = value
+                origins.setdefault(key, b.get(_FROM, {}).get(key, ptr))
             elif key in ("anyOf", "oneOf") or not _json_equal(out[key], value):
                 merged = self.merge_keyword(out, key, value, ptr)
                 if merged is False:
@@ -255,6 +275,7 @@ class Converter:
         if "anyOf" in out and "oneOf" in out:
             self.relax(ptr, "oneOf")
             out["anyOf"] = [{"allOf": [x, y]} for x in out.pop("anyOf") for y in out.pop("oneOf")]
+        out[_FROM] = origins
         return out
 
     def merge_keyword(self, out: dict, key: str, value: object, ptr: str) -> bool:
@@ -264,7 +285,7 @@ class Converter:
             if key == "oneOf" or "oneOf" in out:
                 self.relax(ptr, "oneOf")
             out[key] = [{"allOf": [x, y]} for x in old for y in value]
-        elif key == "properties":
+        elif key in ("properties", "patternProperties"):
             props = dict(old)
             for name, sub in value.items():
                 props[name] = {"allOf": [props[name], sub]} if name in props else sub
@@ -303,7 +324,7 @@ class Converter:
         for i, sub in enumerate(schema[key]):
             sub_ptr = pointer_join(ptr, key, i)
             if has_rest:
-                branches.append(self.convert({"allOf": [rest, sub]}, ptr))
+                branches.append(self.convert({"allOf": [_at(rest, ptr), _at(sub, sub_ptr)]}, ptr))
             else:
                 branches.append(self.convert(sub, sub_ptr))
         effective = [{"allOf": [rest, sub]} for sub in schema[key]] if has_rest else schema[key]
@@ -539,13 +560,13 @@ class Converter:
                 self.relax(ptr, key)
         props = dict(schema.get("properties", {}))
         for name, sub in props.items():  # a declared name also takes the patternProperties it matches
-            matching = _pattern_schemas(schema.get("patternProperties", {}), name)
-            props[name] = {"allOf": [sub, *matching]} if matching else sub
+            matching = _pattern_schemas(schema.get("patternProperties", {}), name, ptr)
+            props[name] = {"allOf": [_at(sub, pointer_join(ptr, "properties", name)), *matching]} if matching else sub
         required = list(dict.fromkeys(schema.get("required", [])))
         extra_schema = schema.get("additionalProperties", True)
         for name in required:
             if name not in props:
-                matching = _pattern_schemas(schema.get("patternProperties", {}), name)
+                matching = _pattern_schemas(schema.get("patternProperties", {}), name, ptr)
                 if not matching and extra_schema is False:
                     return None
                 props[name] = {"allOf": matching} if matching else extra_schema
@@ -630,8 +651,34 @@ def _localize_additional(own: dict, other: dict) -> dict:
     return {**own, "properties": {**declared, **added}} if added else own
 
 
-def _pattern_schemas(pattern_properties: dict, name: str) -> list:
-    """Schemas of the patternProperties whose pattern finds `name` (Python re approximates ECMA)."""
+def _at(sub: object, pointer: str) -> object:
+    """`sub` marked with the pointer it was written at (an existing mark is kept)."""
+    return {**sub, _AT: pointer} if isinstance(sub, dict) and _AT not in sub else sub
+
+
+def _mark_children(sub: dict, ptr: str) -> dict:
+    """`sub` (written at `ptr`) with its direct subschemas marked, so they keep their pointers once merged."""
+    out = dict(sub)
+    for key in ("additionalProperties", "items", "additionalItems", "contains", "propertyNames"):
+        if isinstance(out.get(key), dict):
+            out[key] = _at(out[key], pointer_join(ptr, key))
+    for key in ("items", "prefixItems", "anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_at(s, pointer_join(ptr, key, i)) for i, s in enumerate(out[key])]
+    for key in ("properties", "patternProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = {n: _at(s, pointer_join(ptr, key, n)) for n, s in out[key].items()}
+    return out
+
+
+def _unmarked(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k not in (_AT, _FROM)}
+    return [_unmarked(v) for v in value] if isinstance(value, list) else value
+
+
+def _pattern_schemas(pattern_properties: dict, name: str, ptr: str = "") -> list:
+    """Schemas of the patternProperties whose pattern finds `name` (Python re approximates ECMA), marked."""
     found = []
     for pattern, sub in pattern_properties.items():
         try:
@@ -639,7 +686,7 @@ def _pattern_schemas(pattern_properties: dict, name: str) -> list:
         except re.error:
             hit = True  # patternProperties is relaxed and listed: the validator decides
         if hit:
-            found.append(sub)
+            found.append(_at(sub, pointer_join(ptr, "patternProperties", pattern)))
     return found
 
 
@@ -738,4 +785,4 @@ def _number_bounds(schema: dict) -> tuple[tuple[int | None, bool], tuple[int | N
 
 
 def _json_equal(a: object, b: object) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return json.dumps(_unmarked(a), sort_keys=True) == json.dumps(_unmarked(b), sort_keys=True)

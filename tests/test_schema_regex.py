@@ -345,6 +345,16 @@ def test_all_of_additional_properties_cover_names_other_branches_declare():
     assert accepts(nested, '{"a": {"x": 1}}') and not accepts(nested, '{"a": {}}')
 
 
+def test_all_of_merges_pattern_properties_and_points_at_the_branch():
+    both = {"type": "object", "required": ["ab"], "allOf": [
+        {"patternProperties": {"a": {"type": "integer", "minimum": 0}}},
+        {"patternProperties": {"b": {"type": "integer", "maximum": 5}}}]}
+    assert accepts(both, '{"ab": 3}') and not accepts(both, '{"ab": 6}') and not accepts(both, '{"ab": -1}')
+    step = {"$ref": "#/$defs/x", "$defs": {"x": {"type": "object", "required": ["ab"], "allOf": [
+        {"patternProperties": {"a": {"type": "number", "multipleOf": 2.5}}}]}}}
+    assert ("/$defs/x/allOf/0/patternProperties/a", "multipleOf") in relaxed(step)
+
+
 def test_declared_property_also_takes_matching_pattern_properties():
     schema = {"type": "object", "properties": {"ab": {"type": "integer"}},
               "patternProperties": {"^a": {"minimum": 0}}, "required": ["ab"]}
