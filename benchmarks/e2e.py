@@ -172,7 +172,9 @@ def main(argv=None) -> int:
 
     from surecall.catalog import seed_tools
     from surecall.config import EngineConfig
-    from surecall.formats_compat import catalog_regex, get_format
+    from surecall.grammars.compile import compile_catalog
+    from surecall.grammars.formats import catalog_regex, get_format
+    from surecall.kernels._triton import resolve_backend
     from surecall.llm import LLM
 
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
@@ -181,12 +183,11 @@ def main(argv=None) -> int:
     llm = LLM(model, tokenizer=vocab, config=EngineConfig(max_batch_size=max(batches)))
     tools = seed_tools()
     fmt = get_format(llm.default_format)
-    from surecall.formats_compat import compile_tools
 
     start = time.perf_counter()
-    table = compile_tools(tools, vocab, fmt, None, use_cache=False)
+    table = compile_catalog(tools, vocab, fmt.name, None, use_cache=False)
     ours_compile_s = time.perf_counter() - start
-    regex = catalog_regex(tools, fmt, None)
+    regex = catalog_regex(tools, fmt, None).regex
     try:
         compiled, xgr_compile_s = xgrammar_compiled(vocab, regex)
     except Exception as exc:  # the peer is optional on a bare machine
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
                     "device": torch.cuda.get_device_name() if gpu else "cpu", "num_threads": torch.get_num_threads(),
                     "load_average_1m": os.getloadavg()[0]},
         "model": model_name, "vocab": SHAPES[model_name]["vocab"], "dtype": str(dtype), "tool_format": fmt.name,
-        "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": llm.ops.name,
+        "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": "surecall.kernels:" + resolve_backend("auto", llm.runner.device),
         "compile_s": {"ours": ours_compile_s, "xgrammar": xgr_compile_s},
         "table": {"num_states": table.num_states, "dist_start": int(table.dist[0]), "relaxed": table.relaxed},
         "rows": rows,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from surecall.errors import SurecallError
+from surecall.grammars.formats import ToolFormat, get_format
 
 
 @dataclass
@@ -64,17 +65,12 @@ def _validate(schema: dict, arguments: Any) -> str | None:
     return "; ".join(errors) or None
 
 
-def check_call(text: str, tool_format, tools: list) -> CallCheck:
-    """Parse `text` with the tool format and validate the call against the matching tool."""
-    prefix = getattr(tool_format, "control_prefix", None)
-    candidates = [text] + ([text.lstrip()[len(prefix) :]] if prefix and text.lstrip().startswith(prefix) else [])
-    for i, candidate in enumerate(candidates):
-        try:
-            name, arguments = tool_format.parse(candidate)
-            break
-        except (SurecallError, ValueError, TypeError, KeyError) as exc:
-            if i == len(candidates) - 1:
-                return CallCheck(None, f"malformed call: {exc}", "malformed")
+def check_call(text: str, tool_format: str | ToolFormat, tools: list) -> CallCheck:
+    """Parse `text` with the tool format (a leading control token is skipped) and validate the call."""
+    try:
+        name, arguments = get_format(tool_format).parse(text)
+    except (SurecallError, ValueError, TypeError, KeyError) as exc:
+        return CallCheck(None, f"malformed call: {exc}", "malformed")
     call = ToolCall(name, arguments if isinstance(arguments, dict) else {})
     schemas = dict(tool_name_schema(t) for t in tools)
     if name not in schemas:

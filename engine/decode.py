@@ -6,7 +6,10 @@ without waiting for the device. Constrained rows carry a global state id in one 
 TokenTable (mixed tools in one batch) and a remaining budget, so the mask only keeps tokens that
 can still reach acceptance: a constrained row never ends mid-call. Forced prefix ids (a
 control token such as Mistral's `[TOOL_CALLS]`) are appended to the prompt and reported as
-generated tokens with masked logprob 0. This module does not tokenize, parse or validate.
+generated tokens with masked logprob 0. Masking, sampling and advancing are `surecall.kernels`;
+a row whose mask allows nothing, or whose token the grammar refuses, ends with finish_reason
+"error" and a message (a table or kernel bug, never a silent success). This module does not
+tokenize, parse or validate.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from surecall.config import EngineConfig, SamplingParams
-from surecall.kernel_ops import KernelOps
+from surecall.kernels import DEAD_STATE, SamplingTensors, advance, sample
+
+EMPTY_MASK, REFUSED_TOKEN = 1, 2  # why a row failed (fail codes inside the loop)
 
 
 @dataclass
@@ -35,7 +40,8 @@ class RowOutput:
     token_ids: list[int]
     logprobs: list[float] | None
     unmasked_logprobs: list[float] | None
-    finish_reason: str  # "stop" (a stop id ended it) | "length" (max_tokens reached)
+    finish_reason: str  # "stop" (a stop id ended it) | "length" (max_tokens reached) | "error"
+    error: str | None = None  # why the row failed (finish_reason "error")
 
 
 @dataclass
@@ -105,13 +111,31 @@ def _forced_unmasked(logits_last: torch.Tensor, rows: list[DecodeRow]) -> list[l
     return out
 
 
+def _record(fail, fail_at, rows, code: int, step: int, state, tok) -> None:
+    """Mark `rows` (bool [B]) failed with `code` at this step, keeping the state and token (no sync)."""
+    fail.copy_(torch.where(rows, code, fail))
+    here = torch.stack([torch.full_like(tok, step), state.to(torch.int64), tok.to(torch.int64)], dim=1)
+    fail_at.copy_(torch.where(rows.view(-1, 1), here, fail_at))
+
+
+def _fail_messages(codes: list[int], where: list[list[int]]) -> list[str | None]:
+    out: list[str | None] = []
+    for code, (step, state, tok) in zip(codes, where, strict=True):
+        if code == EMPTY_MASK:
+            out.append(f"at step {step}, the grammar mask of state {state} allows no token")
+        elif code == REFUSED_TOKEN:
+            out.append(f"at step {step}, token {tok} is not allowed in grammar state {state}")
+        else:
+            out.append(None)
+    return out
+
+
 class Decoder:
     """Runs one batch (at most the runner's batch limit) from prompts to finished rows."""
 
-    def __init__(self, runner, config: EngineConfig | None = None, ops: KernelOps | None = None):
+    def __init__(self, runner, config: EngineConfig | None = None):
         self.runner = runner
         self.config = config or EngineConfig()
-        self.ops = ops or KernelOps()
         if self.config.cuda_graphs:
             warnings.warn("EngineConfig(cuda_graphs=True) is not implemented yet: the decode step runs eagerly",
                           stacklevel=2)
@@ -121,7 +145,7 @@ class Decoder:
         self,
         rows: list[DecodeRow],
         stop_ids: list[int],  # ids that end a free row (constrained rows: the table's stop ids)
-        table=None,  # the batch's concatenated table, already on the device (ops.to_device), or None
+        table=None,  # the batch's concatenated table as a kernels DeviceTable on the runner's device, or None
         pad_id: int = 0,
     ) -> DecodeOutput:
         device = self.runner.device
@@ -157,6 +181,8 @@ class Decoder:
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         by_stop = torch.zeros(batch, dtype=torch.bool, device=device)
         length = torch.zeros(batch, dtype=torch.int64, device=device)
+        fail = torch.zeros(batch, dtype=torch.int32, device=device)  # 0 | EMPTY_MASK | REFUSED_TOKEN
+        fail_at = torch.zeros((batch, 3), dtype=torch.int64, device=device)  # step, state, token
         pad = torch.full((batch,), pad_id, dtype=torch.int64, device=device)
         use_sort = any(r.sampling.top_k > 0 or r.sampling.top_p < 1.0 for r in rows)
         num_steps = 0
@@ -165,28 +191,34 @@ class Decoder:
             num_steps = step + 1
             remaining = (budget - step).clamp_min(1)
             step_t = torch.full((batch,), step, dtype=torch.int64, device=device)
+            params = SamplingTensors(temperature, top_k, top_p, seed, step_t, use_top_k_top_p=use_sort)
             mark = clock.start("mask_s" if dtable is not None else "sample_s")
-            tok, lp, raw = self.ops.sample(
-                logits, dtable, torch.where(done, -1, state), remaining, temperature, top_k, top_p, seed, step_t,
-                use_sort=use_sort, want_unmasked=want_unmasked, check=self.config.check_kernel_inputs,
-            )
+            out = sample(logits, dtable, torch.where(done, -1, state), params, remaining=remaining,
+                         return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs)
             clock.stop(mark)
-            done |= tok < 0  # a row whose mask allowed nothing (a table bug): end it, never embed -1
+            tok = out.tokens
+            empty = ~done & (tok < 0)  # the mask allowed nothing: end the row as an error, never embed -1
+            _record(fail, fail_at, empty, EMPTY_MASK, step, state, tok)
+            length = torch.where(empty, step, length)
+            done |= empty
             tok = torch.where(done, pad, tok)
             out_tok[:, step] = tok
-            out_lp[:, step] = lp
+            out_lp[:, step] = out.logprobs
             if want_unmasked:
-                out_raw[:, step] = raw
+                out_raw[:, step] = out.unmasked_logprobs
             # 4. advance grammars; decide which rows finished with this token
             finished = torch.isin(tok, stops)
             if dtable is not None:
                 mark = clock.start("mask_s")
-                next_state, fin_grammar = self.ops.advance(state.clamp_min(0), tok, dtable, check=False)
-                state = torch.where(is_constrained & ~done, next_state.to(torch.int32), state)
+                live = is_constrained & ~done
+                next_state, fin_grammar = advance(torch.where(live, state, -1), tok, dtable, check=False)
+                refused = live & (next_state == DEAD_STATE)  # the grammar does not allow the token
+                _record(fail, fail_at, refused, REFUSED_TOKEN, step, state, tok)
+                state = torch.where(live & ~refused, next_state, state)
                 finished = torch.where(is_constrained, fin_grammar, finished)
                 clock.stop(mark)
             newly = ~done & (finished | (step + 1 >= budget))
-            by_stop |= ~done & finished
+            by_stop |= newly & finished & (fail == 0)
             length = torch.where(newly, step + 1, length)
             done |= newly
             if (step + 1) % self.config.stop_check_interval == 0 and bool(done.all()):
@@ -195,6 +227,7 @@ class Decoder:
                 logits = self.runner.decode(tok)
         # 5. gather results on the host once
         lengths, stopped = length.tolist(), by_stop.tolist()
+        errors = _fail_messages(fail.tolist(), fail_at.tolist())
         tok_host, lp_host = out_tok.tolist(), out_lp.tolist()
         raw_host = out_raw.tolist() if want_unmasked else None
         decode_s = time.perf_counter() - t1
@@ -203,18 +236,19 @@ class Decoder:
         self.runner.release()
         return DecodeOutput(
             [self._row_output(r, lengths[b], stopped[b], tok_host[b], lp_host[b],
-                              raw_host[b] if raw_host else None, forced_unmasked[b])
+                              raw_host[b] if raw_host else None, forced_unmasked[b], errors[b])
              for b, r in enumerate(rows)],
             timings,
         )
 
     @staticmethod
-    def _row_output(row, n, stopped, toks, lps, raws, forced_raw) -> RowOutput:
+    def _row_output(row, n, stopped, toks, lps, raws, forced_raw, error) -> RowOutput:
         forced = list(row.forced_ids)
         s = row.sampling
         return RowOutput(
             token_ids=forced + toks[:n],
             logprobs=[0.0] * len(forced) + lps[:n] if s.logprobs else None,
             unmasked_logprobs=forced_raw + raws[:n] if s.unmasked_logprobs and raws is not None else None,
-            finish_reason="stop" if stopped else "length",
+            finish_reason="error" if error else ("stop" if stopped else "length"),
+            error=error,
         )

@@ -19,8 +19,9 @@ from surecall.calls import ToolCall, check_call, tool_name_schema
 from surecall.config import EngineConfig, SamplingParams
 from surecall.decode import Decoder, DecodeRow
 from surecall.errors import ModelLoadError, RequestError, SurecallError
-from surecall.formats_compat import compile_tools, get_format
-from surecall.kernel_ops import KernelOps
+from surecall.grammars.compile import compile_catalog
+from surecall.grammars.formats import get_format
+from surecall.kernels import DeviceTable
 from surecall.model_runner import ModelRunner
 from surecall.prompts import is_single_prompt, render_prompt
 
@@ -39,7 +40,7 @@ class GenerationResult:
     finish_reason: str  # "stop" | "length" | "error"
     timings: dict = field(default_factory=dict)  # prefill_s, decode_s, mask_s, compile_s, num_steps
     num_tokens: int = 0
-    error_kind: str | None = None  # "malformed" | "invalid" | "request" | None
+    error_kind: str | None = None  # "malformed" | "invalid" | "request" | "decode" | None
 
 
 @dataclass
@@ -117,8 +118,7 @@ class LLM:
         if isinstance(self.tokenizer, Vocab):
             self.tokenizer = None
         self.default_format = _default_format(self.tokenizer, self.runner.model_type)
-        self.ops = KernelOps()
-        self.decoder = Decoder(self.runner, self.config, self.ops)
+        self.decoder = Decoder(self.runner, self.config)
         self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable
         self._device_tables: dict[tuple, tuple] = {}  # tuple of table keys -> (device table, offsets)
 
@@ -163,7 +163,10 @@ class LLM:
 
     # --- preparation ----------------------------------------------------------------------
     def _format(self, name: str | None):
-        return get_format(name or self.default_format)
+        try:
+            return get_format(name or self.default_format)
+        except ValueError as exc:
+            raise RequestError(f"Invalid tool_format: {exc}") from exc
 
     @staticmethod
     def _per_row_tools(tools, n: int) -> list:
@@ -228,7 +231,7 @@ class LLM:
         if key not in self._tables:
             start = time.perf_counter()
             named = [{"name": n, "parameters": s} for n, s in (tool_name_schema(t) for t in tools)]
-            self._tables[key] = compile_tools(named, self.vocab, fmt, self.config.grammar_options)
+            self._tables[key] = compile_catalog(named, self.vocab, fmt.name, self.config.grammar_options)
             self._compile_s += time.perf_counter() - start
         return self._tables[key]
 
@@ -250,7 +253,7 @@ class LLM:
                 self._device_tables.pop(next(iter(self._device_tables)))
             tables = [self._tables[k] for k in keys]
             table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
-            self._device_tables[keys] = (self.ops.to_device(table, self.runner.device), [int(o) for o in offsets])
+            self._device_tables[keys] = (DeviceTable.from_table(table, self.runner.device), [int(o) for o in offsets])
         return self._device_tables[keys]
 
     def _decode_chunk(self, chunk: list[_Row], constrained: bool, fmt) -> list[GenerationResult]:
@@ -267,7 +270,9 @@ class LLM:
     def _result(self, row: _Row, out, timings: dict, constrained: bool, fmt) -> GenerationResult:
         text = self._text(out.token_ids)
         call, error, kind = None, None, None
-        if row.tools:
+        if out.error:  # the decoder ended the row (empty mask, refused token): report it, do not parse
+            error, kind = f"Decode error at row {row.index}: {out.error}", "decode"
+        elif row.tools:
             check = check_call(text, fmt, row.tools)
             call, error, kind = check.call, check.error, check.error_kind
         return GenerationResult(

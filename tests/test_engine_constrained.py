@@ -8,6 +8,7 @@ every completion must still parse in the model's tool format and satisfy the too
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema_rs
 import numpy as np
@@ -199,6 +200,22 @@ def test_bad_row_reports_and_the_rest_decode(llama):
     assert results[1].finish_reason == "error" and "Invalid prompt at row 1" in results[1].error
     assert results[2].finish_reason == "error" and results[2].error
     assert results[3].finish_reason == "error" and "shortest call takes" in results[3].error
+
+
+def test_a_decode_failure_is_the_rows_error_not_a_call(llama, monkeypatch):
+    import surecall.decode as decode_mod
+    from surecall.kernels import sample as kernel_sample
+
+    def nothing_allowed(*args, **kwargs):  # what the sampler returns for a row whose mask is empty
+        out = kernel_sample(*args, **kwargs)
+        out.tokens.fill_(-1)
+        return out
+
+    monkeypatch.setattr(decode_mod, "sample", nothing_allowed)
+    tools = seed_tools()
+    result = llama.generate(_prompts(1), tools=tools, sampling=SamplingParams(max_tokens=llama.min_tokens(tools) + 2))[0]
+    assert result.finish_reason == "error" and result.error_kind == "decode" and result.call is None
+    assert re.search(r"Decode error at row 0: at step 0, the grammar mask of state \d+ allows no token", result.error)
 
 
 def test_tools_that_fail_to_compile_raise_when_alone(llama):

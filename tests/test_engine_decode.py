@@ -8,6 +8,7 @@ plus the mask, seeded rows ignore their batch, and mixed grammars share one conc
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from surecall.config import EngineConfig, SamplingParams
 from surecall.decode import Decoder, DecodeRow
+from surecall.kernels import DeviceTable
 from surecall.model_runner import ModelRunner
 
 SCHEMA_A = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer", "minimum": 1, "maximum": 500}},
@@ -72,8 +74,7 @@ def _walk(table, ids, stops, start: int = 0) -> int:
 @pytest.mark.parametrize("extra", [0, 1, 5])
 def test_budget_always_ends_in_an_accepting_state(runner, vocab, tables, extra):
     a, b, both, offsets = tables
-    ops = _decoder(runner).ops
-    dtable = ops.to_device(both, runner.device)
+    dtable = DeviceTable.from_table(both, runner.device)
     rows = [
         DecodeRow([1, 100 + i], SamplingParams(max_tokens=int(both.dist[offsets[i % 2]]) + extra, seed=i), state=offsets[i % 2])
         for i in range(4)
@@ -113,7 +114,7 @@ def test_logprobs_equal_forward_pass_plus_mask(runner, vocab, tables):
     a = tables[0]
     params = SamplingParams(temperature=0.7, max_tokens=int(a.dist[0]) + 6, seed=3, unmasked_logprobs=True)
     dec = _decoder(runner)
-    out = dec.run([DecodeRow([1, 42], params, state=0)], stop_ids=list(vocab.stop_ids), table=dec.ops.to_device(a, runner.device))
+    out = dec.run([DecodeRow([1, 42], params, state=0)], stop_ids=list(vocab.stop_ids), table=DeviceTable.from_table(a, runner.device))
     r = out.rows[0]
     masked, raw = _reference(runner, a, [1, 42], r.token_ids, 0.7, params.max_tokens, set(vocab.stop_ids))
     assert np.allclose(r.logprobs, masked, atol=2e-4)
@@ -123,7 +124,7 @@ def test_logprobs_equal_forward_pass_plus_mask(runner, vocab, tables):
 def test_seeded_constrained_rows_ignore_the_batch(runner, vocab, tables):
     a, b, both, offsets = tables
     dec = _decoder(runner)
-    dtable = dec.ops.to_device(both, runner.device)
+    dtable = DeviceTable.from_table(both, runner.device)
     mine = SamplingParams(max_tokens=30, seed=99)
     alone = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], stop_ids=list(vocab.stop_ids), table=dtable).rows[0]
     batch = dec.run(
@@ -144,13 +145,59 @@ def test_forced_prefix_is_reported_first(runner, vocab, tables):
     dec = _decoder(runner)
     params = SamplingParams(max_tokens=int(a.dist[0]) + 4, seed=5, unmasked_logprobs=True)
     r = dec.run([DecodeRow([1, 9], params, state=0, forced_ids=(control,))], stop_ids=list(vocab.stop_ids),
-                table=dec.ops.to_device(a, runner.device)).rows[0]
+                table=DeviceTable.from_table(a, runner.device)).rows[0]
     assert r.token_ids[0] == control and r.logprobs[0] == 0.0
     assert len(r.token_ids) <= params.max_tokens
     with torch.no_grad():
         ref = torch.log_softmax(runner.model(torch.tensor([[1, 9]])).logits[0, -1].float(), -1)[control]
     assert r.unmasked_logprobs[0] == pytest.approx(float(ref), abs=2e-4)
     json.loads(_text(vocab, r.token_ids[1:]))
+
+
+def _one_state_table(vocab, allowed_tok: int):
+    """A 2-state table: state 0 allows only `allowed_tok` (-> state 1); state 1 accepts and allows nothing."""
+    from surecall.grammars.table import TokenTable
+
+    words = (vocab.logits_width + 31) // 32
+    mask = np.zeros((2, words), dtype=np.int32)
+    mask[0, allowed_tok // 32] = 1 << (allowed_tok % 32)  # allowed_tok % 32 < 31: no sign bit
+    return TokenTable(
+        mask=mask, accept=np.array([False, True]), dist=np.array([1, 0], dtype=np.int32),
+        trans_ptr=np.array([0, 1, 1], dtype=np.int32), trans_tok=np.array([allowed_tok], dtype=np.int32),
+        trans_next=np.array([1], dtype=np.int32), stop_ids=np.array(sorted(vocab.stop_ids), dtype=np.int32),
+        vocab_size=vocab.vocab_size, logits_width=vocab.logits_width,
+    )
+
+
+def test_a_row_whose_mask_allows_nothing_is_an_error(runner, vocab):
+    table = _one_state_table(vocab, 300)  # state 1 accepts but masks every stop id: nothing to sample
+    dec = Decoder(runner, EngineConfig(check_kernel_inputs=False))
+    rows = [DecodeRow([1, 5], SamplingParams(max_tokens=4, seed=0), state=0),
+            DecodeRow([1, 6], SamplingParams(max_tokens=3, seed=1, temperature=0))]
+    out = dec.run(rows, stop_ids=list(vocab.stop_ids), table=DeviceTable.from_table(table, runner.device))
+    bad, free = out.rows
+    assert bad.finish_reason == "error" and bad.token_ids == [300]
+    assert re.search(r"at step 1, the grammar mask of state 1 allows no token", bad.error)
+    assert free.error is None and free.finish_reason in ("stop", "length")
+
+
+def test_a_token_the_grammar_refuses_is_an_error(runner, vocab, monkeypatch):
+    import surecall.decode as decode_mod
+    from surecall.kernels import sample as kernel_sample
+
+    def wrong_token(*args, **kwargs):  # a sampler that ignores the mask (a kernel bug)
+        out = kernel_sample(*args, **kwargs)
+        out.tokens.fill_(301)
+        return out
+
+    monkeypatch.setattr(decode_mod, "sample", wrong_token)
+    table = _one_state_table(vocab, 300)
+    dec = Decoder(runner, EngineConfig(check_kernel_inputs=False))
+    out = dec.run([DecodeRow([1, 5], SamplingParams(max_tokens=4, seed=0), state=0)], stop_ids=list(vocab.stop_ids),
+                  table=DeviceTable.from_table(table, runner.device))
+    row = out.rows[0]
+    assert row.finish_reason == "error" and row.token_ids == [301]
+    assert re.search(r"at step 0, token 301 is not allowed in grammar state 0", row.error)
 
 
 @pytest.mark.gpu
@@ -163,7 +210,7 @@ def test_cuda_decode_is_valid_deterministic_and_batch_independent(vocab, tables)
     runner = ModelRunner(MistralForCausalLM(config).eval(), device="cuda")
     a, b, both, offsets = tables
     dec = _decoder(runner)
-    dtable = dec.ops.to_device(both, runner.device)
+    dtable = DeviceTable.from_table(both, runner.device)
     mine = SamplingParams(max_tokens=int(both.dist[offsets[0]]) + 8, seed=42)
     others = [DecodeRow([1, 5 + i], SamplingParams(max_tokens=30, seed=i), state=offsets[i % 2]) for i in range(6)]
     alone = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], list(vocab.stop_ids), table=dtable).rows[0]
