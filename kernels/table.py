@@ -82,7 +82,10 @@ class DeviceTable:
         nnz_pad = max(int(table.trans_tok.shape[0]), 1)
 
         def put(a: np.ndarray, dtype: torch.dtype, size: int | None = None) -> torch.Tensor:
-            t = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+            a = np.ascontiguousarray(a)
+            if not a.flags.writeable:  # a memory-mapped cache entry: torch wants a writable buffer
+                a = a.copy()
+            t = torch.from_numpy(a).to(dtype)
             if size is not None and t.numel() < size:
                 t = torch.cat([t, torch.zeros(size - t.numel(), dtype=dtype)])
             return t.to(dev)
