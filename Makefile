@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/compile.py
 	$(PY) benchmarks/dispatch.py
+	$(PY) benchmarks/toolbox.py
 	$(PY) benchmarks/e2e.py
 
 lint: $(STAMP)
