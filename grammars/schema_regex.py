@@ -224,7 +224,8 @@ class Converter:
         self.ref_depth[ref] = depth + 1
         try:
             if any(k in _ASSERTING for k in rest):
-                return self.convert({"allOf": [_at(target, target_ptr), _at(rest, ptr)]}, ptr)
+                # the validator reports the target's keywords under the referencing schema's path
+                return self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr)
             return self.convert(target, target_ptr)
         finally:
             self.ref_depth[ref] = depth
@@ -248,9 +249,9 @@ class Converter:
         if hops > 32:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
-            target, target_ptr = self.resolve(sub["$ref"], ptr)
+            target, _ = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
-            sub = {"allOf": [_at(target, target_ptr), _at(rest, ptr)]}
+            sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
         if isinstance(sub, dict) and "allOf" in sub:
             return self.merge_all_of(sub, ptr, hops + 1)
         if isinstance(sub, dict) and all(k == _AT for k in sub):
