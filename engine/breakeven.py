@@ -83,14 +83,14 @@ def format_table(rows: list[ToolBreakeven]) -> str:
     """A readable fixed-width table of the report rows."""
     header = (
         f"{'tool':<16}{'calls':>6}{'L_gen':>8}{'t_dec ms':>10}{'t_mask us':>11}{'+-us':>8}"
-        f"{'malf':>6}{'inval':>6}{'p_err':>8}{'T_rep s':>9}{'p_break':>10}  decision"
+        f"{'malf':>6}{'inval':>6}{'p_err':>8}{'T_rep s':>9}{'rep tok':>8}{'p_break':>10}  decision"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
             f"{r.tool:<16}{r.num_calls:>6}{r.l_gen:>8.1f}{r.t_decode_s * 1e3:>10.3f}{r.t_mask_s * 1e6:>11.1f}"
             f"{r.t_mask_spread_s * 1e6:>8.1f}{r.num_malformed:>6}{r.num_invalid:>6}{r.p_err:>8.2%}"
-            f"{r.t_repair_s:>9.3f}{r.p_break:>10.3%}  {r.decision}"
+            f"{r.t_repair_s:>9.3f}{r.repair_context_tokens:>8.0f}{r.p_break:>10.3%}  {r.decision}"
         )
     return "\n".join(lines)
 
