@@ -82,6 +82,10 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
 
 
 def _is_relaxed(where: str, keyword: str, relaxed_pairs: set) -> bool:
+    # An error inside a then/else branch belongs to the `if` next to it: relaxed when that `if` is.
+    for branch in ("/then", "/else"):
+        if branch in where and _is_relaxed(where.rsplit(branch, 1)[0], "if", relaxed_pairs):
+            return True
     tail = where.split("/$ref", 1)[-1] if "/$ref" in where else where
     for pointer, kw in relaxed_pairs:
         if kw == keyword and (pointer == where or pointer.endswith(tail) or where.endswith(pointer)):
