@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cached_vocab
+
 from surecall.cli import main
 from surecall.errors import VocabError
 from surecall.grammars import load_vocab
