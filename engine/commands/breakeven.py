@@ -78,13 +78,13 @@ def measure_and_write(args: argparse.Namespace) -> dict:
     from surecall.breakeven import format_table, plot
     from surecall.breakeven_run import BreakevenConfig, measure
     from surecall.llm import LLM
-    from surecall.models import default_model_dir, heldout_path
+    from surecall.models import default_heldout_path, default_model_dir
     from surecall.tools_io import load_tool_dicts
 
     cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
     model_dir = args.model or str(default_model_dir())
     set_cpu_threads(getattr(args, "threads", None), is_tiny=args.model is None)
-    prompts = load_prompts(args.prompts or heldout_path(), args.limit)
+    prompts = load_prompts(args.prompts or default_heldout_path(), args.limit)
     tools = load_tool_dicts(args.tools)
     llm = LLM(model_dir, device=args.device)
     with tqdm(desc="breakeven", unit="pass", dynamic_ncols=True) as bar:

@@ -31,13 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from surecall.commands.breakeven import load_prompts, measure_and_write, set_cpu_threads
-    from surecall.models import default_model_dir, heldout_path
+    from surecall.models import default_heldout_path, default_model_dir
 
     set_cpu_threads(args.threads, is_tiny=True)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir, prompts_path = default_model_dir(), heldout_path()
+    model_dir, prompts_path = default_model_dir(), default_heldout_path()
     prompts = load_prompts(prompts_path, args.limit)
     print(f"surecall run: model {model_dir.name}, {len(prompts)} held-out prompts, report in {out}/")
 
