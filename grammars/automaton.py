@@ -144,10 +144,10 @@ def _densify(raw: dict, initial: int, finals: set) -> ByteDFA:
 def prune(trans: np.ndarray, accept: np.ndarray, start: int = 0) -> ByteDFA:
     """Drop unreachable and dead states; renumber in BFS order from `start` (which becomes 0)."""
     succ = successor_lists(trans)
-    live = _coreachable(succ, accept)
+    live = coreachable(succ, accept)
     if not live[start]:
         raise SchemaError("the grammar matches no text at all", pointer="", keyword="regex")
-    order = _bfs_order(succ, start, live)
+    order = bfs_order(succ, start, live)
     new_id = np.full(trans.shape[0] + 1, -1, dtype=np.int32)  # index -1 (dead) maps to -1
     new_id[order] = np.arange(len(order), dtype=np.int32)
     new_trans = new_id[trans[order]]
@@ -173,7 +173,8 @@ def successor_lists(trans: np.ndarray) -> list[list[int]]:
     return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
-def _coreachable(succ: list[list[int]], accept: np.ndarray) -> np.ndarray:
+def coreachable(succ, accept: np.ndarray) -> np.ndarray:
+    """Which states can reach an accepting state (reverse BFS); `succ[s]` lists s's successors."""
     pred: list[list[int]] = [[] for _ in succ]
     for s, targets in enumerate(succ):
         for t in targets:
@@ -189,7 +190,8 @@ def _coreachable(succ: list[list[int]], accept: np.ndarray) -> np.ndarray:
     return live
 
 
-def _bfs_order(succ: list[list[int]], start: int, live: np.ndarray) -> np.ndarray:
+def bfs_order(succ, start: int, live: np.ndarray) -> np.ndarray:
+    """Live states reachable from `start`, in BFS order (the dense numbering)."""
     seen = {start}
     order = [start]
     queue = deque([start])

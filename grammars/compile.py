@@ -18,7 +18,13 @@ import numpy as np
 
 from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
 from surecall.grammars import cache as table_cache
-from surecall.grammars.automaton import ByteDFA, regex_to_dfa, regex_to_dfa_isolated
+from surecall.grammars.automaton import (
+    ByteDFA,
+    bfs_order,
+    coreachable,
+    regex_to_dfa,
+    regex_to_dfa_isolated,
+)
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import token_rows, vocab_index
 
@@ -181,32 +187,13 @@ def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
 
 def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
     """States reachable from 0 that reach acceptance over token transitions, in BFS order from 0."""
-    n = len(succ)
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for s, targets in enumerate(succ):
-        for t in targets.tolist():
-            pred[t].append(s)
-    live = accept.copy()
-    queue = deque(np.flatnonzero(accept).tolist())
-    while queue:
-        t = queue.popleft()
-        for s in pred[t]:
-            if not live[s]:
-                live[s] = True
-                queue.append(s)
+    succ = [targets.tolist() for targets in succ]
+    live = coreachable(succ, accept)
     if not live[0]:
         raise UnsupportedSchema(
             "no token sequence of this vocabulary spells a document the grammar accepts", pointer="", keyword=None
         )
-    order, seen, queue = [0], {0}, deque([0])
-    while queue:
-        s = queue.popleft()
-        for t in succ[s].tolist():
-            if live[t] and t not in seen:
-                seen.add(t)
-                order.append(t)
-                queue.append(t)
-    return np.asarray(order, dtype=np.int64)
+    return bfs_order(succ, 0, live)
 
 
 _DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
