@@ -50,7 +50,8 @@ class SamplingParams:
 @dataclass(frozen=True)
 class EngineConfig:
     stop_check_interval: int = 8  # steps between host syncs that look for finished rows
-    cuda_graphs: bool = False  # capture the decode step per batch bucket: not implemented yet (warns)
+    cuda_graphs: bool | None = None  # decode step per batch bucket in a CUDA graph: None = on CUDA when the
+    # model allows; True = static-shape step always (captured on CUDA, eager on CPU); False = dynamic cache
     max_batch_size: int = 256  # rows per forward pass; larger requests are split
     max_seq_len: int | None = None  # prompt + generation limit; None = the model's max positions
     grammar_options: Any = None  # surecall.grammars.options.GrammarOptions or None for defaults
@@ -62,8 +63,8 @@ class EngineConfig:
             raise ValueError(
                 f"Invalid stop_check_interval: expected an integer >= 1, got {self.stop_check_interval!r}"
             )
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"Invalid cuda_graphs: expected a bool, got {self.cuda_graphs!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"Invalid cuda_graphs: expected None (auto) or a bool, got {self.cuda_graphs!r}")
         if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
             raise ValueError(f"Invalid max_batch_size: expected an integer >= 1, got {self.max_batch_size!r}")
         if self.max_seq_len is not None and (not _is_int(self.max_seq_len) or self.max_seq_len < 2):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import secrets
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -136,9 +135,6 @@ class Decoder:
     def __init__(self, runner, config: EngineConfig | None = None):
         self.runner = runner
         self.config = config or EngineConfig()
-        if self.config.cuda_graphs:
-            warnings.warn("EngineConfig(cuda_graphs=True) is not implemented yet: the decode step runs eagerly",
-                          stacklevel=2)
 
     @torch.inference_mode()
     def run(
@@ -158,7 +154,8 @@ class Decoder:
         ids, attn = _left_pad([list(r.prompt_ids) + list(r.forced_ids) for r in rows], pad_id)
         num_last = 1 + max(len(r.forced_ids) for r in rows)
         want_unmasked = any(r.sampling.unmasked_logprobs for r in rows)
-        logits_last = self.runner.prefill(ids, attn, max_steps, num_last=num_last if want_unmasked else 1)
+        logits_last = self.runner.prefill(ids, attn, max_steps, num_last=num_last if want_unmasked else 1,
+                                          cuda_graphs=self.config.cuda_graphs)
         forced_unmasked = _forced_unmasked(logits_last, rows) if want_unmasked else [[] for _ in rows]
         logits = logits_last[:, -1, :]
         if device.type == "cuda":
@@ -231,7 +228,8 @@ class Decoder:
         tok_host, lp_host = out_tok.tolist(), out_lp.tolist()
         raw_host = out_raw.tolist() if want_unmasked else None
         decode_s = time.perf_counter() - t1
-        timings = {"prefill_s": prefill_s, "decode_s": decode_s, "mask_s": 0.0, "num_steps": num_steps}
+        timings = {"prefill_s": prefill_s, "decode_s": decode_s, "mask_s": 0.0, "num_steps": num_steps,
+                   "step_mode": self.runner.last_mode, "graph_capture_s": self.runner.last_capture_s}
         timings.update(clock.result())
         self.runner.release()
         return DecodeOutput(

@@ -5,6 +5,10 @@ safetensors, never downloading) or wraps an already-built `transformers` model. 
 left-padded prompts with an attention mask and explicit position ids; decode feeds one token
 per row against the KV cache. Every line that touches the cache object lives in `_KVCache`, so
 a transformers API change (`past_key_values=` -> `cache=` in 5.24) is fixed in one place.
+With `cuda_graphs` (auto on CUDA) decode runs through a static-shape bucket instead
+(`static_step.py`): preallocated cache, one CUDA graph replay per step; the runner decides when a
+model allows it (full attention within the cache length, a static rotary embedding, sdpa or
+eager attention) and falls back to the dynamic cache, with a warning when it was asked for.
 It does not sample, mask or know about grammars; that is `decode.py` and the kernels.
 """
 
@@ -12,11 +16,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from pathlib import Path
 
 import torch
 
 from surecall.errors import ModelLoadError
+from surecall.static_step import BucketPool, StaticBucket, batch_bucket, cache_bucket
+
+_DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types that rescale from the sequence length (host logic)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -112,6 +120,46 @@ class ModelRunner:
         self._attn: torch.Tensor | None = None  # [B, 1, 1, max_len] decode mask (see _decode_mask)
         self._length = 0  # columns of _attn filled so far
         self._next_pos: torch.Tensor | None = None  # [B] position id of the next token
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.param_dtype = next(model.parameters()).dtype
+        self.attn_is_sdpa = getattr(self.config, "_attn_implementation", "sdpa") == "sdpa"
+        self._buckets = BucketPool()
+        self._static: StaticBucket | None = None  # this run's bucket when decoding with static shapes
+        self._warned: set[str] = set()
+        self.last_mode = "dynamic"  # how the last prefill set up decoding: dynamic | static | graph
+        self.last_capture_s = 0.0  # CUDA-graph capture time paid by the last prefill (0 when reused)
+        self.capture_graphs = True  # False: static shapes on CUDA without capture (tests compare the two)
+
+    def static_reason(self, cache_len: int) -> str | None:
+        """None when the static-shape step fits this model at `cache_len`, else why not."""
+        config = self.config
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        sliding = layer_types is None or "sliding_attention" in layer_types
+        if isinstance(window, int) and sliding and window < cache_len:
+            return f"sliding-window attention ({window} tokens) shorter than the cache ({cache_len} tokens)"
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        if rope_type in _DYNAMIC_ROPE:
+            return f"rotary embedding type {rope_type!r} depends on the sequence length"
+        impl = getattr(config, "_attn_implementation", "sdpa")
+        if impl not in ("sdpa", "eager"):
+            return f"attention implementation {impl!r} (static decoding needs sdpa or eager)"
+        return None
+
+    def _plan(self, batch: int, needed: int, cuda_graphs: bool | None) -> tuple[str, int, int]:
+        """('dynamic'|'static'|'graph', padded batch, cache length) for one run."""
+        if cuda_graphs is False or (cuda_graphs is None and self.device.type != "cuda"):
+            return "dynamic", batch, needed
+        cache_len = cache_bucket(needed, self.max_positions)
+        reason = self.static_reason(cache_len)
+        if reason is not None:
+            if cuda_graphs and reason not in self._warned:
+                self._warned.add(reason)
+                warnings.warn(f"CUDA graphs are off for this model: {reason}; decoding runs eagerly", stacklevel=4)
+            return "dynamic", batch, needed
+        mode = "graph" if self.device.type == "cuda" and self.capture_graphs else "static"
+        return mode, batch_bucket(batch), cache_len
 
     @torch.inference_mode()
     def prefill(
@@ -120,10 +168,16 @@ class ModelRunner:
         attention_mask: torch.Tensor,  # [B, T] long, 0 on padding
         max_new_tokens: int,
         num_last: int = 1,
+        cuda_graphs: bool | None = None,  # None: on CUDA when the model allows; True: static shapes (CPU too)
     ) -> torch.Tensor:  # [B, num_last, V] float32 logits of the last positions
         batch, length = input_ids.shape
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device, dtype=torch.long)
+        mode, padded, cache_len = self._plan(batch, length + max_new_tokens, cuda_graphs)
+        self.last_mode, self.last_capture_s = mode, 0.0
+        if mode != "dynamic":
+            return self._static_prefill(input_ids, attention_mask, num_last, padded, cache_len, mode == "graph")
+        self._static = None
         self._cache = _KVCache(self.model)
         self._attn = self._decode_mask(attention_mask, max_new_tokens)
         self._length = length
@@ -138,6 +192,21 @@ class ModelRunner:
             **self._cache.kwargs(),
         )
         return out.logits[:, -num_last:, :].float()
+
+    def _static_prefill(self, input_ids, attention_mask, num_last, padded, cache_len, use_graph) -> torch.Tensor:
+        bucket = self._buckets.get(self, padded, cache_len)
+        self._static, self._cache = bucket, None
+        logits = bucket.prefill(input_ids, attention_mask, num_last, _cache_keyword(self.model))
+        bucket.use_graph = use_graph
+        if use_graph and bucket.graph is None and bucket.graph_error is None:  # first use of this bucket
+            self.last_capture_s = bucket.capture()
+            if bucket.graph_error and bucket.graph_error not in self._warned:
+                self._warned.add(bucket.graph_error)
+                warnings.warn(f"CUDA graph capture failed, decoding runs eagerly: {bucket.graph_error}",
+                              stacklevel=3)
+        if not use_graph or bucket.graph is None:
+            self.last_mode = "static"
+        return logits
 
     def _decode_mask(self, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """[B, 1, 1, T + new] mask in the form the attention implementation adds or selects with.
@@ -156,6 +225,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [B] long -> logits [B, V] float32
+        if self._static is not None:
+            return self._static.decode(tokens)
         self._length += 1
         out = self.model(
             input_ids=tokens.view(-1, 1),
@@ -167,7 +238,13 @@ class ModelRunner:
         return out.logits[:, -1, :].float()
 
     def release(self) -> None:
-        """Drop the KV cache (frees memory between generate calls)."""
+        """Drop the dynamic KV cache (frees memory between generate calls); static buckets stay for reuse."""
         self._cache = None
+        self._static = None
         self._attn = None
         self._next_pos = None
+
+    def release_buckets(self) -> None:
+        """Free the static caches and CUDA graphs too."""
+        self.release()
+        self._buckets.clear()

@@ -269,3 +269,35 @@ def test_mistral_forces_its_control_token(data_dir):
     for r in results:
         assert r.token_ids[0] == vocab.special_tokens["[TOOL_CALLS]"] and r.logprobs[0] == 0.0
         _assert_valid(r, tools, llm.compile(tools))
+
+
+# --- the static-shape step (what CUDA graphs capture), eager here on CPU ----------------------
+@pytest.fixture(scope="module")
+def llama_static(llama):
+    from surecall.llm import LLM
+
+    return LLM(llama.runner.model, tokenizer=llama.vocab, config=EngineConfig(stop_check_interval=4, cuda_graphs=True))
+
+
+@pytest.mark.parametrize("batch, extra", [(3, 0), (6, 9)])
+def test_static_step_calls_parse_at_tight_budgets(llama_static, batch, extra):
+    tools = seed_tools()
+    params = [_tight(llama_static, tools, extra, 5 * i + extra, temperature=1.0 + 0.1 * (i % 3)) for i in range(batch)]
+    results = llama_static.generate(_prompts(batch), tools=tools, sampling=params)
+    for r, p in zip(results, params, strict=True):
+        assert r.timings["step_mode"] == "static"
+        _assert_valid(r, tools, llama_static.compile(tools))
+        assert r.num_tokens <= p.max_tokens
+
+
+def test_static_step_logprobs_and_batch_independence(llama, llama_static):
+    tools = seed_tools()[:2]
+    prompt = _prompts(1)[0]
+    params = _tight(llama_static, tools, 5, 9, temperature=0.8)
+    [alone] = llama_static.generate([prompt], tools=tools, sampling=params)
+    ref = _reference_logprobs(llama_static, prompt, alone, llama_static.compile(tools), 0.8, params.max_tokens)
+    assert np.allclose(alone.logprobs, ref, atol=2e-4)
+    batch = llama_static.generate([_prompts(3)[2], prompt, _prompts(2)[1]], tools=[[seed_tools()[2]], tools, tools],
+                                  sampling=[_tight(llama_static, [seed_tools()[2]], 3, 1), params, params])
+    assert batch[1].token_ids == alone.token_ids  # 3 rows padded to a bucket of 4
+    assert llama.generate([prompt], tools=tools, sampling=params)[0].token_ids == alone.token_ids  # = dynamic cache

@@ -176,10 +176,3 @@ def test_default_model_loads_and_its_calls_validate():
     for r in llm.generate(prompts, tools=seed_tools(), sampling=SamplingParams(temperature=0, max_tokens=96)):
         assert r.call is not None and r.error is None, (r.text, r.error)
         assert r.text.startswith("<tool_call>")
-
-
-def test_cuda_graphs_flag_says_it_is_not_implemented(stories):
-    from surecall.decode import Decoder
-
-    with pytest.warns(UserWarning, match="cuda_graphs=True\\) is not implemented"):
-        Decoder(ModelRunner(stories / "hf"), EngineConfig(cuda_graphs=True))

@@ -1,0 +1,173 @@
+"""The static-shape decode step: a preallocated KV cache per batch bucket, captured in a CUDA graph.
+
+A bucket is a (padded batch, cache length) pair. It owns a transformers cache of plain
+`StaticLayer`s (K/V tensors at fixed addresses), a token, position and 4D attention-mask buffer,
+and on CUDA one `torch.cuda.CUDAGraph` of the model's one-token forward. A decode step copies the
+new tokens in, opens one mask column, replays the graph and returns a view of its logits: a few
+hundred kernel launches become one. Buckets are reused across `generate` calls (the cache is
+reset, never reallocated, so the captured addresses stay valid). On CPU the same bucket runs
+the forward eagerly, which is how the tests check it against the dynamic cache.
+It does not sample or mask (that stays outside the graph, in `decode.py`, because each batch
+brings its own grammar table), and it does not decide eligibility: `ModelRunner` does.
+"""
+
+# Adapted from the CUDA-graph decode idea in https://pytorch.org/blog/accelerating-generative-ai-2/
+# (static KV cache + graph replay); the code is ours.
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CACHE_LEN_STEP = 256  # cache lengths are rounded up to a multiple of this (fewer distinct graphs)
+MAX_BUCKETS = 4  # buckets kept alive (each holds a full KV cache); least recently used is dropped
+
+
+def batch_bucket(batch: int) -> int:
+    """The smallest bucket holding `batch` rows (the batch itself above the largest bucket)."""
+    return next((size for size in BATCH_BUCKETS if size >= batch), batch)
+
+
+def cache_bucket(needed: int, max_positions: int) -> int:
+    """`needed` rounded up to a multiple of CACHE_LEN_STEP, without passing the model's positions."""
+    rounded = -(-needed // CACHE_LEN_STEP) * CACHE_LEN_STEP
+    return max(needed, min(rounded, max_positions))
+
+
+def static_layers(model, num_layers: int, max_cache_len: int):
+    """A transformers cache of plain static layers (full attention, tensor write counter)."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    return Cache(layers=[StaticLayer(max_cache_len=max_cache_len) for _ in range(num_layers)])
+
+
+class StaticBucket:
+    """One (batch, cache length) bucket: preallocated cache and buffers, optionally a CUDA graph."""
+
+    def __init__(self, runner, batch: int, cache_len: int):
+        self.runner = runner
+        self.batch, self.cache_len = batch, cache_len
+        device = runner.device
+        self.cache = static_layers(runner.model, runner.num_layers, cache_len)
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.bool_mask = runner.attn_is_sdpa
+        dtype = torch.bool if self.bool_mask else runner.param_dtype
+        self.mask = torch.zeros((batch, 1, 1, cache_len), dtype=dtype, device=device)
+        self.graph = None
+        self.use_graph = False  # replay the graph (set per run by the runner) or run the forward eagerly
+        self.graph_error: str | None = None  # why capture failed (the bucket then runs eagerly)
+        self.logits: torch.Tensor | None = None  # the graph's output buffer
+        self.column = 0  # next cache column to open in the mask
+
+    # --- per run ---------------------------------------------------------------------------
+    def prefill(self, input_ids, attention_mask, num_last: int, kwarg: str) -> torch.Tensor:
+        """Reset the cache, run the prompt through it, set up the decode buffers."""
+        rows, length = input_ids.shape
+        ids = torch.zeros((self.batch, length), dtype=torch.long, device=self.runner.device)
+        attn = torch.zeros((self.batch, length), dtype=torch.long, device=self.runner.device)
+        ids[:rows], attn[:rows] = input_ids, attention_mask
+        attn[rows:, -1] = 1  # padding rows hold one real token, so no query row is fully masked
+        positions = (attn.cumsum(-1) - 1).clamp_min(0)
+        self.cache.reset()
+        out = self.runner.model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=num_last,
+                                use_cache=True, **{kwarg: self.cache})
+        self._set_mask(attn.bool())
+        self.positions.copy_(positions[:, -1:] + 1)
+        self.column = length
+        self.kwarg = kwarg
+        return out.logits[:rows, -num_last:, :].float()
+
+    def _set_mask(self, keep: torch.Tensor) -> None:
+        if self.bool_mask:
+            self.mask.zero_()
+            self.mask[:, 0, 0, : keep.shape[1]] = keep
+        else:
+            low = torch.finfo(self.mask.dtype).min
+            self.mask.fill_(low)
+            self.mask[:, 0, 0, : keep.shape[1]].masked_fill_(keep, 0.0)
+
+    def _open_column(self) -> None:
+        self.mask[:, 0, 0, self.column] = True if self.bool_mask else 0.0
+        self.column += 1
+
+    def _forward(self) -> torch.Tensor:
+        out = self.runner.model(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
+                                use_cache=True, **{self.kwarg: self.cache})
+        return out.logits[:, -1, :].float()
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [rows] -> logits [rows, V] (a view)
+        if self.column >= self.cache_len:
+            raise RuntimeError(f"static cache of {self.cache_len} columns is full")  # the runner sizes it: a bug
+        rows = tokens.shape[0]
+        self.tokens[:rows, 0] = tokens
+        self._open_column()
+        if self.use_graph and self.graph is not None:
+            self.graph.replay()
+            logits = self.logits
+        else:
+            logits = self._forward()
+        self.positions.add_(1)
+        return logits[:rows]
+
+    # --- capture -----------------------------------------------------------------------------
+    def capture(self, warmup: int = 2) -> float:
+        """Capture the one-token forward (CUDA only); returns the seconds it took.
+
+        Warm-up runs write K/V at the next cache column and advance the layers' write counters;
+        both are undone (counters restored, the column is rewritten by the first real step).
+        """
+        start = time.perf_counter()
+        counters = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        mask_before = self.mask.clone()
+        self.mask[:, 0, 0, self.column] = True if self.bool_mask else 0.0
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._forward()
+                    self._restore(counters)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # its own memory pool: buckets never share intermediates
+                self.logits = self._forward()
+            self.graph = graph
+        except RuntimeError as exc:  # capture is best effort: the bucket keeps running eagerly
+            self.graph, self.logits = None, None
+            self.graph_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._restore(counters)
+            self.mask.copy_(mask_before)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def _restore(self, counters) -> None:
+        for layer, saved in zip(self.cache.layers, counters, strict=True):
+            layer.cumulative_length.copy_(saved)
+
+
+class BucketPool:
+    """The live buckets of one runner, least recently used first out."""
+
+    def __init__(self, limit: int = MAX_BUCKETS):
+        self.limit = limit
+        self.buckets: OrderedDict[tuple[int, int], StaticBucket] = OrderedDict()
+
+    def get(self, runner, batch: int, cache_len: int) -> StaticBucket:
+        """The bucket for (batch, cache_len), created on first use."""
+        key = (batch, cache_len)
+        if key in self.buckets:
+            self.buckets.move_to_end(key)
+            return self.buckets[key]
+        while len(self.buckets) >= self.limit:
+            self.buckets.popitem(last=False)
+        bucket = StaticBucket(runner, batch, cache_len)
+        self.buckets[key] = bucket
+        return bucket
+
+    def clear(self) -> None:
+        self.buckets.clear()
