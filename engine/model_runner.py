@@ -121,6 +121,7 @@ class ModelRunner:
         self._length = 0  # columns of _attn filled so far
         self._next_pos: torch.Tensor | None = None  # [B] position id of the next token
         self.num_layers = int(self.config.num_hidden_layers)
+        self.cache_keyword = _cache_keyword(model)
         self.param_dtype = next(model.parameters()).dtype
         self.attn_is_sdpa = getattr(self.config, "_attn_implementation", "sdpa") == "sdpa"
         self._buckets = BucketPool()
@@ -196,7 +197,7 @@ class ModelRunner:
     def _static_prefill(self, input_ids, attention_mask, num_last, padded, cache_len, use_graph) -> torch.Tensor:
         bucket = self._buckets.get(self, padded, cache_len)
         self._static, self._cache = bucket, None
-        logits = bucket.prefill(input_ids, attention_mask, num_last, _cache_keyword(self.model))
+        logits = bucket.prefill(input_ids, attention_mask, num_last)
         bucket.use_graph = use_graph
         if use_graph and bucket.graph is None and bucket.graph_error is None:  # first use of this bucket
             self.last_capture_s = bucket.capture()

@@ -52,6 +52,7 @@ class StaticBucket:
         self.batch, self.cache_len = batch, cache_len
         device = runner.device
         self.cache = static_layers(runner.model, runner.num_layers, cache_len)
+        self.kwarg = runner.cache_keyword  # the forward's name for the cache argument
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.bool_mask = runner.attn_is_sdpa
@@ -64,7 +65,7 @@ class StaticBucket:
         self.column = 0  # next cache column to open in the mask
 
     # --- per run ---------------------------------------------------------------------------
-    def prefill(self, input_ids, attention_mask, num_last: int, kwarg: str) -> torch.Tensor:
+    def prefill(self, input_ids, attention_mask, num_last: int) -> torch.Tensor:
         """Reset the cache, run the prompt through it, set up the decode buffers."""
         rows, length = input_ids.shape
         ids = torch.zeros((self.batch, length), dtype=torch.long, device=self.runner.device)
@@ -74,11 +75,10 @@ class StaticBucket:
         positions = (attn.cumsum(-1) - 1).clamp_min(0)
         self.cache.reset()
         out = self.runner.model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=num_last,
-                                use_cache=True, **{kwarg: self.cache})
+                                use_cache=True, **{self.kwarg: self.cache})
         self._set_mask(attn.bool())
         self.positions.copy_(positions[:, -1:] + 1)
         self.column = length
-        self.kwarg = kwarg
         return out.logits[:rows, -num_last:, :].float()
 
     def _set_mask(self, keep: torch.Tensor) -> None:

@@ -202,3 +202,47 @@ def test_cuda_graph_decoder_rows_match_eager_decoding():
     assert eager.timings["step_mode"] == "static"
     for a, b in zip(graphed.rows, eager.rows, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+# --- capturability on CPU: meta tensors refuse every host read, as graph capture does ---------
+def _meta_runner(kind: str, **extra) -> ModelRunner:
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "mistral": (MistralConfig, MistralForCausalLM)}
+    config = classes[kind][0](vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
+    with torch.device("meta"):
+        model = classes[kind][1](config).eval()
+    return ModelRunner(model)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_the_static_step_never_reads_a_tensor_on_the_host(kind):
+    """A `.item()`, `bool(tensor)` or `.tolist()` in the step would break capture; on meta tensors it raises."""
+    from surecall.static_step import StaticBucket
+
+    bucket = StaticBucket(_meta_runner(kind), 4, CACHE_LEN_STEP)
+    bucket.column = 3
+    with torch.inference_mode():
+        for _ in range(3):
+            logits = bucket.decode(torch.zeros(3, dtype=torch.long, device="meta"))
+    assert logits.shape == (3, 512) and logits.dtype == torch.float32
+    assert bucket.column == 6
+
+
+def test_the_meta_probe_catches_a_host_read():
+    """The same probe on a forward that reads a tensor on the host (dynamic rotary scaling) fails."""
+    from surecall.static_step import StaticBucket
+
+    bucket = StaticBucket(_meta_runner("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), 1,
+                          CACHE_LEN_STEP)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="meta"):
+        bucket.decode(torch.zeros(1, dtype=torch.long, device="meta"))
