@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Prepare what the GPU image lacks, here, before a device check (issues 4 and 5):
+#   .whl/      wheels for Python 3.12 x86-64: outlines-core, xgrammar, pydantic, jsonschema-rs, rfc8785 (+ needs)
+#   .gpudata/  the two tokenizer folders the engine benchmark uses (qwen2, llama3), copied from ../shared/data
+# Both folders are git-ignored and travel with `carry: [".whl", ".gpudata"]`. Run once: bash benchmarks/fetch_gpu_inputs.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA="${SURECALL_DATA:-../shared/data}"
+PY="${PYTHON:-.venv/bin/python}"
+mkdir -p .whl .gpudata/tokenizers
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+  xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 outlines-core==0.2.14 pydantic==2.14.4 pydantic_core==2.50.5 \
+  annotated-types==0.8.0 typing-inspection==0.4.5 jsonschema-rs rfc8785
+for name in qwen2 llama3; do cp -r "$DATA/tokenizers/$name" .gpudata/tokenizers/; done
+cp "$DATA/tokenizers/manifest.json" .gpudata/tokenizers/
+du -sh .whl .gpudata

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Engine device check (issue 5), for a session that is lent the H200: about 5 minutes, run once.
+#   1. installs the carried wheels (.whl/) and points SURECALL_DATA at the carried tokenizers (.gpudata/);
+#   2. makes `surecall` importable without pip (a symlink tree, as benchmarks/gpu_check.sh does);
+#   3. pytest -m gpu on the engine: CUDA-graph replay == the same static step run eagerly, graphs in the
+#      decode loop, seeded rows batch-independent on CUDA;
+#   4. benchmarks/e2e.py on random-weight Qwen2-0.5B and Llama-3.2-1B shapes, batch 1/16/128, CUDA graphs on
+#      (auto) and, for Qwen2, off: writes e2e_cuda_*.json/.md to benchmarks/results and $OUT.
+# Here first: bash benchmarks/fetch_gpu_inputs.sh
+# Then: device run `bash benchmarks/gpu_check_engine.sh` with carry [".whl", ".gpudata"], timeout_s 420.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/results}"
+mkdir -p "$OUT" benchmarks/results
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || echo "warning: carried wheels did not install"
+fi
+[ -d .gpudata ] && export SURECALL_DATA="$PWD/.gpudata"
+PKG=/tmp/surecall_pkg
+rm -rf "$PKG" && mkdir -p "$PKG/surecall"
+for entry in engine/*; do ln -s "$PWD/$entry" "$PKG/surecall/$(basename "$entry")"; done
+ln -sfn "$PWD/kernels" "$PKG/surecall/kernels"
+ln -sfn "$PWD/grammars" "$PKG/surecall/grammars"
+export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/engine_gpu_device.txt"
+timeout 150 "$PY" -m pytest -q -m gpu tests/test_engine_static.py tests/test_engine_decode.py -p no:cacheprovider \
+  --junitxml="$OUT/engine_gpu_pytest.xml" 2>&1 | tee "$OUT/engine_gpu_pytest.log"
+TESTS_RC=${PIPESTATUS[0]}
+BENCH_RC=0
+for spec in "qwen2-0.5b auto" "llama3.2-1b auto" "qwen2-0.5b off"; do
+  set -- $spec
+  timeout 100 "$PY" benchmarks/e2e.py --device cuda --model "$1" --batches 1,16,128 --max-tokens 64 \
+    --cuda-graphs "$2" --tag "$1-graphs-$2" 2>&1 | tee -a "$OUT/engine_gpu_bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || BENCH_RC=1
+done
+cp benchmarks/results/e2e_cuda_*.json "$OUT/" 2>/dev/null
+printf '{"check": "engine_gpu", "pytest_rc": %d, "bench_rc": %d}\n' "$TESTS_RC" "$BENCH_RC" | tee "$OUT/engine_gpu_check.json"
+[ "$TESTS_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
