@@ -11,6 +11,7 @@ then rounding to float32 was identical on 4M inputs). This module does no sampli
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from surecall.kernels._triton import tl, triton
@@ -55,11 +56,42 @@ def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def gumbel_torch(tokens: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor) -> torch.Tensor:
-    """float32 Gumbel noise for `tokens` (int64, broadcastable against the [B, 1] keys)."""
+    """float32 Gumbel noise for `tokens` (int64, broadcastable against the [B, 1] keys).
+
+    CPU tensors take the numpy uint32 path (same bits, ~40x faster than int64 torch arithmetic).
+    """
+    if tokens.device.type == "cpu" and key_a.device.type == "cpu" and key_b.device.type == "cpu":
+        return torch.from_numpy(gumbel_numpy(tokens.numpy(), key_a.numpy(), key_b.numpy()))
+    return gumbel_int64(tokens, key_a, key_b)
+
+
+def gumbel_int64(tokens: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor) -> torch.Tensor:
+    """The device-agnostic torch form of the noise: uint32 arithmetic held in int64."""
     h = fmix32_torch(_mul32(tokens.to(torch.int64) & MASK32, GOLDEN) ^ key_b)
     h = fmix32_torch(h ^ key_a)
     u = ((h >> 8) | 1).to(torch.float64) * 2.0**-24  # odd 24-bit numerator: u in (0, 1), exact
     return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+# ---- numpy (native uint32 wrap-around) ---------------------------------------------------------
+def _fmix32_numpy(h: np.ndarray) -> np.ndarray:
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(C1)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(C2)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def gumbel_numpy(tokens: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:
+    """gumbel_int64's bits with numpy uint32 (multiplication wraps mod 2**32 natively)."""
+    with np.errstate(over="ignore"):
+        h = ((np.asarray(tokens) & MASK32).astype(np.uint32) * np.uint32(GOLDEN)) ^ np.asarray(key_b).astype(np.uint32)
+        h = _fmix32_numpy(h)
+        h ^= np.asarray(key_a).astype(np.uint32)
+        h = _fmix32_numpy(h)
+    u = ((h >> np.uint32(8)) | np.uint32(1)).astype(np.float64) * 2.0**-24
+    return (-np.log(-np.log(u))).astype(np.float32)
 
 
 # ---- triton -------------------------------------------------------------------------------

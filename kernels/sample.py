@@ -357,9 +357,13 @@ def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors) 
     if xf.device.type == "cpu":
         # Noise only where a token can still win (rng.PRUNE_MARGIN); same result, far less work.
         top = xf.max(dim=1, keepdim=True).values
-        rows, cols = torch.nonzero(
-            (xf > float("-inf")) & (xf >= top - PRUNE_MARGIN) & is_random, as_tuple=True
-        )
+        near = (xf > float("-inf")) & (xf >= top - PRUNE_MARGIN) & is_random
+        if int(near.sum()) * 4 > near.numel():  # flat rows: dense noise beats gathering most columns
+            cols = torch.arange(xf.shape[1])[None, :]
+            noise = gumbel_torch(cols, key_a[:, None], key_b[:, None])
+            best, tok = torch.where(is_random, xf + noise, xf).max(dim=1)
+            return torch.where(best == float("-inf"), torch.full_like(tok, -1), tok)
+        rows, cols = torch.nonzero(near, as_tuple=True)
         key = xf.clone()
         key[rows, cols] += gumbel_torch(cols, key_a[rows], key_b[rows])
         key[(xf < top - PRUNE_MARGIN) & is_random] = float("-inf")

@@ -70,3 +70,17 @@ def test_hash_matches_murmur3_fmix32_and_noise_is_gumbel():
     assert abs(float(noise.mean()) - 0.5772) < 0.01  # Euler-Mascheroni constant
     assert abs(float(noise.std()) - 1.2825) < 0.01  # pi / sqrt(6)
     assert float(noise.max()) < 17.0  # rng.GUMBEL_MAX bounds every draw
+
+
+def test_numpy_noise_has_the_int64_torch_bits():
+    from surecall.kernels.rng import gumbel_int64
+
+    key_a, key_b = row_keys(torch.tensor([7, -3, 2**62 + 5]), torch.tensor([0, 2**40, 19]))
+    cols = torch.arange(0, 300_000, 7)[None, :]
+    fast = gumbel_torch(cols, key_a[:, None], key_b[:, None])  # CPU: the numpy path
+    slow = gumbel_int64(cols, key_a[:, None], key_b[:, None])
+    assert fast.dtype == slow.dtype == torch.float32 and fast.shape == slow.shape == (3, cols.shape[1])
+    assert torch.equal(fast, slow)
+    rows = torch.tensor([0, 2, 2, 1])  # the sampler's gather form: one key per element
+    picked = torch.tensor([5, 99_999, 0, 128_255])
+    assert torch.equal(gumbel_torch(picked, key_a[rows], key_b[rows]), gumbel_int64(picked, key_a[rows], key_b[rows]))
