@@ -1,11 +1,13 @@
-"""End-to-end decoding: our free and constrained loops against HF `generate` + xgrammar.
+"""End-to-end decoding: our free and constrained loops against HF `generate` + xgrammar / outlines.
 
 Same random-weight model (real shapes, real vocabulary), same prompts, same tool catalog (the
 seed's four tools in the model's native format), batch sizes 1/16/128 on GPU (smaller on CPU).
-Checks correctness first (every constrained call of ours parses; counts how many of the peer's
-parse), warms up, then reports tokens/s, time per step, time to first token, t_mask
-(constrained minus free, per step) and grammar compile time, a table with ratios, and one JSON
-line. Results go to benchmarks/results/e2e_<device>.{json,md}.
+The peers are HF `generate` with xgrammar's and outlines' own logits processors, both built from
+the same regex over the same vocabulary (each is skipped, with the reason printed, when its
+package is missing). Checks correctness first (every constrained call of ours parses; counts how
+many of each peer's parse), warms up, then reports tokens/s, time per step, time to first token,
+t_mask (constrained minus free, per step) and grammar compile time, a table with ratios, and one
+JSON line. Results go to benchmarks/results/e2e_<device>.{json,md}.
 
     .venv/bin/python benchmarks/e2e.py --device cpu --model tiny --batches 1,4,16
     python benchmarks/e2e.py --device cuda --model qwen2-0.5b --batches 1,16,128   # on the H200
@@ -22,9 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+import regex as re
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = ("xgrammar", "outlines")
+CUDA_GRAPHS = {"auto": None, "on": True, "off": False}  # --cuda-graphs -> EngineConfig(cuda_graphs=...)
 
 # Real shapes of public models (random weights cost the same per step as trained ones).
 SHAPES = {
@@ -105,16 +110,84 @@ def xgrammar_compiled(vocab, regex: str):
     return compiled, time.perf_counter() - start
 
 
-def run_hf(model, vocab, prompts, max_tokens: int, compiled, fmt, device: str, seed: int):
+def xgrammar_processors(compiled):
+    """A fresh xgrammar HF logits processor per `generate` call (it holds per-row matchers)."""
+    import xgrammar as xgr
+
+    return lambda: [xgr.contrib.hf.LogitsProcessor(compiled)]
+
+
+# --- the peer: HF generate + outlines' logits processor --------------------------------------
+def hf_tokenizer(vocab):
+    """A `transformers` tokenizer whose id -> text map is exactly `vocab` (byte-level pieces).
+
+    outlines builds its index from an HF tokenizer (`get_vocab`, `convert_tokens_to_string`,
+    `eos_token_id`); the shared Llama-3 vocabulary is a bare tiktoken ranks file, so we give it one
+    built from the same ids and bytes. It has no merges: it is never used to encode text.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_char = bytes_to_unicode()
+    texts = {idx: text for text, idx in vocab.special_tokens.items()}
+    pieces = {}
+    for idx, raw in enumerate(vocab.token_bytes):
+        if idx in texts:
+            pieces[texts[idx]] = idx
+        elif raw and idx not in vocab.special_ids:
+            pieces["".join(to_char[b] for b in raw)] = idx
+    tok = Tokenizer(models.BPE(vocab=pieces, merges=[]))
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t in sorted(texts.items())])
+    eos = vocab.eos_id if vocab.eos_id is not None else vocab.stop_ids[0]
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=texts[eos])
+
+
+def outlines_compiled(model, vocab, regex: str):
+    """outlines' own regex logits processor (outlines-core backend); times its vocabulary + index build."""
+    import outlines
+    from outlines.backends import get_regex_logits_processor
+
+    wrapped = outlines.from_transformers(model, hf_tokenizer(vocab))
+    start = time.perf_counter()
+    processor = get_regex_logits_processor("outlines_core", wrapped, regex)
+    return processor, time.perf_counter() - start
+
+
+def outlines_processors(processor):
+    """The same outlines processor, reset before each `generate` call (its documented reuse path)."""
+
+    def make():
+        processor.reset()
+        return [processor]
+
+    return make
+
+
+def build_peers(model, vocab, regex: str) -> dict:
+    """name -> (processors factory or None, compile seconds, reason skipped or None)."""
+    peers = {}
+    for name, build, wrap in (("xgrammar", lambda: xgrammar_compiled(vocab, regex), xgrammar_processors),
+                              ("outlines", lambda: outlines_compiled(model, vocab, regex), outlines_processors)):
+        try:
+            compiled, seconds = build()
+            peers[name] = (wrap(compiled), seconds, None)
+        except ImportError as exc:  # the peers are optional: `pip install -e .[peers]`
+            peers[name] = (None, float("nan"), f"not importable ({exc})")
+        except Exception as exc:  # a peer that cannot take this grammar is reported, not fatal
+            peers[name] = (None, float("nan"), f"{type(exc).__name__}: {exc}")
+        if peers[name][2]:
+            print(f"peer {name} skipped: {peers[name][2]}", file=sys.stderr)
+    return peers
+
+
+def run_hf(model, vocab, prompts, max_tokens: int, processors_factory, fmt, device: str, seed: int, language=None):
     from surecall.calls import check_call
 
     ids = torch.tensor(prompts, device=device)
     attn = torch.ones_like(ids)
-    processors = []
-    if compiled is not None:
-        import xgrammar as xgr
-
-        processors = [xgr.contrib.hf.LogitsProcessor(compiled)]
+    processors = processors_factory() if processors_factory is not None else []
     torch.manual_seed(seed)
     sync(device)
     start = time.perf_counter()
@@ -128,9 +201,23 @@ def run_hf(model, vocab, prompts, max_tokens: int, compiled, fmt, device: str, s
     steps = max(len(new[0]), 1)
     stops = set(vocab.stop_ids)
     texts = [b"".join(vocab.token_bytes[t] for t in row if t not in stops).decode("utf-8", "replace") for row in new]
-    parsed = sum(check_call(t, fmt, []).error_kind != "malformed" for t in texts) if compiled is not None else 0
-    return {"wall_s": wall, "step_s": wall / steps, "tokens": sum(len(r) for r in new), "steps": steps,
-            "parsed": parsed, "rows": len(new)}
+    parsed = sum(check_call(t, fmt, []).error_kind != "malformed" for t in texts) if processors else 0
+    run = {"wall_s": wall, "step_s": wall / steps, "tokens": sum(len(r) for r in new), "steps": steps,
+           "parsed": parsed, "rows": len(new)}
+    if language is not None:  # a row cut by max_tokens must still be a prefix of the call language
+        run["in_language"] = sum(language.fullmatch(t, partial=True) is not None for t in texts)
+    return run
+
+
+def run_peer(model, vocab, prompts, max_tokens: int, factory, fmt, device: str, repeats: int, language):
+    """A constrained peer's median run plus its time to first token (mask included), after a warm-up
+    that checks every row stayed inside the call language."""
+    check = run_hf(model, vocab, prompts, max_tokens, factory, fmt, device, 0, language)
+    if check["in_language"] != check["rows"]:
+        raise SystemExit(f"correctness: only {check['in_language']}/{check['rows']} peer rows are in the call language")
+    run = median_run(lambda: run_hf(model, vocab, prompts, max_tokens, factory, fmt, device, 1, language), repeats)
+    run["ttft_s"] = statistics.median(hf_ttft(model, prompts, device, factory) for _ in range(repeats))
+    return run
 
 
 def hf_ttft(model, prompts, device: str, processors_factory) -> float:
@@ -162,9 +249,16 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--cuda-graphs", default="auto", choices=sorted(CUDA_GRAPHS),
+                        help="our decode step: auto = captured on CUDA when the model allows, never on CPU")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default 1 on CPU: a tiny model on a shared box is fastest and "
+                             "least noisy single-threaded, OpenMP spin-waits otherwise; untouched on CUDA)")
     parser.add_argument("--out", default=None, help="results stem (default benchmarks/results/e2e_<device>)")
     args = parser.parse_args(argv)
     gpu = args.device == "cuda"
+    if args.threads or not gpu:
+        torch.set_num_threads(args.threads or 1)  # every peer runs in this process: same threads for all
     model_name = args.model or ("qwen2-0.5b" if gpu else "tiny")
     batches = [int(b) for b in (args.batches or ("1,16,128" if gpu else "1,4,16")).split(",")]
     max_tokens = args.max_tokens or (128 if gpu else 48)
@@ -180,7 +274,8 @@ def main(argv=None) -> int:
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
     vocab = load_vocab(model_name)
     model = build_model(model_name, vocab.logits_width, args.device, dtype)
-    llm = LLM(model, tokenizer=vocab, config=EngineConfig(max_batch_size=max(batches)))
+    config = EngineConfig(max_batch_size=max(batches), cuda_graphs=CUDA_GRAPHS[args.cuda_graphs])
+    llm = LLM(model, tokenizer=vocab, config=config)
     tools = seed_tools()
     fmt = get_format(llm.default_format)
 
@@ -188,11 +283,8 @@ def main(argv=None) -> int:
     table = compile_catalog(tools, vocab, fmt.name, None, use_cache=False)
     ours_compile_s = time.perf_counter() - start
     regex = catalog_regex(tools, fmt, None).regex
-    try:
-        compiled, xgr_compile_s = xgrammar_compiled(vocab, regex)
-    except Exception as exc:  # the peer is optional on a bare machine
-        print(f"xgrammar unavailable: {exc}", file=sys.stderr)
-        compiled, xgr_compile_s = None, float("nan")
+    language = re.compile(regex)  # the `regex` package: partial matches say "a prefix of a call"
+    peers = build_peers(model, vocab, regex)
     max_tokens = max(max_tokens, int(table.dist[0]) + 8)
 
     rows = []
@@ -208,34 +300,39 @@ def main(argv=None) -> int:
         free = median_run(lambda p=prompts: run_ours(llm, p, tools, max_tokens, False, seed=1), args.repeats)
         cons = median_run(lambda p=prompts: run_ours(llm, p, tools, max_tokens, True, seed=1), args.repeats)
         hf_free = median_run(lambda p=prompts: run_hf(model, vocab, p, max_tokens, None, fmt, args.device, 1), args.repeats)
-        hf_xgr = (median_run(lambda p=prompts: run_hf(model, vocab, p, max_tokens, compiled, fmt, args.device, 1), args.repeats)
-                  if compiled is not None else None)
         row = {
             "batch": batch,
             "ours_free": free,
             "ours_constrained": cons,
             "hf_free": hf_free,
-            "hf_xgrammar": hf_xgr,
             "t_mask_s_per_step": cons["step_s"] - free["step_s"],
             "t_mask_overhead_pct": 100.0 * (cons["step_s"] - free["step_s"]) / free["step_s"],
             "hf_ttft_s": hf_ttft(model, prompts, args.device, lambda: []),
             "load_average_1m": os.getloadavg()[0],  # CPU timings are only as clean as the machine is idle
         }
-        if hf_xgr is not None:
-            row["throughput_vs_hf_xgrammar"] = (cons["tokens"] / cons["wall_s"]) / (hf_xgr["tokens"] / hf_xgr["wall_s"])
-            row["step_ratio_vs_hf_xgrammar"] = hf_xgr["step_s"] / cons["step_s"]
+        for name in PEERS:
+            factory = peers[name][0]
+            peer = (run_peer(model, vocab, prompts, max_tokens, factory, fmt, args.device, args.repeats, language)
+                    if factory is not None else None)
+            row[f"hf_{name}"] = peer
+            if peer is not None:
+                row[f"throughput_vs_hf_{name}"] = (cons["tokens"] / cons["wall_s"]) / (peer["tokens"] / peer["wall_s"])
+                row[f"step_ratio_vs_hf_{name}"] = peer["step_s"] / cons["step_s"]
         rows.append(row)
         print_row(row)
 
     report = {
         "benchmark": "e2e",
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join([*(f"{k}={os.environ[k]}" for k in ("TRITON_INTERPRET",) if k in os.environ),
+                             sys.executable, *sys.argv]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
                     "device": torch.cuda.get_device_name() if gpu else "cpu", "num_threads": torch.get_num_threads(),
-                    "load_average_1m": os.getloadavg()[0]},
+                    "load_average_1m": os.getloadavg()[0], "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET")},
         "model": model_name, "vocab": SHAPES[model_name]["vocab"], "dtype": str(dtype), "tool_format": fmt.name,
         "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": "surecall.kernels:" + resolve_backend("auto", llm.runner.device),
-        "compile_s": {"ours": ours_compile_s, "xgrammar": xgr_compile_s},
+        "cuda_graphs": args.cuda_graphs, "engine_cuda_graphs": llm.config.cuda_graphs,
+        "compile_s": {"ours": ours_compile_s, **{name: peers[name][1] for name in PEERS}},
+        "peers_skipped": {name: peers[name][2] for name in PEERS if peers[name][2]},
         "table": {"num_states": table.num_states, "dist_start": int(table.dist[0]), "relaxed": table.relaxed},
         "rows": rows,
     }
@@ -256,38 +353,57 @@ def _fmt_run(run) -> str:
 
 def print_row(row) -> None:
     print(f"batch {row['batch']}")
-    for key in ("ours_free", "ours_constrained", "hf_free", "hf_xgrammar"):
+    for key in ("ours_free", "ours_constrained", "hf_free", *(f"hf_{name}" for name in PEERS)):
         print(f"  {key:18s} {_fmt_run(row[key])}")
-    print(f"  t_mask {row['t_mask_s_per_step'] * 1e6:.0f} us/step ({row['t_mask_overhead_pct']:+.1f}%)"
-          f"  vs hf+xgrammar: {row.get('throughput_vs_hf_xgrammar', float('nan')):.2f}x tok/s")
+    ratios = "  ".join(f"vs hf+{name}: {row.get(f'throughput_vs_hf_{name}', float('nan')):.2f}x tok/s" for name in PEERS)
+    print(f"  t_mask {row['t_mask_s_per_step'] * 1e6:.0f} us/step ({row['t_mask_overhead_pct']:+.1f}%)  {ratios}")
+
+
+def _peer_cells(row, name: str) -> list[str]:
+    """ms/step, tok/s, ours/peer tok/s, TTFT ms, parsed for one peer ("n/a" when it was skipped)."""
+    run = row[f"hf_{name}"]
+    if run is None:
+        return ["n/a"] * 5
+    return [f"{run['step_s'] * 1e3:.2f}", f"{run['tokens'] / run['wall_s']:.0f}",
+            f"{row[f'throughput_vs_hf_{name}']:.2f}x", f"{run['ttft_s'] * 1e3:.1f}", f"{run['parsed']}/{run['rows']}"]
 
 
 def markdown(report: dict) -> str:
+    compile_s = report["compile_s"]
+    peers_note = "".join(f" Peer {name} skipped: {why}." for name, why in report.get("peers_skipped", {}).items())
     lines = [
         f"# e2e decoding ({report['machine']['device']}, model {report['model']}, {report['dtype']})",
         "",
         f"Command: `{report['command']}`  ",
         f"Machine: {report['machine']['platform']}, torch {report['machine']['torch']}, "
         f"{report['machine']['num_threads']} threads, load average {report['machine']['load_average_1m']:.1f}; "
-        f"kernels: {report['kernels']}  ",
+        f"kernels: {report['kernels']}; cuda graphs: {report['cuda_graphs']}  ",
         f"Tool format {report['tool_format']}, seed four-tool catalog, max_tokens {report['max_tokens']}, "
-        f"prompt {report['prompt_len']} tokens, random weights.  ",
-        f"Compile: ours {report['compile_s']['ours'] * 1e3:.1f} ms (uncached), xgrammar "
-        f"{report['compile_s']['xgrammar'] * 1e3:.1f} ms.",
+        f"prompt {report['prompt_len']} tokens, random weights; the peers get the same regex over the same vocabulary.  ",
+        f"Compile: ours {compile_s['ours'] * 1e3:.1f} ms (uncached), "
+        + ", ".join(f"{name} {compile_s[name] * 1e3:.1f} ms" for name in PEERS) + "." + peers_note,
         "",
-        "| batch | ours free ms/step | ours constrained ms/step | t_mask us/step (%) | HF free ms/step | HF+xgrammar ms/step | "
-        "ours tok/s | HF+xgr tok/s | ours/HF+xgr tok/s | ours TTFT ms | HF TTFT ms | ours parsed | HF+xgr parsed | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Peers are HF `generate` with the library's logits processor (xgr = xgrammar, out = outlines); "
+        "HF TTFT is unconstrained, a peer's TTFT includes its first mask; parsed = the call parses within max_tokens "
+        "(ours guarantee it; before timing, every peer row is checked to be a prefix of the call language).",
+        "",
+        "| batch | ours free ms/step | ours constrained ms/step | t_mask us/step (%) | HF free ms/step "
+        "| HF+xgr ms/step | HF+out ms/step | ours tok/s | HF+xgr tok/s | HF+out tok/s | ours/HF+xgr tok/s "
+        "| ours/HF+out tok/s | ours TTFT ms | HF TTFT ms | HF+xgr TTFT ms | HF+out TTFT ms | ours parsed "
+        "| HF+xgr parsed | HF+out parsed | load avg |",
+        "|" + "---|" * 20,
     ]
     for r in report["rows"]:
-        c, f, h, x = r["ours_constrained"], r["ours_free"], r["hf_free"], r["hf_xgrammar"]
-        xs = (x["step_s"] * 1e3, x["tokens"] / x["wall_s"], x["parsed"]) if x else (float("nan"),) * 3
-        lines.append(
-            f"| {r['batch']} | {f['step_s'] * 1e3:.2f} | {c['step_s'] * 1e3:.2f} | {r['t_mask_s_per_step'] * 1e6:.0f} "
-            f"({r['t_mask_overhead_pct']:+.1f}%) | {h['step_s'] * 1e3:.2f} | {xs[0]:.2f} | {c['tokens'] / c['wall_s']:.0f} | "
-            f"{xs[1]:.0f} | {r.get('throughput_vs_hf_xgrammar', float('nan')):.2f}x | {c['ttft_s'] * 1e3:.1f} | "
-            f"{r['hf_ttft_s'] * 1e3:.1f} | {c['parsed']}/{c['rows']} | {xs[2]}/{r['batch']} | {r['load_average_1m']:.1f} |"
-        )
+        c, f, h = r["ours_constrained"], r["ours_free"], r["hf_free"]
+        x, o = _peer_cells(r, "xgrammar"), _peer_cells(r, "outlines")
+        cells = [
+            r["batch"], f"{f['step_s'] * 1e3:.2f}", f"{c['step_s'] * 1e3:.2f}",
+            f"{r['t_mask_s_per_step'] * 1e6:.0f} ({r['t_mask_overhead_pct']:+.1f}%)", f"{h['step_s'] * 1e3:.2f}",
+            x[0], o[0], f"{c['tokens'] / c['wall_s']:.0f}", x[1], o[1], x[2], o[2],
+            f"{c['ttft_s'] * 1e3:.1f}", f"{r['hf_ttft_s'] * 1e3:.1f}", x[3], o[3],
+            f"{c['parsed']}/{c['rows']}", x[4], o[4], f"{r['load_average_1m']:.1f}",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     lines.append("")
     return "\n".join(lines)
 
