@@ -7,9 +7,36 @@ four-tool catalog. Returns plain dicts ({name, description, parameters, ...}); t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from surecall.errors import ToolDefinitionError
+
+
+def read_json_records(path: str | Path, error: Callable[[str], Exception] = ToolDefinitionError):
+    """A file as one JSON value or as JSONL: (True, [(path, value)]) or (False, [("path:line", value), ...]).
+
+    The one reader behind `surecall compile`, `lint`, `breakeven` and `catalog-cost`; `error` builds
+    the exception each caller raises (it names the file, and the line for a bad JSONL line).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    try:
+        return True, [(str(path), json.loads(text))]
+    except json.JSONDecodeError as whole:
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                if not records:
+                    raise error(f"{path}: not JSON or JSONL ({whole.msg} at line {whole.lineno})") from exc
+                raise error(f"{path}:{lineno}: invalid JSON line ({exc.msg})") from exc
+        return False, records
 
 
 def load_tool_dicts(source: str | Path) -> list[dict]:
@@ -21,24 +48,9 @@ def load_tool_dicts(source: str | Path) -> list[dict]:
     path = Path(source)
     if not path.is_file():
         raise ToolDefinitionError(f"tools file not found: {path} (expected a JSON/JSONL file or 'seed')")
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        data = _parse_jsonl(path, text)
+    whole, records = read_json_records(path)
+    data = records[0][1] if whole else [value for _, value in records]
     return [_normalise(item, path, i) for i, item in enumerate(_as_list(data, path))]
-
-
-def _parse_jsonl(path: Path, text: str) -> list:
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ToolDefinitionError(f"{path}:{lineno}: not JSON or JSONL ({exc.msg})") from exc
-    return rows
 
 
 def _as_list(data, path: Path) -> list:

@@ -106,3 +106,27 @@ def test_bad_definitions():
         Tool.from_pydantic(int)
     with pytest.raises(ToolDefinitionError, match="expected a Tool, pydantic model or dict"):
         Tool.from_any(42)
+
+
+def test_one_json_or_jsonl_reader_names_file_and_line(tmp_path):
+    from surecall.commands.compile import load_target
+    from surecall.commands.lint import load_tool_entries
+    from surecall.errors import SchemaError
+    from surecall.tools_io import load_tool_dicts, read_json_records
+
+    good = tmp_path / "tools.jsonl"
+    good.write_text('{"name": "a", "parameters": {"type": "object"}}\n\n{"name": "b", "parameters": {"type": "object"}}\n')
+    whole, records = read_json_records(good)
+    assert not whole and [where for where, _ in records] == [f"{good}:1", f"{good}:3"]
+    assert [t["name"] for t in load_tool_dicts(good)] == ["a", "b"]
+    assert [where for where, _, _ in load_tool_entries(str(good))] == [f"{good}:1", f"{good}:3"]
+    assert load_target(str(good))[0] == "tools"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"name": "a"}\n{"name": \n')
+    with pytest.raises(ToolDefinitionError, match=r"bad.jsonl:2: invalid JSON line"):
+        load_tool_dicts(bad)
+    with pytest.raises(SchemaError, match=r"bad.jsonl:2: invalid JSON line"):
+        load_target(str(bad))
+    (tmp_path / "junk.json").write_text("not json at all")
+    with pytest.raises(ToolDefinitionError, match=r"junk.json: not JSON or JSONL \(Expecting value at line 1\)"):
+        load_tool_entries(str(tmp_path / "junk.json"))

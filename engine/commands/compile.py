@@ -43,14 +43,10 @@ def load_target(spec: str) -> tuple[str, object]:
     path = Path(spec)
     if not path.is_file():
         raise SchemaError(f"{spec!r} is not a file: expected {_EXPECTED}", pointer="", keyword=None)
-    text = path.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise SchemaError(f"{spec}: not JSON or JSONL ({exc})", pointer="", keyword=None) from exc
+    from surecall.tools_io import read_json_records
+
+    whole, records = read_json_records(path, lambda message: SchemaError(message, pointer="", keyword=None))
+    data = records[0][1] if whole else [value for _, value in records]
     if isinstance(data, list):
         return "tools", data
     if isinstance(data, dict) and "name" in data and any(k in data for k in ("parameters", "inputSchema", "function")):

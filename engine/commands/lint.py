@@ -68,28 +68,10 @@ def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
     """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
     if not os.path.exists(source) and ":" in source:
         return _from_python(source)
-    try:
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ToolDefinitionError(f"cannot read {source}: {exc.strerror}") from exc
-    return _from_json_text(text, source)
+    from surecall.tools_io import read_json_records
 
-
-def _from_json_text(text: str, source: str) -> list[tuple[str, str | None, Any]]:
-    try:
-        return _entries(json.loads(text), source)
-    except json.JSONDecodeError as whole_error:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        out = []
-        for i, line in enumerate(lines, 1):
-            try:
-                out += _entries(json.loads(line), f"{source}:{i}")
-            except json.JSONDecodeError as exc:
-                if i == 1:
-                    raise ToolDefinitionError(f"{source}: not JSON or JSONL ({whole_error.msg} at line {whole_error.lineno})") from exc
-                raise ToolDefinitionError(f"{source}:{i}: invalid JSON line ({exc.msg})") from exc
-        return out
+    _, records = read_json_records(source)
+    return [entry for where, value in records for entry in _entries(value, where)]
 
 
 def _entries(data: Any, source: str) -> list[tuple[str, str | None, Any]]:
