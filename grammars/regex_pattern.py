@@ -6,19 +6,26 @@ finds a match in, each character written the way `json.dumps(ensure_ascii=False)
 backreferences, word boundaries, anchors inside groups, Unicode property classes, inline flags);
 it returns `exact=False` when a repetition bound above `max_repeat` was widened (the grammar is
 then looser than the pattern and the caller lists the pattern as relaxed).
+Character sets are kept per regex engine (ECMA-262, as jsonschema-rs reads them, and Python's
+`re`, as the `jsonschema` package reads them: its class escapes are Unicode-wide) and the
+grammar takes their intersection, so it never allows a character either validator would reject.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import cache
 
 from surecall.grammars.regex_json import (
     ALL_CHARS,
+    MAX_CODE_POINT,
     STRING_CHAR,
     char_set_regex,
     complement,
     escape_literal,
     normalize,
+    subtract,
 )
 
 _DIGIT = [(0x30, 0x39)]
@@ -26,7 +33,9 @@ _WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
 _SPACE = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
           (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
 _LINE_TERMINATORS = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
-_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}  # ECMA-262: \d, \w ASCII; \s with \ufeff
+# A character set as each engine reads it: (ECMA-262 ranges, Python `re` ranges).
+Sets = tuple[list[tuple[int, int]], list[tuple[int, int]]]
 _CONTROL_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B, "0": 0x00}
 
 
@@ -239,8 +248,8 @@ class _Parser:
         if c == "(":
             return self.parse_group()
         if c == "[":
-            return char_set_regex(self.parse_class())
-        if c == ".":
+            return char_set_regex(_agreed(self.parse_class()))
+        if c == ".":  # ECMA excludes all line terminators, Python only \n: ECMA's is the smaller set
             self.pos += 1
             return char_set_regex(complement(_LINE_TERMINATORS))
         if c in "^$":
@@ -248,7 +257,7 @@ class _Parser:
         if c in "*+?":
             raise self.fail("a quantifier with nothing to repeat")
         if c == "\\":
-            return char_set_regex(self.parse_escape(in_class=False))
+            return char_set_regex(_agreed(self.parse_escape(in_class=False)))
         self.pos += 1
         return escape_literal(c)
 
@@ -270,51 +279,55 @@ class _Parser:
         self.pos += 1
         return None if inner is None else f"(?:{inner})"
 
-    def parse_class(self) -> list[tuple[int, int]]:
+    def parse_class(self) -> Sets:
         self.pos += 1
         negate = self.peek() == "^"
         if negate:
             self.pos += 1
-        ranges: list[tuple[int, int]] = []
-        first = True
+        if self.peek() == "]":  # ECMA: [] matches nothing and [^] anything; Python reads a literal ]
+            raise self.fail("an empty character class")
+        ecma: list[tuple[int, int]] = []
+        python: list[tuple[int, int]] = []
         while True:
             c = self.peek()
             if c == "":
                 raise self.fail("an unterminated character class")
-            if c == "]" and not first:
+            if c == "]":
                 self.pos += 1
                 break
-            first = False
             lo = self.class_atom()
             if self.peek() == "-" and self.peek(1) not in ("]", ""):
                 self.pos += 1
                 hi = self.class_atom()
-                if len(lo) != 1 or len(hi) != 1 or lo[0][0] != lo[0][1] or hi[0][0] != hi[0][1]:
+                lo_cp, hi_cp = _single_code_point(lo), _single_code_point(hi)
+                if lo_cp is None or hi_cp is None:
                     raise self.fail("a class range with a class escape as an end")
-                if hi[0][0] < lo[0][0]:
+                if hi_cp < lo_cp:
                     raise self.fail("a class range out of order")
-                ranges.append((lo[0][0], hi[0][0]))
+                ecma.append((lo_cp, hi_cp))
+                python.append((lo_cp, hi_cp))
             else:
-                ranges.extend(lo)
-        ranges = normalize(ranges)
-        return complement(ranges) if negate else ranges
+                ecma.extend(lo[0])
+                python.extend(lo[1])
+        ecma, python = normalize(ecma), normalize(python)
+        return (complement(ecma), complement(python)) if negate else (ecma, python)
 
-    def class_atom(self) -> list[tuple[int, int]]:
+    def class_atom(self) -> Sets:
         if self.peek() == "\\":
             return self.parse_escape(in_class=True)
         cp = ord(self.peek())
         self.pos += 1
-        return [(cp, cp)]
+        return _single(cp)
 
-    def parse_escape(self, in_class: bool) -> list[tuple[int, int]]:
+    def parse_escape(self, in_class: bool) -> Sets:
         self.pos += 1
         c = self.peek()
         self.pos += 1
         if c == "":
             raise self.fail("a trailing backslash")
         if c.lower() in _CLASS_ESCAPES:
-            ranges = _CLASS_ESCAPES[c.lower()]
-            return complement(ranges) if c.isupper() else list(ranges)
+            ecma, python = _CLASS_ESCAPES[c.lower()], _python_class(c.lower())
+            return (complement(ecma), complement(python)) if c.isupper() else (list(ecma), python)
         if c in _CONTROL_ESCAPES and not (c == "0" and self.peek().isdigit()):
             return _single(_CONTROL_ESCAPES[c])
         if c == "b" and in_class:
@@ -322,8 +335,7 @@ class _Parser:
         if c in "xu":
             return _single(self.parse_hex_escape(c))
         if c == "c" and self.peek().isalpha():
-            self.pos += 1
-            return _single(ord(self.src[self.pos - 1]) % 32)
+            raise self.fail("the control escape \\c (Python's re has none)")
         if c.isalnum():
             raise self.fail(f"the escape \\{c} (word boundary, backreference or property class)")
         return _single(ord(c))
@@ -348,8 +360,31 @@ class _Parser:
         return cp
 
 
-def _single(cp: int) -> list[tuple[int, int]]:
-    return [(cp, cp)]
+def _single(cp: int) -> Sets:
+    return [(cp, cp)], [(cp, cp)]
+
+
+def _single_code_point(sets: Sets) -> int | None:
+    ecma, python = sets
+    one = len(ecma) == 1 and ecma[0][0] == ecma[0][1]
+    return ecma[0][0] if one and ecma == python else None
+
+
+def _agreed(sets: Sets) -> list[tuple[int, int]]:
+    """The characters both engines put in the set (what the grammar may allow)."""
+    ecma, python = sets
+    return subtract(ecma, complement(python))
+
+
+@cache
+def _python_ranges(escape: str) -> tuple[tuple[int, int], ...]:
+    """Code-point ranges Python's `re` matches with the class escape \\d, \\s or \\w (str patterns)."""
+    every = "".join(map(chr, range(MAX_CODE_POINT + 1)))
+    return tuple((m.start(), m.end() - 1) for m in re.finditer(f"\\{escape}+", every))
+
+
+def _python_class(escape: str) -> list[tuple[int, int]]:
+    return list(_python_ranges(escape))
 
 
 ANY_CHAR_RANGES = ALL_CHARS

@@ -575,3 +575,33 @@ def test_random_walks_through_fully_enforced_regexes_validate(data_dir):
                     assert validator.is_valid(value), (record["id"], "".join(text))
                     walked += 1
     assert walked >= 50
+
+
+# --- class escapes: the grammar allows only what every validator's regex engine accepts --------
+_ESCAPE_PATTERNS = ["^\\s$", "^\\S$", "^[^\\s]$", "^[^\\S]$", "^\\d$", "^\\D$", "^[^\\d]$", "^\\w$", "^\\W$",
+                    "^[^\\W]$", "^[\\s\\d]$", "^[^\\s\\w]$", "^.$", "^[\\S\\s]$"]
+_ESCAPE_CHARS = [chr(c) for c in range(0x800)] + [chr(c) for c in (
+    0x0966, 0x1680, 0x180E, 0x2000, 0x200A, 0x200B, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0xFEFF, 0xFF10, 0x1D7CE)]
+
+
+@pytest.mark.parametrize("pattern", _ESCAPE_PATTERNS)
+def test_class_escapes_allow_only_what_python_re_and_jsonschema_rs_accept(pattern):
+    # ECMA \s has \ufeff, Python's has \x1c-\x1f and \x85; Python's \d and \w are Unicode-wide.
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    schema = {"type": "string", "pattern": pattern}
+    regex = re.compile(schema_to_regex(schema, GrammarOptions()).regex)
+    rs = jsonschema_rs.validator_for(schema)
+    allowed = [c for c in _ESCAPE_CHARS if regex.fullmatch(json.dumps(c, ensure_ascii=False))]
+    assert allowed, "the grammar allows nothing: the check is vacuous"
+    wrong = [hex(ord(c)) for c in allowed if not (re.search(pattern, c) and rs.is_valid(c))]
+    assert not wrong, f"{pattern} allows {wrong[:10]} that a validator rejects"
+
+
+def test_base64_pattern_with_whitespace_rejects_a_byte_order_mark():
+    # The JsonSchemaStore build-cache-node-config pattern: \s between base64 characters.
+    pattern = "^(?:\\s*[A-Za-z0-9+/]){43}(?:\\s*=):(?:(?:\\s*[A-Za-z0-9+/]){4})*\\s*$"
+    schema = {"type": "string", "pattern": pattern}
+    key = "A" * 43 + "=:"
+    assert accepts(schema, json.dumps(key)) and accepts(schema, json.dumps(" \n" + key))
+    assert not accepts(schema, json.dumps("\ufeff" + key, ensure_ascii=False))
+    assert relaxed(schema) == []
