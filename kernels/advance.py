@@ -106,7 +106,7 @@ def advance_torch(
     tok = tokens.long()
     found, slot = csr_find_torch(table, st, tok)
     found &= has_grammar
-    target = table.trans_next.long()[slot.clamp(max=table.trans_next.numel() - 1)]
+    target = table.trans_next[slot.clamp(max=table.trans_next.numel() - 1)].long()
     tok_ok = (tok >= 0) & (tok < 32 * table.num_words)
     safe = torch.where(tok_ok, tok, torch.zeros_like(tok))
     word = table.mask[st, safe // 32].long() & 0xFFFFFFFF

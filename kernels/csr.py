@@ -51,19 +51,22 @@ def csr_find_torch(
     table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(found bool, slot int64) for 1-D `states` (all >= 0) and `tokens` of the same length."""
-    ptr = table.trans_ptr.long()
-    lo, end = ptr[states.long()], ptr[states.long() + 1]
+    # Index the int32 arrays first and widen only what was read: widening the whole CSR
+    # (millions of entries) every step cost milliseconds on CPU.
+    ptr = table.trans_ptr
+    lo, end = ptr[states.long()].long(), ptr[states.long() + 1].long()
     hi = end.clone()
     tokens = tokens.long()
-    tok = table.trans_tok.long()
+    tok = table.trans_tok
+    last = tok.numel() - 1
     for _ in range(table.num_search_steps):
         active = lo < hi
         mid = lo + (hi - lo) // 2
-        go_right = tok[mid.clamp(max=tok.numel() - 1)] < tokens
+        go_right = tok[mid.clamp(max=last)].long() < tokens
         lo = torch.where(active & go_right, mid + 1, lo)
         hi = torch.where(active & ~go_right, mid, hi)
     in_row = lo < end
-    found = in_row & (tok[lo.clamp(max=tok.numel() - 1)] == tokens)
+    found = in_row & (tok[lo.clamp(max=last)].long() == tokens)
     return found, lo
 
 
@@ -81,8 +84,8 @@ def budget_drop_torch(
     if binding.numel() == 0:
         return drop
     drop[binding[rem[binding] < 1]] = True  # nothing fits, stop ids included
-    ptr = table.trans_ptr.long()
-    starts, ends = ptr[states[binding]], ptr[states[binding] + 1]
+    ptr = table.trans_ptr
+    starts, ends = ptr[states[binding]].long(), ptr[states[binding] + 1].long()
     lens = ends - starts
     owner = torch.repeat_interleave(binding, lens)
     first = torch.repeat_interleave(starts - torch.cumsum(lens, 0) + lens, lens)
