@@ -34,7 +34,7 @@ BENCH_RC=0
 for spec in "qwen2-0.5b auto" "llama3.2-1b auto" "qwen2-0.5b off"; do
   set -- $spec
   timeout 100 "$PY" benchmarks/e2e.py --device cuda --model "$1" --batches 1,16,128 --max-tokens 64 \
-    --cuda-graphs "$2" --tag "$1-graphs-$2" 2>&1 | tee -a "$OUT/engine_gpu_bench.log"
+    --cuda-graphs "$2" --out "benchmarks/results/e2e_cuda_$1_graphs-$2" 2>&1 | tee -a "$OUT/engine_gpu_bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || BENCH_RC=1
 done
 cp benchmarks/results/e2e_cuda_*.json "$OUT/" 2>/dev/null
