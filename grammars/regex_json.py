@@ -19,9 +19,14 @@ _UNICODE_ESCAPE = (
 )
 STRING_CHAR = rf'(?:{STRING_BODY_CLASS}|\\["\\/bfnrt]|{_UNICODE_ESCAPE})'
 STRING = f'"{STRING_CHAR}*"'
-INTEGER = r"-?(?:0|[1-9][0-9]*)"
-# Exponents stay within |e| <= 308 (at most 3 digits) so a short literal like 1e999 cannot parse to inf.
-NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?(?:[0-9]{1,2}|[0-2][0-9]{2}|30[0-8]))?"
+# Every number the grammar writes is one that I-JSON consumers read exactly or as a finite double
+# (RFC 7493; surecall.dispatch rejects integers past 2^53-1 and non-finite floats): integer parts
+# stay below 9e15 (< 2^53, and a short regex) and exponents within +-99, so every value is below
+# 9e15 * 1e99 and never parses to inf (1e999 or a 400-digit "1...1.5" would) nor underflows to 0.
+LARGEST_INTEGER = 9 * 10**15 - 1
+NATURAL = "(?:0|[1-9][0-9]{0,14}|[1-8][0-9]{15})"  # 0..LARGEST_INTEGER, canonical spelling
+INTEGER = "(?:0|-?(?:[1-9][0-9]{0,14}|[1-8][0-9]{15}))"  # +-LARGEST_INTEGER, no "-0"
+NUMBER = rf"-?{NATURAL}(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{{1,2}})?"
 BOOLEAN = "true|false"
 NULL = "null"
 

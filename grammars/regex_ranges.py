@@ -33,12 +33,18 @@ def _nonneg_range(low: int, high: int | None) -> str:
         if low == 0:
             return "0|[1-9][0-9]*"
         return _alt([_nonneg_range(low, 10**width - 1), longer])
-    branches = []
+    branches, full = [], []  # full: widths whose every number is in range, written as one run
     for width in range(len(str(low)), len(str(high)) + 1):
         lo = max(low, 10 ** (width - 1) if width > 1 else 0)
         hi = min(high, 10**width - 1)
-        if lo <= hi:
+        if lo == max(1, 10 ** (width - 1)) and hi == 10**width - 1:
+            full.append(width)
+        elif lo <= hi:
             branches.append(_same_width(str(lo), str(hi)))
+    if full:  # consecutive by construction: only the first and last width can be partial
+        low_rest, high_rest = full[0] - 1, full[-1] - 1
+        count = "" if high_rest == 0 else f"{{{low_rest}}}" if low_rest == high_rest else f"{{{low_rest},{high_rest}}}"
+        branches.append("[1-9]" + ("" if not count else f"[0-9]{count}"))
     return _alt(branches)
 
 

@@ -490,14 +490,19 @@ class Converter:
 
     # -- numbers -------------------------------------------------------------------------
     def convert_integer(self, schema: dict, ptr: str) -> str | None:
+        """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact)."""
         low, high = _integer_bounds(schema)
         if "multipleOf" in schema and schema["multipleOf"] != 1:
             self.relax(ptr, "multipleOf")
-        regex = integer_range_regex(low, high)
-        return None if regex is None else regex
+        if low is None and high is None:
+            return lex.INTEGER
+        low = -lex.LARGEST_INTEGER if low is None else max(low, -lex.LARGEST_INTEGER)
+        high = lex.LARGEST_INTEGER if high is None else min(high, lex.LARGEST_INTEGER)
+        return integer_range_regex(low, high)
 
     def convert_number(self, schema: dict, ptr: str) -> str | None:
-        """Integral bounds are enforced (numbers then carry no exponent); others are relaxed."""
+        """Integral bounds are enforced (numbers then carry no exponent and stay within
+        +-lex.LARGEST_INTEGER); others, and integral ones entirely beyond that, are relaxed."""
         if "multipleOf" in schema:
             self.relax(ptr, "multipleOf")
         bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -506,7 +511,13 @@ class Converter:
             return lex.NUMBER
         if all(_is_integral(schema[k]) for k in bounds):
             (low, low_excl), (high, high_excl) = _number_bounds(schema)
-            return number_range_regex(low, high, low_excl, high_excl)
+            if low is None or low < -lex.LARGEST_INTEGER:
+                low, low_excl = -lex.LARGEST_INTEGER, False
+            if high is None or high > lex.LARGEST_INTEGER:
+                high, high_excl = lex.LARGEST_INTEGER, False
+            regex = number_range_regex(low, high, low_excl, high_excl)
+            if regex is not None or not _number_bounds_overlap(schema):
+                return regex
         for key in bounds:
             self.relax(ptr, key)
         return lex.NUMBER
@@ -783,6 +794,12 @@ def _number_bounds(schema: dict) -> tuple[tuple[int | None, bool], tuple[int | N
     if ex_high is not None and not isinstance(ex_high, bool) and (high is None or ex_high <= high):
         high, high_excl = int(ex_high), True
     return (low, low_excl), (high, high_excl)
+
+
+def _number_bounds_overlap(schema: dict) -> bool:
+    """Whether the schema's own integral bounds leave any number (before the clamp to LARGEST_INTEGER)."""
+    (low, low_excl), (high, high_excl) = _number_bounds(schema)
+    return low is None or high is None or low < high or (low == high and not (low_excl or high_excl))
 
 
 def _json_equal(a: object, b: object) -> bool:

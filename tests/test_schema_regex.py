@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from decimal import Decimal
@@ -605,3 +606,53 @@ def test_base64_pattern_with_whitespace_rejects_a_byte_order_mark():
     assert accepts(schema, json.dumps(key)) and accepts(schema, json.dumps(" \n" + key))
     assert not accepts(schema, json.dumps("\ufeff" + key, ensure_ascii=False))
     assert relaxed(schema) == []
+
+
+# --- numbers: every one the grammar admits is a finite double or an I-JSON-safe integer --------
+_NUMBER_SCHEMAS = [{"type": "number"}, {"type": "integer"}, {"type": "number", "minimum": 0},
+                   {"type": "number", "exclusiveMaximum": -3}, {"type": "integer", "minimum": -7}, {}]
+
+
+def _random_number_text(rng: random.Random) -> str:
+    digits = rng.choice([1, 2, 15, 16, 17, 20, 309, 400])
+    text = rng.choice(["", "-"]) + str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+    if rng.random() < 0.5:
+        text += "." + str(rng.randint(0, 99999))
+    if rng.random() < 0.5:
+        text += rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.choice([0, 7, 99, 100, 292, 300, 308, 999]))
+    return text
+
+
+def _is_safe_number(value) -> bool:
+    return math.isfinite(value) if isinstance(value, float) else abs(value) <= 2**53 - 1
+
+
+@pytest.mark.parametrize("schema", _NUMBER_SCHEMAS)
+def test_numbers_parse_finite_and_integers_stay_within_2_53(schema):
+    regex = re.compile(schema_to_regex(schema, GrammarOptions()).regex)
+    rng = random.Random(7)
+    texts = [_random_number_text(rng) for _ in range(3000)] + [
+        "1e999", "9.9e308", "1e308", "1" * 400 + ".5", "1" * 17 + ".5", str(2**53), str(-(2**53)), "9" * 400]
+    admitted = [t for t in texts if regex.fullmatch(t)]
+    assert admitted, "nothing admitted: the check is vacuous"
+    unsafe = [t[:40] for t in admitted if not _is_safe_number(json.loads(t))]
+    assert not unsafe, f"{schema} admits numbers that overflow or lose precision: {unsafe[:5]}"
+
+
+def test_reasonable_numbers_are_still_admitted():
+    number, integer = {"type": "number"}, {"type": "integer"}
+    for text in ["0", "-0.5", "6.02e23", "6.02E+23", "1.5e-10", "1e99", "-1E-99", "8999999999999999",
+                 "-8999999999999999", "1234567890123456.75", "0.000001", "12e-7"]:
+        assert accepts(number, text), text
+    for text in ["0", "-17", "1700000000000000", "8999999999999999", "-8999999999999999"]:
+        assert accepts(integer, text), text
+    assert not accepts(integer, "9000000000000000") and not accepts(integer, "-0")
+    assert not any(accepts(number, t) for t in ["1e100", "1e-100", "1e999", "9000000000000000", "1" * 17 + ".5"])
+
+
+def test_integral_number_bounds_beyond_2_53_are_relaxed_not_unsatisfiable():
+    huge = {"type": "number", "minimum": 1e20}
+    assert relaxed(huge) == [("", "minimum")] and accepts(huge, "1.5e21")
+    wide = {"type": "number", "minimum": -1e30, "maximum": 1e30}
+    assert relaxed(wide) == [] and accepts(wide, "-12.5") and not accepts(wide, "1e5")
+    assert not accepts({"type": "integer", "maximum": 2**60}, str(2**59))
