@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -310,3 +311,219 @@ def test_concurrent_settles_compare_and_set(store):
 
     assert store.settle(key, outer_probe).state is RecordState.NOT_EXECUTED
     assert store.claim(key).acquired
+
+
+# --- purge: garbage collection of settled records ---------------------------------------------
+@pytest.fixture
+def own_store(store_url):
+    """A store no other test writes to: a fresh SQLite file, or a Redis prefix of its own (with
+    glob characters, so purge's SCAN pattern must escape them to stay inside it)."""
+    s = _open_own(store_url, f"t*?[{uuid.uuid4().hex[:8]}]:" if store_url.startswith("redis") else None)
+    yield s
+    s.close()
+
+
+def _open_own(url: str, prefix: str | None):
+    if prefix is None:
+        return open_store(url)
+    from surecall.dispatch.stores import RedisStore
+
+    return RedisStore(url, prefix=prefix)
+
+
+def _settle_at(store, key: str, state: RecordState, at: float, *, lease_s: float = 30.0):
+    """Put `key` into `state` with every timestamp at `at`."""
+    claim = store.claim(key, lease_s=lease_s, now=at)
+    assert claim.acquired
+    if state is RecordState.COMPLETED:
+        store.complete(key, claim.owner, {"at": at}, now=at)
+    elif state is RecordState.NOT_EXECUTED:
+        store.release(key, claim.owner, "denied", now=at)
+    elif state is RecordState.IN_DOUBT:
+        store.fail(key, claim.owner, "crashed", now=at)
+    return claim
+
+
+def test_purge_deletes_only_old_settled_records(own_store):
+    now = time.time()
+    old, recent = now - 3600, now - 10
+    keys = {name: _key(f"purge-{name}") for name in
+            ("completed", "not_executed", "in_doubt", "live", "lapsed", "recent_completed", "recent_not_executed")}
+    _settle_at(own_store, keys["completed"], RecordState.COMPLETED, old)
+    _settle_at(own_store, keys["not_executed"], RecordState.NOT_EXECUTED, old)
+    _settle_at(own_store, keys["in_doubt"], RecordState.IN_DOUBT, old)
+    _settle_at(own_store, keys["live"], RecordState.IN_FLIGHT, old, lease_s=7200)  # old stamp, live lease
+    _settle_at(own_store, keys["lapsed"], RecordState.IN_FLIGHT, old, lease_s=0.05)  # lease runs out, unread
+    _settle_at(own_store, keys["recent_completed"], RecordState.COMPLETED, recent)
+    _settle_at(own_store, keys["recent_not_executed"], RecordState.NOT_EXECUTED, recent)
+    time.sleep(0.1)  # Redis judges leases by the server clock
+
+    assert own_store.purge(60, now=now) == 2
+    states = {name: own_store.get(key, now=now).state for name, key in keys.items()}
+    assert states == {
+        "completed": RecordState.UNSEEN, "not_executed": RecordState.UNSEEN,
+        "in_doubt": RecordState.IN_DOUBT, "live": RecordState.IN_FLIGHT, "lapsed": RecordState.IN_DOUBT,
+        "recent_completed": RecordState.COMPLETED, "recent_not_executed": RecordState.NOT_EXECUTED,
+    }
+    # unsettled records stay whatever their age; settled ones go once past the window
+    assert own_store.purge(0, now=now + 10**6) == 2
+    assert own_store.get(keys["in_doubt"]).state is RecordState.IN_DOUBT
+    assert own_store.get(keys["live"]).state is RecordState.IN_FLIGHT
+    assert own_store.get(keys["recent_completed"]).state is RecordState.UNSEEN
+
+
+def test_purge_window_boundary_is_strict(own_store):
+    at = 1_000_000.0
+    _settle_at(own_store, _key("boundary"), RecordState.COMPLETED, at)
+    assert own_store.purge(10, now=at + 10) == 0  # updated == cutoff: not older, kept
+    assert own_store.purge(10, now=at + 10.5) == 1
+
+
+def test_purged_key_runs_again(own_store):
+    """The documented trade-off: past the retention window a replay is a new call."""
+    key = _key("rerun")
+    assert execute_once(own_store, key, lambda: {"n": 1}).ran
+    assert not execute_once(own_store, key, lambda: {"n": 2}).ran
+    assert own_store.purge(0, now=time.time() + 1) == 1
+    again = own_store.claim(key)
+    assert again.acquired and again.record.attempts == 1
+    own_store.complete(key, again.owner, {"n": 3})
+    assert own_store.get(key).result == {"n": 3}
+
+
+def test_purge_respects_limit(own_store, monkeypatch):
+    from surecall.dispatch.stores import redis as redis_store
+
+    monkeypatch.setattr(redis_store, "PURGE_BATCH", 2)  # several SCAN/pipeline rounds with few records
+    old = time.time() - 3600
+    for i in range(5):
+        _settle_at(own_store, _key(f"limit-{i}"), RecordState.COMPLETED, old)
+    _settle_at(own_store, _key("limit-doubt"), RecordState.IN_DOUBT, old)
+    assert [own_store.purge(60, limit=2) for _ in range(4)] == [2, 2, 1, 0]
+    assert own_store.purge(60, limit=1) == 0
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"older_than_s": -1}, "Invalid older_than_s: expected a finite number of seconds >= 0, got -1"),
+    ({"older_than_s": float("nan")}, "Invalid older_than_s: .* got nan"),
+    ({"older_than_s": float("inf")}, "Invalid older_than_s: .* got inf"),
+    ({"older_than_s": "60"}, "Invalid older_than_s: .* got '60'"),
+    ({"older_than_s": True}, "Invalid older_than_s: .* got True"),
+    ({"older_than_s": 60, "limit": 0}, "Invalid limit: expected None or an integer >= 1, got 0"),
+    ({"older_than_s": 60, "limit": 2.0}, "Invalid limit: .* got 2.0"),
+    ({"older_than_s": 60, "limit": True}, "Invalid limit: .* got True"),
+    ({"older_than_s": 60, "now": float("nan")}, "Invalid now: expected a finite number of unix seconds or None, got nan"),
+])
+def test_purge_argument_errors(own_store, kwargs, match):
+    key = _key("args")
+    _settle_at(own_store, key, RecordState.COMPLETED, time.time() - 3600)
+    kwargs = dict(kwargs)
+    older_than_s = kwargs.pop("older_than_s")
+    with pytest.raises(ValueError, match=match):
+        own_store.purge(older_than_s, **kwargs)
+    assert own_store.get(key).state is RecordState.COMPLETED  # nothing deleted
+
+
+def test_redis_purge_stays_inside_its_prefix_and_keeps_unstamped(redis_url):
+    """Another store's keys that an unescaped glob would match, and a hash without `updated`."""
+    import redis
+
+    from surecall.dispatch.stores import RedisStore
+
+    tag = uuid.uuid4().hex[:8]
+    mine, theirs = RedisStore(redis_url, prefix=f"p*{tag}:"), RedisStore(redis_url, prefix=f"pX{tag}:")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        old = time.time() - 3600
+        _settle_at(mine, _key("mine"), RecordState.COMPLETED, old)
+        _settle_at(theirs, theirs_key := _key("theirs"), RecordState.COMPLETED, old)
+        client.hset(f"p*{tag}:{{handmade}}", mapping={"state": "COMPLETED", "fp": ""})
+        client.set(f"p*{tag}:{{other}}", "not a hash")
+        assert mine.purge(60) == 1
+        assert theirs.get(theirs_key).state is RecordState.COMPLETED
+        assert client.exists(f"p*{tag}:{{handmade}}", f"p*{tag}:{{other}}") == 2
+    finally:
+        mine.close()
+        theirs.close()
+        client.close()
+
+
+def _purge_after_scan(store, monkeypatch, change, older_than_s: float, now: float) -> int:
+    """purge, with `change()` run after SCAN has listed every record and before any delete script."""
+    scan = type(store)._record_keys
+
+    def listing_then_change():
+        yield from scan(store)
+        change()
+
+    monkeypatch.setattr(store, "_record_keys", listing_then_change)
+    return store.purge(older_than_s, now=now)
+
+
+def test_redis_purge_rechecks_records_changed_after_scan(redis_url, monkeypatch):
+    """Deterministic form of the race: a record listed by SCAN and changed before its delete
+    script ran is kept, because the script re-reads state and `updated` on the server."""
+    from surecall.dispatch.stores import RedisStore
+
+    store = RedisStore(redis_url, prefix=f"scan-{uuid.uuid4().hex[:8]}:")
+    try:
+        old = time.time() - 3600
+        claimed, idle, completed = _key("listed-claimed"), _key("listed-idle"), _key("listed-completed")
+        for key in (claimed, idle):
+            _settle_at(store, key, RecordState.NOT_EXECUTED, old)
+        _settle_at(store, completed, RecordState.COMPLETED, old)
+        # claimed meanwhile: IN_FLIGHT, kept by the state check even with a cutoff past every stamp
+        claims = []
+        far = time.time() + 3600
+        assert _purge_after_scan(store, monkeypatch, lambda: claims.append(store.claim(claimed)), 0, far) == 2
+        assert claims[0].acquired and store.get(claimed).state is RecordState.IN_FLIGHT
+        assert store.get(completed).state is RecordState.UNSEEN and store.get(idle).state is RecordState.UNSEEN
+        # released again meanwhile: NOT_EXECUTED but fresh, kept by the timestamp check
+        store.release(claimed, claims[0].owner, "denied", now=old)
+        assert _purge_after_scan(store, monkeypatch, lambda: store.release(claimed, store.claim(claimed).owner, "again"), 60, time.time()) == 0
+        assert store.get(claimed).state is RecordState.NOT_EXECUTED and store.get(claimed).attempts == 3
+    finally:
+        store.close()
+
+
+def _claiming_worker(url: str, prefix: str | None, keys: list[str], holds: int, started, out) -> None:
+    """Claim, renew and release (or complete) the keys in turn while another process purges, until
+    `holds` claims were won: a record deleted while held makes the next step fail with 'no record'.
+    A COMPLETED key is only claimable again once the purger has deleted it."""
+    store = _open_own(url, prefix)
+    started.wait(10)
+    lost, held, deadline = [], 0, time.time() + 20
+    while held < holds and time.time() < deadline:
+        for key in keys:
+            claim = store.claim(key)
+            if not claim.acquired:
+                continue
+            held += 1
+            try:
+                store.renew(key, claim.owner)
+                if held % 4 == 0:
+                    store.complete(key, claim.owner, {"held": held})
+                else:
+                    store.release(key, claim.owner, "again")
+            except IdempotencyConflict as exc:
+                lost.append(str(exc))
+    store.close()
+    out.put((held, lost))
+
+
+def test_purge_never_deletes_a_record_being_claimed(own_store, store_url):
+    """One process claims/renews/settles four keys over and over; this one purges everything
+    settled (any age) meanwhile. State changes between selection and delete must win."""
+    keys = [_key(f"gc-race-{i}") for i in range(16)]
+    started, out = CTX.Event(), CTX.Queue()
+    prefix = getattr(own_store, "prefix", None)
+    worker = CTX.Process(target=_claiming_worker, args=(store_url, prefix, keys, 300, started, out))
+    worker.start()
+    purged = 0
+    while worker.is_alive():
+        purged += own_store.purge(0, now=time.time() + 3600)
+        started.set()
+    held, lost = out.get(timeout=30)
+    worker.join(timeout=30)
+    assert lost == []
+    assert held >= 300 and purged >= 300 // 4  # every 4th hold completes: only a purge frees it again

@@ -4,12 +4,16 @@ A store keeps one record per call slot (see `idempotency.derive_key`). Every tra
 atomic store operation conditioned on the current state (compare-and-set), so concurrent
 processes agree: one claim wins, an expired lease becomes IN_DOUBT exactly once, one settle
 wins. A store that cannot be reached raises `StoreUnavailable` and has changed nothing.
+`purge` garbage-collects settled records past a retention window (see its docstring for what
+that gives up); it never touches IN_FLIGHT or IN_DOUBT records.
 """
 
 from __future__ import annotations
 
 import abc
 import json
+import math
+import time
 import uuid
 from typing import Any
 
@@ -17,6 +21,8 @@ from surecall.dispatch.idempotency import Claim, ProbeFn, Record, RecordState, a
 from surecall.errors import IdempotencyConflict
 
 DEFAULT_LEASE_S = 30.0
+# The states `purge` may delete: the call's outcome is known and nobody holds or needs the record.
+PURGEABLE = (RecordState.COMPLETED, RecordState.NOT_EXECUTED)
 
 
 class IdempotencyStore(abc.ABC):
@@ -55,6 +61,33 @@ class IdempotencyStore(abc.ABC):
     def _resolve(self, key: str, state: RecordState, result: Any, error: str, now: float | None) -> Record:
         """Compare-and-set IN_DOUBT -> `state` (COMPLETED or NOT_EXECUTED); returns the record after."""
 
+    @abc.abstractmethod
+    def _purge(self, cutoff: float, limit: int | None) -> int:
+        """Delete up to `limit` (None: all) records in a PURGEABLE state with `updated_at < cutoff`,
+        each one atomically with a re-check of state and timestamp; return how many went."""
+
+    def purge(self, older_than_s: float, *, now: float | None = None, limit: int | None = None) -> int:
+        """Delete settled records (COMPLETED, NOT_EXECUTED) last updated more than `older_than_s`
+        seconds before `now` (default: this host's `time.time()`, the clock every transition
+        stamps `updated_at` with, in both stores). Returns how many records were deleted; `limit`
+        caps it (which eligible records go first is unspecified), so a caller can purge in slices.
+
+        Never deletes IN_FLIGHT (live or lapsed lease) or IN_DOUBT records: their effect is unknown
+        and deleting one would let a replay run the call a second time. Each record's state and
+        stamp are checked in the same atomic step that deletes it, so a record claimed, or settled
+        again with a fresh stamp, after purge first saw it is kept.
+
+        Trade-off: a purged key is UNSEEN again, so a replay of that call after the purge runs it
+        again. At-most-once holds only within the retention window `older_than_s`; choose it longer
+        than any retry or replay can arrive (payment APIs keep idempotency keys for 24 h). A record
+        without an update timestamp (none is written that way; a hand-made Redis hash) is kept."""
+        older_than_s, limit = check_purge_args(older_than_s, limit)
+        if now is None:
+            now = time.time()
+        elif not _finite_number(now):
+            raise ValueError(f"Invalid now: expected a finite number of unix seconds or None, got {now!r}")
+        return self._purge(float(now) - older_than_s, limit)
+
     def close(self) -> None:  # noqa: B027 - optional for stores holding nothing
         """Release connections (the store object must not be used afterwards)."""
 
@@ -83,6 +116,19 @@ class IdempotencyStore(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_purge_args(older_than_s: Any, limit: Any) -> tuple[float, int | None]:
+    """Validated (older_than_s, limit) for `purge`; ValueError naming the bad argument."""
+    if not _finite_number(older_than_s) or older_than_s < 0:
+        raise ValueError(f"Invalid older_than_s: expected a finite number of seconds >= 0, got {older_than_s!r}")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"Invalid limit: expected None or an integer >= 1, got {limit!r}")
+    return float(older_than_s), limit
 
 
 def new_owner() -> str:

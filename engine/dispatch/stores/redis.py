@@ -5,12 +5,14 @@ Each record is a hash `surecall:idem:{slot}`; its lease is a separate key claime
 decides when a lease ends. Each transition is one Lua script (atomic on the server): the claim
 creates the record and the lease together; a record IN_FLIGHT whose lease key has vanished is
 turned into IN_DOUBT. The `now` arguments only stamp `updated`; lease expiry ignores them.
-Connection failures raise StoreUnavailable. Records are kept until deleted (no TTL).
+Connection failures raise StoreUnavailable. Records have no TTL: `purge` walks the prefix with
+SCAN and deletes each old settled record with a script that re-checks its state and `updated`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -24,6 +26,7 @@ from surecall.dispatch.idempotency import (
 )
 from surecall.dispatch.stores.base import (
     DEFAULT_LEASE_S,
+    PURGEABLE,
     IdempotencyStore,
     dump_result,
     load_result,
@@ -94,6 +97,20 @@ if not st then return {} end
 return redis.call('HGETALL', rec)
 """
 
+# KEYS: rec, lease. ARGV: cutoff, purgeable states (comma list) -> 1 deleted, 0 kept. The state and
+# `updated` are read again here, on the server, so a record claimed since SCAN listed it stays.
+# A hash without a numeric `updated` is kept (none is written that way).
+_PURGE = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st or not string.find(',' .. ARGV[2] .. ',', ',' .. st .. ',', 1, true) then return 0 end
+local updated = tonumber(redis.call('HGET', KEYS[1], 'updated'))
+if not updated or updated >= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+PURGE_BATCH = 500  # SCAN COUNT hint, and the most scripts sent in one pipeline round trip
+
 
 class RedisStore(IdempotencyStore):
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "surecall:idem:", timeout_s: float = 5.0):
@@ -102,8 +119,8 @@ class RedisStore(IdempotencyStore):
             self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         except ValueError as exc:
             raise StoreUnavailable(f"Redis store {url}: {exc}") from exc
-        self._scripts = {name: self._redis.register_script(src) for name, src in
-                         (("claim", _CLAIM), ("transition", _TRANSITION), ("resolve", _RESOLVE), ("get", _GET))}
+        scripts = {"claim": _CLAIM, "transition": _TRANSITION, "resolve": _RESOLVE, "get": _GET, "purge": _PURGE}
+        self._scripts = {name: self._redis.register_script(src) for name, src in scripts.items()}
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
@@ -178,3 +195,36 @@ class RedisStore(IdempotencyStore):
         slot, _ = split_key(key)
         now = time.time() if now is None else now
         return self._record(slot, self._call("resolve", slot, [state.value, dump_result(result), error, repr(now)]))
+
+    # --- garbage collection -----------------------------------------------------------------
+    def _record_keys(self) -> Iterator[bytes]:
+        """Every record hash under this store's prefix (not the lease keys), via SCAN."""
+        escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in self.prefix)
+        return self._redis.scan_iter(match=escaped + "{*}", count=PURGE_BATCH)
+
+    def _purge_batch(self, records: list[bytes], args: list) -> int:
+        pipe = self._redis.pipeline(transaction=False)
+        for rec in records:
+            self._scripts["purge"](keys=[rec, rec + b":lease"], args=args, client=pipe)
+        return sum(int(n) for n in pipe.execute())
+
+    def _purge(self, cutoff: float, limit: int | None) -> int:
+        args = [repr(cutoff), ",".join(s.value for s in PURGEABLE)]
+        deleted, batch = 0, []
+        try:
+            for rec in self._record_keys():
+                batch.append(rec)
+                # never send more scripts than records still allowed: each may delete one
+                room = PURGE_BATCH if limit is None else min(PURGE_BATCH, limit - deleted)
+                if len(batch) >= room:
+                    deleted += self._purge_batch(batch, args)
+                    batch = []
+                    if limit is not None and deleted >= limit:
+                        return deleted
+            if batch:
+                deleted += self._purge_batch(batch, args)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(
+                f"Redis store {self.url}: {exc}; purge stopped after deleting at least {deleted} records, run it again"
+            ) from exc
+        return deleted

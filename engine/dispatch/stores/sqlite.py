@@ -4,7 +4,8 @@ WAL journal, `synchronous=NORMAL` (durable across process crashes, which is what
 protects against), autocommit, one connection per (process, thread). The claim is one
 `INSERT ... ON CONFLICT DO NOTHING`; every later transition is one `UPDATE ... WHERE state=...`
 (compare-and-set), so two processes never both win. Leases are judged by the local clock
-(`now`, unix seconds): use it on one host, or use `RedisStore`.
+(`now`, unix seconds): use it on one host, or use `RedisStore`. `purge` is one `DELETE` whose
+WHERE re-checks state and `updated`, so it cannot remove a record a concurrent claim just took.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from surecall.dispatch.idempotency import Claim, Record, RecordState, check_fingerprint, split_key
 from surecall.dispatch.stores.base import (
     DEFAULT_LEASE_S,
+    PURGEABLE,
     IdempotencyStore,
     dump_result,
     load_result,
@@ -87,7 +89,8 @@ class SQLiteStore(IdempotencyStore):
                 "UPDATE surecall_records SET state='IN_DOUBT', error=?, updated=? WHERE slot=? AND state='IN_FLIGHT' AND owner=?",
                 (_EXPIRED, now, rec.key, rec.owner),
             )
-            return self._row(conn, rec.key)
+            # UNSEEN only if the owner completed it and a purge deleted it in between
+            return self._row(conn, rec.key) or Record(key=rec.key, state=RecordState.UNSEEN)
         return rec
 
     def get(self, key: str, *, now: float | None = None) -> Record:
@@ -107,7 +110,8 @@ class SQLiteStore(IdempotencyStore):
         now = time.time() if now is None else now
         expires = now + lease_s
 
-        def op(conn):
+        def attempt(conn) -> Claim | None:
+            """One try; None when `purge` deleted the record between two of its statements."""
             cur = conn.execute(
                 f"INSERT INTO surecall_records ({_COLUMNS}) VALUES (?, ?, 'IN_FLIGHT', ?, ?, NULL, '', 1, ?) ON CONFLICT(slot) DO NOTHING",
                 (slot, fp, owner, expires, now),
@@ -115,17 +119,31 @@ class SQLiteStore(IdempotencyStore):
             if cur.rowcount == 1:
                 return Claim(True, Record(slot, RecordState.IN_FLIGHT, fp, owner, expires, attempts=1, updated_at=now))
             rec = self._row(conn, slot)
+            if rec is None:
+                return None
             check_fingerprint(key, rec.fingerprint, fp)
             if rec.state is RecordState.NOT_EXECUTED:
-                cur = conn.execute(
+                rows = conn.execute(
                     "UPDATE surecall_records SET state='IN_FLIGHT', owner=?, lease_expires=?, error='', attempts=attempts+1, updated=? "
-                    "WHERE slot=? AND state='NOT_EXECUTED'",
+                    f"WHERE slot=? AND state='NOT_EXECUTED' RETURNING {_COLUMNS}",
                     (owner, expires, now, slot),
-                )
-                if cur.rowcount == 1:
-                    return Claim(True, self._row(conn, slot))
+                ).fetchall()
+                if rows:
+                    return Claim(True, _record(rows[0]))
                 rec = self._row(conn, slot)
-            return Claim(False, self._expire(conn, rec, now))
+                if rec is None:
+                    return None
+            rec = self._expire(conn, rec, now)
+            return None if rec.state is RecordState.UNSEEN else Claim(False, rec)
+
+        def op(conn):
+            # a retry means `purge` deleted the slot between two statements: the next INSERT then
+            # normally wins (or meets a new claimer's record); the bound only stops a livelock
+            for _ in range(100):
+                claim = attempt(conn)
+                if claim is not None:
+                    return claim
+            raise IdempotencyConflict(f"cannot claim {slot[:16]}...: the record kept vanishing (concurrent purges)")
 
         return self._run(op)
 
@@ -193,9 +211,25 @@ class SQLiteStore(IdempotencyStore):
                 "UPDATE surecall_records SET state=?, result=?, error=?, updated=? WHERE slot=? AND state='IN_DOUBT'",
                 (state.value, dump_result(result), error, now, slot),
             )
-            return self._row(conn, slot)
+            return self._row(conn, slot) or Record(key=slot, state=RecordState.UNSEEN)  # settled and purged meanwhile
 
         return self._run(op)
+
+    def _purge(self, cutoff: float, limit: int | None) -> int:
+        # One statement is one transaction holding the write lock from its first read: the state and
+        # age test and the delete are atomic, and a record claimed or settled meanwhile is not seen
+        # as old and settled. The test is in the outer WHERE too, so LIMIT only ever narrows it.
+        # (DELETE ... LIMIT needs a compile option, hence the sub-select.) A full scan: purge is a
+        # periodic chore, and an index on `updated` would cost every transition a second write.
+        states = ",".join("?" for _ in PURGEABLE)
+        where = f"state IN ({states}) AND updated < ?"
+        params = (*[s.value for s in PURGEABLE], cutoff)
+        if limit is None:
+            sql, args = f"DELETE FROM surecall_records WHERE {where}", params
+        else:
+            sql = f"DELETE FROM surecall_records WHERE slot IN (SELECT slot FROM surecall_records WHERE {where} LIMIT ?) AND {where}"
+            args = (*params, limit, *params)
+        return self._run(lambda conn: conn.execute(sql, args).rowcount)
 
 
 def _record(row: tuple | None) -> Record | None:
