@@ -180,7 +180,8 @@ def test_pattern_with_length_keeps_pattern_and_relaxes_length():
     assert not accepts(schema, '"ABC"')
 
 
-@pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+"])
+@pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+", "^x{,2}$", "^[]a]$",
+                                     "^[^]$", "\\cJ"])
 def test_untranslatable_pattern_is_relaxed_never_dropped(pattern):
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}
     assert ("/properties/s", "pattern") in relaxed(schema)
@@ -656,3 +657,10 @@ def test_integral_number_bounds_beyond_2_53_are_relaxed_not_unsatisfiable():
     wide = {"type": "number", "minimum": -1e30, "maximum": 1e30}
     assert relaxed(wide) == [] and accepts(wide, "-12.5") and not accepts(wide, "1e5")
     assert not accepts({"type": "integer", "maximum": 2**60}, str(2**59))
+
+
+def test_python_whitespace_table_matches_re():
+    from surecall.grammars.regex_pattern import _PY_SPACE
+
+    table = {cp for lo, hi in _PY_SPACE for cp in range(lo, hi + 1)}
+    assert table == {cp for cp in range(0x110000) if re.fullmatch(r"\s", chr(cp))}
