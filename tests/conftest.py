@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import socket
+import subprocess
+import time
 
 import pytest
 
 from surecall.shared_data import shared_data_dir
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 try:
     import torch
@@ -40,3 +47,39 @@ def cached_vocab(name: str):
     from surecall.grammars.vocab_loaders import load_shared
 
     return load_shared(name)
+
+
+# --- a throwaway redis-server for the Redis store (skips when it is not installed) ---------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip(f"redis-server not installed ({REDIS_SERVER}); `.ci/run` installs it")
+    workdir = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.skip("redis-server did not start")
+    yield url
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -35,10 +35,18 @@ def ws(tmp_path):
     return root.resolve()
 
 
-@pytest.fixture
-def store(tmp_path):
-    with SQLiteStore(tmp_path / "records.db") as s:
-        yield s
+@pytest.fixture(params=["sqlite", "redis"])
+def store(request, tmp_path):
+    """Every runtime test runs against both idempotency stores (Redis skips when not installed)."""
+    if request.param == "sqlite":
+        with SQLiteStore(tmp_path / "records.db") as s:
+            yield s
+        return
+    from surecall.dispatch.stores import RedisStore
+
+    s = RedisStore(request.getfixturevalue("redis_url"), prefix=f"surecall:test:{request.node.name}:")
+    yield s
+    s.close()
 
 
 def make_runtime(ws, store, tools=None, **kw):

@@ -4,56 +4,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
 
 import pytest
+from conftest import REDIS_SERVER, free_port
 
 from surecall.dispatch.idempotency import ProbeOutcome, RecordState, derive_key, execute_once
 from surecall.dispatch.stores import SQLiteStore, open_store
 from surecall.errors import IdempotencyConflict, StoreUnavailable
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 CTX = multiprocessing.get_context("fork")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    if not os.path.exists(REDIS_SERVER):
-        pytest.skip(f"redis-server not installed ({REDIS_SERVER}); `.ci/run` installs it")
-    workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.skip("redis-server did not start")
-    yield url
-    client.close()
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -173,7 +136,7 @@ def test_store_unavailable(tmp_path):
         SQLiteStore(tmp_path / "missing-dir" / "x.db")
     from surecall.dispatch.stores import RedisStore
 
-    down = RedisStore(f"redis://127.0.0.1:{_free_port()}/0", timeout_s=0.5)
+    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
     with pytest.raises(StoreUnavailable, match="Redis store"):
         down.claim(_key("down"))
 
@@ -182,7 +145,7 @@ def test_redis_store_down_mid_run(tmp_path):
     """A store that goes away: typed error, and once it is back the record is where it was."""
     if not os.path.exists(REDIS_SERVER):
         pytest.skip("redis-server not installed")
-    port = _free_port()
+    port = free_port()
     args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--appendonly", "yes", "--save", ""]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     from surecall.dispatch.stores import RedisStore
