@@ -664,3 +664,14 @@ def test_python_whitespace_table_matches_re():
 
     table = {cp for lo, hi in _PY_SPACE for cp in range(lo, hi + 1)}
     assert table == {cp for cp in range(0x110000) if re.fullmatch(r"\s", chr(cp))}
+
+
+def test_min_items_from_all_of_additional_properties_is_enforced():
+    # JSONSchemaBench Handwritten---pp2: the wide fuzz once found minItems there neither enforced nor listed.
+    schema = {"$ref": "#/definitions/x", "definitions": {"x": {"type": "object", "required": ["abcd"], "allOf": [
+        {"additionalProperties": {"type": "array", "minItems": 2}},
+        {"patternProperties": {"a": {"type": "array", "items": {"type": "number", "minimum": 2}}},
+         "additionalProperties": False}]}}}
+    assert accepts(schema, '{"abcd":[2.5,5]}') and not accepts(schema, '{"abcd":[2.5]}')
+    assert not accepts(schema, '{"abcd":[1,5]}')
+    assert not any(k == "minItems" for _, k in relaxed(schema))
