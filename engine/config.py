@@ -53,6 +53,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None  # decode step per batch bucket in a CUDA graph: None = on CUDA when the
     # model allows; True = static-shape step always (captured on CUDA, eager on CPU); False = dynamic cache
     max_batch_size: int = 256  # rows per forward pass; larger requests are split
+    compact_batches: bool = True  # at stop checks, drop finished rows once the batch would halve
     max_seq_len: int | None = None  # prompt + generation limit; None = the model's max positions
     grammar_options: Any = None  # surecall.grammars.options.GrammarOptions or None for defaults
     check_kernel_inputs: bool = False  # validate kernel inputs every step (host syncs: debugging only)
@@ -65,6 +66,8 @@ class EngineConfig:
             )
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"Invalid cuda_graphs: expected None (auto) or a bool, got {self.cuda_graphs!r}")
+        if not isinstance(self.compact_batches, bool):
+            raise ValueError(f"Invalid compact_batches: expected a bool, got {self.compact_batches!r}")
         if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
             raise ValueError(f"Invalid max_batch_size: expected an integer >= 1, got {self.max_batch_size!r}")
         if self.max_seq_len is not None and (not _is_int(self.max_seq_len) or self.max_seq_len < 2):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -129,6 +129,66 @@ def _fail_messages(codes: list[int], where: list[list[int]]) -> list[str | None]
     return out
 
 
+@dataclass
+class _Live:
+    """The per-row tensors of the rows still in the batch (all [n] on the device)."""
+
+    idx: torch.Tensor  # int64: each row's index in the request
+    state: torch.Tensor
+    is_constrained: torch.Tensor
+    budget: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    pad: torch.Tensor
+    done: torch.Tensor
+    by_stop: torch.Tensor
+    length: torch.Tensor
+    fail: torch.Tensor  # 0 | EMPTY_MASK | REFUSED_TOKEN
+    fail_at: torch.Tensor  # [n, 3]: step, state, token
+
+    @classmethod
+    def build(cls, rows: list[DecodeRow], budgets: list[int], pad_id: int, device) -> _Live:
+        n = len(rows)
+        state = torch.tensor([r.state for r in rows], dtype=torch.int32, device=device)
+
+        def vec(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            idx=torch.arange(n, device=device), state=state, is_constrained=state >= 0,
+            budget=vec(budgets, torch.int32),
+            temperature=vec([float(r.sampling.temperature) for r in rows], torch.float32),
+            top_k=vec([r.sampling.top_k for r in rows], torch.int32),
+            top_p=vec([float(r.sampling.top_p) for r in rows], torch.float32),
+            seed=vec([_row_seed(r.sampling) for r in rows], torch.int64),
+            pad=torch.full((n,), pad_id, dtype=torch.int64, device=device),
+            done=torch.zeros(n, dtype=torch.bool, device=device),
+            by_stop=torch.zeros(n, dtype=torch.bool, device=device),
+            length=torch.zeros(n, dtype=torch.int64, device=device),
+            fail=torch.zeros(n, dtype=torch.int32, device=device),
+            fail_at=torch.zeros((n, 3), dtype=torch.int64, device=device),
+        )
+
+    def take(self, keep: torch.Tensor) -> _Live:
+        return _Live(**{f.name: getattr(self, f.name)[keep] for f in fields(self)})
+
+
+class _Final:
+    """Each request row's outcome, filled in as rows leave the batch (and at the end)."""
+
+    def __init__(self, n: int, device):
+        self.length = torch.zeros(n, dtype=torch.int64, device=device)
+        self.by_stop = torch.zeros(n, dtype=torch.bool, device=device)
+        self.fail = torch.zeros(n, dtype=torch.int32, device=device)
+        self.fail_at = torch.zeros((n, 3), dtype=torch.int64, device=device)
+
+    def store(self, live: _Live) -> None:
+        for name in ("length", "by_stop", "fail", "fail_at"):
+            getattr(self, name)[live.idx] = getattr(live, name)
+
+
 class Decoder:
     """Runs one batch (at most the runner's batch limit) from prompts to finished rows."""
 
@@ -161,67 +221,67 @@ class Decoder:
         if device.type == "cuda":
             torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t0
-        # 2. per-row tensors
+        # 2. per-row tensors (compacted as rows finish: `live.idx` maps them back to `rows`)
         t1 = time.perf_counter()
         dtable = table
-        state = torch.tensor([r.state for r in rows], dtype=torch.int32, device=device)
-        is_constrained = state >= 0
-        budget = torch.tensor(budgets, dtype=torch.int32, device=device)
-        temperature = torch.tensor([float(r.sampling.temperature) for r in rows], dtype=torch.float32, device=device)
-        top_k = torch.tensor([r.sampling.top_k for r in rows], dtype=torch.int32, device=device)
-        top_p = torch.tensor([float(r.sampling.top_p) for r in rows], dtype=torch.float32, device=device)
-        seed = torch.tensor([_row_seed(r.sampling) for r in rows], dtype=torch.int64, device=device)
+        live = _Live.build(rows, budgets, pad_id, device)
+        final = _Final(batch, device)
         stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.int64, device=device)
         out_tok = torch.full((batch, max_steps), pad_id, dtype=torch.int64, device=device)
         out_lp = torch.zeros((batch, max_steps), dtype=torch.float32, device=device)
         out_raw = torch.zeros((batch, max_steps), dtype=torch.float32, device=device) if want_unmasked else None
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        by_stop = torch.zeros(batch, dtype=torch.bool, device=device)
-        length = torch.zeros(batch, dtype=torch.int64, device=device)
-        fail = torch.zeros(batch, dtype=torch.int32, device=device)  # 0 | EMPTY_MASK | REFUSED_TOKEN
-        fail_at = torch.zeros((batch, 3), dtype=torch.int64, device=device)  # step, state, token
-        pad = torch.full((batch,), pad_id, dtype=torch.int64, device=device)
         use_sort = any(r.sampling.top_k > 0 or r.sampling.top_p < 1.0 for r in rows)
-        num_steps = 0
+        num_steps = compactions = 0
         # 3. the step loop
         for step in range(max_steps):
             num_steps = step + 1
-            remaining = (budget - step).clamp_min(1)
-            step_t = torch.full((batch,), step, dtype=torch.int64, device=device)
-            params = SamplingTensors(temperature, top_k, top_p, seed, step_t, use_top_k_top_p=use_sort)
+            rw = live
+            remaining = (rw.budget - step).clamp_min(1)
+            step_t = torch.full_like(rw.seed, step)
+            params = SamplingTensors(rw.temperature, rw.top_k, rw.top_p, rw.seed, step_t, use_top_k_top_p=use_sort)
             mark = clock.start("mask_s" if dtable is not None else "sample_s")
-            out = sample(logits, dtable, torch.where(done, -1, state), params, remaining=remaining,
+            out = sample(logits, dtable, torch.where(rw.done, -1, rw.state), params, remaining=remaining,
                          return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs)
             clock.stop(mark)
             tok = out.tokens
-            empty = ~done & (tok < 0)  # the mask allowed nothing: end the row as an error, never embed -1
-            _record(fail, fail_at, empty, EMPTY_MASK, step, state, tok)
-            length = torch.where(empty, step, length)
-            done |= empty
-            tok = torch.where(done, pad, tok)
-            out_tok[:, step] = tok
-            out_lp[:, step] = out.logprobs
+            empty = ~rw.done & (tok < 0)  # the mask allowed nothing: end the row as an error, never embed -1
+            _record(rw.fail, rw.fail_at, empty, EMPTY_MASK, step, rw.state, tok)
+            rw.length = torch.where(empty, step, rw.length)
+            rw.done |= empty
+            tok = torch.where(rw.done, rw.pad, tok)
+            out_tok[rw.idx, step] = tok
+            out_lp[rw.idx, step] = out.logprobs
             if want_unmasked:
-                out_raw[:, step] = out.unmasked_logprobs
+                out_raw[rw.idx, step] = out.unmasked_logprobs
             # 4. advance grammars; decide which rows finished with this token
             finished = torch.isin(tok, stops)
             if dtable is not None:
                 mark = clock.start("mask_s")
-                live = is_constrained & ~done
-                next_state, fin_grammar = advance(torch.where(live, state, -1), tok, dtable, check=False)
-                refused = live & (next_state == DEAD_STATE)  # the grammar does not allow the token
-                _record(fail, fail_at, refused, REFUSED_TOKEN, step, state, tok)
-                state = torch.where(live & ~refused, next_state, state)
-                finished = torch.where(is_constrained, fin_grammar, finished)
+                going = rw.is_constrained & ~rw.done
+                next_state, fin_grammar = advance(torch.where(going, rw.state, -1), tok, dtable, check=False)
+                refused = going & (next_state == DEAD_STATE)  # the grammar does not allow the token
+                _record(rw.fail, rw.fail_at, refused, REFUSED_TOKEN, step, rw.state, tok)
+                rw.state = torch.where(going & ~refused, next_state, rw.state)
+                finished = torch.where(rw.is_constrained, fin_grammar, finished)
                 clock.stop(mark)
-            newly = ~done & (finished | (step + 1 >= budget))
-            by_stop |= newly & finished & (fail == 0)
-            length = torch.where(newly, step + 1, length)
-            done |= newly
-            if (step + 1) % self.config.stop_check_interval == 0 and bool(done.all()):
-                break
+            newly = ~rw.done & (finished | (step + 1 >= rw.budget))
+            rw.by_stop |= newly & finished & (rw.fail == 0)
+            rw.length = torch.where(newly, step + 1, rw.length)
+            rw.done |= newly
+            if (step + 1) % self.config.stop_check_interval == 0:
+                going_on = int((~rw.done).sum())  # the one host sync, every few steps
+                if going_on == 0:
+                    break
+                if self.config.compact_batches and self.runner.batch_size_after(going_on) <= self.runner.batch_size // 2:
+                    keep = torch.nonzero(~rw.done).flatten()
+                    final.store(rw)
+                    live, tok = rw.take(keep), tok[keep]
+                    self.runner.compact(keep)
+                    compactions += 1
             if step + 1 < max_steps:
                 logits = self.runner.decode(tok)
+        final.store(live)
+        length, by_stop, fail, fail_at = final.length, final.by_stop, final.fail, final.fail_at
         # 5. gather results on the host once
         lengths, stopped = length.tolist(), by_stop.tolist()
         errors = _fail_messages(fail.tolist(), fail_at.tolist())
@@ -229,7 +289,8 @@ class Decoder:
         raw_host = out_raw.tolist() if want_unmasked else None
         decode_s = time.perf_counter() - t1
         timings = {"prefill_s": prefill_s, "decode_s": decode_s, "mask_s": 0.0, "num_steps": num_steps,
-                   "step_mode": self.runner.last_mode, "graph_capture_s": self.runner.last_capture_s}
+                   "step_mode": self.runner.last_mode, "graph_capture_s": self.runner.last_capture_s,
+                   "compactions": compactions}
         timings.update(clock.result())
         self.runner.release()
         return DecodeOutput(

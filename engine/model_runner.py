@@ -50,6 +50,11 @@ class _KVCache:
     def kwargs(self) -> dict:
         return {self.keyword: self.obj, "use_cache": True}
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (int64, on the cache's device) in the batch dimension."""
+        for layer in self.obj.layers:
+            layer.batch_select_indices(rows)
+
 
 def _read_config(path: Path) -> dict:
     config_file = path / "config.json"
@@ -237,6 +242,39 @@ class ModelRunner:
         )
         self._next_pos = self._next_pos + 1
         return out.logits[:, -1, :].float()
+
+    def batch_size_after(self, live: int) -> int:
+        """The batch a `compact` to `live` rows would decode with (a bucket size on the static path)."""
+        return batch_bucket(live) if self._static is not None else live
+
+    @property
+    def batch_size(self) -> int:
+        """Rows the next decode step computes (padding rows of a bucket included)."""
+        if self._static is not None:
+            return self._static.batch
+        return int(self._next_pos.shape[0]) if self._next_pos is not None else 0
+
+    @torch.inference_mode()
+    def compact(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (int64 indices of the current batch, in order) for the next decode steps.
+
+        Dynamic cache: the cache, mask and positions are indexed. Static path: the rows move into
+        the smaller bucket (its graph captured on first use), which then serves the decode steps.
+        """
+        if self._static is None:
+            self._cache.select(rows)
+            self._attn = self._attn[rows]
+            self._next_pos = self._next_pos[rows]
+            return
+        source = self._static
+        bucket = self._buckets.get(self, batch_bucket(rows.numel()), source.cache_len)
+        if bucket is source:
+            return
+        bucket.adopt(source, rows)
+        bucket.use_graph = source.use_graph
+        if bucket.use_graph and bucket.graph is None and bucket.graph_error is None:
+            self.last_capture_s += bucket.capture()
+        self._static = bucket
 
     def release(self) -> None:
         """Drop the dynamic KV cache (frees memory between generate calls); static buckets stay for reuse."""

@@ -81,6 +81,26 @@ class StaticBucket:
         self.column = length
         return out.logits[:rows, -num_last:, :].float()
 
+    def adopt(self, source: StaticBucket, rows: torch.Tensor) -> None:
+        """Take over `rows` of another bucket of the same cache length (batch compaction).
+
+        Rows past len(rows) become padding: one visible column each, so no query is fully masked.
+        """
+        n = rows.numel()
+        for mine, theirs in zip(self.cache.layers, source.cache.layers, strict=True):
+            if not mine.is_initialized:
+                shape = (self.batch, *theirs.keys.shape[1:2], 1)
+                mine.lazy_initialization(theirs.keys.new_empty((*shape, theirs.keys.shape[-1])),
+                                         theirs.values.new_empty((*shape, theirs.values.shape[-1])))
+            mine.keys[:n] = theirs.keys[rows]
+            mine.values[:n] = theirs.values[rows]
+            mine.cumulative_length.copy_(theirs.cumulative_length)
+        self._set_mask(torch.zeros((self.batch, 1), dtype=torch.bool, device=self.mask.device).fill_(True))
+        self.mask[:n] = source.mask[rows]
+        self.positions.zero_()
+        self.positions[:n] = source.positions[rows]
+        self.column = source.column
+
     def _set_mask(self, keep: torch.Tensor) -> None:
         if self.bool_mask:
             self.mask.zero_()

@@ -246,3 +246,56 @@ def test_the_meta_probe_catches_a_host_read():
                           CACHE_LEN_STEP)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="meta"):
         bucket.decode(torch.zeros(1, dtype=torch.long, device="meta"))
+
+
+# --- batch compaction: finished rows leave the batch at stop checks --------------------------
+def _mixed_rows(greedy: bool):
+    lengths = [3, 5, 40, 4, 2, 36, 6]  # most rows end early, two run long
+    return [DecodeRow([1, 50 + 7 * i, 9 + i], SamplingParams(max_tokens=n, seed=100 + i,
+                                                            temperature=0.0 if greedy else 1.0,
+                                                            unmasked_logprobs=True))
+            for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_compaction_changes_nothing_but_the_work(cuda_graphs):
+    runner = _tiny("llama")
+    rows = _mixed_rows(greedy=False)
+    base = Decoder(runner, EngineConfig(cuda_graphs=cuda_graphs, compact_batches=False, stop_check_interval=2))
+    compact = Decoder(runner, EngineConfig(cuda_graphs=cuda_graphs, stop_check_interval=2))
+    a, b = base.run(rows, stop_ids=[]), compact.run(rows, stop_ids=[])
+    assert a.timings["compactions"] == 0 and b.timings["compactions"] >= 2
+    for x, y, row in zip(a.rows, b.rows, rows, strict=True):
+        assert len(y.token_ids) == row.sampling.max_tokens and y.finish_reason == "length"
+        assert x.token_ids == y.token_ids
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+        assert torch.allclose(torch.tensor(x.unmasked_logprobs), torch.tensor(y.unmasked_logprobs), atol=1e-4)
+    if cuda_graphs:  # the long rows ended in the 2-row bucket
+        assert (2, CACHE_LEN_STEP) in runner._buckets.buckets
+
+
+def test_compaction_keeps_stories_greedy_exact(data_dir):
+    path = data_dir / "models" / "stories260K"
+    if not (path / "hf" / "model.safetensors").is_file():
+        pytest.skip(f"stories260K checkpoint not found under {path}")
+    expected = json.loads((path / "expected_greedy.json").read_text())
+    runner = ModelRunner(path / "hf")
+    rows = [DecodeRow(expected["prompt_ids"], SamplingParams(temperature=0, max_tokens=n)) for n in (3, 200, 7, 9)]
+    for graphs in (False, True):
+        out = Decoder(runner, EngineConfig(cuda_graphs=graphs, stop_check_interval=4)).run(rows, stop_ids=[])
+        assert out.timings["compactions"] >= 1
+        for row, res in zip(rows, out.rows, strict=True):
+            assert res.token_ids == expected["generated_ids"][: row.sampling.max_tokens]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_compaction_matches_the_eager_static_step():
+    runner = _tiny("qwen2", device="cuda")
+    rows = _mixed_rows(greedy=False)
+    graphed = Decoder(runner, EngineConfig(stop_check_interval=2)).run(rows, stop_ids=[])
+    assert graphed.timings["step_mode"] == "graph" and graphed.timings["compactions"] >= 2
+    runner.capture_graphs = False
+    eager = Decoder(runner, EngineConfig(stop_check_interval=2)).run(rows, stop_ids=[])
+    for a, b in zip(graphed.rows, eager.rows, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
