@@ -274,7 +274,9 @@ def main(argv=None) -> int:
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
     vocab = load_vocab(model_name)
     model = build_model(model_name, vocab.logits_width, args.device, dtype)
-    config = EngineConfig(max_batch_size=max(batches), cuda_graphs=CUDA_GRAPHS[args.cuda_graphs])
+    # compact_batches=False: per-step times compare like with like (constrained rows end earlier).
+    config = EngineConfig(max_batch_size=max(batches), cuda_graphs=CUDA_GRAPHS[args.cuda_graphs],
+                          compact_batches=False)
     llm = LLM(model, tokenizer=vocab, config=config)
     tools = seed_tools()
     fmt = get_format(llm.default_format)

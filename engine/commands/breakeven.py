@@ -86,7 +86,11 @@ def measure_and_write(args: argparse.Namespace) -> dict:
     set_cpu_threads(getattr(args, "threads", None), is_tiny=args.model is None)
     prompts = load_prompts(args.prompts or default_heldout_path(), args.limit)
     tools = load_tool_dicts(args.tools)
-    llm = LLM(model_dir, device=args.device)
+    from surecall.config import EngineConfig
+
+    # No compaction: free and constrained batches must shrink alike for t_mask (a per-step
+    # difference) to be the mask's cost and not a difference in how early rows finished.
+    llm = LLM(model_dir, device=args.device, config=EngineConfig(compact_batches=False))
     with tqdm(desc="breakeven", unit="pass", dynamic_ncols=True) as bar:
         result = measure(llm, tools, prompts, cfg, progress=bar)
     out = Path(args.out)
