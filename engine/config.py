@@ -50,8 +50,9 @@ class SamplingParams:
 @dataclass(frozen=True)
 class EngineConfig:
     stop_check_interval: int = 8  # steps between host syncs that look for finished rows
-    cuda_graphs: bool | None = None  # decode step per batch bucket in a CUDA graph: None = on CUDA when the
-    # model allows; True = static-shape step always (captured on CUDA, eager on CPU); False = dynamic cache
+    cuda_graphs: bool | None = None  # static-shape decode step per batch bucket (preallocated KV cache),
+    # captured in a CUDA graph on CUDA, eager on CPU. None = wherever the model allows it, silently falling back
+    # to the dynamic cache; True = the same but warn when falling back; False = dynamic cache (grows per step)
     max_batch_size: int = 256  # rows per forward pass; larger requests are split
     compact_batches: bool = True  # at stop checks, drop finished rows once the batch would halve
     max_seq_len: int | None = None  # prompt + generation limit; None = the model's max positions

@@ -5,9 +5,9 @@ safetensors, never downloading) or wraps an already-built `transformers` model. 
 left-padded prompts with an attention mask and explicit position ids; decode feeds one token
 per row against the KV cache. Every line that touches the cache object lives in `_KVCache`, so
 a transformers API change (`past_key_values=` -> `cache=` in 5.24) is fixed in one place.
-With `cuda_graphs` (auto on CUDA) decode runs through a static-shape bucket instead
-(`static_step.py`): preallocated cache, one CUDA graph replay per step; the runner decides when a
-model allows it (full attention within the cache length, a static rotary embedding, sdpa or
+By default decode runs through a static-shape bucket (`static_step.py`): preallocated cache
+written in place (no per-step concatenation), one CUDA graph replay per step on CUDA; the runner
+decides when a model allows it (full attention within the cache length, a static rotary embedding, sdpa or
 eager attention) and falls back to the dynamic cache, with a warning when it was asked for.
 It does not sample, mask or know about grammars; that is `decode.py` and the kernels.
 """
@@ -155,14 +155,15 @@ class ModelRunner:
 
     def _plan(self, batch: int, needed: int, cuda_graphs: bool | None) -> tuple[str, int, int]:
         """('dynamic'|'static'|'graph', padded batch, cache length) for one run."""
-        if cuda_graphs is False or (cuda_graphs is None and self.device.type != "cuda"):
+        if cuda_graphs is False:
             return "dynamic", batch, needed
         cache_len = cache_bucket(needed, self.max_positions)
         reason = self.static_reason(cache_len)
         if reason is not None:
             if cuda_graphs and reason not in self._warned:
                 self._warned.add(reason)
-                warnings.warn(f"CUDA graphs are off for this model: {reason}; decoding runs eagerly", stacklevel=4)
+                warnings.warn(f"static decode step (CUDA graphs) off for this model: {reason}; using the dynamic cache",
+                              stacklevel=4)
             return "dynamic", batch, needed
         mode = "graph" if self.device.type == "cuda" and self.capture_graphs else "static"
         return mode, batch_bucket(batch), cache_len
@@ -174,7 +175,7 @@ class ModelRunner:
         attention_mask: torch.Tensor,  # [B, T] long, 0 on padding
         max_new_tokens: int,
         num_last: int = 1,
-        cuda_graphs: bool | None = None,  # None: on CUDA when the model allows; True: static shapes (CPU too)
+        cuda_graphs: bool | None = None,  # None/True: static step (graphs on CUDA) when the model allows; False: dynamic
     ) -> torch.Tensor:  # [B, num_last, V] float32 logits of the last positions
         batch, length = input_ids.shape
         input_ids = input_ids.to(self.device)

@@ -115,10 +115,10 @@ def test_a_long_request_gets_a_longer_cache():
 def test_sliding_window_shorter_than_the_cache_falls_back_with_a_warning():
     runner = _tiny("mistral", sliding_window=16)
     assert "sliding-window attention (16 tokens)" in runner.static_reason(CACHE_LEN_STEP)
-    with pytest.warns(UserWarning, match=r"CUDA graphs are off for this model: sliding-window attention \(16 tokens\)"):
+    with pytest.warns(UserWarning, match=r"static decode step \(CUDA graphs\) off for this model: sliding-window attention \(16 tokens\)"):
         _, mode = _trace(runner, [[5, 6]], 4, cuda_graphs=True)
     assert mode == "dynamic"
-    _, mode = _trace(runner, [[5, 6]], 4, cuda_graphs=None)  # auto on CPU: dynamic, silently
+    _, mode = _trace(runner, [[5, 6]], 4, cuda_graphs=None)  # auto: the same fallback, silently
     assert mode == "dynamic"
 
 
@@ -299,3 +299,9 @@ def test_cuda_graph_compaction_matches_the_eager_static_step():
     eager = Decoder(runner, EngineConfig(stop_check_interval=2)).run(rows, stop_ids=[])
     for a, b in zip(graphed.rows, eager.rows, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+def test_the_default_is_the_static_step_on_cpu_too():
+    runner = _tiny("qwen2")
+    _, mode = _trace(runner, [[5, 6, 7]], 4, cuda_graphs=None)
+    assert mode == "static"  # no per-step concatenation of the cache; graphs only where CUDA is
