@@ -91,6 +91,21 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+MIN_SHARED_PREFIX = 16  # shorter common prompt beginnings are not worth a separate prefill pass
+
+
+def _shared_prefix(prompts: list[list[int]], keep_last: int) -> int:
+    """Leading tokens every prompt shares, leaving each row at least `keep_last` of its own (0 if short)."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - keep_last
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
 def _row_seed(sampling: SamplingParams) -> int:
     return sampling.seed if sampling.seed is not None else secrets.randbits(62)
 
@@ -214,8 +229,10 @@ class Decoder:
         ids, attn = _left_pad([list(r.prompt_ids) + list(r.forced_ids) for r in rows], pad_id)
         num_last = 1 + max(len(r.forced_ids) for r in rows)
         want_unmasked = any(r.sampling.unmasked_logprobs for r in rows)
-        logits_last = self.runner.prefill(ids, attn, max_steps, num_last=num_last if want_unmasked else 1,
-                                          cuda_graphs=self.config.cuda_graphs)
+        keep = num_last if want_unmasked else 1
+        shared = _shared_prefix([list(r.prompt_ids) + list(r.forced_ids) for r in rows], keep)
+        logits_last = self.runner.prefill(ids, attn, max_steps, num_last=keep, cuda_graphs=self.config.cuda_graphs,
+                                          shared_prefix=shared)
         forced_unmasked = _forced_unmasked(logits_last, rows) if want_unmasked else [[] for _ in rows]
         logits = logits_last[:, -1, :]
         if device.type == "cuda":

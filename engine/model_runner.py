@@ -176,6 +176,7 @@ class ModelRunner:
         max_new_tokens: int,
         num_last: int = 1,
         cuda_graphs: bool | None = None,  # None/True: static step (graphs on CUDA) when the model allows; False: dynamic
+        shared_prefix: int = 0,  # leading real tokens all rows share: prefilled once (static step only)
     ) -> torch.Tensor:  # [B, num_last, V] float32 logits of the last positions
         batch, length = input_ids.shape
         input_ids = input_ids.to(self.device)
@@ -183,7 +184,8 @@ class ModelRunner:
         mode, padded, cache_len = self._plan(batch, length + max_new_tokens, cuda_graphs)
         self.last_mode, self.last_capture_s = mode, 0.0
         if mode != "dynamic":
-            return self._static_prefill(input_ids, attention_mask, num_last, padded, cache_len, mode == "graph")
+            return self._static_prefill(input_ids, attention_mask, num_last, padded, cache_len, mode == "graph",
+                                        shared_prefix)
         self._static = None
         self._cache = _KVCache(self.model)
         self._attn = self._decode_mask(attention_mask, max_new_tokens)
@@ -200,10 +202,11 @@ class ModelRunner:
         )
         return out.logits[:, -num_last:, :].float()
 
-    def _static_prefill(self, input_ids, attention_mask, num_last, padded, cache_len, use_graph) -> torch.Tensor:
+    def _static_prefill(self, input_ids, attention_mask, num_last, padded, cache_len, use_graph,
+                        shared_prefix) -> torch.Tensor:
         bucket = self._buckets.get(self, padded, cache_len)
         self._static, self._cache = bucket, None
-        logits = bucket.prefill(input_ids, attention_mask, num_last)
+        logits = bucket.prefill(input_ids, attention_mask, num_last, shared_prefix)
         bucket.use_graph = use_graph
         if use_graph and bucket.graph is None and bucket.graph_error is None:  # first use of this bucket
             self.last_capture_s = bucket.capture()

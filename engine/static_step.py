@@ -65,21 +65,63 @@ class StaticBucket:
         self.column = 0  # next cache column to open in the mask
 
     # --- per run ---------------------------------------------------------------------------
-    def prefill(self, input_ids, attention_mask, num_last: int) -> torch.Tensor:
-        """Reset the cache, run the prompt through it, set up the decode buffers."""
+    def prefill(self, input_ids, attention_mask, num_last: int, shared_prefix: int = 0) -> torch.Tensor:
+        """Reset the cache, run the prompt through it, set up the decode buffers.
+
+        `shared_prefix` > 0: the first tokens of every row's prompt are the same (a system prompt
+        with the tools, say); they are run once, for one row, and copied into every row's cache,
+        and only the rest of each prompt is prefilled per row. The cache layout is then
+        [shared prefix][left padding][row's own tokens], positions counting real tokens only.
+        """
         rows, length = input_ids.shape
-        ids = torch.zeros((self.batch, length), dtype=torch.long, device=self.runner.device)
-        attn = torch.zeros((self.batch, length), dtype=torch.long, device=self.runner.device)
-        ids[:rows], attn[:rows] = input_ids, attention_mask
-        attn[rows:, -1] = 1  # padding rows hold one real token, so no query row is fully masked
-        positions = (attn.cumsum(-1) - 1).clamp_min(0)
+        device = self.runner.device
         self.cache.reset()
-        out = self.runner.model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=num_last,
-                                use_cache=True, **{self.kwarg: self.cache})
+        if shared_prefix > 0:  # every row keeps its last `num_last` tokens in the per-row pass
+            shared_prefix = min(shared_prefix, int(attention_mask.sum(-1).min()) - num_last)
+        if shared_prefix > 0:
+            ids, attn, offset = self._prefill_shared(input_ids, attention_mask, shared_prefix)
+        else:
+            ids = torch.zeros((self.batch, length), dtype=torch.long, device=device)
+            attn = torch.zeros((self.batch, length), dtype=torch.long, device=device)
+            ids[:rows], attn[:rows] = input_ids, attention_mask
+            offset = 0
+        attn[rows:, -1] = 1  # padding rows hold one real token, so no query row is fully masked
+        positions = offset + (attn[:, offset:].cumsum(-1) - 1).clamp_min(0)
+        out = self.runner.model(input_ids=ids[:, offset:], attention_mask=attn, position_ids=positions,
+                                logits_to_keep=num_last, use_cache=True, **{self.kwarg: self.cache})
         self._set_mask(attn.bool())
         self.positions.copy_(positions[:, -1:] + 1)
-        self.column = length
+        self.column = attn.shape[1]
         return out.logits[:rows, -num_last:, :].float()
+
+    def _prefill_shared(self, input_ids, attention_mask, shared: int):
+        """Run the shared prefix once and copy its K/V into every row; the per-row part's inputs."""
+        rows, length = input_ids.shape
+        device = self.runner.device
+        lengths = attention_mask.sum(-1)
+        first = int(length - lengths[0])  # row 0's first real column
+        prefix = input_ids[:1, first : first + shared]
+        from transformers import DynamicCache
+
+        try:
+            scratch = DynamicCache(config=self.runner.model.config)
+        except TypeError:  # older transformers: no config argument
+            scratch = DynamicCache()
+        self.runner.model(input_ids=prefix, position_ids=torch.arange(shared, device=device)[None],
+                          use_cache=True, **{self.kwarg: scratch})
+        for mine, theirs in zip(self.cache.layers, scratch.layers, strict=True):
+            _ensure_initialized(mine, theirs.keys, theirs.values, self.batch)
+            mine.keys[:, :, :shared] = theirs.keys
+            mine.values[:, :, :shared] = theirs.values
+            mine.cumulative_length.fill_(shared)
+        own = length - shared - int(length - lengths.max())  # the widest row's own part
+        ids = torch.zeros((self.batch, shared + own), dtype=torch.long, device=device)
+        attn = torch.zeros((self.batch, shared + own), dtype=torch.long, device=device)
+        attn[:, :shared] = 1
+        ids[:rows, shared:] = input_ids[:, length - own :]
+        mine_cols = torch.arange(own, device=device)[None, :] >= (own - (lengths - shared))[:, None]
+        attn[:rows, shared:] = mine_cols.long()
+        return ids, attn, shared
 
     def adopt(self, source: StaticBucket, rows: torch.Tensor) -> None:
         """Take over `rows` of another bucket of the same cache length (batch compaction).
@@ -88,10 +130,7 @@ class StaticBucket:
         """
         n = rows.numel()
         for mine, theirs in zip(self.cache.layers, source.cache.layers, strict=True):
-            if not mine.is_initialized:
-                shape = (self.batch, *theirs.keys.shape[1:2], 1)
-                mine.lazy_initialization(theirs.keys.new_empty((*shape, theirs.keys.shape[-1])),
-                                         theirs.values.new_empty((*shape, theirs.values.shape[-1])))
+            _ensure_initialized(mine, theirs.keys, theirs.values, self.batch)
             mine.keys[:n] = theirs.keys[rows]
             mine.values[:n] = theirs.values[rows]
             mine.cumulative_length.copy_(theirs.cumulative_length)
@@ -168,6 +207,13 @@ class StaticBucket:
     def _restore(self, counters) -> None:
         for layer, saved in zip(self.cache.layers, counters, strict=True):
             layer.cumulative_length.copy_(saved)
+
+
+def _ensure_initialized(layer, keys: torch.Tensor, values: torch.Tensor, batch: int) -> None:
+    """Allocate a static layer's K/V for `batch` rows shaped like `keys`/`values` (heads, head dim)."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys.new_empty((batch, keys.shape[1], 1, keys.shape[-1])),
+                                  values.new_empty((batch, values.shape[1], 1, values.shape[-1])))
 
 
 class BucketPool:

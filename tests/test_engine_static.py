@@ -305,3 +305,54 @@ def test_the_default_is_the_static_step_on_cpu_too():
     runner = _tiny("qwen2")
     _, mode = _trace(runner, [[5, 6, 7]], 4, cuda_graphs=None)
     assert mode == "static"  # no per-step concatenation of the cache; graphs only where CUDA is
+
+
+# --- a prompt beginning every row shares is prefilled once -----------------------------------
+def test_shared_prefix_length():
+    from surecall.decode import MIN_SHARED_PREFIX, _shared_prefix
+
+    base = list(range(100, 100 + MIN_SHARED_PREFIX + 4))
+    assert _shared_prefix([base + [1, 2], base + [3]], keep_last=1) == len(base)
+    assert _shared_prefix([base + [1, 2], base + [1, 3]], keep_last=1) == len(base) + 1
+    assert _shared_prefix([base, base], keep_last=1) == len(base) - 1  # every row keeps one token of its own
+    assert _shared_prefix([base + [1], base + [2]], keep_last=3) == len(base) - 2  # forced ids' logprobs
+    assert _shared_prefix([base[:8] + [1], base[:8] + [2]], keep_last=1) == 0  # too short to bother
+    assert _shared_prefix([base + [1]], keep_last=1) == 0  # one row: nothing to share
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_shared_prefix_prefill_gives_the_same_logits(kind):
+    runner = _tiny(kind)
+    system = [7 + (i * 13) % 400 for i in range(40)]
+    prompts = [system + [11, 12, 13], system + [21], system + [31, 32]]  # 3 rows: a padding row in bucket 4
+    ids, mask = _padded(prompts)
+    plain = runner.prefill(ids, mask, 8, num_last=2, cuda_graphs=True)
+    plain_steps = [runner.decode(plain[:, -1].argmax(-1)) for _ in range(1)]
+    shared = runner.prefill(ids, mask, 8, num_last=2, cuda_graphs=True, shared_prefix=len(system))
+    assert runner._static.column == len(system) + 3  # [shared][padding][own]: narrower than the padded batch
+    shared_steps = [runner.decode(shared[:, -1].argmax(-1)) for _ in range(1)]
+    assert torch.allclose(plain, shared, atol=1e-4)
+    assert torch.allclose(plain_steps[0], shared_steps[0], atol=1e-4)
+
+
+def test_decoder_shares_the_prefix_and_changes_no_token():
+    runner = _tiny("llama")
+    system = [7 + (i * 13) % 400 for i in range(30)]
+    rows = [DecodeRow(system + [50 + i] * (1 + i % 3), SamplingParams(max_tokens=12, seed=i, temperature=1.0))
+            for i in range(5)]
+    dynamic = Decoder(runner, EngineConfig(cuda_graphs=False)).run(rows, stop_ids=[])
+    static = Decoder(runner, EngineConfig()).run(rows, stop_ids=[])
+    assert static.timings["step_mode"] == "static"
+    for a, b in zip(dynamic.rows, static.rows, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_a_shared_prefix_never_eats_the_rows_last_tokens():
+    runner = _tiny("llama")
+    system = list(range(40, 80))
+    ids, mask = _padded([system + [11, 12], system + [21]])
+    plain = runner.prefill(ids, mask, 4, num_last=2, cuda_graphs=True)
+    clamped = runner.prefill(ids, mask, 4, num_last=2, cuda_graphs=True, shared_prefix=len(system))
+    assert runner._static.column == len(system) - 1 + 3  # shared 39: row 1 keeps its last 2 tokens
+    assert torch.allclose(plain, clamped, atol=1e-4)
