@@ -26,7 +26,7 @@ from surecall.grammars.automaton import (
     regex_to_dfa_isolated,
 )
 from surecall.grammars.table import TokenTable
-from surecall.grammars.tokenwalk import token_rows, vocab_index
+from surecall.grammars.tokenwalk import Row, _merge, token_rows, vocab_index
 
 _BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character, rounded up (measured: > 40)
 # Longer regexes get their byte DFA built in a child process that the budgets can kill: a few of
@@ -132,36 +132,36 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[tuple[np.ndarray, np.ndarray]], vocab) -> TokenTable:
-    """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance."""
+def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
+    """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
+
+    A row's shared class part is copied once into the CSR (its next states renumbered through
+    its region's id map) and its packed mask words are copied whole; only the extras are
+    packed bit by bit.
+    """
     n = dfa.num_states
-    succ = [_distinct(nexts, n) for _, nexts in rows]
+    succ = [_successors(row, n) for row in rows]
     order = _live_states(succ, dfa.accept)
     new_id = np.full(n + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
-    toks, nexts = [], []
-    for q in order.tolist():
-        tok, nxt = rows[q]
-        mapped = new_id[nxt]
-        ok = mapped >= 0
-        if ok.all():  # rows shared between states (class walks) stay shared here
-            toks.append(tok)
-            nexts.append(mapped)
-        else:
-            toks.append(tok[ok])
-            nexts.append(mapped[ok])
-    counts = np.fromiter((t.size for t in toks), dtype=np.int64, count=len(toks))
+    parts = [_renumbered(rows[q], new_id) for q in order.tolist()]
+    sizes = np.fromiter((p[2].size + (0 if p[0] is None else p[0].tok.size) for p in parts), dtype=np.int64,
+                        count=len(parts))
     trans_ptr = np.zeros(order.size + 1, dtype=np.int64)
-    trans_ptr[1:] = np.cumsum(counts)
+    trans_ptr[1:] = np.cumsum(sizes)
+    trans_tok = np.empty(int(trans_ptr[-1]), dtype=np.int32)
+    trans_next = np.empty(int(trans_ptr[-1]), dtype=np.int32)
+    for (base, m, tok, nxt), lo, hi in zip(parts, trans_ptr[:-1].tolist(), trans_ptr[1:].tolist(), strict=True):
+        _fill_row(base, m, tok, nxt, trans_tok[lo:hi], trans_next[lo:hi])
     accept = dfa.accept[order].copy()
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
     edges = [new_id[succ[q]] for q in order.tolist()]
     return TokenTable(
-        mask=_pack_mask(toks, accept, stop_ids, vocab.logits_width),
+        mask=_pack_mask(parts, accept, stop_ids, vocab.logits_width),
         accept=accept,
         trans_ptr=trans_ptr.astype(np.int32),
-        trans_tok=_concat(toks, np.int32),
-        trans_next=_concat(nexts, np.int32),
+        trans_tok=trans_tok,
+        trans_next=trans_next,
         dist=_dist([e[e >= 0] for e in edges], accept),
         vocab_size=vocab.vocab_size,
         logits_width=vocab.logits_width,
@@ -169,20 +169,61 @@ def build_table(dfa: ByteDFA, rows: list[tuple[np.ndarray, np.ndarray]], vocab) 
     )
 
 
-def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
-    if not parts:
-        return np.zeros(0, dtype=dtype)
-    out = np.empty(sum(p.size for p in parts), dtype=dtype)
-    np.concatenate(parts, out=out, casting="unsafe")
-    return out
+def _successors(row: Row, n: int) -> np.ndarray:
+    """Distinct next states of one row, ascending."""
+    own = _distinct(row.nxt, n)
+    if row.base is None:
+        return own
+    return np.union1d(row.g[row.base.ends], own)
+
+
+def _renumbered(row: Row, new_id: np.ndarray):
+    """(shared class part or None, its region's new ids, extra tokens, their new next states).
+
+    Tokens leading to a pruned state are dropped; a class part that would lose some is copied
+    out into the extras (rare: a state of the region is dead at token level).
+    """
+    mapped = new_id[row.nxt]
+    ok = mapped >= 0
+    tok, nxt = (row.tok, mapped) if ok.all() else (row.tok[ok], mapped[ok])
+    base = row.base
+    if base is None:
+        return None, None, tok, nxt
+    m = new_id[row.g]
+    if (m[base.ends] >= 0).all():
+        return base, m, tok, nxt
+    full = m[base.end]
+    keep = full >= 0
+    merged = _merge((base.tok[keep], full[keep]), (tok, nxt))
+    return None, None, *merged
+
+
+def _fill_row(base, m, tok, nxt, out_tok: np.ndarray, out_next: np.ndarray) -> None:
+    """Write one sorted CSR row: the class part (if any) interleaved with the extras."""
+    if base is None:
+        out_tok[:] = tok
+        out_next[:] = nxt
+        return
+    if not tok.size:
+        out_tok[:] = base.tok
+        np.take(m, base.end, out=out_next)
+        return
+    at = np.searchsorted(base.tok, tok) + np.arange(tok.size)  # the extras' places in the row
+    from_base = np.ones(out_tok.size, dtype=bool)
+    from_base[at] = False
+    out_tok[from_base] = base.tok
+    out_tok[at] = tok
+    out_next[from_base] = m[base.end]
+    out_next[at] = nxt
 
 
 def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
-    """Distinct live next states of one row (-1 marks a dead token)."""
+    """Distinct next states of one row, ascending."""
+    if not nexts.size:
+        return nexts.astype(np.int64)
     if n <= 4 * nexts.size + 4096:
-        return np.flatnonzero(np.bincount(nexts + 1, minlength=n + 1)[1:])
-    found = np.unique(nexts)
-    return found[found >= 0]
+        return np.flatnonzero(np.bincount(nexts, minlength=n))
+    return np.unique(nexts).astype(np.int64)
 
 
 def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
@@ -199,27 +240,33 @@ def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
 _DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
 
 
-def _pack_mask(toks: list[np.ndarray], accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
+def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
     """int32 [S, ceil(width/32)] LSB-first bitmask rows; stop ids only in accepting rows."""
     num_states = accept.shape[0]
     words = (width + 31) // 32
-    mask = np.zeros(num_states * words, dtype=np.uint32)
-    is_dense = np.fromiter((t.size * _DENSE_ROW_FRACTION > width for t in toks), dtype=bool, count=num_states)
+    mask = np.zeros((num_states, words), dtype=np.uint32)
+    extras = []  # (row, sorted token ids) packed sparsely below
     bits = np.zeros(words * 32, dtype=bool)
-    for q in np.flatnonzero(is_dense).tolist():
-        bits[:] = False
-        bits[toks[q]] = True
-        mask[q * words : (q + 1) * words] = np.packbits(bits, bitorder="little").view(np.uint32)
-    sparse = np.flatnonzero(~is_dense).tolist()
-    if sparse and any(toks[q].size for q in sparse):
-        tok = np.concatenate([toks[q] for q in sparse]).astype(np.int64)
-        row = np.repeat(np.asarray(sparse, dtype=np.int64), [toks[q].size for q in sparse])
+    for q, (base, _, tok, _) in enumerate(parts):
+        if base is not None:
+            mask[q, : base.words.size] = base.words
+            extras.append((q, tok))
+        elif tok.size * _DENSE_ROW_FRACTION > width:
+            bits[:] = False
+            bits[tok] = True
+            mask[q] = np.packbits(bits, bitorder="little").view(np.uint32)
+        else:
+            extras.append((q, tok))
+    extras = [(q, tok) for q, tok in extras if tok.size]
+    if extras:
+        tok = np.concatenate([t for _, t in extras]).astype(np.int64)
+        row = np.repeat(np.asarray([q for q, _ in extras], dtype=np.int64), [t.size for _, t in extras])
         # Rows are in state order and sorted inside, so the word keys are sorted: OR each run.
         key = row * words + (tok >> 5)
         starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
         shifts = (tok & 31).astype(np.uint32)
-        mask[key[starts]] = np.bitwise_or.reduceat(np.left_shift(np.uint32(1), shifts), starts)
-    mask = mask.reshape(num_states, words)
+        flat = mask.reshape(-1)
+        flat[key[starts]] |= np.bitwise_or.reduceat(np.left_shift(np.uint32(1), shifts), starts)
     for s in stop_ids.tolist():
         mask[accept, s >> 5] |= np.uint32(1 << (s & 31))
     return mask.view(np.int32)

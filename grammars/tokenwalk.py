@@ -33,11 +33,40 @@ _MAX_CACHED_VOCABS = 4
 
 @dataclass
 class ClassWalk:
-    """All tokens walked from local state 0 of one lexical-class shape."""
+    """Every token walked from one local state of one lexical-class shape, split by outcome.
 
-    cand: np.ndarray  # int32 [n] candidate token ids, sorted
-    end: np.ndarray  # int32 [n] local end state (>= 0), -1 dead, <= -2: left the class from local state -2-end
-    exit_pos: np.ndarray  # int32 [n] byte offset of the leaving byte (only where end <= -2)
+    `tok`/`end` are the tokens that stay inside the class (shared verbatim by every state of
+    that shape); `leave_*` are those that leave it, walked on per state from where they leave.
+    """
+
+    tok: np.ndarray  # int32 sorted ids of the tokens that end inside the class
+    end: np.ndarray  # int32 their local end states
+    ends: np.ndarray  # int64 distinct local end states
+    words: np.ndarray  # uint32 [ceil(vocab_size / 32)] LSB-first bitmask of `tok`
+    first_bytes: np.ndarray  # bool [256] first bytes among `tok`
+    leave_tok: np.ndarray  # int32 sorted ids of the tokens that leave the class
+    leave_local: np.ndarray  # int64 local state they leave from
+    leave_pos: np.ndarray  # int64 byte offset of the leaving byte
+
+
+@dataclass
+class Row:
+    """One DFA state's tokens: a shared class part (`base` seen through `g`) plus its own extras."""
+
+    base: ClassWalk | None  # tokens staying in a class region, next state g[base.end]
+    g: np.ndarray | None  # int64 local -> global state ids of base's region
+    tok: np.ndarray  # int32 sorted extra token ids, disjoint from base.tok
+    nxt: np.ndarray  # int32 their next states (all >= 0)
+
+    @property
+    def size(self) -> int:
+        return self.tok.size + (0 if self.base is None else self.base.tok.size)
+
+    def materialize(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted token ids, next states) of the whole row."""
+        if self.base is None:
+            return self.tok, self.nxt
+        return _merge((self.base.tok, self.g[self.base.end].astype(np.int32)), (self.tok, self.nxt))
 
 
 @dataclass
@@ -183,7 +212,17 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     cand = np.sort(vi.tokens_with_first(table[start] >= 0))
     begin = np.full(cand.size, start, np.int32)
     end, end_pos = walk(table, vi, cand, begin, np.zeros(cand.size, np.int64))
-    result = ClassWalk(cand=cand, end=end, exit_pos=(end_pos - 1).astype(np.int32))
+    stay = end >= 0
+    tok = cand[stay]
+    bits = np.zeros((vi.vocab_size + 31) // 32 * 32, dtype=bool)
+    bits[tok] = True
+    first_bytes = np.zeros(256, dtype=bool)
+    first_bytes[vi.first_byte[tok]] = True
+    leave = end <= -2
+    result = ClassWalk(tok=tok, end=end[stay], ends=np.unique(end[stay]).astype(np.int64),
+                       words=np.packbits(bits, bitorder="little").view(np.uint32), first_bytes=first_bytes,
+                       leave_tok=cand[leave], leave_local=(-2 - end[leave]).astype(np.int64),
+                       leave_pos=(end_pos[leave] - 1).astype(np.int64))
     vi.classes[key] = result
     return result
 
@@ -200,15 +239,14 @@ def lexical_regions(dfa: ByteDFA):
     return succ, comp, comp_cyclic[comp]
 
 
-def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For every DFA state: (candidate token ids sorted, int32 next states, -1 where dead)."""
+def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[Row]:
+    """For every DFA state its Row: every token that does not die, and the state it leads to."""
     succ, comp, cyclic = lexical_regions(dfa)
-    live = dfa.trans >= 0  # [S, 256]
-    walk_bytes = live.copy()  # first bytes still to walk generically, per state
-    shared: list = [None] * dfa.num_states  # rows from class walks or donors
-    # 1. Lexical-class states: shared class walk for first bytes that stay inside, then the
-    #    tokens that leave the class later on, per state.
-    exit_jobs = []  # (state, positions in its row, tokens, global start states, byte offsets)
+    walk_bytes = dfa.trans >= 0  # [S, 256] first bytes still to walk generically, per state
+    rows: list[Row | None] = [None] * dfa.num_states
+    # 1. Lexical-class states: the shared class part, then the tokens that leave the class
+    #    later on, walked per state from where they leave.
+    exit_jobs = []  # (state, tokens, global start states, byte offsets)
     shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
     for q in np.flatnonzero(cyclic).tolist():
         if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
@@ -217,61 +255,90 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[tuple[np.ndarray, np.ndarra
         table, g, sig, local = shapes[comp[q]]
         start = local[q]
         cw = _class_walk(vi, table, sig, start)
-        nexts = np.full(cw.cand.size, -1, dtype=np.int32)
-        stay = cw.end >= 0
-        nexts[stay] = g[cw.end[stay]]
-        leave = np.flatnonzero(cw.end <= -2)
-        if leave.size:  # tokens that leave the region: walked per state from where they leave
-            exit_jobs.append((q, leave, cw.cand[leave], g[-2 - cw.end[leave]], cw.exit_pos[leave]))
-        shared[q] = (cw.cand, nexts)
+        if cw.leave_tok.size:
+            exit_jobs.append((q, cw.leave_tok, g[cw.leave_local], cw.leave_pos))
+        rows[q] = Row(cw, g, _EMPTY, _EMPTY)
         walk_bytes[q] &= table[start] < -1
-    _run_exit_jobs(dfa, vi, shared, exit_jobs)
+    _run_exit_jobs(dfa, vi, rows, exit_jobs)
     # 2. Acyclic states: copy from a donor where the byte rows agree.
-    _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes)
+    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes)
-    return [_merge(shared[q], walked.get(q)) for q in range(dfa.num_states)]
+    out = []
+    for q in range(dfa.num_states):
+        row, extra = rows[q], walked.get(q)
+        if row is None:
+            row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
+        elif extra is not None:
+            row.tok, row.nxt = _merge((row.tok, row.nxt), extra)
+        out.append(row)
+    return out
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
     if not jobs:
         return
-    tok = np.concatenate([j[2] for j in jobs])
-    start = np.concatenate([j[3] for j in jobs]).astype(np.int32)
-    pos = np.concatenate([j[4] for j in jobs]).astype(np.int64)
+    tok = np.concatenate([j[1] for j in jobs])
+    start = np.concatenate([j[2] for j in jobs]).astype(np.int32)
+    pos = np.concatenate([j[3] for j in jobs])
     end, _ = walk(dfa.trans, vi, tok, start, pos)
     at = 0
-    for q, leave, *_ in jobs:
-        rows[q][1][leave] = end[at : at + leave.size]
-        at += leave.size
+    for q, leave_tok, *_ in jobs:
+        part = end[at : at + leave_tok.size]
+        at += leave_tok.size
+        ok = part >= 0
+        rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
 
 
-def _choose_donors_inplace(dfa, vi, shared, cyclic, walk_bytes) -> None:
-    """Fill `shared` for acyclic states from the best-agreeing class row; clear those bytes.
+def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
+    """Fill `rows` for acyclic states from the best-agreeing class row; clear those bytes.
 
     Candidate donors are the region states a state's live bytes lead to (the first character
     of a `minLength: 1` string leads into the body whose row it mostly shares).
     """
     is_donor = np.zeros(dfa.num_states + 1, dtype=bool)  # slot -1 (dead) stays False
     for q in np.flatnonzero(cyclic).tolist():
-        is_donor[q] = shared[q][0].size >= _MIN_DONOR_TOKENS
-    for q in np.flatnonzero(~cyclic).tolist():
-        row = dfa.trans[q]
-        targets = np.unique(row[walk_bytes[q]])
-        donors = targets[is_donor[targets]]
-        if not donors.size:
+        is_donor[q] = rows[q].size >= _MIN_DONOR_TOKENS
+    acyclic = np.flatnonzero(~cyclic)
+    if not acyclic.size or not is_donor.any():
+        return
+    # Every (acyclic state, donor it reaches on a byte still to walk), once.
+    qi, bi = np.nonzero(walk_bytes[acyclic])
+    targets = dfa.trans[acyclic[qi], bi]
+    hit = is_donor[targets]
+    pairs = np.unique(np.stack([acyclic[qi[hit]], targets[hit]]).astype(np.int64), axis=1)
+    if not pairs.size:
+        return
+    qs, ds = pairs
+    # Only bytes the donor's row covers: its first bytes that leave its region are walked
+    # later (walk_bytes[donor]) and are not in its row yet.
+    agree = (dfa.trans[ds] == dfa.trans[qs]) & walk_bytes[qs] & ~walk_bytes[ds]  # [P, 256]
+    weight = agree.astype(np.int64) @ vi.grp_count
+    # Per state, the first donor (smallest id) of the largest weight.
+    order = np.lexsort((ds, -weight, qs))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = qs[order][1:] != qs[order][:-1]
+    for p in order[first].tolist():
+        if weight[p] < _MIN_DONOR_TOKENS:
             continue
-        # Only bytes the donor's shared row covers: its first bytes that leave its region are
-        # walked later (walk_bytes[donor]) and are not in shared[donor] yet.
-        agree = (dfa.trans[donors] == row) & walk_bytes[q] & ~walk_bytes[donors]  # [D, 256]
-        weight = agree.astype(np.int64) @ vi.grp_count
-        best = int(np.argmax(weight))
-        if weight[best] < _MIN_DONOR_TOKENS:
-            continue
-        cand, nexts = shared[int(donors[best])]
-        sel = agree[best][vi.first_byte[cand]]
-        shared[q] = (cand[sel], nexts[sel])
-        walk_bytes[q] &= ~agree[best]
+        q, d = int(qs[p]), int(ds[p])
+        rows[q] = _donated(vi, rows[d], agree[p])
+        walk_bytes[q] &= ~agree[p]
+
+
+def _donated(vi: VocabIndex, donor: Row, agree: np.ndarray) -> Row:
+    """The part of `donor`'s row whose first bytes are in `agree` (shared when it is all of base)."""
+    keep = agree[vi.first_byte[donor.tok]]
+    tok, nxt = donor.tok[keep], donor.nxt[keep]
+    base = donor.base
+    if not base.first_bytes[~agree].any():
+        return Row(base, donor.g, tok, nxt)
+    sel = agree[vi.first_byte[base.tok]]
+    merged = _merge((base.tok[sel], donor.g[base.end[sel]].astype(np.int32)), (tok, nxt))
+    return Row(None, None, *merged)
 
 
 def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:

@@ -17,7 +17,7 @@ import pytest
 from surecall.errors import CompileBudgetExceeded, RequestError
 from surecall.grammars import cache as table_cache
 from surecall.grammars.automaton import regex_to_dfa
-from surecall.grammars.compile import compile_regex, compile_schema
+from surecall.grammars.compile import build_table, compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.tokenwalk import VocabIndex, token_rows
 from surecall.grammars.vocab import Vocab
@@ -60,6 +60,44 @@ def reference_rows(dfa, vocab):
     return rows
 
 
+def reference_table(dfa, rows, vocab) -> dict:
+    """The TokenTable arrays built the slow, obvious way from materialised rows (dicts and loops)."""
+    succ = [sorted(set(nxt.tolist())) for _, nxt in rows]
+    pred = [[] for _ in rows]
+    for s, targets in enumerate(succ):
+        for t in targets:
+            pred[t].append(s)
+    live, queue = set(np.flatnonzero(dfa.accept).tolist()), deque(np.flatnonzero(dfa.accept).tolist())
+    while queue:
+        for s in pred[queue.popleft()]:
+            if s not in live:
+                live.add(s)
+                queue.append(s)
+    order, queue = [0], deque([0])
+    while queue:
+        for t in succ[queue.popleft()]:
+            if t in live and t not in order:
+                order.append(t)
+                queue.append(t)
+    new_id = {old: new for new, old in enumerate(order)}
+    words = (vocab.logits_width + 31) // 32
+    mask = np.zeros((len(order), words * 32), dtype=bool)
+    ptr, toks, nexts = [0], [], []
+    for i, q in enumerate(order):
+        for t, n in zip(*rows[q], strict=True):
+            if int(n) in new_id:
+                toks.append(int(t))
+                nexts.append(new_id[int(n)])
+                mask[i, int(t)] = True
+        ptr.append(len(toks))
+    accept = dfa.accept[order]
+    for s in vocab.stop_ids:
+        mask[accept, s] = True
+    packed = np.packbits(mask, axis=1, bitorder="little").view(np.uint32).view(np.int32)
+    return {"mask": packed, "accept": accept, "trans_ptr": np.asarray(ptr, np.int32),
+            "trans_tok": np.asarray(toks, np.int32), "trans_next": np.asarray(nexts, np.int32)}
+
+
 def reference_dist(table) -> np.ndarray:
     out = np.full(table.num_states, -1)
     for s0 in range(table.num_states):
@@ -97,7 +135,7 @@ def check_table_invariants(table, vocab) -> None:
 def test_rows_equal_bytewise_reference():
     vocab = synthetic_vocab()
     dfa = regex_to_dfa(JSONISH)
-    rows = token_rows(dfa, VocabIndex.build(vocab))
+    rows = [r.materialize() for r in token_rows(dfa, VocabIndex.build(vocab))]
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
         assert got == ref, f"state {q}"
@@ -126,11 +164,23 @@ WIDE_REGEXES = [
 ]
 
 
+@pytest.mark.parametrize("regex", [JSONISH, *WIDE_REGEXES])
+def test_build_table_equals_slow_reference(regex):
+    for vocab in (synthetic_vocab(), wide_synthetic_vocab()):
+        dfa = regex_to_dfa(regex)
+        rows = token_rows(dfa, VocabIndex.build(vocab))
+        table = build_table(dfa, rows, vocab)
+        for name, expected in reference_table(dfa, [r.materialize() for r in rows], vocab).items():
+            got = getattr(table, name)
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), name
+        assert any(r.base is not None for r in rows), "no shared class rows: the fast path went untested"
+
+
 @pytest.mark.parametrize("regex", WIDE_REGEXES)
 def test_rows_equal_reference_with_donors(regex):
     vocab = wide_synthetic_vocab()
     dfa = regex_to_dfa(regex)
-    rows = token_rows(dfa, VocabIndex.build(vocab))
+    rows = [r.materialize() for r in token_rows(dfa, VocabIndex.build(vocab))]
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
         assert got == ref, f"state {q}: {len(got)} vs {len(ref)} tokens"
@@ -253,7 +303,7 @@ def test_seed_tool_rows_match_reference_on_token_sample(llama3):
 
     schema = seed_tools()[1]["parameters"]  # file_view: strings and integer ranges
     dfa = regex_to_dfa(schema_to_regex(schema, GrammarOptions()).regex)
-    rows = token_rows(dfa, vocab_index(llama3))
+    rows = [r.materialize() for r in token_rows(dfa, vocab_index(llama3))]
     rng = np.random.default_rng(0)
     sample = rng.choice(llama3.vocab_size, 1500, replace=False).tolist()
     sample += [i for i, b in enumerate(llama3.token_bytes) if b[:1] in (b'"', b",", b"1", b" ")][:1500]
@@ -284,3 +334,86 @@ def test_seed_tool_walks_validate(seed_tables, llama3):
             doc = json.loads(decode(llama3, ids))
             bad, _ = schema_violations(schema, doc, table.relaxed)
             assert not bad, f"{name}: {bad}"
+
+
+# --- DFA minimisation: the same language, token tables equivalent state for state ------------
+def tables_equivalent(a, b) -> str | None:
+    """Product BFS from both starts: same mask, CSR tokens, acceptance and dist in every paired state."""
+    seen, queue = {(0, 0)}, deque([(0, 0)])
+    while queue:
+        x, y = queue.popleft()
+        if a.accept[x] != b.accept[y] or a.dist[x] != b.dist[y] or not np.array_equal(a.mask[x], b.mask[y]):
+            return f"states {x}/{y} differ"
+        ra, rb = slice(a.trans_ptr[x], a.trans_ptr[x + 1]), slice(b.trans_ptr[y], b.trans_ptr[y + 1])
+        if not np.array_equal(a.trans_tok[ra], b.trans_tok[rb]):
+            return f"CSR rows of {x}/{y} differ"
+        for pair in set(zip(a.trans_next[ra].tolist(), b.trans_next[rb].tolist(), strict=True)) - seen:
+            seen.add(pair)
+            queue.append(pair)
+    return None
+
+
+def dfas_equivalent(a, b) -> bool:
+    seen, queue = {(0, 0)}, deque([(0, 0)])
+    while queue:
+        x, y = queue.popleft()
+        if a.accept[x] != b.accept[y] or not np.array_equal(a.trans[x] >= 0, b.trans[y] >= 0):
+            return False
+        for byte in np.flatnonzero(a.trans[x] >= 0).tolist():
+            pair = (int(a.trans[x, byte]), int(b.trans[y, byte]))
+            if pair not in seen:
+                seen.add(pair)
+                queue.append(pair)
+    return True
+
+
+# After "a" and after "b" the subset construction keeps apart states with the same future.
+REDUNDANT = r'\{"(?:a":(?:[0-9]+|"[a-z]*")|b":(?:[0-9]+|"[a-z]*"))\}'
+
+
+@pytest.mark.parametrize("regex", [*WIDE_REGEXES, REDUNDANT])
+def test_minimal_dfa_same_language_and_equivalent_table(regex):
+    from surecall.grammars.automaton import minimize
+
+    full = regex_to_dfa(regex, minimal=False)
+    small = regex_to_dfa(regex)
+    assert small.num_states <= full.num_states and dfas_equivalent(full, small)
+    assert minimize(small).num_states == small.num_states, "minimising twice merged more states"
+    vocab = wide_synthetic_vocab()
+    vi = VocabIndex.build(vocab)
+    tables = [build_table(d, token_rows(d, vi), vocab) for d in (full, small)]
+    assert tables_equivalent(*tables) is None
+    check_table_invariants(tables[1], vocab)
+
+
+def test_minimal_dfa_merges_redundant_branches():
+    assert regex_to_dfa(REDUNDANT).num_states < regex_to_dfa(REDUNDANT, minimal=False).num_states
+
+
+def test_dfas_equivalent_detects_a_difference():
+    assert not dfas_equivalent(regex_to_dfa(r'"[a-z]*"'), regex_to_dfa(r'"[a-y]*"'))
+    vocab = wide_synthetic_vocab()
+    vi = VocabIndex.build(vocab)
+    a, b = (build_table(d, token_rows(d, vi), vocab) for d in (regex_to_dfa(r'"[a-z]*"'), regex_to_dfa(r'"[a-y]*"')))
+    assert tables_equivalent(a, b) is not None
+
+
+def test_seed_catalog_minimal_table_equivalent(llama3):
+    from surecall.catalog import seed_tools
+    from surecall.grammars.formats import catalog_regex
+    from surecall.grammars.tokenwalk import vocab_index
+
+    regex = catalog_regex(seed_tools(), "hermes", GrammarOptions()).regex
+    dfas = [regex_to_dfa(regex, minimal=False), regex_to_dfa(regex)]
+    assert dfas[1].num_states < dfas[0].num_states
+    tables = [build_table(d, token_rows(d, vocab_index(llama3)), llama3) for d in dfas]
+    assert tables_equivalent(*tables) is None
+
+
+def test_quotient_refuses_a_partition_that_is_not_a_congruence():
+    from surecall.grammars.automaton import quotient_by
+
+    dfa = regex_to_dfa(r'"[a-z]{2}"', minimal=False)
+    assert quotient_by(dfa, np.arange(dfa.num_states)) is not None
+    merged = np.zeros(dfa.num_states, dtype=np.int64)  # one block: accepting and not together
+    assert quotient_by(dfa, merged) is None
