@@ -26,7 +26,14 @@ from surecall.grammars.automaton import (
     regex_to_dfa_isolated,
 )
 from surecall.grammars.table import TokenTable
-from surecall.grammars.tokenwalk import Row, _merge, token_rows, vocab_index
+from surecall.grammars.tokenwalk import (
+    GENERIC_BATCH_PAIRS,
+    Row,
+    lexical_regions,
+    merge_rows,
+    token_rows,
+    vocab_index,
+)
 
 _BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character, rounded up (measured: > 40)
 # Longer regexes get their byte DFA built in a child process that the budgets can kill: a few of
@@ -111,9 +118,10 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
         dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
     vi = vocab_index(vocab)
-    _check_memory(dfa, vi, vocab.logits_width, options.memory_budget_bytes)
+    regions = lexical_regions(dfa)
+    _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
     # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk).
-    rows = token_rows(dfa, vi)
+    rows = token_rows(dfa, vi, regions)
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
     table = build_table(dfa, rows, vocab)
@@ -194,7 +202,7 @@ def _renumbered(row: Row, new_id: np.ndarray):
         return base, m, tok, nxt
     full = m[base.end]
     keep = full >= 0
-    merged = _merge((base.tok[keep], full[keep]), (tok, nxt))
+    merged = merge_rows((base.tok[keep], full[keep]), (tok, nxt))
     return None, None, *merged
 
 
@@ -291,12 +299,19 @@ def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
     return dist
 
 
-def _check_memory(dfa: ByteDFA, vi, logits_width: int, budget_bytes: int) -> None:
+_WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
+
+
+def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> None:
     words = (logits_width + 31) // 32
-    # The mask (and its float64 staging copy), plus every (state, token) pair whose first byte
-    # is live: the rows hold 12 bytes per pair, the CSR 8 more.
-    num_pairs = int((dfa.trans >= 0).astype(np.int64).sum(axis=0) @ vi.grp_count)
-    estimate = dfa.num_states * words * 12 + num_pairs * 20
+    # The mask, plus every (state, token) pair whose first byte is live: 8 bytes each in the
+    # CSR, 8 more in the rows of states outside lexical classes (class states share one cached
+    # walk per shape), and one batch of the generic walk.
+    pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
+    num_pairs = int(pairs.sum())
+    walked = int(pairs[~cyclic].sum())
+    estimate = (dfa.num_states * words * 4 + num_pairs * 8 + walked * 8
+                + min(walked, 2 * GENERIC_BATCH_PAIRS) * _WALK_BYTES_PER_PAIR)
     if estimate > budget_bytes:
         raise CompileBudgetExceeded(
             f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "

@@ -66,7 +66,7 @@ class Row:
         """(sorted token ids, next states) of the whole row."""
         if self.base is None:
             return self.tok, self.nxt
-        return _merge((self.base.tok, self.g[self.base.end].astype(np.int32)), (self.tok, self.nxt))
+        return merge_rows((self.base.tok, self.g[self.base.end].astype(np.int32)), (self.tok, self.nxt))
 
 
 @dataclass
@@ -239,9 +239,12 @@ def lexical_regions(dfa: ByteDFA):
     return succ, comp, comp_cyclic[comp]
 
 
-def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[Row]:
-    """For every DFA state its Row: every token that does not die, and the state it leads to."""
-    succ, comp, cyclic = lexical_regions(dfa)
+def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
+    """For every DFA state its Row: every token that does not die, and the state it leads to.
+
+    `regions` is `lexical_regions(dfa)` when the caller has it already.
+    """
+    succ, comp, cyclic = lexical_regions(dfa) if regions is None else regions
     walk_bytes = dfa.trans >= 0  # [S, 256] first bytes still to walk generically, per state
     rows: list[Row | None] = [None] * dfa.num_states
     # 1. Lexical-class states: the shared class part, then the tokens that leave the class
@@ -270,7 +273,7 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex) -> list[Row]:
         if row is None:
             row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
         elif extra is not None:
-            row.tok, row.nxt = _merge((row.tok, row.nxt), extra)
+            row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
         out.append(row)
     return out
 
@@ -337,12 +340,15 @@ def _donated(vi: VocabIndex, donor: Row, agree: np.ndarray) -> Row:
     if not base.first_bytes[~agree].any():
         return Row(base, donor.g, tok, nxt)
     sel = agree[vi.first_byte[base.tok]]
-    merged = _merge((base.tok[sel], donor.g[base.end[sel]].astype(np.int32)), (tok, nxt))
+    merged = merge_rows((base.tok[sel], donor.g[base.end[sel]].astype(np.int32)), (tok, nxt))
     return Row(None, None, *merged)
 
 
+GENERIC_BATCH_PAIRS = 1 << 22  # (state, token) pairs walked per batch: bounds the walk's memory
+
+
 def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
-    """Walk (state, token) pairs whose first two bytes are live, all states in one batch."""
+    """Walk (state, token) pairs whose first two bytes are live, in batches of whole states."""
     qi, bi = np.nonzero(walk_bytes)
     if not qi.size:
         return {}
@@ -352,20 +358,33 @@ def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
     pi, b2 = np.nonzero(live2)
     keys = bi[pi].astype(np.int64) * 257 + b2
     counts = vi.grp2_count[keys]
+    states = qi[pi]
+    # Batch boundaries fall between states (rows stay whole), every ~GENERIC_BATCH_PAIRS pairs.
+    cum = np.cumsum(counts)
+    new_state = np.flatnonzero(np.concatenate([[True], states[1:] != states[:-1]]))
+    cuts = np.unique(new_state[np.searchsorted(cum[new_state] - counts[new_state],
+                                               np.arange(0, int(cum[-1]), GENERIC_BATCH_PAIRS), side="right") - 1])
+    out: dict[int, tuple] = {}
+    for lo, hi in zip(cuts.tolist(), [*cuts[1:].tolist(), keys.size], strict=True):
+        out.update(_walk_generic_batch(dfa, vi, keys[lo:hi], counts[lo:hi], states[lo:hi]))
+    return out
+
+
+def _walk_generic_batch(dfa, vi, keys, counts, states) -> dict[int, tuple]:
     tok = _gather_groups(vi, keys, two=True)
-    state = np.repeat(qi[pi], counts).astype(np.int32)
+    state = np.repeat(states.astype(np.int32), counts)
     end, _ = walk(dfa.trans, vi, tok, state, np.zeros(tok.size, np.int64))
     ok = end >= 0
     state, tok, end = state[ok], tok[ok], end[ok]
     order = np.lexsort((tok, state))
     state, tok, end = state[order], tok[order], end[order]
-    states = np.unique(state)
-    lo = np.searchsorted(state, states, side="left")
-    hi = np.searchsorted(state, states, side="right")
-    return {int(q): (tok[a:b], end[a:b]) for q, a, b in zip(states.tolist(), lo.tolist(), hi.tolist(), strict=True)}
+    found = np.unique(state)
+    lo = np.searchsorted(state, found, side="left")
+    hi = np.searchsorted(state, found, side="right")
+    return {int(q): (tok[a:b], end[a:b]) for q, a, b in zip(found.tolist(), lo.tolist(), hi.tolist(), strict=True)}
 
 
-def _merge(a, b):
+def merge_rows(a, b):
     """Union of two sorted rows with disjoint tokens (b is usually the small one)."""
     if a is None and b is None:
         return (np.zeros(0, np.int32), np.zeros(0, np.int32))

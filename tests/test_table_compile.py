@@ -417,3 +417,14 @@ def test_quotient_refuses_a_partition_that_is_not_a_congruence():
     assert quotient_by(dfa, np.arange(dfa.num_states)) is not None
     merged = np.zeros(dfa.num_states, dtype=np.int64)  # one block: accepting and not together
     assert quotient_by(dfa, merged) is None
+
+
+def test_generic_walk_in_small_batches_equals_reference(monkeypatch):
+    import surecall.grammars.tokenwalk as tokenwalk
+
+    monkeypatch.setattr(tokenwalk, "GENERIC_BATCH_PAIRS", 7)
+    vocab = synthetic_vocab()
+    dfa = regex_to_dfa(WIDE_REGEXES[2])
+    rows = [r.materialize() for r in token_rows(dfa, VocabIndex.build(vocab))]
+    for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
+        assert dict(zip(tok.tolist(), nxt.tolist(), strict=True)) == ref, f"state {q}"
