@@ -9,6 +9,14 @@ It also offers the strongly connected components the token walk uses to share wo
 
 from __future__ import annotations
 
+import atexit
+import io
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,7 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-from surecall.errors import SchemaError
+from surecall.errors import CompileBudgetExceeded, SchemaError
 
 _EOS_ID = 256  # the byte vocabulary's end id: outlines-core needs one; never a byte
 
@@ -66,27 +74,138 @@ def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
     return minimize(dfa) if minimal else dfa
 
 
+# The child: set its address-space limit, say it is ready, then answer requests (8-byte
+# length + UTF-8 regex) with a status byte, an 8-byte length and a payload (two .npy arrays,
+# or SchemaError's text), until its stdin closes. Out of memory, it exits (status "M").
 _CHILD_CODE = """
 import io, resource, sys
+try:  # Linux: die with the parent, so a killed compile leaves no orphan running outlines-core
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9)
+except (OSError, AttributeError):
+    pass
 import numpy as np
 limit = int(sys.argv[1])
 with open("/proc/self/status") as f:
     vm_size = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
-resource.setrlimit(resource.RLIMIT_AS, (vm_size + limit, vm_size + limit))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+cap = vm_size + limit if hard == resource.RLIM_INFINITY else min(vm_size + limit, hard)
+resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 from surecall.errors import SchemaError
 from surecall.grammars.automaton import regex_to_dfa
-try:
-    dfa = regex_to_dfa(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
-except SchemaError as exc:
-    sys.stderr.write(str(exc))
-    sys.exit(3)
-except MemoryError:
-    sys.exit(4)
-out = io.BytesIO()
-np.save(out, dfa.trans)
-np.save(out, dfa.accept)
-sys.stdout.buffer.write(out.getvalue())
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+out.write(b"R")
+out.flush()
+while True:
+    head = inp.read(8)
+    if len(head) < 8:
+        break
+    regex = inp.read(int.from_bytes(head, "little")).decode("utf-8", "surrogatepass")
+    try:
+        dfa = regex_to_dfa(regex)
+    except SchemaError as exc:
+        status, payload = b"S", str(exc).encode("utf-8", "replace")
+    except MemoryError:
+        out.write(b"M" + bytes(8))
+        out.flush()
+        sys.exit(4)
+    else:
+        buf = io.BytesIO()
+        np.save(buf, dfa.trans)
+        np.save(buf, dfa.accept)
+        status, payload = b"D", buf.getvalue()
+    out.write(status + len(payload).to_bytes(8, "little") + payload)
+    out.flush()
 """
+_WORKER_START_S = 120.0  # an interpreter start (not counted against a compile's time budget)
+
+
+class _DfaWorker:
+    """One child interpreter that builds byte DFAs, started on first use and reused.
+
+    Reusing it saves the ~150 ms an interpreter start with numpy and outlines-core costs per
+    compile. It is killed (and started afresh next time) past a time budget, after running out
+    of memory, or when a compile asks for a different memory budget.
+    """
+
+    def __init__(self):
+        self.proc = None
+        self.budget = None
+        self.lock = threading.Lock()
+
+    def build(self, regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
+                self._start(memory_budget_bytes)
+            data = regex.encode("utf-8", "surrogatepass")
+            deadline = time.monotonic() + time_budget_s
+            try:
+                self.proc.stdin.write(len(data).to_bytes(8, "little") + data)
+                self.proc.stdin.flush()
+                head = self._read(9, deadline)
+                payload = self._read(int.from_bytes(head[1:], "little"), deadline)
+            except TimeoutError:
+                self.stop()
+                raise CompileBudgetExceeded(
+                    f"the byte DFA of a {len(regex)}-character regex took longer than the time budget of "
+                    f"{time_budget_s:g} s; simplify the schema or raise time_budget_s"
+                ) from None
+            except (OSError, EOFError):
+                head = b"M"
+            if head[:1] == b"S":
+                raise SchemaError(payload.decode("utf-8", "replace"), pointer="", keyword="regex")
+            if head[:1] != b"D":
+                code = self.stop()
+                raise CompileBudgetExceeded(
+                    f"the byte DFA of a {len(regex)}-character regex ran past the memory budget of "
+                    f"{memory_budget_bytes / 2**20:.0f} MiB (child exit {code}); "
+                    "simplify the schema or raise memory_budget_bytes"
+                )
+            buf = io.BytesIO(payload)
+            return ByteDFA(trans=np.load(buf), accept=np.load(buf))
+
+    def _start(self, memory_budget_bytes: int) -> None:
+        self.stop()
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(int(memory_budget_bytes))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.budget = memory_budget_bytes
+        try:
+            if self._read(1, time.monotonic() + _WORKER_START_S) != b"R":
+                raise EOFError
+        except (TimeoutError, EOFError, OSError):
+            self.stop()
+            raise CompileBudgetExceeded("the byte-DFA child process did not start") from None
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        chunks, got = [], 0
+        while got < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(size - got, 1 << 22))
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def stop(self):
+        """Kill the child (if any); returns its exit code."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        proc.kill()
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        return proc.wait()
+
+
+_WORKER = _DfaWorker()
+atexit.register(_WORKER.stop)
 
 
 def regex_to_dfa_isolated(regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
@@ -94,33 +213,10 @@ def regex_to_dfa_isolated(regex: str, time_budget_s: float, memory_budget_bytes:
 
     outlines-core cannot be interrupted once it runs, and a large regex can cost it minutes or
     gigabytes; a separate process bounds both (RLIMIT_AS inside, a wall-clock timeout outside).
-    Raises CompileBudgetExceeded when the child is killed or runs out of memory.
+    The child is reused across calls. Raises CompileBudgetExceeded when it is killed or runs
+    out of memory, SchemaError when outlines-core rejects the regex.
     """
-    import io
-    import subprocess
-    import sys
-
-    from surecall.errors import CompileBudgetExceeded
-
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD_CODE, str(int(memory_budget_bytes))],
-                              input=regex.encode("utf-8", "surrogatepass"), capture_output=True,
-                              timeout=time_budget_s)
-    except subprocess.TimeoutExpired:
-        raise CompileBudgetExceeded(
-            f"the byte DFA of a {len(regex)}-character regex took longer than the time budget of "
-            f"{time_budget_s:g} s; simplify the schema or raise time_budget_s"
-        ) from None
-    if done.returncode == 3:
-        raise SchemaError(done.stderr.decode(errors="replace"), pointer="", keyword="regex")
-    if done.returncode != 0:
-        raise CompileBudgetExceeded(
-            f"the byte DFA of a {len(regex)}-character regex ran past the memory budget of "
-            f"{memory_budget_bytes / 2**20:.0f} MiB (child exit {done.returncode}); "
-            "simplify the schema or raise memory_budget_bytes"
-        )
-    buf = io.BytesIO(done.stdout)
-    return ByteDFA(trans=np.load(buf), accept=np.load(buf))
+    return _WORKER.build(regex, time_budget_s, memory_budget_bytes)
 
 
 def _densify(raw: dict, initial: int, finals: set) -> ByteDFA:

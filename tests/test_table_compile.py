@@ -229,14 +229,31 @@ def test_memory_budget_exceeded():
 
 def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
     import surecall.grammars.compile as compile_module
+    from surecall.grammars.automaton import _WORKER
 
     vocab = synthetic_vocab()
     inline = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
     monkeypatch.setattr(compile_module, "_ISOLATE_REGEX_CHARS", 0)
     isolated = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
     assert np.array_equal(inline.trans_next, isolated.trans_next) and np.array_equal(inline.mask, isolated.mask)
+    pid = _WORKER.proc.pid
+    compile_regex(r'"[a-z]{1,3}"', vocab, GrammarOptions(), use_cache=False)
+    assert _WORKER.proc.pid == pid, "the byte-DFA child was not reused"
+    # 2^15 subset states: outlines-core needs seconds; the child is killed, a fresh one answers next.
     with pytest.raises(CompileBudgetExceeded, match="byte DFA of a .*-character regex took longer than the time budget"):
-        compile_regex(JSONISH, vocab, GrammarOptions(time_budget_s=0.05), use_cache=False)
+        compile_regex(r"[a-z]*a[a-z]{14}", vocab, GrammarOptions(time_budget_s=0.3), use_cache=False)
+    assert _WORKER.proc is None
+    again = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
+    assert np.array_equal(again.mask, inline.mask)
+
+
+def test_isolated_byte_dfa_reports_a_bad_regex():
+    from surecall.errors import SchemaError
+    from surecall.grammars.automaton import regex_to_dfa_isolated
+
+    with pytest.raises(SchemaError, match="regex does not compile"):
+        regex_to_dfa_isolated("(unclosed", 30.0, 1 << 30)
+    assert regex_to_dfa_isolated('"a"', 30.0, 1 << 30).num_states == 4
 
 
 # --- disk cache ----------------------------------------------------------------------------
@@ -428,3 +445,12 @@ def test_generic_walk_in_small_batches_equals_reference(monkeypatch):
     rows = [r.materialize() for r in token_rows(dfa, VocabIndex.build(vocab))]
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         assert dict(zip(tok.tolist(), nxt.tolist(), strict=True)) == ref, f"state {q}"
+
+
+def test_isolated_byte_dfa_past_memory_budget(monkeypatch):
+    import surecall.grammars.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_ISOLATE_REGEX_CHARS", 0)
+    with pytest.raises(CompileBudgetExceeded, match="ran past the memory budget of 1 MiB|did not start"):
+        compile_regex(r"[a-z]*a[a-z]{16}", synthetic_vocab(), GrammarOptions(memory_budget_bytes=1 << 20),
+                      use_cache=False)
