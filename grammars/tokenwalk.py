@@ -175,6 +175,35 @@ def walk(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, 
     return out_state, out_ptr - vi.off[tok]
 
 
+def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos=0) -> np.ndarray:
+    """End state (-1: dead) of walking token `tok[i]` from byte `pos[i]` on, from `state[i]`, through `trans`.
+
+    The pairs are put in order of decreasing token length, so the pairs still walking at byte k
+    are a prefix of the arrays: each byte costs two gathers over that prefix and no compaction.
+    Dead walks continue in an extra all-dead row. `trans` must hold no class exit codes.
+    """
+    num_states = trans.shape[0]
+    ext = np.empty((num_states + 1, 256), dtype=np.int64)
+    ext[:num_states] = trans
+    ext[ext < 0] = num_states
+    ext[num_states] = num_states
+    flat_trans = ext.reshape(-1)
+    lens = vi.lens[tok] - pos
+    order = np.argsort(-lens.astype(np.int16), kind="stable")  # a radix sort on 16-bit keys
+    lens = lens[order]
+    cur = state[order].astype(np.int64)
+    off = vi.off[tok[order]] + (pos[order] if isinstance(pos, np.ndarray) else pos)
+    still = np.searchsorted(-lens, -np.arange(int(lens[0]) if lens.size else 0), side="left")  # len > k
+    for k, m in enumerate(still.tolist()):
+        head = cur[:m]
+        head *= 256
+        head += vi.flat[off[:m] + k]
+        np.take(flat_trans, head, out=head)
+    out = np.empty(tok.size, dtype=np.int32)
+    out[order] = np.where(cur == num_states, -1, cur)
+    return out
+
+
 def _region_shape(dfa: ByteDFA, succ, comp: np.ndarray, root: int):
     """Canonical local table of root's region (BFS from its root), local -> global ids, and its hash.
 
@@ -344,6 +373,7 @@ def _donated(vi: VocabIndex, donor: Row, agree: np.ndarray) -> Row:
     return Row(None, None, *merged)
 
 
+_DENSE_SORT_FRACTION = 16  # rows over 1/16 of the vocabulary are sorted through a dense buffer
 GENERIC_BATCH_PAIRS = 1 << 22  # (state, token) pairs walked per batch: bounds the walk's memory
 
 
@@ -373,15 +403,47 @@ def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
 def _walk_generic_batch(dfa, vi, keys, counts, states) -> dict[int, tuple]:
     tok = _gather_groups(vi, keys, two=True)
     state = np.repeat(states.astype(np.int32), counts)
-    end, _ = walk(dfa.trans, vi, tok, state, np.zeros(tok.size, np.int64))
+    # The first two bytes are the group's: start after them (after one for one-byte tokens).
+    b1, b2 = keys // 257, keys % 257
+    after1 = dfa.trans[states, b1]
+    one = b2 == 256
+    after = np.where(one, after1, dfa.trans[after1, np.minimum(b2, 255)])
+    end = walk_whole(dfa.trans, vi, tok, np.repeat(after, counts), np.repeat(np.where(one, 1, 2), counts))
     ok = end >= 0
-    state, tok, end = state[ok], tok[ok], end[ok]
-    order = np.lexsort((tok, state))
-    state, tok, end = state[order], tok[order], end[order]
-    found = np.unique(state)
-    lo = np.searchsorted(state, found, side="left")
-    hi = np.searchsorted(state, found, side="right")
-    return {int(q): (tok[a:b], end[a:b]) for q, a, b in zip(found.tolist(), lo.tolist(), hi.tolist(), strict=True)}
+    return _sorted_rows(vi.vocab_size, state[ok], tok[ok], end[ok])
+
+
+def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
+    """Group (state, token, end) triples (states non-decreasing) into rows sorted by token.
+
+    Long rows are sorted by scattering into one vocabulary-wide buffer (linear); the short
+    ones by one lexsort together.
+    """
+    starts = np.flatnonzero(np.concatenate([[True], state[1:] != state[:-1]])) if state.size else np.zeros(0, int)
+    stops = np.append(starts[1:], state.size)
+    rows: dict[int, tuple] = {}
+    short = []
+    buf = None
+    for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
+        if (hi - lo) * _DENSE_SORT_FRACTION < vocab_size:
+            short.append((lo, hi))
+            continue
+        if buf is None:
+            buf = np.full(vocab_size, -1, dtype=np.int32)
+        buf[tok[lo:hi]] = end[lo:hi]
+        ids = np.flatnonzero(buf >= 0).astype(np.int32)
+        rows[int(state[lo])] = (ids, buf[ids])
+        buf[ids] = -1
+    if short:
+        pick = np.concatenate([np.arange(lo, hi) for lo, hi in short])
+        st, tk, en = state[pick], tok[pick], end[pick]
+        order = np.lexsort((tk, st))
+        st, tk, en = st[order], tk[order], en[order]
+        at = 0
+        for lo, hi in short:
+            rows[int(st[at])] = (tk[at : at + hi - lo], en[at : at + hi - lo])
+            at += hi - lo
+    return rows
 
 
 def merge_rows(a, b):
