@@ -70,8 +70,13 @@ def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
         raise SchemaError(f"regex does not compile: {exc}", pointer="", keyword="regex") from exc
     raw = index.get_transitions()
     finals = set(index.get_final_states())
-    dfa = _densify(raw, index.get_initial_state(), finals)
-    return minimize(dfa) if minimal else dfa
+    trans, accept, start = _densify(raw, index.get_initial_state(), finals)
+    if minimal:  # minimise first, then prune the (smaller) quotient once
+        quotient = quotient_by(ByteDFA(trans, accept), _refine(trans, accept))
+        if quotient is not None:
+            trans, accept, block = quotient
+            start = int(block[start])
+    return prune(trans, accept, start)
 
 
 # The child: set its address-space limit, say it is ready, then answer requests (8-byte
@@ -219,7 +224,8 @@ def regex_to_dfa_isolated(regex: str, time_budget_s: float, memory_budget_bytes:
     return _WORKER.build(regex, time_budget_s, memory_budget_bytes)
 
 
-def _densify(raw: dict, initial: int, finals: set) -> ByteDFA:
+def _densify(raw: dict, initial: int, finals: set) -> tuple[np.ndarray, np.ndarray, int]:
+    """outlines-core's transitions as (int32 [n, 256] trans, bool [n] accept, start), not pruned."""
     # 1. Sparse outlines-core ids -> 0..n-1 (sorted order), one flat edge list.
     rows = list(raw.values())
     lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -235,8 +241,7 @@ def _densify(raw: dict, initial: int, finals: set) -> ByteDFA:
     trans[np.searchsorted(ids, src[keep]), byte_a[keep]] = np.searchsorted(ids, dst[keep])
     accept = np.zeros(n, dtype=bool)
     accept[np.searchsorted(ids, final_a)] = True
-    # 2. Keep states reachable from the start that can reach acceptance, BFS-numbered.
-    return prune(trans, accept, int(np.searchsorted(ids, initial)))
+    return trans, accept, int(np.searchsorted(ids, initial))
 
 
 def prune(trans: np.ndarray, accept: np.ndarray, start: int = 0) -> ByteDFA:
@@ -273,12 +278,24 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     only merge blocks that should stay apart, so the final partition is checked to be a
     congruence (same acceptance, successors in the same blocks on every byte): a quotient by a
     congruence accepts exactly the same language. If the check fails, the DFA is returned as is.
+    `dfa` must be pruned (no dead states), or the result may keep some equivalent states.
     """
-    n = dfa.num_states
-    rep_bytes = np.unique(byte_classes(dfa.trans))
-    t = dfa.trans[:, rep_bytes]  # [n, C]
+    block = _refine(dfa.trans, dfa.accept)
+    if int(block.max()) + 1 == dfa.num_states:
+        return dfa
+    quotient = quotient_by(dfa, block)
+    if quotient is None:
+        return dfa
+    trans, accept, start_block = quotient
+    return prune(trans, accept, int(start_block[0]))
+
+
+def _refine(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """Moore's coarsest partition of the states (block id per state), signatures hashed."""
+    n = accept.shape[0]
+    t = trans[:, np.unique(byte_classes(trans))]  # [n, C]
     weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
-    block = dfa.accept.astype(np.int64)
+    block = accept.astype(np.int64)
     count = int(np.unique(block).size)
     padded = np.empty(n + 1, dtype=np.int64)
     while True:
@@ -289,17 +306,14 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
         block = block.reshape(-1).astype(np.int64)
         new_count = int(block.max()) + 1
         if new_count == count:
-            break
+            return block
         count = new_count
-    if count == n:
-        return dfa
-    quotient = quotient_by(dfa, block)
-    return dfa if quotient is None else prune(*quotient)
 
 
 def quotient_by(dfa: ByteDFA, block: np.ndarray):
-    """(trans, accept, start) of `dfa` with each block of states merged, or None when the
-    partition is not a congruence (members differ in acceptance or in a successor's block)."""
+    """(trans, accept, block of each old state) of `dfa` with each block of states merged, or
+    None when the partition is not a congruence (members differ in acceptance or in a
+    successor's block)."""
     n = dfa.num_states
     count = int(block.max()) + 1
     first = np.full(count, n, dtype=np.int64)
@@ -309,7 +323,7 @@ def quotient_by(dfa: ByteDFA, block: np.ndarray):
     rep = first[block]
     if not (np.array_equal(members, members[rep]) and np.array_equal(dfa.accept, dfa.accept[rep])):
         return None
-    return members[first].astype(np.int32), dfa.accept[first].copy(), int(block[0])
+    return members[first].astype(np.int32), dfa.accept[first].copy(), block
 
 
 def successor_lists(trans: np.ndarray) -> list[list[int]]:

@@ -316,7 +316,7 @@ def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
     tok = np.concatenate([j[1] for j in jobs])
     start = np.concatenate([j[2] for j in jobs]).astype(np.int32)
     pos = np.concatenate([j[3] for j in jobs])
-    end, _ = walk(dfa.trans, vi, tok, start, pos)
+    end = walk_whole(dfa.trans, vi, tok, start, pos)
     at = 0
     for q, leave_tok, *_ in jobs:
         part = end[at : at + leave_tok.size]
