@@ -303,21 +303,43 @@ _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair a
 
 
 def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> None:
+    """Refuse a compile whose table and walk would not fit the memory budget (an upper bound).
+
+    The mask, plus every (state, token) pair that can survive its first byte (then, when that
+    is over budget, its first two bytes): 8 bytes each in the CSR, 8 more in the rows of states
+    outside lexical classes (class states share one cached walk per shape), and one batch of
+    the generic walk.
+    """
     words = (logits_width + 31) // 32
-    # The mask, plus every (state, token) pair whose first byte is live: 8 bytes each in the
-    # CSR, 8 more in the rows of states outside lexical classes (class states share one cached
-    # walk per shape), and one batch of the generic walk.
     pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
-    num_pairs = int(pairs.sum())
-    walked = int(pairs[~cyclic].sum())
-    estimate = (dfa.num_states * words * 4 + num_pairs * 8 + walked * 8
-                + min(walked, 2 * GENERIC_BATCH_PAIRS) * _WALK_BYTES_PER_PAIR)
+    estimate = _estimate(dfa, words, pairs, cyclic)
+    if estimate > budget_bytes:
+        pairs = _pairs_two_bytes(dfa, vi)
+        estimate = _estimate(dfa, words, pairs, cyclic)
     if estimate > budget_bytes:
         raise CompileBudgetExceeded(
             f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
-            f"{num_pairs} state-token pairs), over the memory budget of {budget_bytes / 2**20:.0f} MiB; "
+            f"{int(pairs.sum())} state-token pairs), over the memory budget of {budget_bytes / 2**20:.0f} MiB; "
             "lower max_bounded_length or raise memory_budget_bytes"
         )
+
+
+def _estimate(dfa: ByteDFA, words: int, pairs: np.ndarray, cyclic: np.ndarray) -> int:
+    walked = int(pairs[~cyclic].sum())
+    return (dfa.num_states * words * 4 + int(pairs.sum()) * 8 + walked * 8
+            + min(walked, 2 * GENERIC_BATCH_PAIRS) * _WALK_BYTES_PER_PAIR)
+
+
+def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:
+    """Per state, how many tokens survive their first two bytes (one-byte tokens: their first)."""
+    live = dfa.trans >= 0
+    groups = vi.grp2_count.reshape(256, 257).astype(np.float64)
+    pairs = np.zeros(dfa.num_states, dtype=np.int64)
+    for b in np.flatnonzero(live.any(axis=0)).tolist():
+        states = np.flatnonzero(live[:, b])
+        after = live[dfa.trans[states, b]]
+        pairs[states] += np.rint(after @ groups[b, :256] + groups[b, 256]).astype(np.int64)
+    return pairs
 
 
 class _Clock:

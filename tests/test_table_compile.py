@@ -454,3 +454,12 @@ def test_isolated_byte_dfa_past_memory_budget(monkeypatch):
     with pytest.raises(CompileBudgetExceeded, match="ran past the memory budget of 1 MiB|did not start"):
         compile_regex(r"[a-z]*a[a-z]{16}", synthetic_vocab(), GrammarOptions(memory_budget_bytes=1 << 20),
                       use_cache=False)
+
+
+def test_memory_estimate_counts_tokens_that_survive_two_bytes():
+    # 40k tokens start with a live "a" but die on "#": the one-byte bound is over 1 MiB, the two-byte one is not.
+    pieces = tuple(bytes([b]) for b in range(256)) + tuple(f"a#{i}".encode() for i in range(40000))
+    vocab = Vocab(token_bytes=pieces, special_ids=frozenset(), stop_ids=(), logits_width=len(pieces),
+                  format="test", name="wide-dead")
+    table = compile_regex('"a{0,5}"', vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+    assert table.num_states == 8 and table.trans_tok.size < 300
