@@ -136,9 +136,12 @@ class _DfaWorker:
     def __init__(self):
         self.proc = None
         self.budget = None
+        self.owner = os.getpid()
         self.lock = threading.Lock()
 
     def build(self, regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
+        if self.owner != os.getpid():  # a forked copy: the child belongs to the parent, start our own
+            self.proc, self.owner, self.lock = None, os.getpid(), threading.Lock()
         with self.lock:
             if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
                 self._start(memory_budget_bytes)
@@ -196,9 +199,9 @@ class _DfaWorker:
         return b"".join(chunks)
 
     def stop(self):
-        """Kill the child (if any); returns its exit code."""
+        """Kill the child (if any, and ours); returns its exit code."""
         proc, self.proc = self.proc, None
-        if proc is None:
+        if proc is None or self.owner != os.getpid():
             return None
         proc.kill()
         for pipe in (proc.stdin, proc.stdout):

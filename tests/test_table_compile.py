@@ -463,3 +463,25 @@ def test_memory_estimate_counts_tokens_that_survive_two_bytes():
                   format="test", name="wide-dead")
     table = compile_regex('"a{0,5}"', vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
     assert table.num_states == 8 and table.trans_tok.size < 300
+
+
+def test_isolated_byte_dfa_after_fork_uses_its_own_child():
+    import os
+
+    from surecall.grammars.automaton import _WORKER, regex_to_dfa_isolated
+
+    regex_to_dfa_isolated('"a"', 30.0, 1 << 30)
+    parent_child = _WORKER.proc.pid
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the forked copy must not talk to (or kill) the parent's child
+        try:
+            ok = regex_to_dfa_isolated('"ab"', 30.0, 1 << 30).num_states == 5 and _WORKER.proc.pid != parent_child
+            _WORKER.stop()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert _WORKER.proc is not None and _WORKER.proc.pid == parent_child and _WORKER.proc.poll() is None
+    assert regex_to_dfa_isolated('"abc"', 30.0, 1 << 30).num_states == 6
