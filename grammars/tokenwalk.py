@@ -435,7 +435,11 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
         rows[int(state[lo])] = (ids, buf[ids])
         buf[ids] = -1
     if short:
-        pick = np.concatenate([np.arange(lo, hi) for lo, hi in short])
+        lo_hi = np.asarray(short, dtype=np.int64)
+        in_short = np.zeros(state.size + 1, dtype=np.int64)
+        np.add.at(in_short, lo_hi[:, 0], 1)
+        np.add.at(in_short, lo_hi[:, 1], -1)
+        pick = np.flatnonzero(np.cumsum(in_short[:-1]))
         st, tk, en = state[pick], tok[pick], end[pick]
         order = np.lexsort((tk, st))
         st, tk, en = st[order], tk[order], en[order]
