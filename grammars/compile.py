@@ -159,8 +159,9 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
     trans_ptr[1:] = np.cumsum(sizes)
     trans_tok = np.empty(int(trans_ptr[-1]), dtype=np.int32)
     trans_next = np.empty(int(trans_ptr[-1]), dtype=np.int32)
+    layouts: dict = {}  # rows sharing a class part and their extras' tokens share one interleaving
     for (base, m, tok, nxt), lo, hi in zip(parts, trans_ptr[:-1].tolist(), trans_ptr[1:].tolist(), strict=True):
-        _fill_row(base, m, tok, nxt, trans_tok[lo:hi], trans_next[lo:hi])
+        _fill_row(base, m, tok, nxt, trans_tok[lo:hi], trans_next[lo:hi], layouts)
     accept = dfa.accept[order].copy()
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
     edges = [new_id[succ[q]] for q in order.tolist()]
@@ -206,7 +207,7 @@ def _renumbered(row: Row, new_id: np.ndarray):
     return None, None, *merged
 
 
-def _fill_row(base, m, tok, nxt, out_tok: np.ndarray, out_next: np.ndarray) -> None:
+def _fill_row(base, m, tok, nxt, out_tok: np.ndarray, out_next: np.ndarray, layouts: dict) -> None:
     """Write one sorted CSR row: the class part (if any) interleaved with the extras."""
     if base is None:
         out_tok[:] = tok
@@ -216,13 +217,23 @@ def _fill_row(base, m, tok, nxt, out_tok: np.ndarray, out_next: np.ndarray) -> N
         out_tok[:] = base.tok
         np.take(m, base.end, out=out_next)
         return
-    at = np.searchsorted(base.tok, tok) + np.arange(tok.size)  # the extras' places in the row
-    from_base = np.ones(out_tok.size, dtype=bool)
-    from_base[at] = False
-    out_tok[from_base] = base.tok
-    out_tok[at] = tok
-    out_next[from_base] = m[base.end]
-    out_next[at] = nxt
+    key = (id(base), tok.tobytes())
+    layout = layouts.get(key)
+    if layout is None:
+        # Where each entry of the row comes from: base entry i -> m[base.end[i]], extra j ->
+        # slot len(m) + j of concat(m, nxt).
+        at = np.searchsorted(base.tok, tok) + np.arange(tok.size)  # the extras' places in the row
+        from_base = np.ones(out_tok.size, dtype=bool)
+        from_base[at] = False
+        merged_tok = np.empty(out_tok.size, dtype=np.int32)
+        merged_tok[from_base] = base.tok
+        merged_tok[at] = tok
+        source = np.empty(out_tok.size, dtype=np.int64)
+        source[from_base] = base.end
+        source[at] = m.size + np.arange(tok.size)
+        layout = layouts[key] = (merged_tok, source)
+    out_tok[:] = layout[0]
+    np.take(np.concatenate([m, nxt]), layout[1], out=out_next)
 
 
 def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
