@@ -317,10 +317,7 @@ def quotient_by(dfa: ByteDFA, block: np.ndarray):
     """(trans, accept, block of each old state) of `dfa` with each block of states merged, or
     None when the partition is not a congruence (members differ in acceptance or in a
     successor's block)."""
-    n = dfa.num_states
-    count = int(block.max()) + 1
-    first = np.full(count, n, dtype=np.int64)
-    np.minimum.at(first, block, np.arange(n))
+    _, first = np.unique(block, return_index=True)  # block ids are 0..count-1: each one's first state
     padded = np.append(block, -1)  # index -1 (dead) reads the last slot
     members = padded[dfa.trans]
     rep = first[block]
