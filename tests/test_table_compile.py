@@ -490,3 +490,15 @@ def test_isolated_byte_dfa_after_fork_uses_its_own_child():
     assert os.read(read, 1) == b"1"
     assert _WORKER.proc is not None and _WORKER.proc.pid == parent_child and _WORKER.proc.poll() is None
     assert regex_to_dfa_isolated('"abc"', 30.0, 1 << 30).num_states == 6
+
+
+def test_seed_catalog_table_equals_slow_reference(llama3):
+    from surecall.catalog import seed_tools
+    from surecall.grammars.formats import catalog_regex
+    from surecall.grammars.tokenwalk import vocab_index
+
+    dfa = regex_to_dfa(catalog_regex(seed_tools(), "json", GrammarOptions()).regex)
+    rows = token_rows(dfa, vocab_index(llama3))
+    table = build_table(dfa, rows, llama3)
+    for name, expected in reference_table(dfa, [r.materialize() for r in rows], llama3).items():
+        assert np.array_equal(getattr(table, name), expected), name
