@@ -1,11 +1,12 @@
-"""Regex -> byte DFA: dense state ids, start 0, accepting set, dead states pruned.
+"""Regex -> byte DFA: minimal, dense state ids, start 0, accepting set, dead states pruned.
 
 The regex is compiled by outlines-core's `Index` over a 256-entry vocabulary of single bytes
-(token id = byte value), so its automaton is the byte-level DFA of the regex; we then relabel it
-densely in BFS order and drop every state that is unreachable or cannot reach acceptance. This
-module knows nothing of tokenizers: walking real tokens through the DFA is `tokenwalk.py`'s job.
-It also offers the strongly connected components the token walk uses to share work.
-"""
+(token id = byte value), so its automaton is the byte-level DFA of the regex; we then minimise
+it (outlines-core keeps many equivalent states), relabel it densely in BFS order and drop every
+state that is unreachable or cannot reach acceptance. Long regexes are compiled in a reusable
+child process bounded by the time and memory budgets. This module knows nothing of tokenizers:
+walking real tokens through the DFA is `tokenwalk.py`'s job. It also offers the strongly
+connected components the token walk uses to share work."""
 
 from __future__ import annotations
 

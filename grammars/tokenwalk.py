@@ -9,7 +9,10 @@ Walking every token from every state is the whole cost of a compile, so the walk
 - Donors. An acyclic state whose byte row agrees with a lexical-class state on most first bytes
   (the first character of a `minLength: 1` string) copies that state's row for those bytes.
 - Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
-  token's first byte. This module does not prune, number or pack anything: `compile.py` does.
+  token's first two bytes, with no compaction (pairs in decreasing token length).
+A state's `Row` keeps its class part shared (the class walk plus its region's id map) next to
+its own extra tokens, so `compile.py` copies a class part once into the CSR and its packed mask
+words whole. This module does not prune, number or pack anything: `compile.py` does.
 """
 
 from __future__ import annotations
