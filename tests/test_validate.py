@@ -145,3 +145,19 @@ def test_too_deep_arguments():
         node = node[0]
     with pytest.raises(ArgumentValidationError, match="nested deeper than 64 levels"):
         validate_arguments({"type": "object"}, {"d": deep})
+
+
+def test_a_schema_is_validated_under_the_draft_it_names():
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"xs": {"type": "array", "items": [{"type": "integer"}], "additionalItems": False}},
+        "dependencies": {"a": ["b"]},
+    }
+    validate_arguments(draft7, {"xs": [1]})  # array-form items: a 2020-12 validator refused the schema itself
+    with pytest.raises(ArgumentValidationError, match="xs"):
+        validate_arguments(draft7, {"xs": [1, 2]})  # additionalItems: false
+    with pytest.raises(ArgumentValidationError, match="b"):
+        validate_arguments(draft7, {"a": 1})  # draft-7 dependencies (2020-12 would ignore the keyword)
+    draft2020 = {"type": "object", "properties": {"xs": {"prefixItems": [{"type": "integer"}], "items": False}}}
+    with pytest.raises(ArgumentValidationError, match="xs"):
+        validate_arguments(draft2020, {"xs": [1, 2]})  # no $schema: 2020-12

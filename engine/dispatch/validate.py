@@ -1,11 +1,12 @@
-"""Argument validation: JSON Schema 2020-12 (jsonschema-rs) plus the limits canonical JSON needs.
+"""Argument validation: JSON Schema (jsonschema-rs) plus the limits canonical JSON needs.
 
 `validate_arguments(tool_or_schema, args)` raises one `ArgumentValidationError` listing every
 failure as (JSON pointer, message). Before the schema runs, the arguments are checked for what
 RFC 8785 cannot canonicalise (integers beyond 2^53, non-finite floats, lone surrogates, non-JSON
 types) and for size, so the idempotency key derived afterwards is always defined.
-Compiled validators are cached by the schema's canonical text. Formats are not asserted
-(2020-12 treats `format` as an annotation by default).
+Each schema is validated under the draft its `$schema` names (draft 4, 6, 7, 2019-09, 2020-12;
+2020-12 when absent), the same draft the grammar compiler reads it with. Compiled validators are
+cached by the schema's canonical text. Formats are not asserted (an annotation by default).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def validate_arguments(tool_or_schema: Any, args: Any, *, max_bytes: int = MAX_A
     raise ArgumentValidationError(_summary(f"Invalid arguments{where}", failures), failures)
 
 
-def compiled_validator(schema: dict) -> jsonschema_rs.Draft202012Validator:
-    """The cached 2020-12 validator of `schema`; SchemaError if the schema itself is malformed.
+def compiled_validator(schema: dict) -> jsonschema_rs.Validator:
+    """The cached validator of `schema` (its `$schema` draft); SchemaError if the schema itself is malformed.
     A schema object is treated as immutable once validated against (a `Tool` copies its schema
     at construction): the fast path looks it up by identity, the slow path by canonical text."""
     hit = _BY_ID.get(id(schema))
@@ -66,18 +67,19 @@ def compiled_validator(schema: dict) -> jsonschema_rs.Draft202012Validator:
     return validator
 
 
-_BY_ID: dict[int, tuple[dict, jsonschema_rs.Draft202012Validator]] = {}
+_BY_ID: dict[int, tuple[dict, jsonschema_rs.Validator]] = {}
 _MAX_BY_ID = 1024
 
 
 @lru_cache(maxsize=1024)
-def _compile(schema_text: str) -> jsonschema_rs.Draft202012Validator:
+def _compile(schema_text: str) -> jsonschema_rs.Validator:
     return make_validator(json.loads(schema_text))
 
 
-def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = None, validate_formats: bool = False) -> jsonschema_rs.Draft202012Validator:
-    """Check `schema` against the 2020-12 metaschema, then compile it. Remote `$ref`s resolve
-    only through `registry`: the validator never fetches anything over the network."""
+def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = None, validate_formats: bool = False) -> jsonschema_rs.Validator:
+    """Check `schema` against its draft's metaschema, then compile it for that draft (2020-12 when
+    `$schema` is absent). Remote `$ref`s resolve only through `registry`: the validator never
+    fetches anything over the network."""
     try:
         jsonschema_rs.meta.validate(schema, registry=registry)
     except jsonschema_rs.ValidationError as exc:
@@ -85,7 +87,8 @@ def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = Non
     except Exception as exc:  # unknown $schema, unresolvable metaschema
         raise SchemaError(f"Invalid schema: {exc}") from exc
     try:
-        return jsonschema_rs.Draft202012Validator(schema, registry=registry, validate_formats=validate_formats, offline=True)
+        cls = jsonschema_rs.validator_cls_for(schema) if isinstance(schema, dict) else jsonschema_rs.Draft202012Validator
+        return cls(schema, registry=registry, validate_formats=validate_formats, offline=True)
     except Exception as exc:  # bad regex, unresolvable $ref, ...
         raise SchemaError(f"Invalid schema: {exc}") from exc
 
