@@ -2,7 +2,7 @@
 # Prepare what the GPU image lacks, here, before a device check (issues 4 and 5):
 #   .whl/      wheels for Python 3.12 x86-64: outlines-core, xgrammar, pydantic, jsonschema-rs, rfc8785, and the
 #              outlines peer (outlines + its needs the image lacks)
-#   .gpudata/  the two tokenizer folders the engine benchmark uses (qwen2, llama3), copied from ../shared/data
+#   .gpudata/  the tokenizer folders the engine GPU tests and benchmark use (qwen2, llama3, mistral-v0.3)
 # Both folders are git-ignored and travel with `carry: [".whl", ".gpudata"]`. Run once: bash benchmarks/fetch_gpu_inputs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,6 @@ mkdir -p .whl .gpudata/tokenizers
   annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 jsonschema-rs rfc8785 \
   outlines==1.3.3 genson==1.4.0 diskcache==5.6.3 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
   referencing==0.37.0 rpds-py==2026.9.1
-for name in qwen2 llama3; do cp -r "$DATA/tokenizers/$name" .gpudata/tokenizers/; done
+for name in qwen2 llama3 mistral-v0.3; do cp -r "$DATA/tokenizers/$name" .gpudata/tokenizers/; done
 cp "$DATA/tokenizers/manifest.json" .gpudata/tokenizers/
 du -sh .whl .gpudata

@@ -10,21 +10,7 @@
 # Then: device run `bash benchmarks/gpu_check_engine.sh` with carry [".whl", ".gpudata"], timeout_s 420.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-benchmarks/results}"
-mkdir -p "$OUT" benchmarks/results
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || echo "warning: carried wheels did not install"
-fi
-[ -d .gpudata ] && export SURECALL_DATA="$PWD/.gpudata"
-PKG=/tmp/surecall_pkg
-rm -rf "$PKG" && mkdir -p "$PKG/surecall"
-for entry in engine/*; do ln -s "$PWD/$entry" "$PKG/surecall/$(basename "$entry")"; done
-ln -sfn "$PWD/kernels" "$PKG/surecall/kernels"
-ln -sfn "$PWD/grammars" "$PKG/surecall/grammars"
-export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/engine_gpu_device.txt"
 timeout 150 "$PY" -m pytest -q -m gpu tests/test_engine_static.py tests/test_engine_decode.py -p no:cacheprovider \

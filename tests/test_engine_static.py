@@ -21,7 +21,8 @@ from surecall.static_step import CACHE_LEN_STEP, batch_bucket, cache_bucket
 ON_GPU = torch.cuda.is_available()
 
 
-def _tiny(kind: str, device=None, **extra) -> ModelRunner:
+def _tiny_model(kind: str, **extra):
+    """A 2-layer random-weight model of `kind` (built on the current default device)."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -34,10 +35,14 @@ def _tiny(kind: str, device=None, **extra) -> ModelRunner:
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                "mistral": (MistralConfig, MistralForCausalLM)}
     config_cls, model_cls = classes[kind]
-    torch.manual_seed(0)
     config = config_cls(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
-    return ModelRunner(model_cls(config).eval(), device=device)
+    return model_cls(config).eval()
+
+
+def _tiny(kind: str, device=None, **extra) -> ModelRunner:
+    torch.manual_seed(0)
+    return ModelRunner(_tiny_model(kind, **extra), device=device)
 
 
 def _padded(prompts):
@@ -206,22 +211,8 @@ def test_cuda_graph_decoder_rows_match_eager_decoding():
 
 # --- capturability on CPU: meta tensors refuse every host read, as graph capture does ---------
 def _meta_runner(kind: str, **extra) -> ModelRunner:
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-               "mistral": (MistralConfig, MistralForCausalLM)}
-    config = classes[kind][0](vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **extra)
     with torch.device("meta"):
-        model = classes[kind][1](config).eval()
-    return ModelRunner(model)
+        return ModelRunner(_tiny_model(kind, **extra))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
