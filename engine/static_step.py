@@ -21,7 +21,8 @@ from collections import OrderedDict
 
 import torch
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Powers of two with a step between each from 8 on: a batch of 8+ rows is padded by less than half.
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 CACHE_LEN_STEP = 256  # cache lengths are rounded up to a multiple of this (fewer distinct graphs)
 MAX_BUCKETS = 4  # buckets kept alive (each holds a full KV cache); least recently used is dropped
 

@@ -103,7 +103,8 @@ def test_least_recently_used_bucket_is_dropped():
 
 
 def test_bucket_sizes():
-    assert [batch_bucket(b) for b in (1, 2, 3, 5, 16, 17, 128, 129, 2000)] == [1, 2, 4, 8, 16, 32, 128, 256, 2000]
+    assert [batch_bucket(b) for b in (1, 2, 3, 5, 9, 16, 17, 65, 128, 129, 2000)] == [1, 2, 4, 8, 12, 16, 24, 96, 128, 192, 2000]
+    assert all(batch_bucket(b) < b * 3 / 2 for b in range(8, 1025))  # from 8 rows, padding under half a batch
     assert cache_bucket(1, 1024) == CACHE_LEN_STEP
     assert cache_bucket(CACHE_LEN_STEP + 1, 4096) == 2 * CACHE_LEN_STEP
     assert cache_bucket(300, 300) == 300  # never past the model's positions
