@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from surecall.errors import ModelLoadError
-from surecall.static_step import BucketPool, StaticBucket, batch_bucket, cache_bucket
+from surecall.static_step import BucketPool, StaticBucket, batch_bucket, cache_bucket, dynamic_cache
 
 _DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types that rescale from the sequence length (host logic)
 
@@ -39,12 +39,7 @@ class _KVCache:
     """The one place that creates and passes the transformers cache object."""
 
     def __init__(self, model):
-        from transformers import DynamicCache
-
-        try:
-            self.obj = DynamicCache(config=model.config)
-        except TypeError:  # older transformers: no config argument
-            self.obj = DynamicCache()
+        self.obj = dynamic_cache(model)
         self.keyword = _cache_keyword(model)
 
     def kwargs(self) -> dict:

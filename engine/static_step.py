@@ -38,7 +38,17 @@ def cache_bucket(needed: int, max_positions: int) -> int:
     return max(needed, min(rounded, max_positions))
 
 
-def static_layers(model, num_layers: int, max_cache_len: int):
+def dynamic_cache(model):
+    """A transformers cache that grows per step (the prefix pass here, the runner's dynamic path)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers: no config argument
+        return DynamicCache()
+
+
+def static_layers(num_layers: int, max_cache_len: int):
     """A transformers cache of plain static layers (full attention, tensor write counter)."""
     from transformers.cache_utils import Cache, StaticLayer
 
@@ -52,7 +62,7 @@ class StaticBucket:
         self.runner = runner
         self.batch, self.cache_len = batch, cache_len
         device = runner.device
-        self.cache = static_layers(runner.model, runner.num_layers, cache_len)
+        self.cache = static_layers(runner.num_layers, cache_len)
         self.kwarg = runner.cache_keyword  # the forward's name for the cache argument
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
@@ -102,12 +112,7 @@ class StaticBucket:
         lengths = attention_mask.sum(-1)
         first = int(length - lengths[0])  # row 0's first real column
         prefix = input_ids[:1, first : first + shared]
-        from transformers import DynamicCache
-
-        try:
-            scratch = DynamicCache(config=self.runner.model.config)
-        except TypeError:  # older transformers: no config argument
-            scratch = DynamicCache()
+        scratch = dynamic_cache(self.runner.model)
         self.runner.model(input_ids=prefix, position_ids=torch.arange(shared, device=device)[None],
                           use_cache=True, **{self.kwarg: scratch})
         for mine, theirs in zip(self.cache.layers, scratch.layers, strict=True):

@@ -83,8 +83,9 @@ def _top_branches(pattern: str) -> list[str]:
     return branches
 
 
-def _split_alternatives(pattern: str) -> list[str]:
-    parts, depth, start, i, in_class = [], 0, 0, 0, False
+def _outside_classes(pattern: str):
+    """(index, char, group depth after it) for each character outside escapes and [...] classes."""
+    depth, i, in_class = 0, 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
@@ -94,14 +95,18 @@ def _split_alternatives(pattern: str) -> list[str]:
             in_class = c != "]"
         elif c == "[":
             in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
+        else:
+            depth += (c == "(") - (c == ")")
+            yield i, c, depth
+        i += 1
+
+
+def _split_alternatives(pattern: str) -> list[str]:
+    parts, start = [], 0
+    for i, c, depth in _outside_classes(pattern):
+        if c == "|" and depth == 0:
             parts.append(pattern[start:i])
             start = i + 1
-        i += 1
     parts.append(pattern[start:])
     return parts
 
@@ -112,23 +117,9 @@ def _unwrap_group(branch: str) -> str | None:
         return None
     if branch.startswith(("(?!", "(?<=", "(?<!")):
         return None
-    depth, i, in_class = 0, 0, False
-    while i < len(branch):
-        c = branch[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0 and i != len(branch) - 1:
-                return None
-        i += 1
+    for i, c, depth in _outside_classes(branch):
+        if c == ")" and depth == 0 and i != len(branch) - 1:
+            return None
     body = branch[1:-1]
     if body.startswith("?:"):
         return body[2:]

@@ -354,20 +354,19 @@ def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors) 
     """Gumbel-max over the rows of `xf` (argmax for greedy rows); -1 where everything is -inf."""
     key_a, key_b = row_keys(params.seed, params.step)
     is_random = (temperature != 0)[:, None]
+    sparse = False
     if xf.device.type == "cpu":
-        # Noise only where a token can still win (rng.PRUNE_MARGIN); same result, far less work.
+        # Noise only where a token can still win (rng.PRUNE_MARGIN); same result, far less work,
+        # unless most columns are near the top (flat rows): then dense noise beats gathering them.
         top = xf.max(dim=1, keepdim=True).values
         near = (xf > float("-inf")) & (xf >= top - PRUNE_MARGIN) & is_random
-        if int(near.sum()) * 4 > near.numel():  # flat rows: dense noise beats gathering most columns
-            cols = torch.arange(xf.shape[1])[None, :]
-            noise = gumbel_torch(cols, key_a[:, None], key_b[:, None])
-            best, tok = torch.where(is_random, xf + noise, xf).max(dim=1)
-            return torch.where(best == float("-inf"), torch.full_like(tok, -1), tok)
+        sparse = int(near.sum()) * 4 <= near.numel()
+    if sparse:
         rows, cols = torch.nonzero(near, as_tuple=True)
         key = xf.clone()
         key[rows, cols] += gumbel_torch(cols, key_a[rows], key_b[rows])
         key[(xf < top - PRUNE_MARGIN) & is_random] = float("-inf")
-    else:  # no host sync on GPU: noise for every column
+    else:  # noise for every column (no host sync on GPU)
         cols = torch.arange(xf.shape[1], device=xf.device)[None, :]
         key = torch.where(is_random, xf + gumbel_torch(cols, key_a[:, None], key_b[:, None]), xf)
     best, tok = key.max(dim=1)
