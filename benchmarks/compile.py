@@ -261,7 +261,7 @@ def catalog_union_schema(tools: list[dict]) -> dict:
 
 def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
     """Run in a fresh process: ours cold (first and repeat), warm load, xgrammar; median of repeats."""
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import seed_tools
 
     schema_json = json.dumps(catalog_union_schema(seed_tools()))
     code = f"""

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.dispatch.capability import Authority
 from surecall.dispatch.idempotency import RecordState, derive_key
 from surecall.dispatch.stores import open_store

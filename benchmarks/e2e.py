@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     max_tokens = args.max_tokens or (128 if gpu else 48)
     dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
 
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import seed_tools
     from surecall.config import EngineConfig
     from surecall.grammars.compile import compile_catalog
     from surecall.grammars.formats import catalog_regex, get_format

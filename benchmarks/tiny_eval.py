@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.models import default_heldout_path, default_model_dir
 from surecall.training.corpus import read_jsonl
 from surecall.training.evaluate import hf_generate, make_validators, score_call, summarize

@@ -34,17 +34,11 @@ class CallCheck:
 
 
 def tool_name_schema(tool: Any) -> tuple[str, dict]:
-    """(name, input schema) of a Tool-like object or a tool dict in any of the accepted shapes."""
-    if hasattr(tool, "name") and hasattr(tool, "input_schema"):
-        return tool.name, tool.input_schema
-    if isinstance(tool, dict):
-        fn = tool.get("function", tool) if tool.get("type") == "function" else tool
-        schema = fn.get("parameters", fn.get("inputSchema", fn.get("input_schema")))
-        if isinstance(fn.get("name"), str) and isinstance(schema, dict):
-            return fn["name"], schema
-    raise SurecallError(
-        f"Invalid tool: expected a Tool or a dict with 'name' and 'parameters'/'inputSchema', got {str(tool)[:80]!r}"
-    )
+    """(name, input schema) of a tool in any shape `surecall.tools.normalise_tool` accepts."""
+    from surecall.tools.normalise import normalise_tool
+
+    normalised = normalise_tool(tool)
+    return normalised.name, normalised.input_schema
 
 
 def _validate(schema: dict, arguments: Any) -> str | None:

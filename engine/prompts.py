@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from surecall.calls import tool_name_schema
 from surecall.errors import RequestError
 
 
@@ -27,15 +26,9 @@ def is_single_prompt(prompts: Any) -> bool:
 
 def openai_tools(tools: list) -> list[dict]:
     """Tools in the OpenAI function shape chat templates expect."""
-    out = []
-    for tool in tools:
-        name, schema = tool_name_schema(tool)
-        description = getattr(tool, "description", None)
-        if description is None and isinstance(tool, dict):
-            fn = tool.get("function", tool) if tool.get("type") == "function" else tool
-            description = fn.get("description", "")
-        out.append({"type": "function", "function": {"name": name, "description": description or "", "parameters": schema}})
-    return out
+    from surecall.tools.normalise import normalise_tool
+
+    return [normalise_tool(tool, index=i).to_openai() for i, tool in enumerate(tools)]
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:

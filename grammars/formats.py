@@ -19,6 +19,7 @@ from surecall.grammars import regex_json as lex
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_render import grammar_dumps
 from surecall.grammars.schema_regex import RegexResult, schema_to_regex
+from surecall.grammars.tool_shape import tool_fields
 
 
 @dataclass(frozen=True)
@@ -122,35 +123,16 @@ def get_format(name: str | ToolFormat) -> ToolFormat:
 
 
 def tool_schemas(tools: list) -> list[tuple[str, object]]:
-    """[(name, arguments schema)] from dicts ({name, parameters} | {name, inputSchema} |
-    {type: function, function: {...}}) or objects with `.name` and `.input_schema`."""
+    """[(name, arguments schema)] of every tool, in any shape `grammars.tool_shape` reads."""
     out: list[tuple[str, object]] = []
     for i, tool in enumerate(tools):
-        name, schema = _one_tool(tool, i)
-        if any(name == seen for seen, _ in out):
-            raise ToolDefinitionError(f"tool #{i}: duplicate tool name {name!r}")
-        out.append((name, schema))
+        fields = tool_fields(tool, f"tool #{i}")
+        if any(fields.name == seen for seen, _ in out):
+            raise ToolDefinitionError(f"tool #{i}: duplicate tool name {fields.name!r}")
+        out.append((fields.name, fields.schema))
     if not out:
         raise ToolDefinitionError("a tool catalog needs at least one tool")
     return out
-
-
-def _one_tool(tool: object, index: int) -> tuple[str, object]:
-    if isinstance(tool, dict):
-        if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
-            tool = tool["function"]
-        name = tool.get("name")
-        schema = next((tool[k] for k in ("parameters", "inputSchema", "input_schema") if k in tool),
-                      {"type": "object", "properties": {}})
-    elif hasattr(tool, "name") and hasattr(tool, "input_schema"):
-        name, schema = tool.name, tool.input_schema
-    else:
-        raise ToolDefinitionError(
-            f"tool #{index}: expected a dict with 'name' or an object with .name and .input_schema, "
-            f"got {type(tool).__name__}")
-    if not isinstance(name, str) or not name:
-        raise ToolDefinitionError(f"tool #{index}: 'name' must be a non-empty string, got {name!r}")
-    return name, schema
 
 
 def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.catalog_cost import measure, openai_tool
 from surecall.cli import main
 from surecall.errors import ToolDefinitionError, VocabError
 from surecall.tokenizer_io import load_counting_tokenizer
-from surecall.tools_io import load_tool_dicts
+from surecall.tools.loading import load_tool_dicts
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_errors(tmp_path, capsys):
         load_counting_tokenizer("meta-llama/Llama-3.1-8B")
     bad = tmp_path / "tools.json"
     bad.write_text('[{"description": "no name"}]')
-    with pytest.raises(ToolDefinitionError, match="has no 'name'"):
+    with pytest.raises(ToolDefinitionError, match="'name' must be a non-empty string"):
         load_tool_dicts(bad)
     assert main(["catalog-cost", "--tokenizer", str(tmp_path / "missing"), "--tools", "seed"]) == 2
     assert "tokenizer not found" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.training.corpus import CorpusConfig, generate, render_call
 from surecall.training.evaluate import make_validators, parse_call, score_call
 from surecall.training.tokenizer import train_bpe

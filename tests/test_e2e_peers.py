@@ -70,7 +70,7 @@ def test_outlines_peer_keeps_rows_in_the_call_language(e2e, llama3):
     import regex as re
     import torch
 
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex, get_format
 
     fmt = get_format("llama3")

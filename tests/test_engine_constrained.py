@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from surecall.calls import tool_name_schema
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError, RequestError, SurecallError
 

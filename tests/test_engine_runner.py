@@ -162,7 +162,7 @@ def test_prompt_past_the_context_is_refused_per_row(llm):
 
 
 def test_default_model_loads_and_its_calls_validate():
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.llm import LLM
     from surecall.models import default_model_dir
 

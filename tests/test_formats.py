@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
 from surecall.grammars.formats import FORMATS, catalog_regex, get_format, tool_schemas
 from surecall.grammars.options import GrammarOptions
@@ -36,7 +36,7 @@ def test_tool_schemas_accepts_every_tool_shape():
     ]
     names = [name for name, _ in tool_schemas(tools)]
     assert names == ["a", "b", "c", "d", "e"]
-    assert tool_schemas(tools)[4][1] == {"type": "object", "properties": {}}
+    assert tool_schemas(tools)[4][1] == {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_tool_schemas_accepts_every_tool_shape():
         ([], "at least one tool"),
         ([{"name": "a"}, {"name": "a"}], "duplicate tool name 'a'"),
         ([{"parameters": {}}], "'name' must be a non-empty string"),
-        ([42], "expected a dict with 'name'"),
+        ([42], "expected a tool definition \\(object\\), got int"),
     ],
 )
 def test_tool_schemas_errors(tools, match):

@@ -166,7 +166,7 @@ def test_seed_catalog_compiles_with_bounds(name, data_dir):
     pytest.importorskip("surecall.grammars.formats")
     from conftest import cached_vocab
 
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.compile import compile_catalog
 
     vocab = cached_vocab(name)

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from surecall.cli import main
-from surecall.lint import RULES, count_by_rule, lint_schema
+from surecall.tools.lint import RULES, count_by_rule, lint_schema
 
 CLEAN = {
     "type": "object",
@@ -162,7 +162,7 @@ def test_cli_mcp_list_and_module_attr(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["lint", "lintme_mod:TOOLS"]) == 1
     assert "AP4 implicit-unit at /properties/delay" in capsys.readouterr().out
-    assert main(["lint", "surecall.catalog:seed_tools", "--summary"]) in (0, 1)
+    assert main(["lint", "surecall.tools.catalog:seed_tools", "--summary"]) in (0, 1)
 
 
 def test_cli_bad_input(tmp_path, capsys):
@@ -171,7 +171,7 @@ def test_cli_bad_input(tmp_path, capsys):
     assert main(["lint", str(bad)]) == 2
     assert "not JSON or JSONL" in capsys.readouterr().err
     assert main(["lint", str(tmp_path / "missing.json")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "not found" in capsys.readouterr().err
     assert main(["lint", "no_such_module_xyz:attr"]) == 2
     assert main(["lint", "--rules", "R9", str(bad)]) == 2
     assert "unknown rule id" in capsys.readouterr().err
@@ -184,3 +184,25 @@ def test_shared_tools_lint(data_dir, capsys):
     assert main(["lint", "--json", str(path)]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["tools"] == 78 and sum(out["counts"].values()) == len(out["findings"]) > 0
+
+
+def test_metaschema_violation_is_r0(tmp_path, capsys):
+    findings = lint_schema({"type": "object", "properties": {"a": {"type": "strin"}}}, "t")
+    assert [(f.rule, f.pointer) for f in findings] == [("R0", "/properties/a/type")]
+    assert "strin" in findings[0].message
+    assert not [f for f in lint_schema({"type": "object", "properties": {}, "additionalProperties": False}) if f.rule == "R0"]
+
+
+def test_files_without_tool_definitions_are_refused(tmp_path, capsys):
+    rows = tmp_path / "bench.jsonl"
+    rows.write_text('{"id": "x", "schema": {"type": "object"}}\n{"id": "y", "schema": {"type": "string"}}\n')
+    assert main(["lint", str(rows)]) == 2
+    assert "not a tool definition or a JSON Schema" in capsys.readouterr().err
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    assert main(["lint", str(empty)]) == 2
+    assert "holds no tool definitions" in capsys.readouterr().err
+    blank = tmp_path / "blank.json"
+    blank.write_text("")
+    assert main(["lint", str(blank)]) == 2
+    assert "empty file" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern

@@ -306,7 +306,7 @@ def llama3(data_dir):
 
 @pytest.fixture(scope="module")
 def seed_tables(llama3):
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     return {t["name"]: (t["parameters"], compile_schema(t["parameters"], llama3, use_cache=False))
             for t in seed_tools()}
@@ -319,7 +319,7 @@ def test_seed_tool_tables_invariants(seed_tables, llama3):
 
 
 def test_seed_tool_rows_match_reference_on_token_sample(llama3):
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.schema_regex import schema_to_regex
     from surecall.grammars.tokenwalk import vocab_index
 
@@ -421,7 +421,7 @@ def test_dfas_equivalent_detects_a_difference():
 
 
 def test_seed_catalog_minimal_table_equivalent(llama3):
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
 
@@ -493,7 +493,7 @@ def test_isolated_byte_dfa_after_fork_uses_its_own_child():
 
 
 def test_seed_catalog_table_equals_slow_reference(llama3):
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import ModelLoadError
 from surecall.models import REQUIRED_FILES, default_heldout_path, default_model_dir, model_dir
 from surecall.training import train as tr

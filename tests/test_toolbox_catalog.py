@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import PathOutsideWorkspace, ToolError
 from surecall.toolbox.bash import BashExecuteArgs
 from surecall.toolbox.catalog import LEVELS, coding_tools, exec_directory, published_schema

@@ -104,7 +104,7 @@ def test_bad_definitions():
         Tool.from_schema("t", {"type": "object", "default": object()})
     with pytest.raises(ToolDefinitionError, match="expected a BaseModel subclass"):
         Tool.from_pydantic(int)
-    with pytest.raises(ToolDefinitionError, match="expected a Tool, pydantic model or dict"):
+    with pytest.raises(ToolDefinitionError, match="expected a Tool, a pydantic model class, an OpenAI/MCP tool dict or a JSON Schema dict"):
         Tool.from_any(42)
 
 
@@ -112,7 +112,7 @@ def test_one_json_or_jsonl_reader_names_file_and_line(tmp_path):
     from surecall.commands.compile import load_target
     from surecall.commands.lint import load_tool_entries
     from surecall.errors import SchemaError
-    from surecall.tools_io import load_tool_dicts, read_json_records
+    from surecall.tools.loading import load_tool_dicts, read_json_records
 
     good = tmp_path / "tools.jsonl"
     good.write_text('{"name": "a", "parameters": {"type": "object"}}\n\n{"name": "b", "parameters": {"type": "object"}}\n')

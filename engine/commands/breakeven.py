@@ -79,7 +79,7 @@ def measure_and_write(args: argparse.Namespace) -> dict:
     from surecall.breakeven_run import BreakevenConfig, measure
     from surecall.llm import LLM
     from surecall.models import default_heldout_path, default_model_dir
-    from surecall.tools_io import load_tool_dicts
+    from surecall.tools.loading import load_tool_dicts
 
     cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
     model_dir = args.model or str(default_model_dir())

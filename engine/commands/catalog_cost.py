@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import seed_tools
 from surecall.catalog_cost import measure
 from surecall.tokenizer_io import load_counting_tokenizer
-from surecall.tools_io import load_tool_dicts
+from surecall.tools.loading import load_tool_dicts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,14 +36,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_target(spec: str) -> tuple[str, object]:
     """("tools", [tool, ...]) or ("schema", dict) from a path or the word `seed`."""
-    if spec == "seed":
-        from surecall.catalog import seed_tools
+    from surecall.tools.catalog import CATALOGS, catalog_tools
 
-        return "tools", seed_tools()
+    if spec in CATALOGS:
+        return "tools", catalog_tools(spec)
     path = Path(spec)
     if not path.is_file():
         raise SchemaError(f"{spec!r} is not a file: expected {_EXPECTED}", pointer="", keyword=None)
-    from surecall.tools_io import read_json_records
+    from surecall.tools.loading import read_json_records
 
     whole, records = read_json_records(path, lambda message: SchemaError(message, pointer="", keyword=None))
     data = records[0][1] if whole else [value for _, value in records]

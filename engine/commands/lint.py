@@ -16,9 +16,9 @@ import sys
 from typing import Any
 
 from surecall.errors import ToolDefinitionError
-from surecall.lint import RULES, Finding, count_by_rule, lint_schema
-
-_SCHEMA_KEYS = ("inputSchema", "input_schema", "parameters_json_schema", "parameters")
+from surecall.grammars.tool_shape import is_tool_dict, looks_like_schema, tool_fields
+from surecall.tools.lint import RULES, Finding, count_by_rule, lint_schema
+from surecall.tools.normalise import normalise_tool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,10 +68,13 @@ def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
     """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
     if not os.path.exists(source) and ":" in source:
         return _from_python(source)
-    from surecall.tools_io import read_json_records
+    from surecall.tools.loading import read_json_records
 
     _, records = read_json_records(source)
-    return [entry for where, value in records for entry in _entries(value, where)]
+    entries = [entry for where, value in records for entry in _entries(value, where)]
+    if not entries:
+        raise ToolDefinitionError(f"{source}: holds no tool definitions")
+    return entries
 
 
 def _entries(data: Any, source: str) -> list[tuple[str, str | None, Any]]:
@@ -85,21 +88,18 @@ def _entries(data: Any, source: str) -> list[tuple[str, str | None, Any]]:
 
 
 def _entry(item: Any, where: str) -> tuple[str, str | None, Any]:
-    if hasattr(item, "input_schema") and hasattr(item, "name"):
-        return where, item.name, item.input_schema
-    if hasattr(item, "model_json_schema"):
-        from surecall.tools import Tool
-
-        tool = Tool.from_pydantic(item)
-        return where, tool.name, tool.input_schema
-    if not isinstance(item, dict):
-        raise ToolDefinitionError(f"{where}: expected a tool object, got {type(item).__name__}")
-    if item.get("type") == "function" and isinstance(item.get("function"), dict):
-        item = item["function"]
-    for key in _SCHEMA_KEYS:
-        if key in item and "name" in item:
-            return where, str(item["name"]), item[key]
-    return where, None, item  # a bare schema
+    """One tool definition (any shape `surecall.tools` reads) or a bare object schema."""
+    if isinstance(item, dict) and not is_tool_dict(item):
+        if not looks_like_schema(item):
+            raise ToolDefinitionError(
+                f"{where}: not a tool definition or a JSON Schema (keys {sorted(item)[:6]}); "
+                "expected {name, parameters}, an OpenAI/MCP tool, or a schema with type/properties")
+        return where, None, item  # a bare schema: lint it as is, without a tool name
+    if isinstance(item, dict):  # read the shape only: lint reports a broken schema, it does not refuse it
+        fields = tool_fields(item, where)
+        return where, fields.name, fields.schema
+    tool = normalise_tool(item, where=where)
+    return where, tool.name, tool.input_schema
 
 
 def _from_python(spec: str) -> list[tuple[str, str | None, Any]]:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decode_and_dispatch(model_dir: Path, prompts, args) -> dict:
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.config import SamplingParams
     from surecall.dispatch.runtime import Runtime
     from surecall.dispatch.stores import SQLiteStore
@@ -157,7 +157,7 @@ def _fresh_key() -> bytes:
 
 
 def _catalog_cost(model_dir: Path) -> dict:
-    from surecall.catalog import seed_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.catalog_cost import measure
     from surecall.commands.catalog_cost import render
     from surecall.tokenizer_io import load_counting_tokenizer

@@ -1,7 +1,7 @@
 """The four-tool coding catalog: `coding_tools(workspace) -> list[Tool]`.
 
 Each tool is a `surecall.tools.Tool` whose schema is exported from its pydantic model (titles
-dropped, so the descriptor equals `surecall.catalog.seed_tools()`) and whose handler is a
+dropped, so the descriptor equals `surecall.tools.catalog.hardened_seed_tools()`) and whose handler is a
 `CodingTool`: it parses the arguments, resolves every path inside the workspace and returns a
 `Plan` (what the call touches and how to run it) for `surecall.dispatch.runtime`; `file_edit`
 declares its reconciliation probe on the Tool (`Tool.probe(arguments) -> True/False/None`).
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools
 from surecall.errors import PathOutsideWorkspace
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
 from surecall.toolbox.files import FileEditArgs, FileViewArgs, file_edit, file_view, probe_file_edit
@@ -131,7 +131,7 @@ def coding_tools(
         "grep_search": (GrepSearchArgs, _planner_grep(search_limits or SearchLimits())),
     }
     tools = []
-    for seed in seed_tools():
+    for seed in hardened_seed_tools():
         model, planner = models_and_planners[seed["name"]]
         tools.append(
             Tool(

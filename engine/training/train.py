@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from surecall.catalog import seed_tools
+from surecall.tools.catalog import hardened_seed_tools
 from surecall.training import evaluate as ev
 from surecall.training import tokenizer as tk
 from surecall.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
@@ -204,7 +204,7 @@ def train(cfg: TrainConfig) -> Path:
     torch.set_num_threads(cfg.num_threads)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tools = seed_tools()
+    tools = hardened_seed_tools()
     heldout = generate(CorpusConfig(cfg.num_heldout_rows, cfg.seed, "heldout"))
     seen = {r["messages"][0]["content"] for r in heldout}
     rows = [r for r in generate(CorpusConfig(cfg.num_train_rows, cfg.seed, "train"))

@@ -18,6 +18,8 @@ from typing import Any
 
 # id -> (slug, what it asks for, suggested fix)
 RULES: dict[str, tuple[str, str, str]] = {
+    "R0": ("valid-schema", "the schema is valid under its own metaschema (`$schema`, default 2020-12)",
+           "fix the keyword the metaschema rejects (a misspelt type, a wrong-typed bound)"),
     "R1": ("closed-properties", "every object declares its properties and sets additionalProperties: false",
            "add \"additionalProperties\": false"),
     "R2": ("required-complete", "every field without a default is in `required`, and `required` names declared fields",
@@ -65,7 +67,7 @@ _CHILD_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", 
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # R1..R5 or AP1..AP5
+    rule: str  # R0..R5 or AP1..AP5
     pointer: str  # JSON pointer into the schema ("" is the root)
     message: str
     fix: str
@@ -83,8 +85,25 @@ def lint_schema(schema: Any, tool_name: str | None = None) -> list[Finding]:
     """Every finding in one tool's input schema, sorted by pointer then rule."""
     if not isinstance(schema, dict):
         return [Finding("AP1", "", f"schema is {type(schema).__name__}, not an object schema", RULES["AP1"][2], tool_name)]
+    invalid = _metaschema_finding(schema, tool_name)
+    if invalid is not None:
+        return [invalid]  # the other rules read keywords the metaschema just refused
     findings = {(f.pointer, f.rule): f for f in _walk(schema, "", schema, tool_name)}
     return sorted(findings.values(), key=lambda f: (f.pointer, f.rule))
+
+
+def _metaschema_finding(schema: dict, tool: str | None) -> Finding | None:
+    """R0 when the schema breaks its metaschema (jsonschema-rs picks the draft from `$schema`)."""
+    import jsonschema_rs
+
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        where = "".join(f"/{_esc(str(p))}" for p in exc.instance_path)
+        return Finding("R0", where, f"invalid under its metaschema: {exc.message}", RULES["R0"][2], tool)
+    except (ValueError, TypeError) as exc:  # an unknown `$schema` URI, a non-JSON value
+        return Finding("R0", "", f"cannot check against a metaschema: {exc}", RULES["R0"][2], tool)
+    return None
 
 
 def lint_tools(tools: Iterable[tuple[str, Any]]) -> list[Finding]:

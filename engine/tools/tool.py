@@ -1,4 +1,4 @@
-"""Tool definitions: one typed `Tool` from a pydantic model, a JSON Schema, an MCP or OpenAI tool.
+"""What a tool is: `Tool` (name, description, input schema) and its side-effect level A0..A3.
 
 A `Tool` carries the name, the description and the input schema that is published to the model
 (`descriptor()`) and that validates the model's arguments (the very same dict), plus a
@@ -124,38 +124,26 @@ class Tool:
     def from_mcp(cls, tool: Mapping[str, Any], level: SideEffect | int | str | None = None, **extra) -> Tool:
         """A tool from an MCP `tools/list` entry: {name, description, inputSchema, annotations}.
         The level comes from the annotations unless given."""
-        schema = tool.get("inputSchema", tool.get("input_schema"))
-        if schema is None:
+        if isinstance(tool, Mapping) and "inputSchema" not in tool and "input_schema" not in tool:
             raise ToolDefinitionError(f"Invalid MCP tool {tool.get('name')!r}: expected an 'inputSchema'")
-        annotations = dict(tool.get("annotations") or {})
-        return cls(
-            name=tool.get("name", ""), description=tool.get("description") or "",
-            input_schema=copy.deepcopy(schema), annotations=annotations,
-            level=SideEffect.from_mcp_annotations(annotations) if level is None else level, **extra,
-        )
+        from surecall.tools.normalise import normalise_tool
+
+        return normalise_tool(tool, level=level, **extra)
 
     @classmethod
     def from_openai(cls, definition: Mapping[str, Any], level: SideEffect | int | str = SideEffect.A3, **extra) -> Tool:
         """A tool from an OpenAI function definition, `{type: function, function: {...}}` or the
         inner `{name, description, parameters}`. Parameters default to an empty closed object."""
-        fn = definition.get("function", definition) if definition.get("type") == "function" else definition
-        if not isinstance(fn, Mapping) or "name" not in fn:
-            raise ToolDefinitionError(f"Invalid OpenAI function definition: expected 'name', got keys {sorted(definition)}")
-        schema = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
-        return cls(name=fn["name"], description=fn.get("description") or "", input_schema=copy.deepcopy(schema), level=level, **extra)
+        from surecall.tools.normalise import normalise_tool
+
+        return normalise_tool(definition, level=level, **extra)
 
     @classmethod
     def from_any(cls, obj: Any, level: SideEffect | int | str | None = None) -> Tool:
-        """A Tool, a pydantic class, an MCP dict (inputSchema), an OpenAI dict or {name, parameters}."""
-        if isinstance(obj, Tool):
-            return obj
-        if hasattr(obj, "model_json_schema"):
-            return cls.from_pydantic(obj, level=SideEffect.A3 if level is None else level)
-        if isinstance(obj, Mapping):
-            if "inputSchema" in obj or "input_schema" in obj:
-                return cls.from_mcp(obj, level=level)
-            return cls.from_openai(obj, level=SideEffect.A3 if level is None else level)
-        raise ToolDefinitionError(f"Invalid tool definition: expected a Tool, pydantic model or dict, got {type(obj).__name__}")
+        """Any shape `surecall.tools.normalise_tool` accepts."""
+        from surecall.tools.normalise import normalise_tool
+
+        return normalise_tool(obj, level=level)
 
     # --- what the model sees -------------------------------------------------------------
     def descriptor(self) -> dict:
