@@ -126,7 +126,7 @@ class _Outlines:
 def _worker(engine: str, conn, rss_limit_bytes: int, walks: int, cache_dir: str) -> None:
     os.environ["SURECALL_CACHE_DIR"] = cache_dir
     resource.setrlimit(resource.RLIMIT_AS, (rss_limit_bytes, rss_limit_bytes))
-    from surecall.grammars.vocab_loaders import load_shared
+    from surecall.grammars.vocab.loaders import load_shared
 
     vocab = load_shared("llama3")
     runner = {"ours": lambda: _Ours(vocab, walks), "xgrammar": lambda: _XGrammar(vocab),
@@ -268,7 +268,7 @@ def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
 import json, os, statistics, time
 os.environ["SURECALL_CACHE_DIR"] = {cache_dir!r}
 from surecall.grammars.compile import compile_schema
-from surecall.grammars.vocab_loaders import load_shared
+from surecall.grammars.vocab.loaders import load_shared
 import xgrammar as xgr
 vocab = load_shared("llama3")
 schema = json.loads({schema_json!r})
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results/compile")
     args = parser.parse_args(argv)
 
-    from surecall.shared_data import shared_data_dir
+    from surecall.grammars.vocab.shared import shared_data_dir
 
     data = shared_data_dir()
     if not (data / "jsonschemabench").exists():

@@ -64,7 +64,7 @@ def build_model(name: str, width: int, device: str, dtype: torch.dtype):
 
 
 def load_vocab(name: str):
-    from surecall.grammars.vocab_loaders import load_shared
+    from surecall.grammars.vocab.loaders import load_shared
 
     return load_shared(SHAPES[name]["vocab"])
 

@@ -236,7 +236,7 @@ CPU_NOTE = (
     "CPU smoke test: the torch reference path, one thread, on a shared 2-core machine under other "
     "jobs' load, so timings are noisy. xgrammar runs its C++ CPU kernel. t_mask is negative here "
     "because the CPU sampler draws Gumbel noise only for tokens that can still win, and the mask "
-    "removes most of them. GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu_check.sh."
+    "removes most of them. GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu/gpu_check.sh."
 )
 
 

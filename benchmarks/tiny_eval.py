@@ -23,8 +23,8 @@ import torch
 
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.models import default_heldout_path, default_model_dir
-from surecall.training.corpus import read_jsonl
-from surecall.training.evaluate import hf_generate, make_validators, score_call, summarize
+from surecall.models.training.corpus import read_jsonl
+from surecall.models.training.evaluate import hf_generate, make_validators, score_call, summarize
 
 
 def _prompt_ids(tokenizer, rows, tools):

@@ -70,12 +70,12 @@ def _load_tokenizer(tokenizer, model):
 
 
 def _load_vocab(tokenizer, logits_width: int):
-    from surecall.grammars.vocab import Vocab
+    from surecall.grammars.vocab.core import Vocab
 
     if tokenizer is None or isinstance(tokenizer, Vocab):
         vocab = tokenizer
     else:
-        from surecall.grammars.vocab_loaders import load
+        from surecall.grammars.vocab.loaders import load
 
         vocab = load(tokenizer, logits_width=max(logits_width, len(tokenizer)) if hasattr(tokenizer, "__len__") else logits_width)
     if vocab is not None and vocab.vocab_size > logits_width:
@@ -111,7 +111,7 @@ class LLM:
             model = default_model_dir()
         self.config = config or EngineConfig()
         self.runner = ModelRunner(model, device=device, dtype=dtype, attn_implementation=self.config.attn_implementation)
-        from surecall.grammars.vocab import Vocab
+        from surecall.grammars.vocab.core import Vocab
 
         self.tokenizer = _load_tokenizer(tokenizer, model)
         self.vocab = _load_vocab(self.tokenizer, self.runner.logits_width)

@@ -3,7 +3,7 @@
 A Hugging Face tokenizer directory goes through `transformers.AutoTokenizer` (offline); a
 tiktoken ranks file becomes a `tiktoken.Encoding` with the split pattern that matches its size.
 Nothing is downloaded: a hub id gets a clear "pass a local directory" error. Exact per-token
-bytes for grammars are `surecall.grammars.vocab_loaders`' job, not this module's.
+bytes for grammars are `surecall.grammars.vocab.loaders`' job, not this module's.
 """
 
 from __future__ import annotations

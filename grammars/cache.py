@@ -3,11 +3,14 @@
 Key: sha256 over (kind, canonical schema/regex text, vocabulary fingerprint, options.cache_key(),
 surecall version, cache format). Folder: $SURECALL_CACHE_DIR or ~/.cache/surecall. Entries are
 written into a temporary folder and renamed into place (atomic), and loaded with
-np.load(mmap_mode="r"), so a warm load costs milliseconds. A header records every array's
-dtype, shape and checksums; an entry that is truncated, malformed or fails a checksum is
-deleted and reported as a miss (the caller rebuilds), never trusted. The checksum covers the
-small arrays fully and the large ones (mask, CSR) in 16 sampled blocks plus their sizes, which
-keeps the warm load fast; `load(key, full_check=True)` hashes every byte.
+np.load(mmap_mode="r"), so a warm load costs milliseconds. What a load checks, exactly: the
+header parses; every array has the recorded dtype and shape; the table's shapes are consistent;
+and a CRC32 matches over every byte of each array up to 64 KiB and, for larger arrays (mask,
+CSR), over 16 sampled 4 KiB blocks plus the last block. A truncated, malformed or rewritten entry
+is deleted and reported as a miss; a bit flip outside the sampled blocks of a large array is not
+seen unless the load hashes every byte (`load(key, full_check=True)`, or SURECALL_CACHE_FULL_CHECK=1).
+The cache is bounded: after each save, least recently used entries are evicted until it holds at
+most $SURECALL_CACHE_MAX_BYTES (default 2 GiB); a load marks its entry as used.
 """
 
 from __future__ import annotations
@@ -29,11 +32,76 @@ _ARRAYS = ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "st
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
 _SAMPLE_BYTES = 4096
+DEFAULT_MAX_CACHE_BYTES = 2 << 30
 
 
 def cache_dir() -> Path:
     override = os.environ.get("SURECALL_CACHE_DIR")
     return Path(override).expanduser() if override else Path.home() / ".cache" / "surecall"
+
+
+def max_cache_bytes() -> int:
+    """The size bound: $SURECALL_CACHE_MAX_BYTES (an integer number of bytes) or 2 GiB."""
+    raw = os.environ.get("SURECALL_CACHE_MAX_BYTES")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_CACHE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"Invalid SURECALL_CACHE_MAX_BYTES: expected an integer number of bytes, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"Invalid SURECALL_CACHE_MAX_BYTES: expected >= 0, got {value}")
+    return value
+
+
+def _entries() -> list[tuple[float, int, Path]]:
+    """(last use, bytes, folder) of every complete entry."""
+    out = []
+    root = cache_dir()
+    if not root.is_dir():
+        return out
+    for shard in root.iterdir():
+        if not shard.is_dir():
+            continue
+        for entry in shard.iterdir():
+            if entry.name.startswith(".tmp-") or not entry.is_dir():
+                continue
+            try:
+                size = sum(f.stat().st_size for f in entry.iterdir())
+                used = (entry / "header.json").stat().st_mtime
+            except OSError:
+                continue
+            out.append((used, size, entry))
+    return out
+
+
+def cache_bytes() -> int:
+    """Bytes held by complete entries."""
+    return sum(size for _, size, _ in _entries())
+
+
+def evict(max_bytes: int | None = None, keep: Path | None = None) -> int:
+    """Delete least recently used entries until the cache holds at most `max_bytes`; returns bytes freed."""
+    limit = max_cache_bytes() if max_bytes is None else max_bytes
+    entries = sorted(_entries(), key=lambda e: e[0])
+    total = sum(size for _, size, _ in entries)
+    freed = 0
+    for _, size, path in entries:
+        if total <= limit:
+            break
+        if keep is not None and path == keep:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        total -= size
+        freed += size
+    return freed
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path / "header.json")
+    except OSError:
+        pass
 
 
 def entry_key(kind: str, text: str, vocab, options) -> str:
@@ -72,23 +140,28 @@ def save(key: str, table: TokenTable) -> Path | None:
             os.rename(tmp, final)
         except OSError:  # another writer got there first: theirs is as good as ours
             shutil.rmtree(tmp, ignore_errors=True)
+        evict(keep=final)
         return final
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         return None
 
 
-def load(key: str, full_check: bool = False) -> TokenTable | None:
+def load(key: str, full_check: bool | None = None) -> TokenTable | None:
     """The cached table (arrays memory-mapped, read-only) or None; a bad entry is deleted."""
     path = entry_path(key)
     if not path.is_dir():
         return None
+    if full_check is None:
+        full_check = os.environ.get("SURECALL_CACHE_FULL_CHECK", "") not in ("", "0")
     try:
         table = _read(path, full_check)
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
         table = None
     if table is None:
         shutil.rmtree(path, ignore_errors=True)
+    else:
+        _touch(path)
     return table
 
 

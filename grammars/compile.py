@@ -1,6 +1,6 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
-Pipeline: schema_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> every
+Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> every
 state's tokens (tokenwalk.py) -> token-level pruning, dense renumbering, `dist`, CSR and
 bitmask rows (here). Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
@@ -49,54 +49,55 @@ def _options(options):
     return GrammarOptions() if options is None else options
 
 
-def compile_regex(regex: str, vocab, options=None, relaxed=None, use_cache: bool = True, meta=None) -> TokenTable:
+def compile_regex(regex: str, vocab, options=None, relaxed=None, use_cache: bool | str = True, meta=None) -> TokenTable:
     """Compile a regex (over bytes of UTF-8 text) into a TokenTable over `vocab`."""
     options = _options(options)
     key = table_cache.entry_key("regex", regex, vocab, options)
-    if use_cache:
-        hit = table_cache.load(key)
-        if hit is not None:
-            return hit
-    table = _compile_uncached(regex, vocab, options, list(relaxed or []), dict(meta or {}))
-    if use_cache:
-        table_cache.save(key, table)
-    return table
+    return _through_cache(key, use_cache, lambda: _compile_uncached(regex, vocab, options, list(relaxed or []), dict(meta or {})))
 
 
-def compile_schema(schema: dict, vocab, options=None, use_cache: bool = True) -> TokenTable:
+def compile_schema(schema: dict, vocab, options=None, use_cache: bool | str = True) -> TokenTable:
     """Compile one JSON Schema (a tool's arguments) into a TokenTable; `relaxed` lists what it does not enforce."""
-    from surecall.grammars.schema_regex import schema_to_regex
+    from surecall.grammars.schema.to_regex import schema_to_regex
 
     options = _options(options)
     key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
-    if use_cache:
-        hit = table_cache.load(key)
-        if hit is not None:
-            return hit
-    started = time.perf_counter()
-    result = schema_to_regex(schema, options)
-    meta = {"kind": "schema", "regex_ms": (time.perf_counter() - started) * 1e3}
-    table = _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
-    if use_cache:
-        table_cache.save(key, table)
-    return table
+
+    def build() -> TokenTable:
+        started = time.perf_counter()
+        result = schema_to_regex(schema, options)
+        meta = {"kind": "schema", "regex_ms": (time.perf_counter() - started) * 1e3}
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+
+    return _through_cache(key, use_cache, build)
 
 
-def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool = True) -> TokenTable:
+def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool | str = True) -> TokenTable:
     """Compile a tool catalog (the tagged union of its calls, in `tool_format`'s envelope)."""
     from surecall.grammars.formats import catalog_regex
 
     options = _options(options)
     text = _canonical({"format": tool_format, "tools": [_tool_as_data(t) for t in tools]})
     key = table_cache.entry_key("catalog", text, vocab, options)
-    if use_cache:
+
+    def build() -> TokenTable:
+        started = time.perf_counter()
+        result = catalog_regex(tools, tool_format, options)
+        meta = {"kind": "catalog", "format": tool_format, "regex_ms": (time.perf_counter() - started) * 1e3}
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+
+    return _through_cache(key, use_cache, build)
+
+
+def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
+    """use_cache: True loads a hit or builds and saves; "refresh" builds (cold) and saves; False only builds."""
+    if use_cache not in (True, False, "refresh"):
+        raise ValueError(f"Invalid use_cache: expected True, False or 'refresh', got {use_cache!r}")
+    if use_cache is True:
         hit = table_cache.load(key)
         if hit is not None:
             return hit
-    started = time.perf_counter()
-    result = catalog_regex(tools, tool_format, options)
-    meta = {"kind": "catalog", "format": tool_format, "regex_ms": (time.perf_counter() - started) * 1e3}
-    table = _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+    table = build()
     if use_cache:
         table_cache.save(key, table)
     return table

@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
-from surecall.grammars import regex_json as lex
+from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.regex_render import grammar_dumps
-from surecall.grammars.schema_regex import RegexResult, schema_to_regex
+from surecall.grammars.schema.render import grammar_dumps
+from surecall.grammars.schema.to_regex import RegexResult, schema_to_regex
 from surecall.grammars.tool_shape import tool_fields
 
 

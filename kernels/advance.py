@@ -15,7 +15,7 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.csr import csr_find_torch
+from surecall.kernels.budget import csr_find_torch
 from surecall.kernels.table import DeviceTable
 
 DEAD_STATE = -2  # a row that took a token its grammar does not allow (only when check=False)

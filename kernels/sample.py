@@ -24,7 +24,7 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.csr import budget_keep_triton
+from surecall.kernels.budget import budget_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
 from surecall.kernels.table import DeviceTable

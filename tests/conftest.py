@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from surecall.shared_data import shared_data_dir
+from surecall.grammars.vocab.shared import shared_data_dir
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -44,7 +44,7 @@ def data_dir():
 @functools.cache
 def cached_vocab(name: str):
     """Load a shared vocabulary once per test session (by manifest name)."""
-    from surecall.grammars.vocab_loaders import load_shared
+    from surecall.grammars.vocab.loaders import load_shared
 
     return load_shared(name)
 

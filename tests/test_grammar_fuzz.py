@@ -88,7 +88,7 @@ def check_walks(schema_id, schema, table, vocab, rng, num_walks: int) -> list[st
 
 
 def check_instances(schema_id, schema, tests, table, regex, encoder, vocab, options) -> tuple[list[str], int]:
-    from surecall.grammars.regex_render import grammar_dumps
+    from surecall.grammars.schema.render import grammar_dumps
 
     failures, accepted = [], 0
     matches = _regex_matcher(regex)
@@ -120,7 +120,7 @@ def _regex_matcher(regex: str):
 
 
 def _sweep(data_dir, llama3, encoder, per_subset, max_chars, num_walks, options=OPTIONS):
-    from surecall.grammars.schema_regex import schema_to_regex
+    from surecall.grammars.schema.to_regex import schema_to_regex
 
     rng = np.random.default_rng(0)
     failures, compiled, accepted = [], 0, 0

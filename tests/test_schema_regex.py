@@ -13,11 +13,11 @@ import pytest
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.regex_pattern import PatternUnsupported, translate_pattern
-from surecall.grammars.regex_ranges import integer_range_regex, number_range_regex
-from surecall.grammars.regex_render import grammar_dumps
-from surecall.grammars.regex_string_formats import STRING_FORMATS
-from surecall.grammars.schema_regex import schema_to_regex
+from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
+from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
+from surecall.grammars.schema.render import grammar_dumps
+from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.schema.to_regex import schema_to_regex
 
 
 def accepts(schema, value_or_text, options=None) -> bool:
@@ -660,7 +660,7 @@ def test_integral_number_bounds_beyond_2_53_are_relaxed_not_unsatisfiable():
 
 
 def test_python_whitespace_table_matches_re():
-    from surecall.grammars.regex_pattern import _PY_SPACE
+    from surecall.grammars.schema.pattern import _PY_SPACE
 
     table = {cp for lo, hi in _PY_SPACE for cp in range(lo, hi + 1)}
     assert table == {cp for cp in range(0x110000) if re.fullmatch(r"\s", chr(cp))}

@@ -7,6 +7,8 @@ sweeps live in test_grammar_fuzz.py.
 
 from __future__ import annotations
 
+import os
+
 import json
 import random
 from collections import deque
@@ -20,7 +22,7 @@ from surecall.grammars.automaton import regex_to_dfa
 from surecall.grammars.compile import build_table, compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.tokenwalk import VocabIndex, token_rows
-from surecall.grammars.vocab import Vocab
+from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import accepts, decode, random_walk
 
 JSONISH = r'\{ ?"a" ?: ?(?:"(?:[^"\\\x00-\x1f]|\\["\\nt])*"|-?(?:0|[1-9][0-9]*)|true) ?(?:, ?"b" ?: ?\[(?:(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*)?\])? ?\}'
@@ -296,6 +298,44 @@ def test_corrupt_cache_entry_is_rebuilt(damage):
     assert np.array_equal(rebuilt.dist, good.dist) and entry.exists()
 
 
+def test_cache_is_bounded_least_recently_used_first(monkeypatch):
+    vocab = synthetic_vocab()
+    regexes = [JSONISH, r'\{ ?"a" ?: ?true ?\}', r'\[(?:0|1)(?:,(?:0|1))*\]']
+    for regex in regexes:
+        compile_regex(regex, vocab, GrammarOptions())
+    entries = [_entry(r, vocab) for r in regexes]
+    assert all(e.exists() for e in entries)
+    sizes = [sum(f.stat().st_size for f in e.iterdir()) for e in entries]
+    for i, e in enumerate(entries):  # explicit use times: JSONISH oldest, then the array regex, then `true`
+        os.utime(e / "header.json", (1000 + i, 1000 + i))
+    os.utime(entries[1] / "header.json", (3000, 3000))
+    freed = table_cache.evict(max_bytes=sizes[1] + sizes[2])
+    assert freed == sizes[0] and not entries[0].exists() and entries[1].exists() and entries[2].exists()
+    monkeypatch.setenv("SURECALL_CACHE_MAX_BYTES", "0")
+    compile_regex(JSONISH, vocab, GrammarOptions())  # a save evicts everything but itself
+    assert _entry(JSONISH, vocab).exists() and not entries[1].exists() and not entries[2].exists()
+    assert table_cache.cache_bytes() == sum(f.stat().st_size for f in _entry(JSONISH, vocab).iterdir())
+    monkeypatch.setenv("SURECALL_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="Invalid SURECALL_CACHE_MAX_BYTES"):
+        table_cache.max_cache_bytes()
+
+
+def test_refresh_compiles_once_and_stores(monkeypatch):
+    from surecall.grammars import compile as compile_module
+
+    vocab = synthetic_vocab()
+    calls = []
+    real = compile_module._compile_uncached
+    monkeypatch.setattr(compile_module, "_compile_uncached", lambda *a, **k: calls.append(1) or real(*a, **k))
+    compile_regex(JSONISH, vocab, GrammarOptions(), use_cache="refresh")
+    compile_regex(JSONISH, vocab, GrammarOptions(), use_cache="refresh")  # refresh never reads the cache
+    assert len(calls) == 2 and _entry(JSONISH, vocab).exists()
+    compile_regex(JSONISH, vocab, GrammarOptions())
+    assert len(calls) == 2  # the stored entry was loaded
+    with pytest.raises(ValueError, match="Invalid use_cache"):
+        compile_regex(JSONISH, vocab, GrammarOptions(), use_cache="sometimes")
+
+
 # --- Llama-3: the seed tools ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama3(data_dir):
@@ -320,7 +360,7 @@ def test_seed_tool_tables_invariants(seed_tables, llama3):
 
 def test_seed_tool_rows_match_reference_on_token_sample(llama3):
     from surecall.tools.catalog import hardened_seed_tools as seed_tools
-    from surecall.grammars.schema_regex import schema_to_regex
+    from surecall.grammars.schema.to_regex import schema_to_regex
     from surecall.grammars.tokenwalk import vocab_index
 
     schema = seed_tools()[1]["parameters"]  # file_view: strings and integer ranges

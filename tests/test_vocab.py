@@ -20,8 +20,8 @@ from conftest import cached_vocab
 from surecall.cli import main
 from surecall.errors import VocabError
 from surecall.grammars import load_vocab
-from surecall.grammars.vocab import Vocab
-from surecall.grammars.vocab_loaders import load, load_shared
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.vocab.loaders import load, load_shared
 
 NAMES = ["gpt2", "cl100k_base", "o200k_base", "llama3", "llama4", "qwen2", "llama2", "mistral-v0.3"]
 MANIFEST_NAME = {"llama2": "llama2-spm"}
@@ -372,7 +372,7 @@ def test_fingerprint_changes_with_one_real_token(data_dir):
 
 
 def test_fingerprint_stable_across_processes(data_dir):
-    code = "from surecall.grammars.vocab_loaders import load_shared; print(load_shared('llama2').fingerprint)"
+    code = "from surecall.grammars.vocab.loaders import load_shared; print(load_shared('llama2').fingerprint)"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == cached_vocab("llama2").fingerprint == load_shared("llama2").fingerprint

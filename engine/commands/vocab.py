@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from surecall.grammars.vocab import Vocab
-from surecall.grammars.vocab_loaders import load, load_shared
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.vocab.loaders import load, load_shared
 
 _MAX_RANGES = 8  # runs of ids shown in text output before "... (N more)"
 

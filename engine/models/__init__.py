@@ -3,7 +3,7 @@
 `default_model_dir()` returns the folder of surecall-tiny (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json with its chat template, generation_config.json and the
 held-out prompts heldout.jsonl), loadable offline with transformers' `from_pretrained`. How
-the model was trained lives in `surecall.training`; this module only locates the files.
+the model was trained lives in `surecall.models.training`; this module only locates the files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def model_dir(name: str) -> Path:
     if missing:
         raise ModelLoadError(
             f"shipped model {name!r} at {path} lacks {', '.join(missing)}: reinstall surecall, "
-            f"or retrain it with `python -m surecall.training.train` and copy a checkpoint there")
+            f"or retrain it with `python -m surecall.models.training.train` and copy a checkpoint there")
     return path
 
 

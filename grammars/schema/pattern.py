@@ -19,7 +19,7 @@ from functools import cache
 
 import numpy as np
 
-from surecall.grammars.regex_json import (
+from surecall.grammars.schema.json_lex import (
     ALL_CHARS,
     MAX_CODE_POINT,
     STRING_CHAR,

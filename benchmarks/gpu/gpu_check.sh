@@ -9,10 +9,10 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl xgrammar==0.2.9 \
 #     apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-#   device run: bash benchmarks/gpu_check.sh   (timeout_s 330; it ends in under 5 minutes)
+#   device run: bash benchmarks/gpu/gpu_check.sh   (timeout_s 330; it ends in under 5 minutes)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source benchmarks/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/kernels_gpu_device.txt"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from surecall.training import snippets as sn
+from surecall.models.training import snippets as sn
 
 SPLITS = ("train", "heldout")
 _SPLIT_SALT = {"train": 0, "heldout": 7_919}

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Engine device check (issue 5), for a session that is lent the H200: about 5 minutes, run once.
 #   1. installs the carried wheels (.whl/) and points SURECALL_DATA at the carried tokenizers (.gpudata/);
-#   2. makes `surecall` importable without pip (a symlink tree, as benchmarks/gpu_check.sh does);
+#   2. makes `surecall` importable without pip (a symlink tree, as benchmarks/gpu/gpu_check.sh does);
 #   3. pytest -m gpu on the engine: CUDA-graph replay == the same static step run eagerly, graphs in the
 #      decode loop, seeded rows batch-independent on CUDA;
 #   4. benchmarks/e2e.py on random-weight Qwen2-0.5B and Llama-3.2-1B shapes, batch 1/16/128, CUDA graphs on
 #      (auto) and, for Qwen2, off: writes e2e_cuda_*.json/.md to benchmarks/results and $OUT.
-# Here first: bash benchmarks/fetch_gpu_inputs.sh
-# Then: device run `bash benchmarks/gpu_check_engine.sh` with carry [".whl", ".gpudata"], timeout_s 420.
+# Here first: bash benchmarks/gpu/fetch_gpu_inputs.sh
+# Then: device run `bash benchmarks/gpu/gpu_check_engine.sh` with carry [".whl", ".gpudata"], timeout_s 420.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source benchmarks/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/engine_gpu_device.txt"
 timeout 150 "$PY" -m pytest -q -m gpu tests/test_engine_static.py tests/test_engine_decode.py -p no:cacheprovider \

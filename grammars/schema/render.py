@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.schema_regex import _ASSERTING, Converter
+from surecall.grammars.schema.to_regex import _ASSERTING, Converter
 
 
 def grammar_dumps(value: object, schema: object, options: GrammarOptions | None = None) -> str:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from surecall.errors import VocabError
-from surecall.grammars.vocab import Vocab
-from surecall.shared_data import require_shared
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.vocab.shared import require_shared
 
 # Texts of special tokens that end generation, across families (EOS, end of turn, end of message).
 STOP_TEXTS = frozenset({

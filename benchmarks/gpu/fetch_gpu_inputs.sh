@@ -3,9 +3,9 @@
 #   .whl/      wheels for Python 3.12 x86-64: outlines-core, xgrammar, pydantic, jsonschema-rs, rfc8785, and the
 #              outlines peer (outlines + its needs the image lacks)
 #   .gpudata/  the tokenizer folders the engine GPU tests and benchmark use (qwen2, llama3, mistral-v0.3)
-# Both folders are git-ignored and travel with `carry: [".whl", ".gpudata"]`. Run once: bash benchmarks/fetch_gpu_inputs.sh
+# Both folders are git-ignored and travel with `carry: [".whl", ".gpudata"]`. Run once: bash benchmarks/gpu/fetch_gpu_inputs.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DATA="${SURECALL_DATA:-../shared/data}"
 PY="${PYTHON:-.venv/bin/python}"
 mkdir -p .whl .gpudata/tokenizers

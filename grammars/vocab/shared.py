@@ -1,6 +1,6 @@
 """Where the external test and benchmark data lives (`../shared/data` beside the checkout).
 
-Override with the SURECALL_DATA environment variable. Nothing in the package needs this data
+Used by `shared:NAME` tokenizer specs and by the tests. Override with the SURECALL_DATA environment variable. Nothing in the package needs this data
 at run time; tests and benchmarks skip with a clear reason when it is absent.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def shared_data_dir() -> Path:

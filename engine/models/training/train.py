@@ -1,6 +1,6 @@
 """Train surecall-tiny from scratch: corpus -> BPE tokenizer -> small Llama -> checkpoints.
 
-`python -m surecall.training.train --out DIR --minutes M --seed S` builds the corpus and the
+`python -m surecall.models.training.train --out DIR --minutes M --seed S` builds the corpus and the
 tokenizer, trains a LlamaForCausalLM (loss on the assistant completion only) and saves a
 checkpoint (model, tokenizer, held-out rows) plus a quick held-out free-decoding eval every
 `--eval-minutes`, so a run cut short still leaves a usable model. Every row shares the same
@@ -25,9 +25,9 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from surecall.tools.catalog import hardened_seed_tools
-from surecall.training import evaluate as ev
-from surecall.training import tokenizer as tk
-from surecall.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
+from surecall.models.training import evaluate as ev
+from surecall.models.training import tokenizer as tk
+from surecall.models.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
 
 TOOL_FORMAT = "hermes"
 

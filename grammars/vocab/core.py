@@ -1,6 +1,6 @@
 """Vocab: the exact bytes every token id contributes mid-sequence, for one real tokenizer.
 
-The grammar compiler's input. Loading from files lives in `vocab_loaders.py`; this module
+The grammar compiler's input. Loading from files lives in `loaders.py`; this module
 holds the data and its fingerprint. It does not tokenize or decode text.
 """
 
@@ -68,8 +68,8 @@ class Vocab:
 def load_vocab(source, logits_width: int | None = None, name: str | None = None) -> Vocab:
     """Load a Vocab from a local directory or file, or from a `transformers` tokenizer object.
 
-    See `vocab_loaders.py` for the formats handled.
+    See `loaders.py` for the formats handled.
     """
-    from surecall.grammars.vocab_loaders import load
+    from surecall.grammars.vocab.loaders import load
 
     return load(source, logits_width=logits_width, name=name)
