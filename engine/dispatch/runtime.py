@@ -156,6 +156,11 @@ def coerce_result(value: Any) -> ToolResult:
 def as_capability(value: Any) -> Capability:
     """A Capability, or its `to_dict` form (as a sub-agent hands it over); CapabilityError otherwise."""
     if isinstance(value, Capability):
+        try:  # re-check the fields: a caller may have bypassed __post_init__ (object.__setattr__)
+            Capability(value.rights, value.objects, value.max_cost, value.expires_at, value.issued_at,
+                       chain=value.chain, signature=value.signature)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CapabilityError(f"malformed capability: {exc}") from exc
         return value
     if isinstance(value, Mapping):
         return Capability.from_dict(dict(value))
