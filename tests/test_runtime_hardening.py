@@ -19,7 +19,7 @@ from surecall.dispatch.runtime import Observation, Runtime
 from surecall.dispatch.stores import SQLiteStore
 from surecall.errors import ToolError
 from surecall.toolbox.catalog import coding_tools
-from surecall.toolbox.result import Access, Plan, ToolResult
+from surecall.toolbox.result import ToolResult
 from surecall.tools import SideEffect, Tool
 
 KEY = b"0123456789abcdef-test-signing-key"

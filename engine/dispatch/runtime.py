@@ -9,12 +9,13 @@ or not-run observation naming the step (the agent loop shows it to the model and
 A2/A3 calls claim an idempotency key (scoped to `Runtime.namespace`) first; a replay of a
 COMPLETED call returns the stored result; an IN_DOUBT call is settled by the tool's probe
 (`Tool.probe`) before anything re-runs; an A3 tool that fails partway runs its `Tool.compensator`.
-It does not decode, sandbox or hold tool logic: see `surecall.toolbox`. (Past 300 lines: the one
-fail-closed path and its helpers belong together.)
+It does not decode, sandbox or hold tool logic: see `surecall.toolbox`. (Past 400 lines: the
+fail-closed path, its step table and the record/replay helpers are read together.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -68,6 +69,9 @@ _STEPS = {
     "replay": ("the stored record is unreadable", "store_error"),
     "execute": ("the call failed after the tool started; its effect is unknown", "internal_error"),
 }
+
+_TYPED_CODES = ((ArgumentValidationError, "invalid_arguments"), (PathOutsideWorkspace, "outside_workspace"),
+                (CapabilityError, "bad_capability"))
 
 
 @dataclass(frozen=True)
@@ -126,11 +130,10 @@ class _Progress:
 
     def refusal(self, exc: Exception) -> Observation:
         what, code = _STEPS[self.step]
-        detail = str(exc) if isinstance(exc, SurecallError) else f"{type(exc).__name__}: {exc}"
-        reason = f"{what}: {detail}"
+        # typed errors already say where and what; anything else is named with its step
+        reason = str(exc) if isinstance(exc, SurecallError) and self.verdict is None else f"{what}: {type(exc).__name__}: {exc}"
         if self.verdict is None:  # nothing was approved, so nothing ran
-            code = {ArgumentValidationError: "invalid_arguments", PathOutsideWorkspace: "outside_workspace",
-                    CapabilityError: "bad_capability"}.get(type(exc), code)
+            code = next((c for cls, c in _TYPED_CODES if isinstance(exc, cls)), code)
             data = {"errors": exc.errors} if isinstance(exc, ArgumentValidationError) else {}
             return _denied(self.name, code, reason, key_state=self.key_state, data=data)
         if self.step == "execute":
@@ -359,10 +362,9 @@ class Runtime:
         try:
             result, failure = _run(plan)
         except BaseException as exc:  # interrupted mid-call: the effect is unknown
-            try:
+            with contextlib.suppress(Exception):  # the lease expiring turns it IN_DOUBT anyway
                 self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", now=self.clock())
-            finally:
-                raise exc
+            raise
         if failure == "failed" or _partial_failure(result):
             result, failure = _compensate(tool, arguments, result, failure)
         try:
