@@ -350,3 +350,10 @@ def test_no_compensation_for_refusals_or_below_a3(tmp_path, store, behaviour, le
     rt = Runtime([tool], store, KEY)
     out = rt.dispatch({"name": "deploy"}, rt.issue(["call:*", "approve:*"], []), "traj", 1, "c1")
     assert out.error and undone == [] and "compensation" not in out.data
+
+
+def test_a_float_timeout_gets_its_lease(tmp_path, ws):
+    with SQLiteStore(tmp_path / "r.db") as store:
+        rt = Runtime(coding_tools(ws), store, KEY, lease_s=30.0)
+        assert rt._lease_for({"timeout_ms": 90_000.0}) == 100.0  # 90 s + the 10 s margin
+        assert rt._lease_for({"timeout_ms": math.nan}) == 30.0
