@@ -1,15 +1,13 @@
 """Capabilities C = (R, O, P, E): rights, objects, a cost ceiling and an expiry, as a MAC chain.
 
-A capability is a chain of caveat bodies, root first, and one signature (macaroon-style): the
-root's MAC is HMAC-SHA256(key, JCS(body_0)) and each child's is HMAC-SHA256(parent_mac,
-JCS(body_i)), JCS = RFC 8785. A child carries its ancestors' bodies, never their MACs, and HMAC
-cannot be inverted, so no earlier (wider) signature can be recovered from what a child holds;
-anyone holding a capability can attenuate it without the key, and verification (with the key
-only the runtime holds) recomputes the chain and checks that every link only narrows its parent
-(rights, objects, cost ceiling, expiry). Rights: `read`, `write`, `exec`, `call:<tool>` /
-`call:*`, `approve:<tool>` / `approve:*`. Objects are absolute path prefixes (resolved when
-issued, compared component by component after `realpath`: `/work` never admits
-`/workspace_evil`) or exact resource ids. This module does not execute anything.
+Macaroon-style: the root's MAC is HMAC-SHA256(key, JCS(body_0)), each child's HMAC-SHA256(
+parent_mac, JCS(body_i)) (JCS = RFC 8785). A child carries its ancestors' bodies, never their
+MACs, so no wider signature can be recovered from it; anyone may attenuate without the key, and
+verification (key held only by the runtime) recomputes the chain and checks each link narrows
+its parent (rights, objects, cost, expiry). Rights: `read`, `write`, `exec`, `call:<tool>`,
+`approve:<tool>` (`:*` wildcards). Objects: absolute path prefixes compared by component after
+`realpath`, or exact resource ids. It executes nothing. (Past 400 lines: chain, serialisation
+and narrowing are one security argument, read together.)
 """
 # Adapted from the macaroon construction: Birgisson et al., "Macaroons: Cookies with Contextual
 # Caveats for Decentralized Authorization in the Cloud", NDSS 2014 (chained HMAC over caveats).
@@ -93,10 +91,10 @@ class Caveats:
             if not _is_text(obj) or "\x00" in obj:
                 raise ValueError(f"Invalid capability object: expected a non-empty string, got {obj!r}")
         object.__setattr__(self, "objects", tuple(sorted(set(self.objects))))
-        if self.max_cost is not None and not (_is_number(self.max_cost) and self.max_cost >= 0):
+        if self.max_cost is not None and not (is_finite_number(self.max_cost) and self.max_cost >= 0):
             raise ValueError(f"Invalid capability max_cost: expected None or a finite number >= 0, got {self.max_cost!r}")
         for name in ("expires_at", "issued_at"):
-            if not _is_number(getattr(self, name)):
+            if not is_finite_number(getattr(self, name)):
                 raise ValueError(f"Invalid capability {name}: expected a finite number, got {getattr(self, name)!r}")
 
     def caveats(self) -> Caveats:
@@ -238,7 +236,7 @@ def check_static(cap: Capability, key: bytes) -> Decision | None:
 
 def check_window(cap: Capability, now: float, skew_s: float) -> Decision:
     """Expiry and not-before of every link, with `skew_s` of allowance."""
-    if not _is_number(now):
+    if not is_finite_number(now):
         return Decision(False, f"the clock reads {now!r}, not a finite time", DenyCode.EXPIRED)
     for link in cap.links():
         if now > link.expires_at + skew_s:
@@ -260,7 +258,7 @@ def approve(
 def authorize(cap: Capability, op: str, target, cost: float = 0.0) -> Decision:
     """Rights, cost ceiling and objects only: for a capability already verified. A cost that is
     not a finite number >= 0 (NaN compares false with any ceiling) is refused."""
-    if not _is_number(cost) or cost < 0:
+    if not is_finite_number(cost) or cost < 0:
         return Decision(False, f"cost {cost!r} is not a finite number >= 0", DenyCode.BAD_COST)
     if not has_right(cap.rights, op):
         return Decision(False, f"right {op!r} not in {sorted(cap.rights)}", DenyCode.RIGHT_MISSING)
@@ -309,7 +307,7 @@ class Authority:
 
     def __init__(self, key: bytes, skew_s: float = DEFAULT_SKEW_S):
         _check_key(key)
-        if not (_is_number(skew_s) and skew_s >= 0):
+        if not (is_finite_number(skew_s) and skew_s >= 0):
             raise ValueError(f"Invalid skew_s: expected a finite number >= 0, got {skew_s!r}")
         self._key = bytes(key)
         self.skew_s = float(skew_s)
@@ -417,7 +415,8 @@ def _object_covered(obj: str, parent_objects: tuple[str, ...]) -> bool:
     return any(p.startswith("/") and path_within(resolved, os.path.realpath(p)) for p in parent_objects)
 
 
-def _is_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
+    """An int or float (never a bool) that is neither NaN nor infinite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

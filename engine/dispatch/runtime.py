@@ -1,16 +1,13 @@
 """`Runtime.dispatch`: every tool call crosses validate -> approve -> claim -> execute -> record.
 
-One call, one `Observation` (the same shape for every tool): the tool's output and error, the
-exit status (shell only), a truncation flag, the idempotency key and state, and the decision
-that allowed or denied it. Nothing raises for a bad call: dispatch fails closed in one place,
-so an unknown tool, invalid arguments or ids, a malformed capability, a cost that is not a
-number, a store that fails or answers garbage, or a probe that raises each come back as a denied
-or not-run observation naming the step (the agent loop shows it to the model and keeps serving).
-A2/A3 calls claim an idempotency key (scoped to `Runtime.namespace`) first; a replay of a
-COMPLETED call returns the stored result; an IN_DOUBT call is settled by the tool's probe
-(`Tool.probe`) before anything re-runs; an A3 tool that fails partway runs its `Tool.compensator`.
-It does not decode, sandbox or hold tool logic: see `surecall.toolbox`. (Past 400 lines: the
-fail-closed path, its step table and the record/replay helpers are read together.)
+One call, one `Observation` (output, error, exit status, truncation, idempotency key and state,
+the decision). Nothing raises for a bad call: dispatch fails closed in one place, so a malformed
+call, id or capability, a bad cost, a store failing or answering garbage, or a probe raising is a
+denied or not-run observation naming the step. A2/A3 calls claim a key scoped to
+`Runtime.namespace`; a COMPLETED replay returns the stored result; IN_DOUBT is settled by
+`Tool.probe` before anything re-runs; an A3 tool failing partway runs `Tool.compensator`. It does
+not decode, sandbox or hold tool logic (`surecall.toolbox`). (Past 400 lines: the fail-closed
+path, its step table and the record/replay helpers are read together.)
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import threading
 import time
@@ -26,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from surecall.dispatch.capability import Authority, Capability, Decision
+from surecall.dispatch.capability import Authority, Capability, Decision, is_finite_number
 from surecall.dispatch.idempotency import (
     Claim,
     ProbeOutcome,
@@ -218,7 +214,7 @@ class Runtime:
             if tool.handler is None:
                 raise ToolDefinitionError(f"tool {tool.name!r} has no handler: the runtime cannot execute it")
             self.tools[tool.name] = tool
-        if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
+        if not (is_finite_number(lease_s) and lease_s > 0):
             raise ValueError(f"Invalid lease_s: expected a finite number > 0, got {lease_s!r}")
         if namespace is not None and not (isinstance(namespace, str) and 0 < len(namespace) <= MAX_ID_CHARS):
             raise ValueError(f"Invalid namespace: expected a string of 1..{MAX_ID_CHARS} characters, got {namespace!r:.80}")
@@ -325,7 +321,7 @@ class Runtime:
 
     def _lease_for(self, arguments: dict) -> float:
         timeout_ms = arguments.get("timeout_ms")
-        if isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and math.isfinite(timeout_ms):
+        if is_finite_number(timeout_ms):
             return max(self.lease_s, timeout_ms / 1000 + LEASE_MARGIN_S)
         return self.lease_s
 
@@ -391,7 +387,7 @@ def call_cost(tool: Tool, arguments: dict) -> float:
     if tool.cost is None:
         return 0.0
     value = tool.cost(dict(arguments))
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         raise ValueError(f"Invalid cost of tool {tool.name!r}: expected a finite number >= 0, got {value!r}")
     return float(value)
 
