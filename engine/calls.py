@@ -2,7 +2,10 @@
 
 `check_call(text, tool_format, tools)` turns generated text into a `ToolCall` and says what is
 wrong with it: "malformed" (the text does not parse in the tool format) or "invalid" (it
-parses but names an unknown tool or fails the tool's schema). Validation goes through
+parses but names an unknown tool or fails the tool's schema). The text is parsed as I-JSON
+(`surecall.grammars.strict_json`): a duplicate object name at any level (`"name"` twice), NaN,
+or nesting past a fixed depth is malformed, and no input makes the parser recurse without
+bound. Validation goes through
 `surecall.dispatch.validate` when present, else jsonschema-rs directly. It does not decode,
 authorize or execute anything.
 """

@@ -20,6 +20,7 @@ from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import RegexResult, schema_to_regex
 from surecall.grammars.tool_shape import tool_fields
+from surecall.grammars.strict_json import loads_strict
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ class ToolFormat:
             body = body[len(self.control_prefix) :].strip()
         body = self._strip_envelope(body)
         try:
-            value = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise MalformedCall(f"{self.name} call is not valid JSON: {exc.msg} at char {exc.pos}") from None
+            value = loads_strict(body)  # I-JSON: duplicate names, NaN and deep nesting are refused
+        except MalformedCall as exc:
+            raise MalformedCall(f"{self.name} call: {exc}") from None
         if self.is_list:
             if not isinstance(value, list) or len(value) != 1:
                 raise MalformedCall(f"{self.name} call must be a JSON list holding one call object")

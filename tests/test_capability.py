@@ -129,7 +129,7 @@ def test_child_wider_than_parent(auth, cap, workspace):
     with pytest.raises(CapabilityError, match="expiry .* after the parent's"):
         auth.attenuate(cap, expires_at=cap.expires_at + 1, now=NOW)
     # a child signed by a careless issuer with the right key is still refused at approval
-    forged = sign(Capability(frozenset({"read", "exec"}), (str(workspace),), 5.0, cap.expires_at, NOW, parent=cap), KEY)
+    forged = sign(Capability(frozenset({"read", "exec"}), (str(workspace),), 5.0, cap.expires_at, NOW, chain=(cap,)), KEY)
     d = auth.approve(forged, "exec", workspace, now=NOW)
     assert (d.allowed, d.code) == (False, DenyCode.WIDER_THAN_PARENT)
 
@@ -142,7 +142,7 @@ def test_attenuation_narrows(auth, cap, workspace):
     assert auth.approve(child, "read", workspace / "src", cost=3.0, now=NOW).code is DenyCode.COST_EXCEEDED
     grandchild = auth.attenuate(child, rights={"read"}, now=NOW)
     assert auth.approve(grandchild, "read", workspace / "src", now=NOW).allowed
-    tampered_parent = dataclasses.replace(child, parent=dataclasses.replace(cap, rights=frozenset({"*"})))
+    tampered_parent = dataclasses.replace(child, chain=(dataclasses.replace(cap.caveats(), rights=frozenset({"*"})),))
     assert auth.approve(tampered_parent, "read", workspace / "src", now=NOW).code is DenyCode.BAD_SIGNATURE
 
 

@@ -233,9 +233,9 @@ def test_call_replayed_after_a_crash_is_applied_once(ws, tmp_path, applied_befor
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     with SQLiteStore(db) as store:
-        key = derive_key("traj-1", 1, "c1", "file_edit", edit["arguments"])
-        assert store.get(key).state is RecordState.IN_FLIGHT  # the lease still runs
         later = make_runtime(ws, store, clock=lambda: time.time() + 120)  # past the 30 s lease
+        key = derive_key("traj-1", 1, "c1", "file_edit", edit["arguments"], namespace=later.namespace)
+        assert store.get(key).state is RecordState.IN_FLIGHT  # the lease still runs
         cap = later.issue(ALL, [str(ws)])
         out = later.dispatch(edit, cap, "traj-1", 1, "c1")
         again = later.dispatch(edit, cap, "traj-1", 1, "c1")

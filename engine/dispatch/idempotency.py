@@ -1,7 +1,8 @@
 """Idempotency keys and execution records: a call runs at most once, even across crashes.
 
-`derive_key(trajectory_id, turn, call_id, tool, args)` names the call slot and fingerprints
-its arguments, both SHA-256 over RFC 8785 canonical JSON (the `rfc8785` package, never
+`derive_key(trajectory_id, turn, call_id, tool, args, namespace=...)` names the call slot (scoped
+to a namespace: one runtime, workspace or tenant, so runtimes sharing a store never see each
+other's records) and fingerprints its arguments, both SHA-256 over RFC 8785 canonical JSON (the `rfc8785` package, never
 `json.dumps(sort_keys=True)`). The key is `<slot>.<fingerprint>`: the store keys records by the
 slot and refuses a second claim of the slot with another fingerprint (`IdempotencyConflict`).
 Record states: UNSEEN -> IN_FLIGHT (leased) -> COMPLETED (stored result) | IN_DOUBT (failed or
@@ -21,7 +22,7 @@ import rfc8785
 
 from surecall.errors import ArgumentValidationError, IdempotencyConflict
 
-KEY_VERSION = "k1"
+KEY_VERSION = "k2"  # k2: the slot includes the namespace
 
 
 class RecordState(str, enum.Enum):
@@ -92,10 +93,13 @@ def fingerprint(args: Any) -> str:
     return hashlib.sha256(canonical_json(args)).hexdigest()
 
 
-def derive_key(trajectory_id: str, turn: int, call_id: str, tool: str, args: Any) -> str:
-    """`<slot>.<fingerprint>`: slot = SHA-256(JCS([version, trajectory_id, turn, call_id, tool]))
-    (a JSON array, so no separator can be forged), fingerprint = SHA-256(JCS(args))."""
-    slot = hashlib.sha256(canonical_json([KEY_VERSION, trajectory_id, turn, call_id, tool])).hexdigest()
+def derive_key(trajectory_id: str, turn: int, call_id: str, tool: str, args: Any, *, namespace: str = "") -> str:
+    """`<slot>.<fingerprint>`: slot = SHA-256(JCS([version, namespace, trajectory_id, turn,
+    call_id, tool])) (a JSON array, so no separator can be forged), fingerprint = SHA-256(JCS(args)).
+    `namespace` scopes the slot (`Runtime.namespace`: its workspace and catalog, or a tenant id)."""
+    if not isinstance(namespace, str):
+        raise ArgumentValidationError(f"Invalid namespace: expected a string, got {type(namespace).__name__}", [("", "namespace")])
+    slot = hashlib.sha256(canonical_json([KEY_VERSION, namespace, trajectory_id, turn, call_id, tool])).hexdigest()
     return f"{slot}.{fingerprint(args)}"
 
 

@@ -12,6 +12,10 @@ Side-effect levels, and why:
   file_edit    A2  a write that is not idempotent (with allow_multiple, or when new_str holds
                    old_str, a second run edits again): idempotency key plus a reconciliation probe.
   grep_search  A0  reads only.
+Costs (`Tool.cost`, checked against the capability's ceiling P), each in the tool's own unit:
+bash_execute its `timeout_ms`; file_edit the UTF-8 bytes of `new_str` (bytes written per
+occurrence); grep_search its time budget in ms (a bound on the files it can scan); file_view
+the lines it may show (`limit`).
 """
 
 from __future__ import annotations
@@ -115,6 +119,20 @@ def _edit_probe(ws: Path) -> Callable[[dict], bool | None]:
     return lambda arguments: probe_file_edit(FileEditArgs.model_validate(arguments), ws)
 
 
+def _default(model: type[BaseModel], name: str) -> Any:
+    return model.model_fields[name].default
+
+
+def _costs(limits: SearchLimits) -> dict[str, Callable[[dict], float]]:
+    """Each tool's cost of one call, from its (already validated) arguments."""
+    return {
+        "bash_execute": lambda a: float(a.get("timeout_ms", _default(BashExecuteArgs, "timeout_ms"))),
+        "file_view": lambda a: float(a.get("limit", _default(FileViewArgs, "limit"))),
+        "file_edit": lambda a: float(len(str(a.get("new_str", "")).encode("utf-8", errors="surrogatepass"))),
+        "grep_search": lambda a: limits.time_budget_s * 1000.0,
+    }
+
+
 def coding_tools(
     workspace: str | os.PathLike,
     *,
@@ -124,11 +142,13 @@ def coding_tools(
     """bash_execute, file_view, file_edit and grep_search, bound to `workspace`."""
     ws = real_workspace(workspace)
     shell = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
+    limits = search_limits or SearchLimits()
+    costs = _costs(limits)
     models_and_planners = {
         "bash_execute": (BashExecuteArgs, _planner_bash(shell)),
         "file_view": (FileViewArgs, _plan_view),
         "file_edit": (FileEditArgs, _plan_edit),
-        "grep_search": (GrepSearchArgs, _planner_grep(search_limits or SearchLimits())),
+        "grep_search": (GrepSearchArgs, _planner_grep(limits)),
     }
     tools = []
     for seed in hardened_seed_tools():
@@ -137,7 +157,7 @@ def coding_tools(
             Tool(
                 name=seed["name"], description=seed["description"], input_schema=published_schema(model),
                 level=LEVELS[seed["name"]], handler=CodingTool(model, planner, ws), model=model,
-                probe=_edit_probe(ws) if seed["name"] == "file_edit" else None,
+                probe=_edit_probe(ws) if seed["name"] == "file_edit" else None, cost=costs[seed["name"]],
             )
         )
     return tools

@@ -65,8 +65,12 @@ class SideEffect(enum.IntEnum):
         return cls.A2
 
 
-# A compensator undoes a completed A3 call: (arguments, stored result) -> None.
+# A compensator undoes the partial effect of an A3 call that failed after it started:
+# (arguments, the failed ToolResult as a dict) -> None; raising means "could not undo".
 Compensator = Callable[[dict, Any], None]
+# A cost declares what one call spends, from its arguments, in the tool's own unit (bash: timeout_ms,
+# file_edit: bytes written, ...); dispatch checks it against the capability's ceiling P.
+Cost = Callable[[dict], float]
 # A reconciliation probe reads the environment after a crash: see dispatch.idempotency.settle.
 Probe = Callable[..., Any]
 
@@ -84,6 +88,7 @@ class Tool:
     handler: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     annotations: dict = field(default_factory=dict, compare=False)
     model: Any = field(default=None, compare=False, repr=False)  # the pydantic class, if any
+    cost: Cost | None = field(default=None, compare=False, repr=False)  # None: every call costs 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 128:
