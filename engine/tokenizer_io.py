@@ -81,13 +81,20 @@ def _context_window(p: Path, tok) -> int:
 
 
 def _load_tiktoken(file: Path, context_window: int | None) -> CountingTokenizer:
-    import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
     try:
         ranks = load_tiktoken_bpe(str(file))
     except Exception as exc:
         raise VocabError(f"{file}: not a tiktoken ranks file (base64 token and rank per line): {exc}") from exc
-    pattern = _O200K_PATTERN if len(ranks) > 150_000 and len(ranks) != 151_643 else _CL100K_PATTERN
-    enc = tiktoken.Encoding(name=file.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    enc = tiktoken_encoding(file.stem, ranks)
     return CountingTokenizer(file.parent.name or file.stem, lambda s: enc.encode(s, disallowed_special=()), None, context_window or 32768)
+
+
+def tiktoken_encoding(name: str, ranks: dict[bytes, int], special_tokens: dict[str, int] | None = None):
+    """A tiktoken.Encoding over `ranks` with the split pattern that matches its size (o200k-style
+    above 150k ranks, Qwen's 151,643 excepted; cl100k-style, which Llama 3 uses, otherwise)."""
+    import tiktoken
+
+    pattern = _O200K_PATTERN if len(ranks) > 150_000 and len(ranks) != 151_643 else _CL100K_PATTERN
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special_tokens or {}))
