@@ -80,15 +80,19 @@ def _load_tokenizer(tokenizer, model) -> tuple[Any, Any]:
         return tokenizer, None
     path = Path(tokenizer).expanduser()
     file = path if path.is_file() else path / "tokenizer.model"
+    only_model = file.is_file() and not any((path / n).is_file() for n in _HF_TOKENIZER_FILES)
     try:
-        if file.is_file() and _is_tiktoken(file) and not any((path / n).is_file() for n in _HF_TOKENIZER_FILES):
+        if only_model and _is_tiktoken(file):
             return _load_tiktoken(file)
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True), None
     except (OSError, ValueError, TypeError, SurecallError) as exc:  # transformers/sentencepiece: OSError, ValueError
+        what = (f"{file.name} is not tiktoken ranks, and transformers could not read it as a SentencePiece model "
+                f"(a corrupt file, or the protobuf package is missing)" if only_model and not _is_tiktoken(file)
+                else str(exc))
         raise ModelLoadError(
-            f"Could not load a tokenizer from {path}: {exc}; pass tokenizer= (a tokenizer directory, a "
+            f"Could not load a tokenizer from {path}: {what}; pass tokenizer= (a tokenizer directory, a "
             f"transformers tokenizer, a tiktoken.Encoding or a surecall Vocab)"
         ) from exc
 
