@@ -318,7 +318,8 @@ class Decoder:
         length, by_stop, fail, fail_at = final.length, final.by_stop, final.fail, final.fail_at
         # 5. gather results on the host once
         lengths, stopped = length.tolist(), by_stop.tolist()
-        errors = _fail_messages(fail.tolist(), fail_at.tolist())
+        codes, where = fail.tolist(), fail_at.tolist()
+        errors = _fail_messages(codes, where)
         tok_host, lp_host = out_tok.tolist(), out_lp.tolist()
         raw_host = out_raw.tolist() if want_unmasked else None
         decode_s = time.perf_counter() - t1
@@ -326,7 +327,7 @@ class Decoder:
                    "step_mode": self.runner.last_mode, "graph_capture_s": self.runner.last_capture_s,
                    "compactions": compactions}
         timings.update(clock.result())
-        ends = _row_ends(lengths, fail.tolist(), fail_at.tolist(), clock.step_end_s())
+        ends = _row_ends(lengths, codes, where, clock.step_end_s())
         self.runner.release()
         return DecodeOutput(
             [self._row_output(r, lengths[b], stopped[b], tok_host[b], lp_host[b],

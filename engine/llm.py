@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from surecall.calls import ToolCall, check_call, tool_name_schema
@@ -28,12 +27,11 @@ from surecall.grammars.formats import get_format
 from surecall.kernels import DeviceTable
 from surecall.model_runner import ModelRunner
 from surecall.prompts import is_single_prompt, render_prompt
+from surecall.tokenizer_io import load_model_tokenizer
 from surecall.tools import Tool
 
 MAX_DEVICE_TABLES = 16  # concatenated per-batch tables kept on the device
 DEFAULT_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "llama": "llama3", "mistral": "mistral"}
-_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-_TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+=* \d+\r?$")  # "BASE64TOKEN RANK", a tiktoken ranks file
 _SCHEMA_KEYS = ("type", "properties", "$schema", "$defs", "$ref", "anyOf", "oneOf", "allOf", "required")
 
 
@@ -68,49 +66,6 @@ class _Row:
     table_key: str | None = None
     forced: tuple[int, ...] = ()
     error: SurecallError | None = None
-
-
-def _load_tokenizer(tokenizer, model) -> tuple[Any, Any]:
-    """(tokenizer, Vocab or None): the given one, or the model directory's own; a path is loaded."""
-    if tokenizer is None and isinstance(model, (str, Path)):
-        path = Path(model).expanduser()
-        has_own = any((path / n).is_file() for n in (*_HF_TOKENIZER_FILES, "tokenizer.model"))
-        tokenizer = path if has_own else None
-    if not isinstance(tokenizer, (str, Path)):
-        return tokenizer, None
-    path = Path(tokenizer).expanduser()
-    file = path if path.is_file() else path / "tokenizer.model"
-    only_model = file.is_file() and not any((path / n).is_file() for n in _HF_TOKENIZER_FILES)
-    try:
-        if only_model and _is_tiktoken(file):
-            return _load_tiktoken(file)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True), None
-    except (OSError, ValueError, TypeError, SurecallError) as exc:  # transformers/sentencepiece: OSError, ValueError
-        what = (f"{file.name} is not tiktoken ranks, and transformers could not read it as a SentencePiece model "
-                f"(a corrupt file, or the protobuf package is missing)" if only_model and not _is_tiktoken(file)
-                else str(exc))
-        raise ModelLoadError(
-            f"Could not load a tokenizer from {path}: {what}; pass tokenizer= (a tokenizer directory, a "
-            f"transformers tokenizer, a tiktoken.Encoding or a surecall Vocab)"
-        ) from exc
-
-
-def _is_tiktoken(file: Path) -> bool:
-    with open(file, "rb") as f:
-        return bool(_TIKTOKEN_LINE.match(f.readline()))
-
-
-def _load_tiktoken(file: Path):
-    """A tiktoken `tokenizer.model` (Llama 3/4 style): the Vocab from the grammar loaders (with the
-    EOS ids of the configs beside it) and a tiktoken.Encoding over the same ranks and specials."""
-    from surecall.grammars.vocab_loaders import load
-    from surecall.tokenizer_io import tiktoken_encoding
-
-    vocab = load(file)
-    ranks = {b: i for i, b in enumerate(vocab.token_bytes) if i not in vocab.special_ids}
-    return tiktoken_encoding(file.parent.name or file.stem, ranks, vocab.special_tokens), vocab
 
 
 def _load_vocab(tokenizer, logits_width: int):
@@ -157,7 +112,7 @@ class LLM:
         self.runner = ModelRunner(model, device=device, dtype=dtype, attn_implementation=self.config.attn_implementation)
         from surecall.grammars.vocab import Vocab
 
-        self.tokenizer, vocab = _load_tokenizer(tokenizer, model)
+        self.tokenizer, vocab = load_model_tokenizer(tokenizer, model)
         self.vocab = _load_vocab(vocab if vocab is not None else self.tokenizer, self.runner.logits_width)
         if isinstance(self.tokenizer, Vocab):
             self.tokenizer = None

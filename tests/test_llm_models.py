@@ -15,12 +15,12 @@ import shutil
 
 import pytest
 import torch
+from test_engine_static import _trace
 
 from surecall.catalog import seed_tools
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError
 from surecall.models import default_model_dir
-from test_engine_static import _trace
 
 TINY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ASK = [{"role": "user", "content": "Show me the file src/main.py"}]
