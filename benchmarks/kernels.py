@@ -8,7 +8,9 @@ correctness first (ours == xgrammar on the timed inputs; Triton == torch on a sm
 GPU) and reports achieved GB/s against the H200's 4.8 TB/s. On GPU it uses Triton's
 do_bench_cudagraph (CUDA graphs, so launch overhead is not counted; falls back to do_bench);
 on CPU it is a smoke test of the torch path with perf_counter loops (`--quick`: a small subset).
-Usage: python benchmarks/kernels.py [--quick] [--out benchmarks/results] [--copy-to DIR]
+With `--sweep` it also times the mask kernel's three store modes (each block size x warps, each
+checked against the torch reference first) and names the fastest (`store_mode_choice`).
+Usage: python benchmarks/kernels.py [--quick] [--sweep] [--out benchmarks/results] [--copy-to DIR]
 """
 
 from __future__ import annotations
@@ -149,8 +151,14 @@ def bench_shape(batch, width, dtype_name, dt, device, time_fn, xgr_apply, rng) -
     return row
 
 
-def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024)) -> list[dict]:
-    """Launch-parameter sweep on the GPU (mask: block size x warps; sample: columns per program),
+# (block_words, num_warps) launches the sweep tries for every store mode of the mask kernel.
+SWEEP_LAUNCHES = [(64, 4), (128, 4), (128, 8), (256, 8)]  # 12 mask timings per batch with the 3 modes
+CPU_SWEEP = {"width": 4096, "batches": (1, 4), "launches": [(32, 4), (128, 4)]}  # interpreter smoke run
+
+
+def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024), launches=SWEEP_LAUNCHES) -> list[dict]:
+    """Launch-parameter sweep: the mask kernel's three store modes x block size x warps (each checked
+    equal to the torch reference before it is timed), and on GPU the sampler's columns per program,
     so a session with a GPU can pick the defaults from numbers instead of guesses."""
     from surecall.kernels import mask as mask_mod
 
@@ -159,30 +167,73 @@ def sweep(device, time_fn, rng, width: int = 128_256, batches=(1, 64, 1024)) -> 
     for batch in batches:
         states = torch.from_numpy(rng.integers(0, 4, size=batch).astype(np.int32)).to(device)
         logits = torch.randn(batch, width, device=device).to(torch.bfloat16)
-        for block_words, num_warps, read_write in [
-            (32, 4, False), (64, 4, False), (128, 4, False), (128, 8, False), (256, 8, False),
-            (64, 4, True), (128, 4, True), (128, 8, True),
-        ]:  # fmt: skip
-            launch = partial(
-                mask_mod._launch, logits, dt, states, None, None, block_words, num_warps, read_write
+        reference = logits.clone()
+        mask_mod.apply_token_mask_torch(reference, dt, states)
+        first = len(out)
+        for store_mode in mask_mod.STORE_MODES:
+            for block_words, num_warps in launches:
+                launch = partial(mask_mod._launch, states=states, table=dt, rows=None, remaining=None,
+                                 block_words=block_words, num_warps=num_warps, store_mode=store_mode)
+                masked = logits.clone()
+                launch(masked)
+                if not torch.equal(masked, reference):
+                    raise SystemExit(f"correctness: store mode {store_mode} (block_words {block_words}, "
+                                     f"{num_warps} warps) differs from the torch reference at batch {batch}")
+                work = logits.clone()
+                us, _ = time_fn(lambda launch=launch, work=work: launch(work))
+                out.append({"op": "mask", "batch": batch, "store_mode": store_mode, "block_words": block_words,
+                            "num_warps": num_warps, "us": us})  # fmt: skip
+        if device.type == "cuda":
+            params = SamplingTensors.build(
+                [1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch, device
             )
-            us, _ = time_fn(launch)
-            out.append({"op": "mask", "batch": batch, "block_words": block_words, "num_warps": num_warps,
-                        "read_write": read_write, "us": us})  # fmt: skip
-        params = SamplingTensors.build(
-            [1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch, device
-        )
-        for split in (2048, 4096, 8192, 16384):
-            us, _ = time_fn(
-                partial(sample, logits, dt, states, params, check=False, split_size=split)
-            )
-            out.append({"op": "sample", "batch": batch, "split_size": split, "us": us})
-        for r in out[-16:]:
+            for split in (2048, 4096, 8192, 16384):
+                us, _ = time_fn(
+                    partial(sample, logits, dt, states, params, check=False, split_size=split)
+                )
+                out.append({"op": "sample", "batch": batch, "split_size": split, "us": us})
+        for r in out[first:]:
             print(
                 json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}),
                 flush=True,
             )
     return out
+
+
+def choose_store_mode(sweep_rows: list[dict], device_type: str = "cuda") -> dict:
+    """The store mode whose best launch per batch has the smallest geometric mean over the batches
+    (a GPU figure; on CPU the interpreter's, which only shows the sweep runs)."""
+    from surecall.kernels.mask import DEFAULT_STORE_MODE, STORE_MODES
+
+    mask_rows = [r for r in sweep_rows if r["op"] == "mask"]
+    if not mask_rows:
+        return {}
+    batches = sorted({r["batch"] for r in mask_rows})
+    best = {m: {b: min((r for r in mask_rows if r["store_mode"] == m and r["batch"] == b), key=lambda r: r["us"])
+                for b in batches} for m in STORE_MODES}  # fmt: skip
+    geomean = {m: float(np.exp(np.mean([np.log(max(best[m][b]["us"], 1e-9)) for b in batches]))) for m in STORE_MODES}
+    chosen = min(geomean, key=geomean.get)
+    return {
+        "measured_on": "gpu" if device_type == "cuda" else "cpu-interpreter (not a GPU measurement)",
+        "recommended_store_mode": chosen,
+        "default_store_mode": DEFAULT_STORE_MODE,
+        "geomean_us": {str(m): round(v, 3) for m, v in geomean.items()},
+        "best": {str(m): {str(b): {"us": round(r["us"], 3), "block_words": r["block_words"], "num_warps": r["num_warps"]}
+                          for b, r in best[m].items()} for m in STORE_MODES},  # fmt: skip
+    }
+
+
+def render_choice(choice: dict) -> str:
+    lines = ["| store mode | geomean us | " + " | ".join(f"batch {b} us (block, warps)" for b in choice["best"]["0"]) + " |"]
+    lines.append("|" + "---|" * (2 + len(choice["best"]["0"])))
+    for mode, by_batch in choice["best"].items():
+        cells = " | ".join(f"{r['us']:.1f} ({r['block_words']}, {r['num_warps']})" for r in by_batch.values())
+        lines.append(f"| {mode} | {choice['geomean_us'][mode]:.1f} | {cells} |")
+    verdict = ("keeps" if choice["recommended_store_mode"] == choice["default_store_mode"] else "would change")
+    where = "" if choice["measured_on"] == "gpu" else "; measured on the CPU interpreter: do not set the default from it"
+    lines.append(f"\nFastest store mode: {choice['recommended_store_mode']} (this {verdict} "
+                 f"kernels/mask.py's DEFAULT_STORE_MODE = {choice['default_store_mode']}{where}).")
+    return "\n".join(lines)
 
 
 def goals(rows: list[dict]) -> dict:
@@ -240,8 +291,15 @@ CPU_NOTE = (
 )
 
 
+SWEEP_CPU_NOTE = (
+    "Interpreter smoke run (TRITON_INTERPRET=1, CPU, vocabulary 4096): it shows the sweep runs and checks "
+    "every mode against the torch reference; its timings say nothing about a GPU."
+)
+
+
 def save(args, device, quick, rows, sweep_rows) -> dict:
     """Write kernels_<device>.json/.md (called after every vocabulary, so a cut-off run keeps its rows)."""
+    choice = choose_store_mode(sweep_rows, device.type)
     summary = {
         "bench": "kernels",
         "device": device.type,
@@ -253,6 +311,7 @@ def save(args, device, quick, rows, sweep_rows) -> dict:
         else "not evaluated (no GPU: CPU smoke test of the torch path)",
         "rows": rows,
         "sweep": sweep_rows,
+        "store_mode_choice": choice,
     }
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"kernels_{'gpu' if device.type == 'cuda' else 'cpu'}")
@@ -266,11 +325,28 @@ def save(args, device, quick, rows, sweep_rows) -> dict:
         if device.type == "cpu":
             f.write(CPU_NOTE + "\n\n")
         f.write(render(rows) + "\n")
+        if choice:
+            note = SWEEP_CPU_NOTE + "\n\n" if device.type == "cpu" else ""
+            f.write(f"\n## Store-mode sweep (mask kernel)\n\n{note}{render_choice(choice)}\n")
     if args.copy_to:
         os.makedirs(args.copy_to, exist_ok=True)
         for ext in (".json", ".md"):
             shutil.copy(stem + ext, args.copy_to)
     return summary
+
+
+def run_sweep(args, device, time_fn, rng) -> list[dict]:
+    """The sweep at full size on GPU, small and interpreted on CPU (skipped, saying why, without the interpreter)."""
+    from surecall.kernels._triton import INTERPRET
+
+    if not args.sweep:
+        return []
+    if device.type == "cuda":
+        return sweep(device, time_fn, rng)
+    if not INTERPRET:
+        print("sweep skipped: on CPU the Triton kernel runs only under TRITON_INTERPRET=1", flush=True)
+        return []
+    return sweep(device, time_fn, rng, CPU_SWEEP["width"], CPU_SWEEP["batches"], CPU_SWEEP["launches"])
 
 
 def main() -> int:
@@ -284,7 +360,9 @@ def main() -> int:
         "--copy-to", default=None, help="also copy the JSON/markdown here (e.g. $OUT)"
     )
     parser.add_argument(
-        "--sweep", action="store_true", help="also sweep launch parameters (GPU only)"
+        "--sweep", action="store_true",
+        help="also sweep the mask's store modes and launch parameters (GPU; on CPU a small interpreter run, "
+             "which needs TRITON_INTERPRET=1)",
     )
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -315,11 +393,14 @@ def main() -> int:
                 )
         save(args, device, quick, rows, [])
     print(render(rows))
-    sweep_rows = sweep(device, time_fn, rng) if args.sweep and device.type == "cuda" else []
+    sweep_rows = run_sweep(args, device, time_fn, rng)
     summary = save(args, device, quick, rows, sweep_rows)
+    if summary["store_mode_choice"]:
+        print(render_choice(summary["store_mode_choice"]))
     print(
         json.dumps(
             {k: summary[k] for k in ("bench", "device", "quick", "goals")} | {"num_rows": len(rows)}
+            | {"recommended_store_mode": summary["store_mode_choice"].get("recommended_store_mode")}
         )
     )
     return 0

@@ -78,10 +78,10 @@ def classify(result) -> tuple[str, str | None]:
 
 def _step_time(results) -> float:
     """Seconds per decode step for one batch (every row advances one token per step)."""
-    timed = [r for r in results if r.timings.get("num_steps")]
+    timed = [r for r in results if r.batch_timings.get("num_steps")]
     if not timed:
         return float("nan")
-    return max(r.timings["decode_s"] for r in timed) / max(r.timings["num_steps"] for r in timed)
+    return max(r.batch_timings["decode_s"] for r in timed) / max(r.batch_timings["num_steps"] for r in timed)
 
 
 def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progress=None) -> BreakevenMeasurement:

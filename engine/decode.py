@@ -41,21 +41,28 @@ class RowOutput:
     unmasked_logprobs: list[float] | None
     finish_reason: str  # "stop" (a stop id ended it) | "length" (max_tokens reached) | "error"
     error: str | None = None  # why the row failed (finish_reason "error")
+    num_steps: int = 0  # decode steps the row took (its forced ids are not steps)
+    finish_s: float = 0.0  # seconds from the batch's start (prefill included) to the end of its last step
 
 
 @dataclass
 class DecodeOutput:
     rows: list[RowOutput]
-    timings: dict = field(default_factory=dict)  # prefill_s, decode_s, mask_s, num_steps
+    # The batch's: prefill_s, decode_s, sample_s (the sampling kernels, grammar mask fused in),
+    # advance_s (grammar state advance), num_steps, step_mode, graph_capture_s, compactions
+    timings: dict = field(default_factory=dict)
 
 
 class _Clock:
-    """Sums device time of named sections without syncing inside the loop (CUDA events on GPU)."""
+    """Sums device time of named sections and marks the end of each step, without syncing inside
+    the loop (CUDA events on GPU); its origin is its creation, before the prefill."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.pending: dict[str, list] = {}
         self.totals: dict[str, float] = {}
+        self.origin = self.start("origin")[1]
+        self.step_ends: list = []  # one event (GPU) or perf_counter time (CPU) per decode step
 
     def start(self, name: str):
         if self.cuda:
@@ -73,12 +80,21 @@ class _Clock:
         else:
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - begin
 
+    def end_step(self) -> None:
+        self.step_ends.append(self.start("step")[1])
+
     def result(self) -> dict[str, float]:
         if self.cuda:
             torch.cuda.synchronize()
             for name, pairs in self.pending.items():
                 self.totals[name] = self.totals.get(name, 0.0) + sum(b.elapsed_time(e) for b, e in pairs) / 1e3
         return dict(self.totals)
+
+    def step_end_s(self) -> list[float]:
+        """Seconds from the origin to the end of each step (call after `result`, which syncs)."""
+        if self.cuda:
+            return [self.origin.elapsed_time(e) / 1e3 for e in self.step_ends]
+        return [t - self.origin for t in self.step_ends]
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +272,7 @@ class Decoder:
             remaining = (rw.budget - step).clamp_min(1)
             step_t = torch.full_like(rw.seed, step)
             params = SamplingTensors(rw.temperature, rw.top_k, rw.top_p, rw.seed, step_t, use_top_k_top_p=use_sort)
-            mark = clock.start("mask_s" if dtable is not None else "sample_s")
+            mark = clock.start("sample_s")  # constrained rows: the mask is fused into the sampler
             out = sample(logits, dtable, torch.where(rw.done, -1, rw.state), params, remaining=remaining,
                          return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs)
             clock.stop(mark)
@@ -273,7 +289,7 @@ class Decoder:
             # 4. advance grammars; decide which rows finished with this token
             finished = torch.isin(tok, stops)
             if dtable is not None:
-                mark = clock.start("mask_s")
+                mark = clock.start("advance_s")
                 going = rw.is_constrained & ~rw.done
                 next_state, fin_grammar = advance(torch.where(going, rw.state, -1), tok, dtable, check=False)
                 refused = going & (next_state == DEAD_STATE)  # the grammar does not allow the token
@@ -285,6 +301,7 @@ class Decoder:
             rw.by_stop |= newly & finished & (rw.fail == 0)
             rw.length = torch.where(newly, step + 1, rw.length)
             rw.done |= newly
+            clock.end_step()
             if (step + 1) % self.config.stop_check_interval == 0:
                 going_on = int((~rw.done).sum())  # the one host sync, every few steps
                 if going_on == 0:
@@ -301,24 +318,26 @@ class Decoder:
         length, by_stop, fail, fail_at = final.length, final.by_stop, final.fail, final.fail_at
         # 5. gather results on the host once
         lengths, stopped = length.tolist(), by_stop.tolist()
-        errors = _fail_messages(fail.tolist(), fail_at.tolist())
+        codes, where = fail.tolist(), fail_at.tolist()
+        errors = _fail_messages(codes, where)
         tok_host, lp_host = out_tok.tolist(), out_lp.tolist()
         raw_host = out_raw.tolist() if want_unmasked else None
         decode_s = time.perf_counter() - t1
-        timings = {"prefill_s": prefill_s, "decode_s": decode_s, "mask_s": 0.0, "num_steps": num_steps,
+        timings = {"prefill_s": prefill_s, "decode_s": decode_s, "sample_s": 0.0, "advance_s": 0.0, "num_steps": num_steps,
                    "step_mode": self.runner.last_mode, "graph_capture_s": self.runner.last_capture_s,
                    "compactions": compactions}
         timings.update(clock.result())
+        ends = _row_ends(lengths, codes, where, clock.step_end_s())
         self.runner.release()
         return DecodeOutput(
             [self._row_output(r, lengths[b], stopped[b], tok_host[b], lp_host[b],
-                              raw_host[b] if raw_host else None, forced_unmasked[b], errors[b])
+                              raw_host[b] if raw_host else None, forced_unmasked[b], errors[b], ends[b])
              for b, r in enumerate(rows)],
             timings,
         )
 
     @staticmethod
-    def _row_output(row, n, stopped, toks, lps, raws, forced_raw, error) -> RowOutput:
+    def _row_output(row, n, stopped, toks, lps, raws, forced_raw, error, end) -> RowOutput:
         forced = list(row.forced_ids)
         s = row.sampling
         return RowOutput(
@@ -327,4 +346,21 @@ class Decoder:
             unmasked_logprobs=forced_raw + raws[:n] if s.unmasked_logprobs and raws is not None else None,
             finish_reason="error" if error else ("stop" if stopped else "length"),
             error=error,
+            num_steps=end[0],
+            finish_s=end[1],
         )
+
+
+def _row_ends(lengths: list[int], codes: list[int], where: list[list[int]],
+              step_end_s: list[float]) -> list[tuple[int, float]]:
+    """(decode steps taken, seconds to the end of the last one) per row.
+
+    A row ends at the step that wrote its last token (length - 1), or at the step a failure was
+    recorded (an empty mask writes no token).
+    """
+    out = []
+    for n, code, (fail_step, _, _) in zip(lengths, codes, where, strict=True):
+        last = fail_step if code else n - 1
+        last = min(max(last, 0), len(step_end_s) - 1)
+        out.append((last + 1, step_end_s[last] if step_end_s else 0.0))
+    return out

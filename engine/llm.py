@@ -1,10 +1,12 @@
 """LLM: the public entry point that turns prompts and tools into tool calls.
 
-`LLM(model, tokenizer)` loads the model runner and the vocabulary once; `generate` renders each
-row's prompt, compiles (and caches) the grammar of each distinct (tools, format), refuses rows
-whose budget cannot fit any call, decodes the good rows in batches through `Decoder`, then
-parses (and, in free mode, validates) every completion. A bad row reports its error in its own
-result; only a request in which every row is bad raises. It does not dispatch or run tools.
+`LLM(model, tokenizer)` loads the model runner and the vocabulary once (a model directory's own
+tokenizer: Hugging Face files, SentencePiece or tiktoken `tokenizer.model`); `generate` turns
+each row's tools (any accepted shape) into `Tool`s, renders its prompt, compiles (and caches)
+the grammar of each distinct (tools, format), refuses rows whose budget cannot fit any call,
+decodes the good rows in batches through `Decoder`, then parses and validates every completion.
+A bad row reports its error in its own result; only a request in which every row is bad raises.
+It does not dispatch or run tools.
 """
 
 from __future__ import annotations
@@ -12,35 +14,45 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from surecall.calls import ToolCall, check_call, tool_name_schema
 from surecall.config import EngineConfig, SamplingParams
 from surecall.decode import Decoder, DecodeRow
-from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.errors import ModelLoadError, RequestError, SurecallError, ToolDefinitionError
 from surecall.grammars.compile import compile_catalog
 from surecall.grammars.formats import get_format
 from surecall.kernels import DeviceTable
 from surecall.model_runner import ModelRunner
 from surecall.prompts import is_single_prompt, render_prompt
+from surecall.tokenizer_io import load_model_tokenizer
+from surecall.tools import Tool, normalise_tool
 
 MAX_DEVICE_TABLES = 16  # concatenated per-batch tables kept on the device
-DEFAULT_FORMATS = {"qwen2": "hermes", "llama": "llama3", "mistral": "mistral"}
+DEFAULT_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "llama": "llama3", "mistral": "mistral"}
+_SCHEMA_KEYS = ("type", "properties", "$schema", "$defs", "$ref", "anyOf", "oneOf", "allOf", "required")
 
 
 @dataclass
 class GenerationResult:
-    token_ids: list[int]
+    """One row's outcome. `timings` is this row's own; `batch_timings` is the batch it decoded in."""
+
+    token_ids: list[int]  # generated ids (a forced control token included)
     text: str
     call: ToolCall | None  # the parsed call (also set when it parses but fails its schema)
     error: str | None  # why the call is malformed/invalid, or the row's input error
     logprobs: list[float] | None
     unmasked_logprobs: list[float] | None
-    finish_reason: str  # "stop" | "length" | "error"
-    timings: dict = field(default_factory=dict)  # prefill_s, decode_s, mask_s, compile_s, num_steps
+    finish_reason: str  # "stop" (a stop id, or a complete valid call) | "length" (the budget ended it) | "error"
+    timings: dict = field(default_factory=dict)  # this row: num_tokens, num_steps (decode steps), finish_s
     num_tokens: int = 0
     error_kind: str | None = None  # "malformed" | "invalid" | "request" | "decode" | None
+    ok: bool = False  # a call parsed and is valid against its tool's schema
+    prompt_token_ids: list[int] = field(default_factory=list)  # the rendered prompt (forced ids excluded)
+    # One dict shared by every row of a decoded batch: prefill_s, decode_s, sample_s (the sampling
+    # kernels, grammar mask fused in), advance_s (grammar advance), num_steps, num_rows, step_mode,
+    # graph_capture_s, compactions, and compile_s (the whole generate call's grammar compiles)
+    batch_timings: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -52,21 +64,6 @@ class _Row:
     table_key: str | None = None
     forced: tuple[int, ...] = ()
     error: SurecallError | None = None
-
-
-def _load_tokenizer(tokenizer, model):
-    if tokenizer is None and isinstance(model, (str, Path)):
-        path = Path(model)
-        if any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-            tokenizer = path
-    if isinstance(tokenizer, (str, Path)):
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"Could not load a tokenizer from {tokenizer}: {exc}") from exc
-    return tokenizer
 
 
 def _load_vocab(tokenizer, logits_width: int):
@@ -113,8 +110,8 @@ class LLM:
         self.runner = ModelRunner(model, device=device, dtype=dtype, attn_implementation=self.config.attn_implementation)
         from surecall.grammars.vocab.core import Vocab
 
-        self.tokenizer = _load_tokenizer(tokenizer, model)
-        self.vocab = _load_vocab(self.tokenizer, self.runner.logits_width)
+        self.tokenizer, vocab = load_model_tokenizer(tokenizer, model)
+        self.vocab = _load_vocab(vocab if vocab is not None else self.tokenizer, self.runner.logits_width)
         if isinstance(self.tokenizer, Vocab):
             self.tokenizer = None
         self.default_format = _default_format(self.tokenizer, self.runner.model_type)
@@ -140,7 +137,7 @@ class LLM:
             for row, res in zip(chunk, self._decode_chunk(chunk, constrained, fmt), strict=True):
                 results[row.index] = res
         for res in results.values():
-            res.timings["compile_s"] = self._compile_s
+            res.batch_timings["compile_s"] = self._compile_s
         return [results[i] for i in range(len(prompts))]
 
     def count_tokens(self, text: str) -> list[int]:
@@ -148,12 +145,13 @@ class LLM:
 
         return _encode(self.tokenizer, text, add_special_tokens=False)
 
-    def compile(self, tools: list, tool_format: str | None = None):
+    def compile(self, tools, tool_format: str | None = None):
         """The TokenTable of a tool list in a format (compiled once, then cached in this LLM)."""
         if self.vocab is None:
             raise RequestError("Invalid request: constrained decoding needs a tokenizer (LLM was built without one)")
         fmt = self._format(tool_format)
         self._compile_s = 0.0
+        tools = _normalise_tools(tools if isinstance(tools, (list, tuple)) else [tools], "tools")
         return self._compile(self._table_key(tools, fmt), tools, fmt)
 
     def min_tokens(self, tools: list, tool_format: str | None = None) -> int:
@@ -170,8 +168,11 @@ class LLM:
 
     @staticmethod
     def _per_row_tools(tools, n: int) -> list:
+        """One tool list per row: a list of n lists (or None) is per row; one tool or one list, the batch's."""
         if tools is None:
             return [None] * n
+        if not isinstance(tools, (list, tuple)):
+            tools = [tools]  # one tool (a Tool, a pydantic class, a dict) for every row
         tools = list(tools)
         if len(tools) == n and tools and all(t is None or isinstance(t, (list, tuple)) for t in tools):
             return [list(t) if t is not None else None for t in tools]
@@ -191,10 +192,12 @@ class LLM:
     def _prepare(self, prompts, tools, sampling, constrained: bool, fmt) -> list[_Row]:
         self._compile_s = 0.0
         rows = []
+        normalised: dict[int, list[Tool] | SurecallError] = {}  # id(row's tool list) -> its Tools
         for i, (prompt, row_tools, params) in enumerate(zip(prompts, tools, sampling, strict=True)):
-            row = _Row(i, sampling=params, tools=row_tools)
+            row = _Row(i, sampling=params)
             try:
-                row.ids = render_prompt(prompt, self.tokenizer, row_tools, i)
+                row.tools = self._row_tools(row_tools, i, normalised)
+                row.ids = render_prompt(prompt, self.tokenizer, row.tools, i)
                 if constrained:
                     self._prepare_grammar(row, fmt)
                 self._check_length(row)
@@ -202,6 +205,21 @@ class LLM:
                 row.error = exc
             rows.append(row)
         return rows
+
+    @staticmethod
+    def _row_tools(tools: list | None, row: int, done: dict) -> list[Tool] | None:
+        """The row's tools as `Tool`s; a list shared by many rows is normalised (or fails) once."""
+        if tools is None:
+            return None
+        if id(tools) not in done:
+            try:
+                done[id(tools)] = _normalise_tools(tools, f"tools of row {row}")
+            except SurecallError as exc:
+                done[id(tools)] = exc
+        found = done[id(tools)]
+        if isinstance(found, SurecallError):
+            raise found
+        return found
 
     def _prepare_grammar(self, row: _Row, fmt) -> None:
         if not row.tools:
@@ -265,9 +283,10 @@ class LLM:
         rows = [DecodeRow(r.ids, r.sampling, start_of.get(r.table_key, -1), r.forced) for r in chunk]
         stop_ids = list(self.vocab.stop_ids) if self.vocab is not None else self._config_stop_ids()
         out = self.decoder.run(rows, stop_ids=stop_ids, table=dtable, pad_id=self._pad_id())
-        return [self._result(r, o, out.timings, constrained, fmt) for r, o in zip(chunk, out.rows, strict=True)]
+        batch_timings = {**out.timings, "num_rows": len(chunk)}  # one dict for the whole batch
+        return [self._result(r, o, batch_timings, fmt) for r, o in zip(chunk, out.rows, strict=True)]
 
-    def _result(self, row: _Row, out, timings: dict, constrained: bool, fmt) -> GenerationResult:
+    def _result(self, row: _Row, out, batch_timings: dict, fmt) -> GenerationResult:
         text = self._text(out.token_ids)
         call, error, kind = None, None, None
         if out.error:  # the decoder ended the row (empty mask, refused token): report it, do not parse
@@ -275,15 +294,24 @@ class LLM:
         elif row.tools:
             check = check_call(text, fmt, row.tools)
             call, error, kind = check.call, check.error, check.error_kind
+        ok = call is not None and error is None
+        # A complete, valid call is a stop even when the budget ran out right after it (tight budgets
+        # leave no room for the stop token): "length" is for output the budget cut short.
+        finish_reason = "stop" if ok else out.finish_reason
         return GenerationResult(
             token_ids=out.token_ids, text=text, call=call, error=error, logprobs=out.logprobs,
-            unmasked_logprobs=out.unmasked_logprobs, finish_reason=out.finish_reason,
-            timings=dict(timings), num_tokens=len(out.token_ids), error_kind=kind,
+            unmasked_logprobs=out.unmasked_logprobs, finish_reason=finish_reason,
+            timings={"num_tokens": len(out.token_ids), "num_steps": out.num_steps, "finish_s": out.finish_s},
+            num_tokens=len(out.token_ids), error_kind=kind, ok=ok, prompt_token_ids=list(row.ids),
+            batch_timings=batch_timings,
         )
 
     @staticmethod
     def _error_result(row: _Row) -> GenerationResult:
-        return GenerationResult([], "", None, str(row.error), None, None, "error", {}, 0, "request")
+        return GenerationResult(
+            token_ids=[], text="", call=None, error=str(row.error), logprobs=None, unmasked_logprobs=None,
+            finish_reason="error", error_kind="request", prompt_token_ids=list(row.ids or []),
+        )
 
     def _text(self, ids: list[int]) -> str:
         if self.vocab is None:
@@ -305,3 +333,23 @@ class LLM:
     def _pad_id(self) -> int:
         pad = getattr(self.runner.config, "pad_token_id", None)
         return int(pad) if isinstance(pad, int) and 0 <= pad < self.runner.logits_width else 0
+
+
+# --- tools in every accepted shape (the one normaliser: surecall.tools.normalise_tool) ------------
+def _normalise_tools(tools, where: str) -> list[Tool]:
+    """Every entry of one tool list as a `Tool`; ToolDefinitionError naming the entry, or a repeated name."""
+    out = []
+    for i, obj in enumerate(tools):
+        try:
+            out.append(normalise_tool(obj, where=f"Invalid tool {i} in {where}"))
+        except ToolDefinitionError as exc:
+            hint = " (per-row tools: give every row a list of tools, or None)" if isinstance(obj, (list, tuple)) else ""
+            raise ToolDefinitionError(f"{exc}{hint}") from exc
+    names = [t.name for t in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ToolDefinitionError(
+            f"Invalid {where}: tool name {repeated[0]!r} appears more than once (give each raw JSON Schema "
+            f"its own 'title', or pass {{'name': ..., 'parameters': schema}})"
+        )
+    return out

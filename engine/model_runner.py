@@ -1,7 +1,8 @@
 """ModelRunner: a Hugging Face causal LM behind two calls, `prefill` and `decode`.
 
-Loads Llama, Qwen2 and Mistral family models from a local directory (config.json +
-safetensors, never downloading) or wraps an already-built `transformers` model. Prefill takes
+Loads Llama (3.x rope scaling included), Qwen2, Qwen3 (dense and MoE) and Mistral family models
+from a local directory (config.json + safetensors, never downloading) or wraps an already-built
+`transformers` model. Prefill takes
 left-padded prompts with an attention mask and explicit position ids; decode feeds one token
 per row against the KV cache. Every line that touches the cache object lives in `_KVCache`, so
 a transformers API change (`past_key_values=` -> `cache=` in 5.24) is fixed in one place.
@@ -26,7 +27,7 @@ from surecall.static_step import BucketPool, StaticBucket, batch_bucket, cache_b
 
 _DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types that rescale from the sequence length (host logic)
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral")
 
 
 def _cache_keyword(model) -> str:

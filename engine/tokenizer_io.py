@@ -2,18 +2,25 @@
 
 A Hugging Face tokenizer directory goes through `transformers.AutoTokenizer` (offline); a
 tiktoken ranks file becomes a `tiktoken.Encoding` with the split pattern that matches its size.
-Nothing is downloaded: a hub id gets a clear "pass a local directory" error. Exact per-token
-bytes for grammars are `surecall.grammars.vocab.loaders`' job, not this module's.
+`load_model_tokenizer` finds a model directory's own tokenizer for `LLM` (a tiktoken
+`tokenizer.model` with its Vocab from the grammar loaders). Nothing is downloaded: a hub id gets
+a clear "pass a local directory" error. Exact per-token bytes for grammars are
+`surecall.grammars.vocab.loaders`' job, not this module's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from surecall.errors import VocabError
+from surecall.errors import ModelLoadError, SurecallError, VocabError
+
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+_TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+=* \d+\r?$")  # "BASE64TOKEN RANK", a tiktoken ranks file
 
 # Split patterns of the public tiktoken vocabularies (cl100k-style covers Llama-3 and Qwen).
 _CL100K_PATTERN = (
@@ -81,13 +88,62 @@ def _context_window(p: Path, tok) -> int:
 
 
 def _load_tiktoken(file: Path, context_window: int | None) -> CountingTokenizer:
-    import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
     try:
         ranks = load_tiktoken_bpe(str(file))
     except Exception as exc:
         raise VocabError(f"{file}: not a tiktoken ranks file (base64 token and rank per line): {exc}") from exc
-    pattern = _O200K_PATTERN if len(ranks) > 150_000 and len(ranks) != 151_643 else _CL100K_PATTERN
-    enc = tiktoken.Encoding(name=file.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    enc = tiktoken_encoding(file.stem, ranks)
     return CountingTokenizer(file.parent.name or file.stem, lambda s: enc.encode(s, disallowed_special=()), None, context_window or 32768)
+
+
+def tiktoken_encoding(name: str, ranks: dict[bytes, int], special_tokens: dict[str, int] | None = None):
+    """A tiktoken.Encoding over `ranks` with the split pattern that matches its size (o200k-style
+    above 150k ranks, Qwen's 151,643 excepted; cl100k-style, which Llama 3 uses, otherwise)."""
+    import tiktoken
+
+    pattern = _O200K_PATTERN if len(ranks) > 150_000 and len(ranks) != 151_643 else _CL100K_PATTERN
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special_tokens or {}))
+
+
+def load_model_tokenizer(tokenizer, model) -> tuple[Any, Any]:
+    """(tokenizer, Vocab or None): the given one, or the model directory's own; a path is loaded."""
+    if tokenizer is None and isinstance(model, (str, Path)):
+        path = Path(model).expanduser()
+        has_own = any((path / n).is_file() for n in (*_HF_TOKENIZER_FILES, "tokenizer.model"))
+        tokenizer = path if has_own else None
+    if not isinstance(tokenizer, (str, Path)):
+        return tokenizer, None
+    path = Path(tokenizer).expanduser()
+    file = path if path.is_file() else path / "tokenizer.model"
+    only_model = file.is_file() and not any((path / n).is_file() for n in _HF_TOKENIZER_FILES)
+    try:
+        if only_model and _is_tiktoken(file):
+            return _model_tiktoken(file)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True), None
+    except (OSError, ValueError, TypeError, SurecallError) as exc:  # transformers/sentencepiece: OSError, ValueError
+        what = (f"{file.name} is not tiktoken ranks, and transformers could not read it as a SentencePiece model "
+                f"(a corrupt file, or the protobuf package is missing)" if only_model and not _is_tiktoken(file)
+                else str(exc))
+        raise ModelLoadError(
+            f"Could not load a tokenizer from {path}: {what}; pass tokenizer= (a tokenizer directory, a "
+            f"transformers tokenizer, a tiktoken.Encoding or a surecall Vocab)"
+        ) from exc
+
+
+def _is_tiktoken(file: Path) -> bool:
+    with open(file, "rb") as f:
+        return bool(_TIKTOKEN_LINE.match(f.readline()))
+
+
+def _model_tiktoken(file: Path):
+    """A tiktoken `tokenizer.model` (Llama 3/4 style): the Vocab from the grammar loaders (with the
+    EOS ids of the configs beside it) and a tiktoken.Encoding over the same ranks and specials."""
+    from surecall.grammars.vocab.loaders import load
+
+    vocab = load(file)
+    ranks = {b: i for i, b in enumerate(vocab.token_bytes) if i not in vocab.special_ids}
+    return tiktoken_encoding(file.parent.name or file.stem, ranks, vocab.special_tokens), vocab

@@ -10,6 +10,6 @@ Ground floor: imports nothing of ours above `surecall.errors`. Public entry poin
 from surecall.grammars.compile import compile_catalog, compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.table import TokenTable
-from surecall.grammars.vocab import Vocab, load_vocab
+from surecall.grammars.vocab.core import Vocab, load_vocab
 
 __all__ = ["Vocab", "load_vocab", "TokenTable", "GrammarOptions", "compile_schema", "compile_catalog", "compile_regex"]

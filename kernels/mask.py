@@ -6,7 +6,8 @@ the mask row gathered from the DeviceTable by each row's state, plus: columns pa
 bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
 optional per-row budget keeps only tokens that can still reach acceptance in time. The kernel
 has three store forms (STORE_MODE; xgrammar's predicated -inf stores is mode 0), all giving the
-same result; the GPU default is chosen by measurement. It does not sample (sample.py does).
+same result; `benchmarks/kernels.py --sweep` times them on a GPU and names the fastest, from which
+DEFAULT_STORE_MODE is set (until a GPU run does, it is a guess). It does not sample (sample.py does).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _apply_mask_kernel(
             tl.store(ptrs, tl.where(keep, x, float("-inf")), mask=in_range)
 
 
-# The GPU default until a GPU run says otherwise (benchmarks/kernels.py --sweep measures 0, 1, 2).
+STORE_MODES = (0, 1, 2)  # the STORE_MODE forms the kernel has (benchmarks/kernels.py --sweep times each)
+# The GPU default until a GPU run says otherwise (not measured yet: no GPU run of the sweep so far).
 DEFAULT_STORE_MODE = 2
 
 
@@ -118,6 +120,9 @@ def _launch(
     store_mode: int | None = None,
 ) -> None:
     """Launch the Triton kernel; the keywords are tuning knobs (benchmarks/kernels.py --sweep)."""
+    store_mode = DEFAULT_STORE_MODE if store_mode is None else store_mode
+    if isinstance(store_mode, bool) or store_mode not in STORE_MODES:
+        raise ValueError(f"Invalid store_mode: expected one of {STORE_MODES}, got {store_mode!r}")
     batch, width = logits.shape
     num_rows = batch if rows is None else rows.shape[0]
     num_cols_words = (width + 31) // 32
@@ -133,7 +138,7 @@ def _launch(
         table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
         table.num_search_steps,
         HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None, BLOCK_WORDS=block_words,
-        STORE_MODE=DEFAULT_STORE_MODE if store_mode is None else store_mode, num_warps=num_warps, **launch_options(logits.device),
+        STORE_MODE=store_mode, num_warps=num_warps, **launch_options(logits.device),
     )  # fmt: skip
 
 

@@ -285,7 +285,7 @@ def test_static_step_calls_parse_at_tight_budgets(llama_static, batch, extra):
     params = [_tight(llama_static, tools, extra, 5 * i + extra, temperature=1.0 + 0.1 * (i % 3)) for i in range(batch)]
     results = llama_static.generate(_prompts(batch), tools=tools, sampling=params)
     for r, p in zip(results, params, strict=True):
-        assert r.timings["step_mode"] == "static"
+        assert r.batch_timings["step_mode"] == "static"
         _assert_valid(r, tools, llama_static.compile(tools))
         assert r.num_tokens <= p.max_tokens
 

@@ -33,7 +33,9 @@ def test_stories_greedy_matches_llama2c(stories, llm):
     assert result.token_ids == expected["generated_ids"]
     assert result.finish_reason == "length"
     assert result.num_tokens == 256
-    assert set(result.timings) >= {"prefill_s", "decode_s", "mask_s"}
+    assert set(result.batch_timings) >= {"prefill_s", "decode_s", "sample_s", "advance_s", "compile_s"}
+    assert (result.timings["num_tokens"], result.timings["num_steps"]) == (256, 256)
+    assert 0 < result.timings["finish_s"] < result.batch_timings["prefill_s"] + result.batch_timings["decode_s"] + 0.01
 
 
 def test_left_padding_gives_the_same_continuation(stories, llm):

@@ -172,7 +172,7 @@ def test_stories_greedy_through_the_static_step(data_dir):
     llm = LLM(path / "hf", config=EngineConfig(cuda_graphs=True))
     [result] = llm.generate([expected["prompt_ids"]], sampling=SamplingParams(temperature=0, max_tokens=256),
                             constrained=False)
-    assert result.timings["step_mode"] == "static"
+    assert result.batch_timings["step_mode"] == "static"
     assert result.token_ids == expected["generated_ids"]
 
 

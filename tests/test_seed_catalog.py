@@ -70,7 +70,7 @@ def test_normalise_tools_every_shape():
         {"type": "function", "function": {"name": "oa", "parameters": {"type": "object"}}, "strict": True},
     ]
     tools = normalise_tools(shapes)
-    assert [t.name for t in tools] == ["get_weather", "lookup_order", "bare", "mcp_tool", "oa"]
+    assert [t.name for t in tools] == ["get_weather", "Lookup_Order", "bare", "mcp_tool", "oa"]
     assert tools[0].description == "Weather for a city."
     assert tools[3].level.name == "A0" and tools[4].level.name == "A3"
     assert tools[4].annotations["strict"] is True

@@ -3,7 +3,7 @@
 #   1. installs carried wheels from .whl/ (xgrammar and its needs; the GPU image lacks them), if present;
 #   2. makes `surecall` importable without pip (a symlink tree: engine/ + kernels/ + grammars/);
 #   3. runs the GPU tests of the kernels (pytest -m gpu tests/test_kernels_gpu.py);
-#   4. runs benchmarks/kernels.py (all shapes, plus a launch-parameter sweep) writing kernels_gpu.json/.md to benchmarks/results/ and $OUT.
+#   4. runs benchmarks/kernels.py (all shapes, plus the sweep: mask store modes x launches, whose store_mode_choice names the fastest) writing kernels_gpu.json/.md to benchmarks/results/ and $OUT.
 # Fetch the wheels here first (once; .whl/ is git-ignored), then call the device tool with carry [".whl"]:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \

@@ -14,7 +14,7 @@ Each call returns a fresh copy. It does not build `Tool`s (`surecall.tools.norma
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 CATALOGS = {
@@ -24,7 +24,7 @@ CATALOGS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(file_name: str) -> str:
     return resources.files("surecall.tools").joinpath("data", file_name).read_text(encoding="utf-8")
 

@@ -3,7 +3,7 @@
 Shapes: a `Tool`; a pydantic model class; an OpenAI tool (`{"type": "function", "function":
 {...}}` or its inner `{name, description, parameters}`, `strict` kept in `annotations`); an MCP
 tool (`{name, description, inputSchema, annotations}`; the level follows the MCP hints); a bare
-JSON Schema dict (named after its `title`, else `tool_<index>`). Every other module that takes
+JSON Schema dict (named after its `title`, else `tool`). Every other module that takes
 tools (the LLM, the compiler CLI, lint, catalog cost, the dispatch runtime) goes through here.
 It does not read files (`surecall.tools.loading`) or validate arguments (`surecall.dispatch`).
 """
@@ -11,12 +11,16 @@ It does not read files (`surecall.tools.loading`) or validate arguments (`sureca
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from surecall.errors import ToolDefinitionError
 from surecall.grammars.tool_shape import is_tool_dict, looks_like_schema, tool_fields
-from surecall.tools.tool import SideEffect, Tool, _snake
+from surecall.tools.tool import SideEffect, Tool
+
+_EXPECTED = ("expected a Tool, a pydantic model class, a JSON Schema object, an MCP tool {name, inputSchema} or an "
+             "OpenAI function {'type': 'function', 'function': {name, parameters}}")
 
 
 def normalise_tool(obj: Any, *, level: SideEffect | int | str | None = None, index: int = 0,
@@ -32,16 +36,13 @@ def normalise_tool(obj: Any, *, level: SideEffect | int | str | None = None, ind
     if isinstance(obj, type) and hasattr(obj, "model_json_schema"):
         return Tool.from_pydantic(obj, level=SideEffect.A3 if level is None else level, **extra)
     if hasattr(obj, "model_json_schema") and not isinstance(obj, Mapping):
-        raise ToolDefinitionError(f"{where}: got a pydantic model instance; pass the class ({type(obj).__name__})")
+        raise ToolDefinitionError(f"{where}: {_EXPECTED}, got an instance of {type(obj).__name__} (pass the class)")
     if isinstance(obj, Mapping) and not is_tool_dict(obj):
         if not looks_like_schema(obj):
-            raise ToolDefinitionError(
-                f"{where}: expected 'name' (a tool definition) or a JSON Schema, got keys {sorted(obj)[:8]}")
-        return _from_bare_schema(obj, index, level, extra, where)
+            raise ToolDefinitionError(f"{where}: {_EXPECTED}, got a dict with keys {sorted(obj)[:8]}")
+        return _from_bare_schema(obj, level, extra, where)
     if not isinstance(obj, Mapping):
-        raise ToolDefinitionError(
-            f"{where}: expected a Tool, a pydantic model class, an OpenAI/MCP tool dict or a JSON Schema dict, "
-            f"got {type(obj).__name__}")
+        raise ToolDefinitionError(f"{where}: {_EXPECTED}, got {type(obj).__name__}")
     fields = tool_fields(obj, where)
     annotations = dict(fields.annotations)
     if "strict" in fields.extra:
@@ -72,9 +73,10 @@ def normalise_tools(tools: Any, *, where: str = "tools") -> list[Tool]:
     return out
 
 
-def _from_bare_schema(schema: Mapping, index: int, level, extra: dict, where: str) -> Tool:
+def _from_bare_schema(schema: Mapping, level, extra: dict, where: str) -> Tool:
     title = schema.get("title")
-    name = _snake(title.replace(" ", "")) if isinstance(title, str) and title.strip() else f"tool_{index}"
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", title).strip("_") if isinstance(title, str) else ""
+    name = name or "tool"
     description = schema.get("description") if isinstance(schema.get("description"), str) else ""
     try:
         return Tool(name=name, description=description, input_schema=copy.deepcopy(dict(schema)),
