@@ -6,20 +6,29 @@ its arguments, both SHA-256 over RFC 8785 canonical JSON (the `rfc8785` package,
 slot and refuses a second claim of the slot with another fingerprint (`IdempotencyConflict`).
 Record states: UNSEEN -> IN_FLIGHT (leased) -> COMPLETED (stored result) | IN_DOUBT (failed or
 lease expired: the effect is unknown; never re-run silently) -> settled by a probe into
-COMPLETED or NOT_EXECUTED (which may be claimed again). Stores live in `stores.py`.
+COMPLETED or NOT_EXECUTED (which may be claimed again). Stores live in `stores/`.
+Leases: a claim returns an owner id and a fencing token (strictly increasing per slot); the
+owner keeps its lease alive with `hold_lease` (a heartbeat renewing every lease/3) and records
+the outcome with both. A stale owner (lease lapsed, slot claimed again) is refused, and an
+expired lease is not settled by probe until `takeover_margin_s` after it ended. What no
+protocol can stop: an owner stalled *inside* its side effect that wakes after a takeover.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
 
-from surecall.errors import ArgumentValidationError, IdempotencyConflict
+from surecall.errors import ArgumentValidationError, IdempotencyConflict, LeaseLost, StoreUnavailable
 
 KEY_VERSION = "k1"
 
@@ -35,7 +44,9 @@ class RecordState(str, enum.Enum):
 @dataclass(frozen=True)
 class Record:
     """One execution record. `result` is the stored JSON result (COMPLETED), `error` the failure
-    text (IN_DOUBT), `lease_expires_at` unix seconds (IN_FLIGHT), `attempts` claims granted."""
+    text (IN_DOUBT), `lease_expires_at` unix seconds while an owner holds the call (0 once it
+    reported back), `attempts` claims granted (also the fencing token of the latest claim), and
+    `owner_may_be_alive` whether a lapsed owner may still be running (within the takeover margin)."""
 
     key: str
     state: RecordState
@@ -46,13 +57,15 @@ class Record:
     error: str = ""
     attempts: int = 0
     updated_at: float = 0.0
+    owner_may_be_alive: bool = False
 
 
 @dataclass(frozen=True)
 class Claim:
     """The answer to `store.claim`: `acquired` means the caller now holds the lease and must run
-    the call, then `complete`, `fail` or `release` it with `owner`. Otherwise `record` says why:
-    COMPLETED (return its result), IN_FLIGHT (someone else runs it), IN_DOUBT (settle first)."""
+    the call (under `hold_lease`), then `complete`, `fail` or `release` it with `owner` and
+    `token=token`. Otherwise `record` says why: COMPLETED (return its result), IN_FLIGHT
+    (someone else runs it), IN_DOUBT (settle first)."""
 
     acquired: bool
     record: Record
@@ -60,6 +73,12 @@ class Claim:
     @property
     def owner(self) -> str:
         return self.record.owner
+
+    @property
+    def token(self) -> int:
+        """The fencing token: the slot's claim counter at this claim (1, 2, ... per slot). A later
+        claim of the slot has a higher one; hand it to any resource that can reject stale writers."""
+        return self.record.attempts
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,94 @@ def as_outcome(value: Any) -> ProbeOutcome:
     raise TypeError(f"a probe must return ProbeOutcome, bool or None, got {type(value).__name__}")
 
 
+# --- leases: how long, and kept alive while the call runs -------------------------------------
+MAX_LEASE_S = 7 * 24 * 3600.0  # a bound stores can express (Redis PX) and a human can reason about
+LEASE_MARGIN_S = 10.0  # a lease outlives a tool's own timeout_ms by this much
+
+
+def lease_for(timeout_ms: Any, default_s: float, *, margin_s: float = LEASE_MARGIN_S) -> float:
+    """The lease for a call that may run `timeout_ms` milliseconds (int or float): timeout plus
+    `margin_s` seconds, never below `default_s` nor above MAX_LEASE_S. A missing, non-numeric,
+    non-finite or non-positive timeout gets `default_s`."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+        return default_s
+    if not math.isfinite(timeout_ms) or timeout_ms <= 0:
+        return default_s
+    return min(MAX_LEASE_S, max(default_s, timeout_ms / 1000.0 + margin_s))
+
+
+def check_lease_s(lease_s: Any) -> float:
+    """`lease_s` as a float; ValueError unless a finite number of seconds in (0, MAX_LEASE_S]."""
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not math.isfinite(lease_s) \
+            or not 0 < lease_s <= MAX_LEASE_S:
+        raise ValueError(f"Invalid lease_s: expected a finite number of seconds in (0, {MAX_LEASE_S:.0f}], got {lease_s!r}")
+    return float(lease_s)
+
+
+class LeaseKeeper:
+    """A heartbeat thread renewing one claim's lease every `lease_s / 3` until `stop()`. A renewal
+    refused by the store (lease lapsed, record fenced by a newer claim) ends it and sets `lost`;
+    an unreachable store is retried at the next beat (the lease may lapse meanwhile)."""
+
+    def __init__(self, store, key: str, claim: Claim, *, lease_s: float, clock: Callable[[], float] = time.time):
+        self.store, self.key, self.owner, self.token = store, key, claim.owner, claim.token
+        self.lease_s, self.clock = check_lease_s(lease_s), clock
+        self.num_renewals = 0
+        self.lost: str | None = None  # why the lease was lost, once it was
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{key[:12]}", daemon=True)
+
+    def renew(self) -> None:
+        """One renewal now; LeaseLost (and `lost` set) when the store refuses it."""
+        try:
+            self.store.renew(self.key, self.owner, token=self.token, lease_s=self.lease_s, now=self.clock())
+        except IdempotencyConflict as exc:
+            self.lost = str(exc)
+            raise LeaseLost(f"lease on {self.key[:16]}... lost (token {self.token}): {exc}") from exc
+        self.num_renewals += 1
+
+    def check(self) -> None:
+        """LeaseLost if a renewal was refused: call it before a side effect that can still be skipped."""
+        if self.lost is not None:
+            raise LeaseLost(f"lease on {self.key[:16]}... lost (token {self.token}): {self.lost}")
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                return
+            except StoreUnavailable:
+                continue  # transient: the next beat retries; a lapsed lease is then refused
+            except Exception as exc:  # never die silently: a dead heartbeat looks like a live one
+                self.lost = f"heartbeat failed: {type(exc).__name__}: {exc}"
+                return
+
+
+@contextmanager
+def hold_lease(store, key: str, claim: Claim, *, lease_s: float, clock: Callable[[], float] = time.time) -> Iterator[LeaseKeeper]:
+    """Run the body while holding `claim`'s lease: renew once on entry (LeaseLost, before
+    anything ran, when the claim went stale between claim and run), then renew every lease/3
+    in a heartbeat thread; on exit the thread is stopped and joined, before the caller records
+    the outcome. A call longer than its lease is thus not taken over while its owner lives."""
+    keeper = LeaseKeeper(store, key, claim, lease_s=lease_s, clock=clock)
+    keeper.renew()
+    keeper.start()
+    try:
+        yield keeper
+    finally:
+        keeper.stop()
+
+
 @dataclass(frozen=True)
 class Execution:
     """What `execute_once` did: `ran` the function in this call, and the record afterwards."""
@@ -132,14 +239,18 @@ class Execution:
 
 
 def execute_once(store, key: str, fn: Callable[[], Any], *, lease_s: float = 30.0) -> Execution:
-    """Claim `key`; if acquired run `fn()` and complete with its result (fail -> IN_DOUBT and
-    re-raise on an exception). Not acquired: the existing record (COMPLETED, IN_FLIGHT, IN_DOUBT)."""
+    """Claim `key`; if acquired run `fn()` under `hold_lease` and complete with its result (fail
+    -> IN_DOUBT and re-raise on an exception). Not acquired: the existing record (COMPLETED,
+    IN_FLIGHT, IN_DOUBT). LeaseLost when the claim went stale before `fn` started (not run)."""
     claim = store.claim(key, lease_s=lease_s)
     if not claim.acquired:
         return Execution(False, claim.record)
     try:
-        result = fn()
-    except BaseException as exc:
-        store.fail(key, claim.owner, f"{type(exc).__name__}: {exc}")
+        with hold_lease(store, key, claim, lease_s=lease_s):
+            result = fn()
+    except LeaseLost:
         raise
-    return Execution(True, store.complete(key, claim.owner, result))
+    except BaseException as exc:
+        store.fail(key, claim.owner, f"{type(exc).__name__}: {exc}", token=claim.token)
+        raise
+    return Execution(True, store.complete(key, claim.owner, result, token=claim.token))

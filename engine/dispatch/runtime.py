@@ -20,18 +20,23 @@ from typing import Any
 
 from surecall.dispatch.capability import Authority, Capability, Decision
 from surecall.dispatch.idempotency import (
+    LEASE_MARGIN_S,  # noqa: F401 - re-exported: a lease outlives a tool's own timeout_ms by this much
+    Claim,
     ProbeOutcome,
     Record,
     RecordState,
     as_outcome,
     derive_key,
     fingerprint,
+    hold_lease,
+    lease_for,
     split_key,
 )
 from surecall.dispatch.validate import validate_arguments
 from surecall.errors import (
     ArgumentValidationError,
     IdempotencyConflict,
+    LeaseLost,
     PathOutsideWorkspace,
     SandboxUnavailable,
     StoreUnavailable,
@@ -41,7 +46,6 @@ from surecall.errors import (
 from surecall.toolbox.result import Plan, ToolResult
 from surecall.tools import Tool
 
-LEASE_MARGIN_S = 10.0  # a lease outlives a tool's own timeout_ms by this much
 NOT_REQUIRED, NOT_CLAIMED = "NOT_REQUIRED", "NOT_CLAIMED"
 
 
@@ -210,10 +214,7 @@ class Runtime:
         return NOT_CLAIMED if tool.level.requires_idempotency_key else NOT_REQUIRED
 
     def _lease_for(self, arguments: dict) -> float:
-        timeout_ms = arguments.get("timeout_ms")
-        if isinstance(timeout_ms, int) and not isinstance(timeout_ms, bool):
-            return max(self.lease_s, timeout_ms / 1000 + LEASE_MARGIN_S)
-        return self.lease_s
+        return lease_for(arguments.get("timeout_ms"), self.lease_s)
 
     def _run_once(self, tool: Tool, arguments: dict, plan: Plan, key: str, verdict: Verdict) -> Observation:
         name = tool.name
@@ -228,21 +229,25 @@ class Runtime:
         if not claim.acquired:
             return _from_record(name, verdict, key, claim.record)
         self._intents[key] = (name, arguments)
-        return self._execute_claimed(name, plan, key, claim.owner, verdict)
+        return self._execute_claimed(name, plan, key, claim, self._lease_for(arguments), verdict)
 
-    def _execute_claimed(self, name: str, plan: Plan, key: str, owner: str, verdict: Verdict) -> Observation:
+    def _execute_claimed(self, name: str, plan: Plan, key: str, claim: Claim, lease_s: float, verdict: Verdict) -> Observation:
+        owner, token = claim.owner, claim.token
         try:
-            result, failure = _run(plan)
+            with hold_lease(self.store, key, claim, lease_s=lease_s, clock=self.clock):  # heartbeat while it runs
+                result, failure = _run(plan)
+        except (LeaseLost, StoreUnavailable) as exc:  # raised on entry only: the lease went stale, nothing ran
+            return _observed(name, verdict, ToolResult(error=f"not run: {exc}"), key=key, state=NOT_CLAIMED)
         except BaseException as exc:  # interrupted mid-call: the effect is unknown
-            self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", now=self.clock())
+            self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", token=token, now=self.clock())
             raise
         try:
             if failure == "refused":
-                record = self.store.release(key, owner, result.error or "", now=self.clock())
+                record = self.store.release(key, owner, result.error or "", token=token, now=self.clock())
             elif failure == "failed":
-                record = self.store.fail(key, owner, result.error or "", now=self.clock())
+                record = self.store.fail(key, owner, result.error or "", token=token, now=self.clock())
             else:
-                record = self.store.complete(key, owner, result.to_dict(), now=self.clock())
+                record = self.store.complete(key, owner, result.to_dict(), token=token, now=self.clock())
             if record.state is not RecordState.IN_DOUBT:
                 self._intents.pop(key, None)  # only IN_DOUBT records may need settle(key) later
         except (StoreUnavailable, IdempotencyConflict) as exc:
