@@ -55,6 +55,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function lease_end(ms) return string.format('%.0f', now_ms + tonumber(ms)) end
 local st = redis.call('HGET', rec, 'state')
+if not st and redis.call('EXISTS', rec) == 1 then return redis.error_reply('CORRUPT the record has no state field') end
 if st == 'IN_FLIGHT' and redis.call('EXISTS', lease) == 0 then
   redis.call('HSET', rec, 'state', 'IN_DOUBT', 'error', '{_EXPIRED}')
   st = 'IN_DOUBT'
@@ -217,9 +218,9 @@ class RedisStore(IdempotencyStore):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"Redis store {self.url}: {exc}; the outcome of this step is unknown, retry it") from exc
         except redis.ResponseError as exc:
-            if "WRONGTYPE" in str(exc):
+            if str(exc).startswith(("WRONGTYPE", "CORRUPT")):
                 raise StoreCorrupted(
-                    f"Redis store {self.url}: a key of record {slot[:16]}... holds the wrong type ({exc}); "
+                    f"Redis store {self.url}: record {slot[:16]}... is corrupted ({exc}); "
                     "nothing was changed, inspect or delete it"
                 ) from exc
             raise StoreUnavailable(f"Redis store {self.url}: {exc}") from exc
