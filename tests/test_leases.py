@@ -9,7 +9,16 @@ import time
 
 import pytest
 
-from surecall.dispatch.idempotency import LeaseKeeper, ProbeOutcome, RecordState, derive_key, execute_once, hold_lease
+from surecall.dispatch.idempotency import (
+    Claim,
+    LeaseKeeper,
+    ProbeOutcome,
+    Record,
+    RecordState,
+    derive_key,
+    execute_once,
+    hold_lease,
+)
 from surecall.dispatch.runtime import Runtime
 from surecall.dispatch.stores import open_store
 from surecall.errors import IdempotencyConflict, LeaseLost, StoreUnavailable
@@ -54,7 +63,7 @@ def test_heartbeat_keeps_a_call_longer_than_its_lease(store_url):
                 seen.add(replay.record.state)
                 time.sleep(LEASE_S / 6)
         assert seen == {RecordState.IN_FLIGHT}
-        assert keeper.num_renewals >= 4 and keeper.lost is None  # one on entry, then one per beat
+        assert keeper.num_renewals >= 4 and keeper.lost is None  # one per beat: about 12
         renewals = keeper.num_renewals
         done = owner_store.complete(key, claim.owner, {"ok": True}, token=claim.token)
         time.sleep(LEASE_S / 2)
@@ -114,7 +123,7 @@ def test_heartbeat_notices_a_lost_lease():
                 raise IdempotencyConflict("record is IN_DOUBT")
 
     store = Store()
-    claim = type("C", (), {"owner": "me", "token": 3})()
+    claim = Claim(True, Record("slot", RecordState.IN_FLIGHT, owner="me", lease_expires_at=time.time() + 60, attempts=3))
     with hold_lease(store, "slot.fp", claim, lease_s=0.15) as keeper:
         keeper.check()
         assert _wait_until(lambda: keeper.lost is not None)
@@ -187,10 +196,12 @@ def test_stalled_owner_is_fenced_after_a_takeover(store_url, tmp_path):
         assert b.acquired and b.token == 2
         with hold_lease(store, key, b, lease_s=30):
             result = effect("B")
-        # A wakes up: it may not start, and may not record
-        with pytest.raises(LeaseLost, match="fenced: token 1 is stale, the slot was claimed again with token 2"):
+        # A wakes up: it may not start, renew or record
+        with pytest.raises(LeaseLost, match=r"\(token 1\) lapsed before the call started; not run"):
             with hold_lease(store, key, a, lease_s=0.2):
                 effect("A")
+        with pytest.raises(LeaseLost, match="fenced: token 1 is stale, the slot was claimed again with token 2"):
+            store.renew(key, a.owner, token=a.token, lease_s=0.2)
         with pytest.raises(LeaseLost, match=r"cannot complete .* \(fenced: token 1 is stale"):
             store.complete(key, a.owner, {"by": "A"}, token=a.token)
         with pytest.raises(LeaseLost, match=r"cannot fail .* \(fenced"):
@@ -217,7 +228,8 @@ def test_late_owner_still_holding_the_token_may_record(store_url):
 
 
 def test_execute_once_does_not_start_a_stale_claim(store_url):
-    """execute_once renews before it runs: a claim fenced meanwhile raises LeaseLost, fn never runs."""
+    """execute_once checks the lease before it runs: a claim that lapsed meanwhile (and was taken
+    over) raises LeaseLost, fn never runs."""
     with open_store(store_url, takeover_margin_s=0) as store:
         key = _key("stale-start")
         original_claim = store.claim
@@ -231,6 +243,6 @@ def test_execute_once_does_not_start_a_stale_claim(store_url):
             return claim
 
         store.claim = claim_then_stall
-        with pytest.raises(LeaseLost, match="lost"):
+        with pytest.raises(LeaseLost, match="lapsed before the call started"):
             execute_once(store, key, lambda: ran.append(1), lease_s=0.1)
         assert ran == []

@@ -7,18 +7,20 @@ slot and refuses a second claim of the slot with another fingerprint (`Idempoten
 Record states: UNSEEN -> IN_FLIGHT (leased) -> COMPLETED (stored result) | IN_DOUBT (failed or
 lease expired: the effect is unknown; never re-run silently) -> settled by a probe into
 COMPLETED or NOT_EXECUTED (which may be claimed again). Stores live in `stores/`.
-Leases: a claim returns an owner id and a fencing token (strictly increasing per slot); the
-owner keeps its lease alive with `hold_lease` (a heartbeat renewing every lease/3) and records
-the outcome with both. A stale owner (lease lapsed, slot claimed again) is refused, and an
-expired lease is not settled by probe until `takeover_margin_s` after it ended. What no
-protocol can stop: an owner stalled *inside* its side effect that wakes after a takeover.
+Leases: a claim carries an owner id and a fencing token (`Claim.token`, rising per slot); the
+owner holds the lease with `hold_lease` (a heartbeat every lease/3) and records the outcome
+with both, so a stale owner is refused. What no protocol stops: an owner stalled *inside* its
+side effect that wakes after a takeover (the token lets the resource itself refuse it).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
+import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,17 +169,19 @@ def check_lease_s(lease_s: Any) -> float:
 
 
 class LeaseKeeper:
-    """A heartbeat thread renewing one claim's lease every `lease_s / 3` until `stop()`. A renewal
-    refused by the store (lease lapsed, record fenced by a newer claim) ends it and sets `lost`;
-    an unreachable store is retried at the next beat (the lease may lapse meanwhile)."""
+    """One claim's heartbeat: renewed by the process's `Heartbeats` thread every `lease_s / 3`
+    until `stop()`. A renewal refused by the store (lease lapsed, record fenced by a newer claim)
+    ends it and sets `lost`; an unreachable store is retried at the next beat (the lease may
+    lapse meanwhile, and the next renewal is then refused)."""
 
     def __init__(self, store, key: str, claim: Claim, *, lease_s: float, clock: Callable[[], float] = time.time):
         self.store, self.key, self.owner, self.token = store, key, claim.owner, claim.token
         self.lease_s, self.clock = check_lease_s(lease_s), clock
+        self.interval_s = self.lease_s / 3
         self.num_renewals = 0
         self.lost: str | None = None  # why the lease was lost, once it was
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{key[:12]}", daemon=True)
+        self.is_stopped = False
+        self._lock = threading.Lock()  # a renewal and stop() never overlap
 
     def renew(self) -> None:
         """One renewal now; LeaseLost (and `lost` set) when the store refuses it."""
@@ -193,37 +197,89 @@ class LeaseKeeper:
         if self.lost is not None:
             raise LeaseLost(f"lease on {self.key[:16]}... lost (token {self.token}): {self.lost}")
 
-    def start(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.lease_s / 3):
+    def beat(self) -> bool:
+        """One heartbeat (from the Heartbeats thread); False once the keeper needs no more."""
+        with self._lock:
+            if self.is_stopped or self.lost is not None:
+                return False
             try:
                 self.renew()
             except LeaseLost:
-                return
+                return False
             except StoreUnavailable:
-                continue  # transient: the next beat retries; a lapsed lease is then refused
+                pass  # transient: the next beat retries; a lapsed lease is then refused
             except Exception as exc:  # never die silently: a dead heartbeat looks like a live one
                 self.lost = f"heartbeat failed: {type(exc).__name__}: {exc}"
-                return
+                return False
+            return True
+
+    def stop(self) -> None:
+        """No renewal runs after this returns (one in progress is waited for)."""
+        with self._lock:
+            self.is_stopped = True
+
+
+class Heartbeats:
+    """One daemon thread per process that renews every held lease when due (a heap by due
+    time), so holding a lease costs a heap push, not a thread per call. Renewals run one after
+    another: a store slow to answer delays the others (each has 2/3 of its lease as slack).
+    Started on first use, and again in a forked child (threads do not survive fork)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, LeaseKeeper]] = []
+        self._seq = itertools.count()  # ties on the due time never compare keepers
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._forget)  # a child starts its own thread, unlocked
+
+    def _forget(self) -> None:
+        self._cond, self._due, self._thread = threading.Condition(), [], None
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="surecall-heartbeats", daemon=True)
+                self._thread.start()
+            self._push(keeper)
+            self._cond.notify()
+
+    def _push(self, keeper: LeaseKeeper) -> None:
+        heapq.heappush(self._due, (time.monotonic() + keeper.interval_s, next(self._seq), keeper))
+
+    def _next_due(self) -> LeaseKeeper:
+        with self._cond:
+            while True:
+                delay = self._due[0][0] - time.monotonic() if self._due else None
+                if delay is not None and delay <= 0:
+                    return heapq.heappop(self._due)[2]
+                self._cond.wait(delay)
+
+    def _run(self) -> None:
+        while True:
+            keeper = self._next_due()
+            if keeper.beat():
+                with self._cond:
+                    self._push(keeper)
+
+
+_HEARTBEATS = Heartbeats()  # the process's one heartbeat thread (see Heartbeats)
 
 
 @contextmanager
 def hold_lease(store, key: str, claim: Claim, *, lease_s: float, clock: Callable[[], float] = time.time) -> Iterator[LeaseKeeper]:
-    """Run the body while holding `claim`'s lease: renew once on entry (LeaseLost, before
-    anything ran, when the claim went stale between claim and run), then renew every lease/3
-    in a heartbeat thread; on exit the thread is stopped and joined, before the caller records
-    the outcome. A call longer than its lease is thus not taken over while its owner lives."""
+    """Run the body while holding `claim`'s lease: LeaseLost on entry, before anything ran, when
+    the claim's lease already lapsed by `clock` (the owner stalled between claim and run: another
+    worker may have taken over); then renew every lease/3 (`Heartbeats`) until the body ends,
+    before the caller records the outcome. A call longer than its lease is thus not taken over
+    while its owner lives."""
+    expires = claim.record.lease_expires_at
+    if expires and clock() >= expires:
+        raise LeaseLost(
+            f"lease on {key[:16]}... (token {claim.token}) lapsed before the call started; not run, "
+            "another worker may hold it now"
+        )
     keeper = LeaseKeeper(store, key, claim, lease_s=lease_s, clock=clock)
-    keeper.renew()
-    keeper.start()
+    _HEARTBEATS.add(keeper)
     try:
         yield keeper
     finally:

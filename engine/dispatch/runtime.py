@@ -236,7 +236,7 @@ class Runtime:
         try:
             with hold_lease(self.store, key, claim, lease_s=lease_s, clock=self.clock):  # heartbeat while it runs
                 result, failure = _run(plan)
-        except (LeaseLost, StoreUnavailable) as exc:  # raised on entry only: the lease went stale, nothing ran
+        except LeaseLost as exc:  # raised on entry only: the lease lapsed before the run, nothing ran
             return _observed(name, verdict, ToolResult(error=f"not run: {exc}"), key=key, state=NOT_CLAIMED)
         except BaseException as exc:  # interrupted mid-call: the effect is unknown
             self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", token=token, now=self.clock())
