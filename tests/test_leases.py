@@ -246,3 +246,9 @@ def test_execute_once_does_not_start_a_stale_claim(store_url):
         with pytest.raises(LeaseLost, match="lapsed before the call started"):
             execute_once(store, key, lambda: ran.append(1), lease_s=0.1)
         assert ran == []
+
+
+@pytest.mark.parametrize("margin", [-1, float("nan"), float("inf"), "10", None])
+def test_takeover_margin_must_be_a_finite_duration(store_url, margin):
+    with pytest.raises(ValueError, match=r"Invalid takeover_margin_s: expected a finite number of seconds >= 0, got"):
+        open_store(store_url, takeover_margin_s=margin)

@@ -14,7 +14,14 @@ import uuid
 import pytest
 from conftest import REDIS_SERVER, free_port
 
-from surecall.dispatch.idempotency import LEASE_MARGIN_S, MAX_LEASE_S, RecordState, derive_key, lease_for, split_key
+from surecall.dispatch.idempotency import (
+    LEASE_MARGIN_S,
+    MAX_LEASE_S,
+    RecordState,
+    derive_key,
+    lease_for,
+    split_key,
+)
 from surecall.dispatch.runtime import Runtime
 from surecall.dispatch.stores import SQLiteStore, open_store
 from surecall.errors import StoreCorrupted, StoreNotDurable, StoreUnavailable

@@ -30,7 +30,12 @@ from typing import Any
 
 import rfc8785
 
-from surecall.errors import ArgumentValidationError, IdempotencyConflict, LeaseLost, StoreUnavailable
+from surecall.errors import (
+    ArgumentValidationError,
+    IdempotencyConflict,
+    LeaseLost,
+    StoreUnavailable,
+)
 
 KEY_VERSION = "k1"
 

@@ -19,7 +19,14 @@ import threading
 import time
 from typing import Any
 
-from surecall.dispatch.idempotency import Claim, Record, RecordState, check_fingerprint, check_lease_s, split_key
+from surecall.dispatch.idempotency import (
+    Claim,
+    Record,
+    RecordState,
+    check_fingerprint,
+    check_lease_s,
+    split_key,
+)
 from surecall.dispatch.stores.base import (
     DEFAULT_LEASE_S,
     DEFAULT_TAKEOVER_MARGIN_S,
