@@ -25,7 +25,7 @@ import time
 
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.dispatch.capability import Authority
-from surecall.dispatch.idempotency import RecordState, derive_key
+from surecall.dispatch.idempotency import RecordState, derive_key, hold_lease
 from surecall.dispatch.stores import open_store
 from surecall.dispatch.validate import validate_arguments
 from surecall.tools import SideEffect, Tool
@@ -52,7 +52,7 @@ def one_call(tool, auth, cap, store, workspace: str, traj: str, i: int) -> tuple
     key = derive_key(traj, i, f"call-{i}", tool.name, args)
     claim = store.claim(key, lease_s=30.0)
     if claim.acquired:
-        store.complete(key, claim.owner, {"ok": True, "replaced": 1})
+        store.complete(key, claim.owner, {"ok": True, "replaced": 1}, token=claim.token)
     return time.perf_counter() - t0, claim.acquired
 
 
@@ -107,13 +107,19 @@ def step_breakdown(workspace: str, url: str, n: int) -> dict:
     store = open_store(url)
     args = [call_args(workspace, i) for i in range(n)]
     keys = [derive_key(f"steps-{time.time_ns()}", i, "c", tool.name, a) for i, a in enumerate(args)]
-    owners = {}
+    held = {}
+
+    def hold(i: int) -> None:  # what Runtime adds around a run: a lease check and a heartbeat
+        with hold_lease(store, keys[i], held[i], lease_s=30.0):
+            pass
+
     steps = {
         "validate (jsonschema-rs)": lambda i: validate_arguments(tool, args[i]),
         "approve (HMAC + realpath)": lambda i: auth.approve(cap, "write", args[i]["path"]),
         "derive_key (RFC 8785 + SHA-256)": lambda i: derive_key("t", i, "c", tool.name, args[i]),
-        "claim": lambda i: owners.__setitem__(i, store.claim(keys[i]).owner),
-        "complete": lambda i: store.complete(keys[i], owners[i], {"ok": True}),
+        "claim": lambda i: held.__setitem__(i, store.claim(keys[i])),
+        "hold_lease (heartbeat registration)": hold,
+        "complete": lambda i: store.complete(keys[i], held[i].owner, {"ok": True}, token=held[i].token),
     }
     try:
         import jsonschema
@@ -141,8 +147,10 @@ def start_redis(workdir: str) -> tuple[subprocess.Popen | None, str | None]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # durable, as RedisStore requires by default (AOF, fsync every second, no eviction)
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+                             "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", workdir],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
 
     client = redis.Redis(port=port)

@@ -83,6 +83,20 @@ class StoreUnavailable(SurecallError):
     """The idempotency store cannot be reached; nothing was claimed."""
 
 
+class LeaseLost(IdempotencyConflict):
+    """The caller no longer holds the call's lease: it lapsed, or a newer claim (a higher
+    fencing token) took the record over. A stale owner must not run or record the call."""
+
+
+class StoreCorrupted(StoreUnavailable):
+    """A stored record cannot be read back (garbage JSON, an unknown state, a missing or
+    non-numeric field, a key of the wrong type): nothing was changed; inspect or delete it."""
+
+
+class StoreNotDurable(StoreUnavailable):
+    """The Redis server may lose records (no AOF, or an eviction policy): refused at connect."""
+
+
 class SandboxUnavailable(SurecallError):
     """The shell sandbox (bubblewrap) cannot run and unsandboxed execution was not allowed."""
 

@@ -63,7 +63,9 @@ def redis_url(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("redis")
     port = free_port()
     proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        # durable, as RedisStore requires by default: AOF on (fsync every second), never evict
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+         "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--dir", str(workdir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"

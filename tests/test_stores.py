@@ -146,7 +146,8 @@ def test_redis_store_down_mid_run(tmp_path):
     if not os.path.exists(REDIS_SERVER):
         pytest.skip("redis-server not installed")
     port = free_port()
-    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--appendonly", "yes", "--save", ""]
+    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--appendonly", "yes", "--save", "",
+            "--maxmemory-policy", "noeviction"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     from surecall.dispatch.stores import RedisStore
 
@@ -198,7 +199,7 @@ def _count(path: str) -> int:
 
 @pytest.mark.parametrize("did_effect", [True, False])
 def test_sigkill_mid_execution(store_url, tmp_path, did_effect):
-    store = open_store(store_url)
+    store = open_store(store_url, takeover_margin_s=0)  # the owner is known dead: settle at once
     key = _key(f"kill-{did_effect}")
     effects, ready = str(tmp_path / "effects"), str(tmp_path / "ready")
     proc = CTX.Process(target=_crashing_worker, args=(store_url, key, effects, ready, did_effect))

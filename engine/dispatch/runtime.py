@@ -24,6 +24,7 @@ from typing import Any
 
 from surecall.dispatch.capability import Authority, Capability, Decision, is_finite_number
 from surecall.dispatch.idempotency import (
+    LEASE_MARGIN_S,  # noqa: F401 - re-exported: a lease outlives a tool's own timeout_ms by this much
     Claim,
     ProbeOutcome,
     Record,
@@ -31,6 +32,8 @@ from surecall.dispatch.idempotency import (
     as_outcome,
     derive_key,
     fingerprint,
+    hold_lease,
+    lease_for,
     split_key,
 )
 from surecall.dispatch.validate import MAX_SAFE_INTEGER, validate_arguments
@@ -38,6 +41,7 @@ from surecall.errors import (
     ArgumentValidationError,
     CapabilityError,
     IdempotencyConflict,
+    LeaseLost,
     PathOutsideWorkspace,
     SandboxUnavailable,
     StoreUnavailable,
@@ -48,7 +52,6 @@ from surecall.errors import (
 from surecall.toolbox.result import Plan, ToolResult
 from surecall.tools import SideEffect, Tool
 
-LEASE_MARGIN_S = 10.0  # a lease outlives a tool's own timeout_ms by this much
 MAX_ID_CHARS = 512
 NOT_REQUIRED, NOT_CLAIMED, UNRECORDED = "NOT_REQUIRED", "NOT_CLAIMED", "UNRECORDED"
 # step of dispatch -> (what the observation says failed, the decision code if it fails there)
@@ -320,10 +323,7 @@ class Runtime:
         return Verdict(True, "; ".join(reasons))
 
     def _lease_for(self, arguments: dict) -> float:
-        timeout_ms = arguments.get("timeout_ms")
-        if is_finite_number(timeout_ms):
-            return max(self.lease_s, timeout_ms / 1000 + LEASE_MARGIN_S)
-        return self.lease_s
+        return lease_for(arguments.get("timeout_ms"), self.lease_s)
 
     def _claim(self, key: str, lease_s: float) -> Claim:
         """The store's claim, checked: a store answering anything but a well-formed Claim fails."""
@@ -352,30 +352,37 @@ class Runtime:
         p.step = "execute"
         with self._lock:
             self._intents[key] = (tool.name, arguments)
-        return self._execute_claimed(tool, arguments, plan, key, claim.owner, verdict)
+        return self._execute_claimed(tool, arguments, plan, key, claim, lease_s, verdict)
 
-    def _execute_claimed(self, tool: Tool, arguments: dict, plan: Plan, key: str, owner: str, verdict: Verdict) -> Observation:
+    def _execute_claimed(self, tool: Tool, arguments: dict, plan: Plan, key: str, claim: Claim, lease_s: float,
+                         verdict: Verdict) -> Observation:
+        name, owner, token = tool.name, claim.owner, claim.token
         try:
-            result, failure = _run(plan)
+            with hold_lease(self.store, key, claim, lease_s=lease_s, clock=self.clock):  # heartbeat while it runs
+                result, failure = _run(plan)
+        except LeaseLost as exc:  # raised on entry only: the lease lapsed before the run, nothing ran
+            return _observed(name, verdict, ToolResult(error=f"not run: {exc}"), key=key, state=NOT_CLAIMED)
         except BaseException as exc:  # interrupted mid-call: the effect is unknown
             with contextlib.suppress(Exception):  # the lease expiring turns it IN_DOUBT anyway
-                self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", now=self.clock())
+                self.store.fail(key, owner, f"interrupted: {type(exc).__name__}", token=token, now=self.clock())
             raise
         if failure == "failed" or _partial_failure(result):
             result, failure = _compensate(tool, arguments, result, failure)
         try:
             if failure == "refused":
-                record = self.store.release(key, owner, result.error or "", now=self.clock())
+                record = self.store.release(key, owner, result.error or "", token=token, now=self.clock())
             elif failure == "failed":
-                record = self.store.fail(key, owner, result.error or "", now=self.clock())
+                record = self.store.fail(key, owner, result.error or "", token=token, now=self.clock())
             else:
-                record = self.store.complete(key, owner, result.to_dict(), now=self.clock())
+                record = self.store.complete(key, owner, result.to_dict(), token=token, now=self.clock())
             state = record.state
             if state is not RecordState.IN_DOUBT:
                 with self._lock:
                     self._intents.pop(key, None)  # only IN_DOUBT records may need settle(key) later
         except Exception as exc:
-            error = f"ran, but the result could not be recorded ({exc}); the record will turn IN_DOUBT"
+            error = (f"ran, but the result could not be recorded ({exc}); another owner holds the key now"
+                     if isinstance(exc, LeaseLost) else
+                     f"ran, but the result could not be recorded ({exc}); the record will turn IN_DOUBT")
             return _observed(tool.name, verdict, result, key=key, state=UNRECORDED, extra_error=error)
         return _observed(tool.name, verdict, result, key=key, state=getattr(state, "value", str(state)))
 

@@ -2,7 +2,8 @@
 
 Both implement `IdempotencyStore` (claim / renew / complete / fail / release / settle / get) with
 the same state machine (see `surecall.dispatch.idempotency`). `RedisStore` needs the `redis`
-client package and is imported only when used.
+client package and is imported only when used, and refuses a server that may lose records
+(`require_durability`). Every step after a claim takes the claim's fencing token (`token=`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'surecall.dispatch.stores' has no attribute {name!r}")
 
 
-def open_store(url: str) -> IdempotencyStore:
-    """`redis://...` / `rediss://...` / `unix://...` -> RedisStore; `sqlite:///path` or a path -> SQLiteStore."""
+def open_store(url: str, **options) -> IdempotencyStore:
+    """`redis://...` / `rediss://...` / `unix://...` -> RedisStore; `sqlite:///path` or a path -> SQLiteStore.
+    `options` go to the store's constructor (`takeover_margin_s`; Redis: `require_durability`, `prefix`)."""
     if url.startswith(("redis://", "rediss://", "unix://")):
         from surecall.dispatch.stores.redis import RedisStore
 
-        return RedisStore(url)
-    return SQLiteStore(url.removeprefix("sqlite://"))
+        return RedisStore(url, **options)
+    return SQLiteStore(url.removeprefix("sqlite://"), **options)

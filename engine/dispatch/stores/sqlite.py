@@ -4,29 +4,42 @@ WAL journal, `synchronous=NORMAL` (durable across process crashes, which is what
 protects against), autocommit, one connection per (process, thread). The claim is one
 `INSERT ... ON CONFLICT DO NOTHING`; every later transition is one `UPDATE ... WHERE state=...`
 (compare-and-set), so two processes never both win. Leases are judged by the local clock
-(`now`, unix seconds): use it on one host, or use `RedisStore`. `purge` is one `DELETE` whose
+(`now`, unix seconds): use it on one host, or use `RedisStore`. The fencing token is the
+`attempts` column, matched in the same UPDATE as the owner. `purge` is one `DELETE` whose
 WHERE re-checks state and `updated`, so it cannot remove a record a concurrent claim just took.
+A row that cannot be read back (or a damaged database file) raises StoreCorrupted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
 import time
 from typing import Any
 
-from surecall.dispatch.idempotency import Claim, Record, RecordState, check_fingerprint, split_key
+from surecall.dispatch.idempotency import (
+    Claim,
+    Record,
+    RecordState,
+    check_fingerprint,
+    check_lease_s,
+    split_key,
+)
 from surecall.dispatch.stores.base import (
     DEFAULT_LEASE_S,
+    DEFAULT_TAKEOVER_MARGIN_S,
     PURGEABLE,
     IdempotencyStore,
+    check_margin_s,
+    check_token,
     dump_result,
-    load_result,
     new_owner,
+    parse_record,
     refuse,
 )
-from surecall.errors import IdempotencyConflict, StoreUnavailable
+from surecall.errors import IdempotencyConflict, StoreCorrupted, StoreUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS surecall_records (
@@ -42,13 +55,18 @@ CREATE TABLE IF NOT EXISTS surecall_records (
 ) WITHOUT ROWID
 """
 _COLUMNS = "slot, fp, state, owner, lease_expires, result, error, attempts, updated"
+_FIELDS = tuple(_COLUMNS.split(", "))
 _EXPIRED = "lease expired before the call reported back: effect unknown"
+# SQLITE_CORRUPT / SQLITE_NOTADB: the file itself is damaged, retrying cannot help
+_CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
 class SQLiteStore(IdempotencyStore):
-    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 5.0,
+                 takeover_margin_s: float = DEFAULT_TAKEOVER_MARGIN_S):
         self.path = os.fspath(path)
         self.busy_timeout_s = busy_timeout_s
+        self.takeover_margin_s = check_margin_s(takeover_margin_s)
         self._local = threading.local()
         self._run(lambda conn: conn.execute(_SCHEMA))
 
@@ -69,6 +87,8 @@ class SQLiteStore(IdempotencyStore):
         try:
             return fn(self._conn())
         except sqlite3.Error as exc:
+            if getattr(exc, "sqlite_errorname", "").startswith(_CORRUPT_CODES):
+                raise StoreCorrupted(f"SQLite store {self.path}: the database is damaged ({exc}); nothing was recorded") from exc
             raise StoreUnavailable(f"SQLite store {self.path}: {exc}; nothing was recorded") from exc
 
     def close(self) -> None:
@@ -78,9 +98,18 @@ class SQLiteStore(IdempotencyStore):
         self._local.conn = None
 
     # --- reads ---------------------------------------------------------------------------
-    def _row(self, conn: sqlite3.Connection, slot: str) -> Record | None:
-        return _record(conn.execute(f"SELECT {_COLUMNS} FROM surecall_records WHERE slot=?", (slot,)).fetchone())
+    def _row(self, conn: sqlite3.Connection, slot: str, now: float | None = None) -> Record | None:
+        return self._record(conn.execute(f"SELECT {_COLUMNS} FROM surecall_records WHERE slot=?", (slot,)).fetchone(), now)
 
+    def _record(self, row: tuple | None, now: float | None = None) -> Record | None:
+        """The row as a Record (StoreCorrupted when it cannot be); with `now`, whether a lapsed
+        owner may still be running is judged against it."""
+        if row is None:
+            return None
+        rec = parse_record(f"SQLite store {self.path}", row[0], dict(zip(_FIELDS, row)))
+        if now is not None and rec.state in (RecordState.IN_FLIGHT, RecordState.IN_DOUBT) and rec.lease_expires_at > 0:
+            rec = dataclasses.replace(rec, owner_may_be_alive=rec.lease_expires_at + self.takeover_margin_s > now)
+        return rec
 
     def _expire(self, conn: sqlite3.Connection, rec: Record, now: float) -> Record:
         """IN_FLIGHT with a lease past `now` -> IN_DOUBT (CAS on owner and state)."""
@@ -90,7 +119,7 @@ class SQLiteStore(IdempotencyStore):
                 (_EXPIRED, now, rec.key, rec.owner),
             )
             # UNSEEN only if the owner completed it and a purge deleted it in between
-            return self._row(conn, rec.key) or Record(key=rec.key, state=RecordState.UNSEEN)
+            return self._row(conn, rec.key, now) or Record(key=rec.key, state=RecordState.UNSEEN)
         return rec
 
     def get(self, key: str, *, now: float | None = None) -> Record:
@@ -98,7 +127,7 @@ class SQLiteStore(IdempotencyStore):
         now = time.time() if now is None else now
 
         def op(conn):
-            rec = self._row(conn, slot)
+            rec = self._row(conn, slot, now)
             return Record(key=slot, state=RecordState.UNSEEN) if rec is None else self._expire(conn, rec, now)
 
         return self._run(op)
@@ -108,7 +137,7 @@ class SQLiteStore(IdempotencyStore):
         slot, fp = split_key(key)
         owner = owner or new_owner()
         now = time.time() if now is None else now
-        expires = now + lease_s
+        expires = now + check_lease_s(lease_s)
 
         def attempt(conn) -> Claim | None:
             """One try; None when `purge` deleted the record between two of its statements."""
@@ -129,7 +158,7 @@ class SQLiteStore(IdempotencyStore):
                     (owner, expires, now, slot),
                 ).fetchall()
                 if rows:
-                    return Claim(True, _record(rows[0]))
+                    return Claim(True, self._record(rows[0]))
                 rec = self._row(conn, slot)
                 if rec is None:
                     return None
@@ -147,60 +176,56 @@ class SQLiteStore(IdempotencyStore):
 
         return self._run(op)
 
-    def _transition(self, key: str, owner: str, step: str, sql: str, params: tuple, allowed: tuple[RecordState, ...]) -> Record:
+    def _transition(self, key: str, owner: str, token: int | None, step: str, sql: str, params: tuple,
+                    allowed: tuple[RecordState, ...], now: float, extra: tuple = ()) -> Record:
+        """One compare-and-set UPDATE on (slot, fp, owner, token, state); the refusal says why."""
         slot, fp = split_key(key)
+        token = check_token(token)
 
         def op(conn):
             # RETURNING (SQLite >= 3.35) hands back the new row from the same atomic statement
-            rows = conn.execute(sql + f" RETURNING {_COLUMNS}", (*params, slot, fp, owner, *[s.value for s in allowed])).fetchall()
+            where = (slot, fp, owner, token, token, *[s.value for s in allowed])
+            rows = conn.execute(sql + f" RETURNING {_COLUMNS}", (*params, *where, *extra)).fetchall()
             if rows:  # fetchall: the statement (and its write lock) is finished before we return
-                return _record(rows[0])
-            rec = self._row(conn, slot)
+                return self._record(rows[0])
+            rec = self._row(conn, slot, now)
             if rec is None:
                 raise IdempotencyConflict(f"cannot {step} {slot[:16]}...: no record (claim it first)")
             check_fingerprint(key, rec.fingerprint, fp)
-            raise refuse(slot, step, rec, owner)
+            raise refuse(slot, step, self._expire(conn, rec, now), owner, token, renewing=step.startswith("renew"))
 
         return self._run(op)
 
     def _where(self, allowed: tuple[RecordState, ...]) -> str:
         states = ",".join("?" for _ in allowed)
-        return f"WHERE slot=? AND fp=? AND owner=? AND state IN ({states})"
+        return f"WHERE slot=? AND fp=? AND owner=? AND (? IS NULL OR attempts=?) AND state IN ({states})"
 
-    def renew(self, key: str, owner: str, *, lease_s: float = DEFAULT_LEASE_S, now: float | None = None) -> Record:
+    def renew(self, key: str, owner: str, *, token: int | None = None, lease_s: float = DEFAULT_LEASE_S,
+              now: float | None = None) -> Record:
         now = time.time() if now is None else now
+        expires = now + check_lease_s(lease_s)
         allowed = (RecordState.IN_FLIGHT,)
+        # `lease_expires > now`: a lapsed lease is never revived, even before anyone noticed it
         sql = f"UPDATE surecall_records SET lease_expires=?, updated=? {self._where(allowed)} AND lease_expires>?"
-        slot, fp = split_key(key)
+        return self._transition(key, owner, token, "renew (lease lost or not held)", sql, (expires, now), allowed, now, (now,))
 
-        def op(conn):
-            cur = conn.execute(sql, (now + lease_s, now, slot, fp, owner, RecordState.IN_FLIGHT.value, now))
-            rec = self._row(conn, slot)
-            if cur.rowcount == 1:
-                return rec
-            if rec is None:
-                raise IdempotencyConflict(f"cannot renew {slot[:16]}...: no record (claim it first)")
-            raise refuse(slot, "renew (lease lost or not held)", self._expire(conn, rec, now), owner)
-
-        return self._run(op)
-
-    def complete(self, key: str, owner: str, result: Any, *, now: float | None = None) -> Record:
+    def complete(self, key: str, owner: str, result: Any, *, token: int | None = None, now: float | None = None) -> Record:
         now = time.time() if now is None else now
         allowed = (RecordState.IN_FLIGHT, RecordState.IN_DOUBT)
-        sql = f"UPDATE surecall_records SET state='COMPLETED', result=?, error='', updated=? {self._where(allowed)}"
-        return self._transition(key, owner, "complete", sql, (dump_result(result), now), allowed)
+        sql = f"UPDATE surecall_records SET state='COMPLETED', result=?, error='', lease_expires=0, updated=? {self._where(allowed)}"
+        return self._transition(key, owner, token, "complete", sql, (dump_result(result), now), allowed, now)
 
-    def fail(self, key: str, owner: str, error: str, *, now: float | None = None) -> Record:
+    def fail(self, key: str, owner: str, error: str, *, token: int | None = None, now: float | None = None) -> Record:
         now = time.time() if now is None else now
         allowed = (RecordState.IN_FLIGHT,)
-        sql = f"UPDATE surecall_records SET state='IN_DOUBT', error=?, updated=? {self._where(allowed)}"
-        return self._transition(key, owner, "fail", sql, (str(error)[:4096], now), allowed)
+        sql = f"UPDATE surecall_records SET state='IN_DOUBT', error=?, lease_expires=0, updated=? {self._where(allowed)}"
+        return self._transition(key, owner, token, "fail", sql, (str(error)[:4096], now), allowed, now)
 
-    def release(self, key: str, owner: str, reason: str = "", *, now: float | None = None) -> Record:
+    def release(self, key: str, owner: str, reason: str = "", *, token: int | None = None, now: float | None = None) -> Record:
         now = time.time() if now is None else now
         allowed = (RecordState.IN_FLIGHT,)
-        sql = f"UPDATE surecall_records SET state='NOT_EXECUTED', error=?, updated=? {self._where(allowed)}"
-        return self._transition(key, owner, "release", sql, (str(reason)[:4096], now), allowed)
+        sql = f"UPDATE surecall_records SET state='NOT_EXECUTED', error=?, lease_expires=0, updated=? {self._where(allowed)}"
+        return self._transition(key, owner, token, "release", sql, (str(reason)[:4096], now), allowed, now)
 
     def _resolve(self, key: str, state: RecordState, result: Any, error: str, now: float | None) -> Record:
         slot, _ = split_key(key)
@@ -211,7 +236,7 @@ class SQLiteStore(IdempotencyStore):
                 "UPDATE surecall_records SET state=?, result=?, error=?, updated=? WHERE slot=? AND state='IN_DOUBT'",
                 (state.value, dump_result(result), error, now, slot),
             )
-            return self._row(conn, slot) or Record(key=slot, state=RecordState.UNSEEN)  # settled and purged meanwhile
+            return self._row(conn, slot, now) or Record(key=slot, state=RecordState.UNSEEN)  # settled and purged meanwhile
 
         return self._run(op)
 
@@ -231,11 +256,3 @@ class SQLiteStore(IdempotencyStore):
             args = (*params, limit, *params)
         return self._run(lambda conn: conn.execute(sql, args).rowcount)
 
-
-def _record(row: tuple | None) -> Record | None:
-    if row is None:
-        return None
-    return Record(
-        key=row[0], fingerprint=row[1], state=RecordState(row[2]), owner=row[3], lease_expires_at=row[4],
-        result=load_result(row[5]), error=row[6], attempts=row[7], updated_at=row[8],
-    )
