@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from surecall.catalog import seed_tools
 from surecall.errors import PathOutsideWorkspace
+from surecall.toolbox.atomic import sweep_workspace_temps
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
 from surecall.toolbox.files import FileEditArgs, FileViewArgs, file_edit, file_view, probe_file_edit
 from surecall.toolbox.paths import is_within, real_workspace, resolve_in_workspace
@@ -72,19 +73,19 @@ class CodingTool:
 # --- planners: what each call touches -----------------------------------------------------
 def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
     real = resolve_in_workspace(ws, args.path)
-    return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws))
+    return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws, approved=real))
 
 
 def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
     real = resolve_in_workspace(ws, args.path)
     # read too: the observation shows the edited lines, so a write-only capability must not edit
-    return Plan((Access("read", str(real)), Access("write", str(real))), run=lambda: file_edit(args, ws))
+    return Plan((Access("read", str(real)), Access("write", str(real))), run=lambda: file_edit(args, ws, approved=real))
 
 
 def _planner_grep(limits: SearchLimits) -> Planner:
     def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
         real = resolve_in_workspace(ws, args.path)
-        return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits))
+        return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits, approved=real))
 
     return plan
 
@@ -123,6 +124,7 @@ def coding_tools(
 ) -> list[Tool]:
     """bash_execute, file_view, file_edit and grep_search, bound to `workspace`."""
     ws = real_workspace(workspace)
+    sweep_workspace_temps(ws)  # temporary files a killed file_edit left behind
     shell = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
     models_and_planners = {
         "bash_execute": (BashExecuteArgs, _planner_bash(shell)),
