@@ -69,17 +69,18 @@ def _outside_state(path):
 
 def test_file_view_never_returns_the_outside_file_during_a_swap(swapped):
     ws, _secret = swapped
+    num_calls = 3 * NUM_CALLS  # views are cheap, and each one has a narrow window
     num_leaks = num_refused = num_raw_errors = 0
-    for _ in range(NUM_CALLS):
+    for _ in range(num_calls):
         try:
             num_leaks += "SECRET" in file_view(FileViewArgs(path="d/f.txt"), ws).output
         except ToolError:
             num_refused += 1
         except OSError:
             num_raw_errors += 1
-    print(f"\nfile_view under swap: {num_leaks}/{NUM_CALLS} leaked, {num_refused} refused, {num_raw_errors} raw OSError")
+    print(f"\nfile_view under swap: {num_leaks}/{num_calls} leaked, {num_refused} refused, {num_raw_errors} raw OSError")
     assert (num_leaks, num_raw_errors) == (0, 0)
-    assert num_refused < NUM_CALLS  # the inside file was still read most of the time
+    assert num_refused < num_calls  # the inside file was still read most of the time
 
 
 def test_file_edit_never_writes_the_outside_file_during_a_swap(swapped):
