@@ -369,3 +369,15 @@ def test_a_fifo_is_refused_without_hanging(ws):
     os.mkfifo(ws / "pipe")
     with pytest.raises(ToolError, match="is not a regular file"):
         view(ws, path="pipe")
+
+
+def test_coding_tools_sweep_orphans_at_start_and_pass_the_file_limits_on(ws):
+    from surecall.toolbox.catalog import coding_tools
+
+    _kill_mid_edit(ws)
+    tools = {t.name: t for t in coding_tools(ws, file_limits=FileLimits(max_result_bytes=100))}
+    assert _temps(ws) == []
+    plan = tools["file_edit"].handler.plan({"path": "a.txt", "old_str": "line 2\n", "new_str": "two\n" * 50})
+    assert [a.path for a in plan.accesses] == [str(ws / "a.txt")] * 2
+    with pytest.raises(ToolError, match="over the 100-byte limit of file_edit"):
+        plan.run()

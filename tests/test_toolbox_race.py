@@ -1,10 +1,11 @@
-"""File tools under a concurrent path swap: a workspace directory exchanged for a symlink out.
+"""File tools under a concurrent path swap: a workspace directory or file exchanged for a symlink out.
 
 A separate process (the kind of thing a `bash_execute` command can run) loops
-`renameat2(RENAME_EXCHANGE)` between the directory `ws/d` and a symlink `ws/swap -> outside`,
-while this process calls file_view, file_edit and grep_search on `d/f.txt`. Every call must see
-the inside file or refuse; none may read or write the outside one. Counts are printed (run with
-`-s`) so the figure can be quoted; `SURECALL_RACE_CALLS` changes the number of calls.
+`renameat2(RENAME_EXCHANGE)` between the directory `ws/d` and a symlink `ws/swap -> outside`
+(or between the file `ws/d/f.txt` and a symlink to the outside file), while this process calls
+file_view, file_edit and grep_search on `d/f.txt`. Every call must see the inside file or refuse;
+none may read or write the outside one. Counts are printed (run with `-s`) so the figure can be
+quoted; `SURECALL_RACE_CALLS` changes the number of calls.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from surecall.errors import ToolError
 from surecall.toolbox.files import FileEditArgs, FileViewArgs, file_edit, file_view
 from surecall.toolbox.search import GrepSearchArgs, grep_search
 
-NUM_CALLS = int(os.environ.get("SURECALL_RACE_CALLS", "2000"))
+NUM_CALLS = int(os.environ.get("SURECALL_RACE_CALLS", "1000"))
 
 SWAPPER = textwrap.dedent(
     """
@@ -37,9 +38,10 @@ SWAPPER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def swapped(tmp_path):
-    """(workspace, outside file): `ws/d` and the symlink `ws/swap` trade places nonstop."""
+@pytest.fixture(params=["directory", "file"])
+def swapped(request, tmp_path):
+    """(workspace, outside file): `ws/d` and the symlink `ws/swap -> outside` trade places
+    nonstop (or, for "file", `ws/d/f.txt` and the symlink `ws/d/flink -> outside/f.txt`)."""
     if sys.platform != "linux":
         pytest.skip("renameat2(RENAME_EXCHANGE) is Linux-only")
     ws, outside = tmp_path / "ws", tmp_path / "outside"
@@ -47,10 +49,14 @@ def swapped(tmp_path):
     outside.mkdir()
     (ws / "d" / "f.txt").write_text("inside ping\n")
     (outside / "f.txt").write_text("SECRET ping\n")
-    (ws / "swap").symlink_to(outside)
+    if request.param == "directory":
+        (ws / "swap").symlink_to(outside)
+        pair = (ws / "d", ws / "swap")
+    else:
+        (ws / "d" / "flink").symlink_to(outside / "f.txt")
+        pair = (ws / "d" / "f.txt", ws / "d" / "flink")
     proc = subprocess.Popen(
-        [sys.executable, "-c", SWAPPER, str(ws / "d"), str(ws / "swap")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", SWAPPER, *map(str, pair)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     if proc.stdout.readline().strip() != "ready":
         pytest.fail(f"the swapper did not start: {proc.stderr.read()}")
@@ -86,9 +92,10 @@ def test_file_view_never_returns_the_outside_file_during_a_swap(swapped):
 def test_file_edit_never_writes_the_outside_file_during_a_swap(swapped):
     ws, secret = swapped
     before = _outside_state(secret)
+    num_calls = 2 * NUM_CALLS
     num_outside_writes = num_applied = num_raw_errors = 0
     words = ["ping", "pong"]
-    for _ in range(NUM_CALLS):
+    for _ in range(num_calls):
         try:
             file_edit(FileEditArgs(path="d/f.txt", old_str=words[0], new_str=words[1]), ws)
             num_applied += 1
@@ -102,7 +109,7 @@ def test_file_edit_never_writes_the_outside_file_during_a_swap(swapped):
         if now != before:
             num_outside_writes, before = num_outside_writes + 1, now
     print(
-        f"\nfile_edit under swap: {num_outside_writes}/{NUM_CALLS} wrote outside, {num_applied} applied, "
+        f"\nfile_edit under swap: {num_outside_writes}/{num_calls} wrote outside, {num_applied} applied, "
         f"{num_raw_errors} raw OSError"
     )
     assert (num_outside_writes, num_raw_errors) == (0, 0)
