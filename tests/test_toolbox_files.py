@@ -381,3 +381,11 @@ def test_coding_tools_sweep_orphans_at_start_and_pass_the_file_limits_on(ws):
     assert [a.path for a in plan.accesses] == [str(ws / "a.txt")] * 2
     with pytest.raises(ToolError, match="over the 100-byte limit of file_edit"):
         plan.run()
+
+
+def test_an_edit_gives_up_when_the_file_keeps_being_replaced(ws, monkeypatch):
+    import surecall.toolbox.atomic as atomic
+
+    monkeypatch.setattr(atomic, "_current", lambda dir_fd, name: None)  # as if replaced after every lock
+    with pytest.raises(ToolError, match="'a.txt' kept being replaced for 0.1 s; the file is unchanged"):
+        file_edit(FileEditArgs(path="a.txt", old_str="line 2\n", new_str="two\n"), ws, limits=FileLimits(lock_timeout_s=0.1))

@@ -70,6 +70,8 @@ def locked_file(dir_fd: int, name: str, shown: str, timeout_s: float) -> Iterato
         if _current(dir_fd, name) == _identity(st):
             break
         os.close(fd)  # replaced while we waited for the lock: lock the new file instead
+        if time.monotonic() > deadline:
+            raise ToolError(f"file {shown!r} kept being replaced for {timeout_s} s; the file is unchanged")
     try:
         yield fd, st
     finally:

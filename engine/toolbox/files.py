@@ -22,7 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from surecall.errors import ToolError
 from surecall.toolbox.atomic import locked_file, replace_file, sweep_stale_temps
-from surecall.toolbox.paths import display_path, open_parent, open_regular_file, read_fd, resolve_in_workspace
+from surecall.toolbox.paths import (
+    display_path,
+    open_parent,
+    open_regular_file,
+    read_fd,
+    resolve_in_workspace,
+)
 from surecall.toolbox.result import ToolResult
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # a file larger than this is refused by both tools

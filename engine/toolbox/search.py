@@ -18,7 +18,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from surecall.errors import ToolError
 from surecall.toolbox.paths import (
+    FILE_FLAGS,
     display_path,
     is_within,
     open_path,
@@ -95,38 +96,44 @@ def _regular_fd(root: Path, real: Path) -> int | None:
 
 def _open_entry(dir_fd: int, name: str, is_link: bool, link_path: Path, start: Path, root: Path) -> int | None:
     """An fd of the regular file `name` in `dir_fd`; a symlink only when it resolves under `start`."""
-    if not is_link:
+    if is_link:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            real = Path(os.path.realpath(link_path))
         except OSError:
-            return None  # gone, or swapped for a symlink since the directory was listed
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        os.close(fd)
-        return None
+            return None
+        return _regular_fd(root, real) if is_within(real, start) else None
     try:
-        real = Path(os.path.realpath(link_path))
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
-        return None
-    return _regular_fd(root, real) if is_within(real, start) else None
+        return None  # gone, or swapped for a symlink since the directory was listed
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
-def _candidate_files(root: Path, start: Path, shown: str) -> Iterator[tuple[str, int]]:
-    """(path shown, open fd) of each regular file under `start` (or `start` itself), sorted."""
+def _candidate_files(root: Path, start: Path, shown: str, glob: str, deadline: float) -> Iterator[tuple[str, int]]:
+    """(path shown, open fd) of each regular file under `start` (or `start` itself) matching
+    `glob`, sorted by path; _BudgetSpent past the deadline (a huge tree)."""
+    base = display_path(start, root)
     with open_path(root, start, shown) as top_fd:
-        if stat.S_ISREG(os.fstat(top_fd).st_mode):
-            yield display_path(start, root), top_fd
-            return
-        if not stat.S_ISDIR(os.fstat(top_fd).st_mode):
+        mode = os.fstat(top_fd).st_mode
+        if stat.S_ISREG(mode) and _matches_glob(base, glob):
+            yield base, top_fd
+        if not stat.S_ISDIR(mode):
             return
         for rel_dir, dir_fd, files in walk_tree(top_fd, skip_dirs=SKIP_DIRS):
             for name, is_link in files:
-                link_path = start / rel_dir / name
-                fd = _open_entry(dir_fd, name, is_link, link_path, start, root)
+                if time.monotonic() > deadline:
+                    raise _BudgetSpent
+                rel = os.path.normpath(os.path.join(base, rel_dir, name))
+                if not _matches_glob(rel, glob):
+                    continue
+                fd = _open_entry(dir_fd, name, is_link, start / rel_dir / name, start, root)
                 if fd is None:
                     continue
                 try:
-                    yield display_path(link_path, root), fd
+                    yield rel, fd
                 finally:
                     os.close(fd)
 
@@ -158,6 +165,32 @@ def compile_pattern(pattern: str, limits: SearchLimits = SearchLimits()) -> rege
         raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
+@dataclass
+class _Scan:
+    """What one search found so far."""
+
+    matches: list[dict] = field(default_factory=list)
+    num_bytes: int = 0
+    num_files: int = 0
+    num_skipped: int = 0
+    truncated: bool = False
+    timed_out: bool = False
+
+    def search_file(self, rel: str, fd: int, compiled: regex.Pattern, deadline: float, limits: SearchLimits) -> None:
+        text = _read_text(fd, limits)
+        if text is None:
+            self.num_skipped += 1
+            return
+        self.num_files += 1
+        for line_no, line in _matching_lines(compiled, text, deadline):
+            record = {"path": rel, "line": line_no, "text": line[: limits.max_line_chars]}
+            self.num_bytes += len(rel) + len(record["text"]) + 16
+            if len(self.matches) >= limits.max_matches or self.num_bytes > limits.max_output_bytes:
+                self.truncated = True
+                return
+            self.matches.append(record)
+
+
 def grep_search(
     args: GrepSearchArgs, workspace: Path, limits: SearchLimits = SearchLimits(), *, approved: Path | None = None
 ) -> ToolResult:
@@ -169,30 +202,15 @@ def grep_search(
     start = approved if approved is not None else resolve_in_workspace(root, args.path)
     compiled = compile_pattern(args.pattern, limits)
     deadline = time.monotonic() + limits.time_budget_s
-    matches, num_bytes, num_files, num_skipped, truncated, timed_out = [], 0, 0, 0, False, False
+    scan = _Scan()
     try:
-        for rel, fd in _candidate_files(root, start, args.path):
-            if time.monotonic() > deadline:
-                raise _BudgetSpent
-            if not _matches_glob(rel, args.glob):
-                continue
-            text = _read_text(fd, limits)
-            if text is None:
-                num_skipped += 1
-                continue
-            num_files += 1
-            for line_no, line in _matching_lines(compiled, text, deadline):
-                record = {"path": rel, "line": line_no, "text": line[: limits.max_line_chars]}
-                num_bytes += len(rel) + len(record["text"]) + 16
-                if len(matches) >= limits.max_matches or num_bytes > limits.max_output_bytes:
-                    truncated = True
-                    break
-                matches.append(record)
-            if truncated:
+        for rel, fd in _candidate_files(root, start, args.path, args.glob, deadline):
+            scan.search_file(rel, fd, compiled, deadline, limits)
+            if scan.truncated:
                 break
     except _BudgetSpent:
-        truncated, timed_out = True, True
-    return _result(matches, truncated, timed_out, num_files, num_skipped, limits)
+        scan.truncated = scan.timed_out = True
+    return _result(scan, limits)
 
 
 def _matching_lines(compiled: regex.Pattern, text: str, deadline: float) -> Iterator[tuple[int, str]]:
@@ -209,23 +227,21 @@ def _matching_lines(compiled: regex.Pattern, text: str, deadline: float) -> Iter
             yield line_no, line
 
 
-def _result(
-    matches: list[dict], truncated: bool, timed_out: bool, num_files: int, num_skipped: int, limits: SearchLimits
-) -> ToolResult:
-    lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in matches]
-    summary = f"[{len(matches)} match(es) in {num_files} file(s) searched"
-    if num_skipped:
-        summary += f", {num_skipped} binary or huge file(s) skipped"
-    if timed_out:
+def _result(scan: _Scan, limits: SearchLimits) -> ToolResult:
+    lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in scan.matches]
+    summary = f"[{len(scan.matches)} match(es) in {scan.num_files} file(s) searched"
+    if scan.num_skipped:
+        summary += f", {scan.num_skipped} binary or huge file(s) skipped"
+    if scan.timed_out:
         summary += (
             f"; stopped after the {limits.time_budget_s} s time budget (a slow pattern or a large tree): "
             "the matches so far are shown; simplify the pattern or narrow the path"
         )
-    elif truncated:
+    elif scan.truncated:
         summary += f"; truncated at {limits.max_matches} matches / {limits.max_output_bytes} bytes, narrow the search"
     lines.append(summary + "]")
     data = {
-        "matches": matches, "truncated": truncated, "timed_out": timed_out,
-        "num_files_searched": num_files, "num_files_skipped": num_skipped,
+        "matches": scan.matches, "truncated": scan.truncated, "timed_out": scan.timed_out,
+        "num_files_searched": scan.num_files, "num_files_skipped": scan.num_skipped,
     }
-    return ToolResult(output="\n".join(lines), truncated=truncated, data=data)
+    return ToolResult(output="\n".join(lines), truncated=scan.truncated, data=data)
