@@ -389,3 +389,21 @@ def test_an_edit_gives_up_when_the_file_keeps_being_replaced(ws, monkeypatch):
     monkeypatch.setattr(atomic, "_current", lambda dir_fd, name: None)  # as if replaced after every lock
     with pytest.raises(ToolError, match="'a.txt' kept being replaced for 0.1 s; the file is unchanged"):
         file_edit(FileEditArgs(path="a.txt", old_str="line 2\n", new_str="two\n"), ws, limits=FileLimits(lock_timeout_s=0.1))
+
+
+def test_the_file_tools_run_concurrently_from_threads_on_one_workspace(ws):
+    from surecall.toolbox.search import GrepSearchArgs, grep_search
+
+    for k in range(8):
+        (ws / f"t{k}.txt").write_text(f"thread {k} round 0\n")
+
+    def rounds(k):
+        for r in range(15):
+            edit(ws, path=f"t{k}.txt", old_str=f"round {r}\n", new_str=f"round {r + 1}\n")
+            assert view(ws, path=f"t{k}.txt").output.startswith(f"     1\tthread {k} round {r + 1}")
+            found = grep_search(GrepSearchArgs(pattern=rf"^thread {k} round {r + 1}$"), ws).data["matches"]
+            assert [m["path"] for m in found] == [f"t{k}.txt"]
+        return k
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sorted(pool.map(rounds, range(8))) == list(range(8))

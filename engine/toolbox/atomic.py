@@ -145,8 +145,11 @@ def _is_orphan(entry: os.DirEntry, now: float) -> bool:
 def sweep_stale_temps(dir_fd: int) -> int:
     """Remove the orphaned temporary files of dead writers in one directory; how many."""
     num_removed, now = 0, time.time()
-    with os.scandir(dir_fd) as entries:
-        orphans = [entry.name for entry in entries if _is_orphan(entry, now)]
+    try:
+        with os.scandir(dir_fd) as entries:
+            orphans = [entry.name for entry in entries if _is_orphan(entry, now)]
+    except OSError:
+        return 0  # an unlistable directory: sweeping is best effort, the edit goes on
     for name in orphans:
         _unlink_quietly(dir_fd, name)
         num_removed += 1
