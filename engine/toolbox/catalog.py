@@ -3,7 +3,8 @@
 Each tool is a `surecall.tools.Tool` whose schema is exported from its pydantic model (titles
 dropped, so the descriptor equals `surecall.tools.catalog.hardened_seed_tools()`) and whose handler is a
 `CodingTool`: it parses the arguments, resolves every path inside the workspace and returns a
-`Plan` (what the call touches and how to run it) for `surecall.dispatch.runtime`; `file_edit`
+`Plan` (what the call touches and how to run it, opening exactly the approved real path, so a
+symlink swapped in after the check is refused) for `surecall.dispatch.runtime`; `file_edit`
 declares its reconciliation probe on the Tool (`Tool.probe(arguments) -> True/False/None`).
 Side-effect levels, and why:
   bash_execute A3  a command may do anything, including deleting files: approval (the right
@@ -28,15 +29,23 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from surecall.tools.catalog import hardened_seed_tools
 from surecall.errors import PathOutsideWorkspace
+from surecall.toolbox.atomic import sweep_workspace_temps
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
-from surecall.toolbox.files import FileEditArgs, FileViewArgs, file_edit, file_view, probe_file_edit
+from surecall.toolbox.files import (
+    FileEditArgs,
+    FileLimits,
+    FileViewArgs,
+    file_edit,
+    file_view,
+    probe_file_edit,
+)
 from surecall.toolbox.paths import is_within, real_workspace, resolve_in_workspace
 from surecall.toolbox.result import Access, Plan
 from surecall.toolbox.sandbox import Sandbox, SandboxConfig
 from surecall.toolbox.search import GrepSearchArgs, SearchLimits, grep_search
 from surecall.tools import SideEffect, Tool
+from surecall.tools.catalog import hardened_seed_tools
 
 LEVELS = {
     "bash_execute": SideEffect.A3,
@@ -74,21 +83,28 @@ class CodingTool:
 
 
 # --- planners: what each call touches -----------------------------------------------------
-def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
-    real = resolve_in_workspace(ws, args.path)
-    return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws))
+def _planner_view(limits: FileLimits) -> Planner:
+    def plan(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+        real = resolve_in_workspace(ws, args.path)
+        return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws, approved=real, limits=limits))
+
+    return plan
 
 
-def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
-    real = resolve_in_workspace(ws, args.path)
-    # read too: the observation shows the edited lines, so a write-only capability must not edit
-    return Plan((Access("read", str(real)), Access("write", str(real))), run=lambda: file_edit(args, ws))
+def _planner_edit(limits: FileLimits) -> Planner:
+    def plan(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+        real = resolve_in_workspace(ws, args.path)
+        # read too: the observation shows the edited lines, so a write-only capability must not edit
+        accesses = (Access("read", str(real)), Access("write", str(real)))
+        return Plan(accesses, run=lambda: file_edit(args, ws, approved=real, limits=limits))
+
+    return plan
 
 
 def _planner_grep(limits: SearchLimits) -> Planner:
     def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
         real = resolve_in_workspace(ws, args.path)
-        return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits))
+        return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits, approved=real))
 
     return plan
 
@@ -138,16 +154,18 @@ def coding_tools(
     *,
     sandbox: Sandbox | SandboxConfig | None = None,
     search_limits: SearchLimits | None = None,
+    file_limits: FileLimits | None = None,
 ) -> list[Tool]:
     """bash_execute, file_view, file_edit and grep_search, bound to `workspace`."""
     ws = real_workspace(workspace)
+    sweep_workspace_temps(ws)  # temporary files a killed file_edit left behind
     shell = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox)
     limits = search_limits or SearchLimits()
     costs = _costs(limits)
     models_and_planners = {
         "bash_execute": (BashExecuteArgs, _planner_bash(shell)),
-        "file_view": (FileViewArgs, _plan_view),
-        "file_edit": (FileEditArgs, _plan_edit),
+        "file_view": (FileViewArgs, _planner_view(file_limits or FileLimits())),
+        "file_edit": (FileEditArgs, _planner_edit(file_limits or FileLimits())),
         "grep_search": (GrepSearchArgs, _planner_grep(limits)),
     }
     tools = []

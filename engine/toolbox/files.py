@@ -1,29 +1,57 @@
 """`file_view` and `file_edit`: a windowed viewer and an exact-replacement editor.
 
-Both take a path relative to the workspace (resolved by `paths.resolve_in_workspace`) and refuse
-binary files (a NUL byte or invalid UTF-8) and files over `MAX_FILE_BYTES`. `file_edit` replaces
-an exact string; zero matches, or several without `allow_multiple`, leave the file byte for byte
-unchanged. The write is atomic: a temporary file in the same directory, fsync, `os.replace`,
-with the original mode kept, so a crash leaves either the old or the new file. The module also
-holds `file_edit`'s reconciliation probe. It never creates or deletes files.
+Both take a path relative to the workspace, checked by `paths.resolve_in_workspace` and then
+opened component by component from a workspace directory fd (`paths.open_parent`), so a
+directory swapped for a symlink mid-call is refused, never followed out. They refuse binary
+files (a NUL byte or invalid UTF-8) and files over `FileLimits.max_file_bytes`. `file_edit`
+replaces an exact string; zero matches, several without `allow_multiple`, or a result over
+`FileLimits.max_result_bytes` leave the file byte for byte unchanged. The write is locked and
+atomic (`atomic.locked_file`, `atomic.replace_file`): concurrent edits of one file each see the
+previous one's result, and a crash leaves the old or the new file. The module also holds
+`file_edit`'s reconciliation probe. It never creates files (except its own temporary ones).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from surecall.errors import ToolError
-from surecall.toolbox.paths import display_path, resolve_in_workspace
+from surecall.toolbox.atomic import locked_file, replace_file, sweep_stale_temps
+from surecall.toolbox.paths import (
+    display_path,
+    open_parent,
+    open_regular_file,
+    read_fd,
+    resolve_in_workspace,
+)
 from surecall.toolbox.result import ToolResult
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # a file larger than this is refused by both tools
 MAX_LINE_CHARS = 2000  # file_view cuts longer lines (minified code) with a marker
 SNIPPET_CONTEXT_LINES = 3
+
+
+@dataclass(frozen=True)
+class FileLimits:
+    """What file_view and file_edit accept. The result limit defaults to the read limit, so
+    whatever file_edit writes, both tools can still open."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_result_bytes: int = MAX_FILE_BYTES
+    lock_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_file_bytes", "max_result_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Invalid FileLimits.{name}: expected a positive integer, got {value!r}")
+        if not (isinstance(self.lock_timeout_s, (int, float)) and 0 < self.lock_timeout_s < float("inf")):
+            raise ValueError(f"Invalid FileLimits.lock_timeout_s: expected a finite number > 0, got {self.lock_timeout_s!r}")
 
 
 class FileViewArgs(BaseModel):
@@ -45,23 +73,37 @@ class FileEditArgs(BaseModel):
     ] = False
 
 
-def read_text_file(workspace: Path, path: str) -> tuple[Path, str]:
-    """(real path, text) of a workspace file, or ToolError for missing, binary or huge files."""
-    real = resolve_in_workspace(workspace, path)
-    if not real.exists():
-        raise ToolError(f"file {path!r} does not exist")
-    if not real.is_file():
-        raise ToolError(f"{path!r} is not a regular file")
-    size = real.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ToolError(f"file {path!r} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit of this tool")
-    raw = real.read_bytes()
+def _decode(fd: int, path: str, limits: FileLimits) -> str:
+    """The text of an open file, or ToolError for huge or binary files."""
+    size = os.fstat(fd).st_size
+    raw = read_fd(fd, limits.max_file_bytes) if size <= limits.max_file_bytes else None
+    if raw is None:
+        raise ToolError(
+            f"file {path!r} is {max(size, limits.max_file_bytes + 1)} bytes, "
+            f"over the {limits.max_file_bytes}-byte limit of this tool"
+        )
     if b"\x00" in raw[:8192]:
         raise ToolError(f"file {path!r} looks binary (NUL byte); this tool only handles UTF-8 text")
     try:
-        return real, raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ToolError(f"file {path!r} is not valid UTF-8 (byte {exc.start}); this tool only handles text") from None
+
+
+def read_text_file(
+    workspace: Path, path: str, *, approved: Path | None = None, limits: FileLimits = FileLimits()
+) -> tuple[Path, str]:
+    """(real path, text) of a workspace file, or ToolError for missing, binary or huge files.
+
+    `approved` is the real path a capability was checked against: it is opened as is, and a
+    symlink met on the way (the path changed since the check) is refused."""
+    real = approved if approved is not None else resolve_in_workspace(workspace, path)
+    with open_parent(workspace, real, path) as (dir_fd, name):
+        fd = open_regular_file(dir_fd, name, path)
+        try:
+            return real, _decode(fd, path, limits)
+        finally:
+            os.close(fd)
 
 
 # --- file_view ----------------------------------------------------------------------------
@@ -74,9 +116,11 @@ def _numbered(lines: list[str], first_line: int) -> tuple[str, bool]:
     return "\n".join(out), cut
 
 
-def file_view(args: FileViewArgs, workspace: Path) -> ToolResult:
+def file_view(
+    args: FileViewArgs, workspace: Path, *, approved: Path | None = None, limits: FileLimits = FileLimits()
+) -> ToolResult:
     """Lines offset..offset+limit-1 with numbers, and a note on where the window stands."""
-    real, text = read_text_file(workspace, args.path)
+    real, text = read_text_file(workspace, args.path, approved=approved, limits=limits)
     lines = text.splitlines()
     num_lines = len(lines)
     if args.offset > max(num_lines, 1):
@@ -96,30 +140,6 @@ def file_view(args: FileViewArgs, workspace: Path) -> ToolResult:
 
 
 # --- file_edit ----------------------------------------------------------------------------
-def atomic_write(path: Path, payload: bytes) -> None:
-    """Replace `path` with `payload` so a crash leaves the old or the new file, never half of one."""
-    st = path.stat()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".surecall-tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, st.st_mode & 0o7777)
-        if os.geteuid() == 0:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
-
-
 def _snippet(text: str, index: int, new_str: str) -> tuple[str, int]:
     """Numbered lines around the first replacement and the line number where it starts."""
     line_no = text.count("\n", 0, index) + 1
@@ -130,9 +150,8 @@ def _snippet(text: str, index: int, new_str: str) -> tuple[str, int]:
     return body, line_no
 
 
-def file_edit(args: FileEditArgs, workspace: Path) -> ToolResult:
-    """Replace `old_str` by `new_str` (once, or everywhere with allow_multiple), atomically."""
-    real, text = read_text_file(workspace, args.path)
+def _replaced(args: FileEditArgs, text: str, limits: FileLimits) -> tuple[str, int]:
+    """(edited text, number of replacements), or ToolError with the file left unchanged."""
     count = text.count(args.old_str)
     if count == 0:
         raise ToolError(f"old_str was not found in {args.path!r} (0 matches); the file is unchanged")
@@ -143,10 +162,29 @@ def file_edit(args: FileEditArgs, workspace: Path) -> ToolResult:
         )
     if args.old_str == args.new_str:
         raise ToolError("old_str and new_str are identical; the file is unchanged")
-    index = text.index(args.old_str)
-    edited = text.replace(args.old_str, args.new_str)
-    atomic_write(real, edited.encode("utf-8"))
-    snippet, line_no = _snippet(edited, index, args.new_str)
+    num_new_bytes = len(args.new_str.encode("utf-8"))
+    # checked before building the result: 65536 copies of 64 KiB would be 4 GiB
+    size = len(text.encode("utf-8")) + count * (num_new_bytes - len(args.old_str.encode("utf-8")))
+    if size > limits.max_result_bytes:
+        raise ToolError(
+            f"the edit would make {args.path!r} {size} bytes ({count} replacement(s) by {num_new_bytes} bytes), "
+            f"over the {limits.max_result_bytes}-byte limit of file_edit; the file is unchanged"
+        )
+    return text.replace(args.old_str, args.new_str), count
+
+
+def file_edit(
+    args: FileEditArgs, workspace: Path, *, approved: Path | None = None, limits: FileLimits = FileLimits()
+) -> ToolResult:
+    """Replace `old_str` by `new_str` (once, or everywhere with allow_multiple), locked and atomic."""
+    real = approved if approved is not None else resolve_in_workspace(workspace, args.path)
+    with open_parent(workspace, real, args.path) as (dir_fd, name):
+        sweep_stale_temps(dir_fd)
+        with locked_file(dir_fd, name, args.path, limits.lock_timeout_s) as (fd, st):
+            text = _decode(fd, args.path, limits)
+            edited, count = _replaced(args, text, limits)
+            replace_file(dir_fd, name, st, edited.encode("utf-8"), args.path)
+    snippet, line_no = _snippet(edited, text.index(args.old_str), args.new_str)
     shown = display_path(real, workspace)
     output = f"Edited {shown}: replaced {count} occurrence(s), first at line {line_no}.\n{snippet}"
     return ToolResult(output=output, data={"path": shown, "num_replacements": count, "line": line_no})

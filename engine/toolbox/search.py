@@ -1,19 +1,24 @@
 """`grep_search`: a regular-expression search over workspace files, with structured results.
 
 Results are (path, line, text) records, capped by `max_matches` and `max_output_bytes` with a
-`truncated` flag. The pattern runs on the `regex` package (Python `re` syntax) with a timeout,
-so a catastrophically backtracking pattern ends with a clear error after `time_budget_s`
-instead of pinning a core. No shell and no subprocess: files are walked in Python, symlinks
-are not followed out of the searched path, `.git` is skipped, and binary or huge files are skipped
-(and counted). It does not honour .gitignore.
+`truncated` flag. The pattern runs on the `regex` package (Python `re` syntax). Compiling cannot
+be interrupted, so a pattern is refused before it compiles when it is too long or its counted
+repeats nest past `max_regex_repeat` (`x{100000000}` would take minutes); matching runs with a
+timeout, and when `time_budget_s` runs out (a slow pattern or a huge tree) the matches found so
+far come back with `truncated=True` and a note. No shell and no subprocess: files are walked from
+directory fds (`paths.walk_tree`), so a directory swapped for a symlink is never entered; a
+symlinked file is searched only when it resolves under the searched path; `.git` is skipped, and
+binary or huge files are skipped (and counted). It does not honour .gitignore.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +26,17 @@ import regex
 from pydantic import BaseModel, ConfigDict, Field
 
 from surecall.errors import ToolError
-from surecall.toolbox.paths import display_path, is_within, real_workspace, resolve_in_workspace
+from surecall.toolbox.paths import (
+    FILE_FLAGS,
+    display_path,
+    is_within,
+    open_path,
+    read_fd,
+    real_workspace,
+    resolve_in_workspace,
+    walk_tree,
+)
+from surecall.toolbox.pattern import repeat_expansion
 from surecall.toolbox.result import ToolResult
 
 SKIP_DIRS = frozenset({".git"})
@@ -46,14 +61,17 @@ class SearchLimits:
     max_line_chars: int = 300
     max_file_bytes: int = 4 * 1024 * 1024
     time_budget_s: float = 5.0
+    max_pattern_chars: int = 512
+    max_regex_repeat: int = 100_000  # bound of `pattern.repeat_expansion`; compiles in ~50 ms
 
     def __post_init__(self) -> None:
-        for name in ("max_matches", "max_output_bytes", "max_line_chars", "max_file_bytes"):
+        names = ("max_matches", "max_output_bytes", "max_line_chars", "max_file_bytes", "max_pattern_chars", "max_regex_repeat")
+        for name in names:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Invalid SearchLimits.{name}: expected a positive integer, got {value!r}")
-        if not self.time_budget_s > 0:
-            raise ValueError(f"Invalid SearchLimits.time_budget_s: expected > 0, got {self.time_budget_s!r}")
+        if not (isinstance(self.time_budget_s, (int, float)) and 0 < self.time_budget_s < float("inf")):
+            raise ValueError(f"Invalid SearchLimits.time_budget_s: expected a finite number > 0, got {self.time_budget_s!r}")
 
 
 def _matches_glob(rel_path: str, glob: str | None) -> bool:
@@ -63,103 +81,167 @@ def _matches_glob(rel_path: str, glob: str | None) -> bool:
     return fnmatch.fnmatchcase(target, glob)
 
 
-def _candidate_files(start: Path):
-    """Regular files under `start` (or `start` itself). A symlink whose target leaves `start`
-    is skipped, so the search never reads past the path the capability approved."""
-    if start.is_file():
-        yield start
-        return
-    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            real = Path(os.path.realpath(path))
-            if is_within(real, start) and real.is_file():
-                yield path
+class _BudgetSpent(Exception):
+    """The time budget ran out mid-scan: stop and return what was found."""
 
 
-def _read_text(path: Path, limits: SearchLimits) -> str | None:
+def _regular_fd(root: Path, real: Path) -> int | None:
+    """A new fd of the regular file `real`, or None when it is anything else or cannot be opened."""
+    try:
+        with open_path(root, real, str(real)) as fd:
+            return os.dup(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ToolError):
+        return None
+
+
+def _open_entry(dir_fd: int, name: str, is_link: bool, link_path: Path, start: Path, root: Path) -> int | None:
+    """An fd of the regular file `name` in `dir_fd`; a symlink only when it resolves under `start`."""
+    if is_link:
+        try:
+            real = Path(os.path.realpath(link_path))
+        except OSError:
+            return None
+        return _regular_fd(root, real) if is_within(real, start) else None
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None  # gone, or swapped for a symlink since the directory was listed
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _candidate_files(root: Path, start: Path, shown: str, glob: str, deadline: float) -> Iterator[tuple[str, int]]:
+    """(path shown, open fd) of each regular file under `start` (or `start` itself) matching
+    `glob`, sorted by path; _BudgetSpent past the deadline (a huge tree)."""
+    base = display_path(start, root)
+    with open_path(root, start, shown) as top_fd:
+        mode = os.fstat(top_fd).st_mode
+        if stat.S_ISREG(mode) and _matches_glob(base, glob):
+            yield base, top_fd
+        if not stat.S_ISDIR(mode):
+            return
+        for rel_dir, dir_fd, files in walk_tree(top_fd, skip_dirs=SKIP_DIRS):
+            for name, is_link in files:
+                if time.monotonic() > deadline:
+                    raise _BudgetSpent
+                rel = os.path.normpath(os.path.join(base, rel_dir, name))
+                if not _matches_glob(rel, glob):
+                    continue
+                fd = _open_entry(dir_fd, name, is_link, start / rel_dir / name, start, root)
+                if fd is None:
+                    continue
+                try:
+                    yield rel, fd
+                finally:
+                    os.close(fd)
+
+
+def _read_text(fd: int, limits: SearchLimits) -> str | None:
     """The file's text, or None for binary, huge or unreadable files."""
     try:
-        if path.stat().st_size > limits.max_file_bytes:
-            return None
-        raw = path.read_bytes()
+        raw = read_fd(fd, limits.max_file_bytes) if os.fstat(fd).st_size <= limits.max_file_bytes else None
     except OSError:
         return None
-    if b"\x00" in raw[:8192]:
+    if raw is None or b"\x00" in raw[:8192]:
         return None
     return raw.decode("utf-8", errors="replace")
 
 
-def compile_pattern(pattern: str) -> regex.Pattern:
+def compile_pattern(pattern: str, limits: SearchLimits = SearchLimits()) -> regex.Pattern:
+    """The compiled pattern, or ToolError for one that is invalid or too costly to compile."""
+    if len(pattern) > limits.max_pattern_chars:
+        raise ToolError(f"regular expression is {len(pattern)} characters, over the limit of {limits.max_pattern_chars}")
+    expansion = repeat_expansion(pattern)
+    if expansion > limits.max_regex_repeat:
+        raise ToolError(
+            f"regular expression {pattern!r} repeats up to {expansion} times with nested counted repeats "
+            f"({{n}}, {{n,m}}), over the limit of {limits.max_regex_repeat}; use smaller counts or + and *"
+        )
     try:
         return regex.compile(pattern, flags=regex.VERSION0 | regex.MULTILINE)
-    except regex.error as exc:
+    except (regex.error, OverflowError, RecursionError) as exc:
         raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
-def grep_search(args: GrepSearchArgs, workspace: Path, limits: SearchLimits = SearchLimits()) -> ToolResult:
-    """Every line matching `pattern` under `path`, as {path, line, text} records."""
-    root = real_workspace(workspace)
-    start = resolve_in_workspace(root, args.path)
-    if not start.exists():
-        raise ToolError(f"path {args.path!r} does not exist")
-    compiled = compile_pattern(args.pattern)
-    deadline = time.monotonic() + limits.time_budget_s
-    matches, num_bytes, num_files, num_skipped, truncated, timed_out = [], 0, 0, 0, False, False
-    for path in _candidate_files(start):
-        if time.monotonic() > deadline:  # a huge tree: stop walking, say so
-            truncated, timed_out = True, True
-            break
-        rel = display_path(path, root)
-        if not _matches_glob(rel, args.glob):
-            continue
-        text = _read_text(path, limits)
+@dataclass
+class _Scan:
+    """What one search found so far."""
+
+    matches: list[dict] = field(default_factory=list)
+    num_bytes: int = 0
+    num_files: int = 0
+    num_skipped: int = 0
+    truncated: bool = False
+    timed_out: bool = False
+
+    def search_file(self, rel: str, fd: int, compiled: regex.Pattern, deadline: float, limits: SearchLimits) -> None:
+        text = _read_text(fd, limits)
         if text is None:
-            num_skipped += 1
-            continue
-        num_files += 1
-        for line_no, line in _matching_lines(compiled, text, deadline, args.pattern):
+            self.num_skipped += 1
+            return
+        self.num_files += 1
+        for line_no, line in _matching_lines(compiled, text, deadline):
             record = {"path": rel, "line": line_no, "text": line[: limits.max_line_chars]}
-            num_bytes += len(rel) + len(record["text"]) + 16
-            if len(matches) >= limits.max_matches or num_bytes > limits.max_output_bytes:
-                truncated = True
+            self.num_bytes += len(rel) + len(record["text"]) + 16
+            if len(self.matches) >= limits.max_matches or self.num_bytes > limits.max_output_bytes:
+                self.truncated = True
+                return
+            self.matches.append(record)
+
+
+def grep_search(
+    args: GrepSearchArgs, workspace: Path, limits: SearchLimits = SearchLimits(), *, approved: Path | None = None
+) -> ToolResult:
+    """Every line matching `pattern` under `path`, as {path, line, text} records.
+
+    `approved` is the real path a capability was checked against: searched as is, and a symlink
+    met on the way to it (the path changed since the check) is refused."""
+    root = real_workspace(workspace)
+    start = approved if approved is not None else resolve_in_workspace(root, args.path)
+    compiled = compile_pattern(args.pattern, limits)
+    deadline = time.monotonic() + limits.time_budget_s
+    scan = _Scan()
+    try:
+        for rel, fd in _candidate_files(root, start, args.path, args.glob, deadline):
+            scan.search_file(rel, fd, compiled, deadline, limits)
+            if scan.truncated:
                 break
-            matches.append(record)
-        if truncated:
-            break
-    return _result(matches, truncated, timed_out, num_files, num_skipped, limits)
+    except _BudgetSpent:
+        scan.truncated = scan.timed_out = True
+    return _result(scan, limits)
 
 
-def _matching_lines(compiled: regex.Pattern, text: str, deadline: float, pattern: str):
-    """(line number, line) of each line holding a match; ToolError past the deadline."""
-    lines = text.splitlines()
-    for line_no, line in enumerate(lines, start=1):
+def _matching_lines(compiled: regex.Pattern, text: str, deadline: float) -> Iterator[tuple[int, str]]:
+    """(line number, line) of each line holding a match; _BudgetSpent past the deadline."""
+    for line_no, line in enumerate(text.splitlines(), start=1):
         remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _BudgetSpent
         try:
-            if remaining <= 0:
-                raise TimeoutError
             found = compiled.search(line, timeout=remaining)
         except TimeoutError:
-            raise ToolError(
-                f"regular expression {pattern!r} ran past the search time limit "
-                "(catastrophic backtracking?); simplify it or narrow the path"
-            ) from None
+            raise _BudgetSpent from None
         if found is not None:
             yield line_no, line
 
 
-def _result(
-    matches: list[dict], truncated: bool, timed_out: bool, num_files: int, num_skipped: int, limits: SearchLimits
-) -> ToolResult:
-    lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in matches]
-    summary = f"[{len(matches)} match(es) in {num_files} file(s) searched"
-    if num_skipped:
-        summary += f", {num_skipped} binary or huge file(s) skipped"
-    if timed_out:
-        summary += f"; stopped after {limits.time_budget_s} s of searching, narrow the path"
-    elif truncated:
+def _result(scan: _Scan, limits: SearchLimits) -> ToolResult:
+    lines = [f"{m['path']}:{m['line']}: {m['text']}" for m in scan.matches]
+    summary = f"[{len(scan.matches)} match(es) in {scan.num_files} file(s) searched"
+    if scan.num_skipped:
+        summary += f", {scan.num_skipped} binary or huge file(s) skipped"
+    if scan.timed_out:
+        summary += (
+            f"; stopped after the {limits.time_budget_s} s time budget (a slow pattern or a large tree): "
+            "the matches so far are shown; simplify the pattern or narrow the path"
+        )
+    elif scan.truncated:
         summary += f"; truncated at {limits.max_matches} matches / {limits.max_output_bytes} bytes, narrow the search"
     lines.append(summary + "]")
-    data = {"matches": matches, "truncated": truncated, "num_files_searched": num_files, "num_files_skipped": num_skipped}
-    return ToolResult(output="\n".join(lines), truncated=truncated, data=data)
+    data = {
+        "matches": scan.matches, "truncated": scan.truncated, "timed_out": scan.timed_out,
+        "num_files_searched": scan.num_files, "num_files_skipped": scan.num_skipped,
+    }
+    return ToolResult(output="\n".join(lines), truncated=scan.truncated, data=data)
