@@ -23,8 +23,15 @@ def read_json_records(path: str | Path, error: Callable[[str], Exception] = Tool
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    return parse_json_records(text, path, error)
+
+
+def parse_json_records(text: str, path: str | Path, error: Callable[[str], Exception] = ToolDefinitionError):
+    """`read_json_records` on text already read (the CLI reads through its size and file-type checks)."""
     try:
         return True, [(str(path), json.loads(text))]
+    except RecursionError as exc:  # the C parser bounds its own recursion; say so instead of a traceback
+        raise error(f"{path}: JSON nested too deeply to parse") from exc
     except json.JSONDecodeError as whole:
         records = []
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -32,6 +39,8 @@ def read_json_records(path: str | Path, error: Callable[[str], Exception] = Tool
                 continue
             try:
                 records.append((f"{path}:{lineno}", json.loads(line)))
+            except RecursionError as exc:
+                raise error(f"{path}:{lineno}: JSON nested too deeply to parse") from exc
             except json.JSONDecodeError as exc:
                 if not records:
                     raise error(f"{path}: not JSON or JSONL ({whole.msg} at line {whole.lineno})") from exc
@@ -49,6 +58,12 @@ def load_tool_dicts(source: str | Path) -> list[dict]:
     if not path.is_file():
         raise ToolDefinitionError(f"tools file not found: {path} (expected a JSON/JSONL file or 'seed')")
     whole, records = read_json_records(path)
+    return tool_dicts_from_records(whole, records, path)
+
+
+def tool_dicts_from_records(whole: bool, records: list, path: str | Path) -> list[dict]:
+    """Tool dicts from `read_json_records`/`parse_json_records` output (see `load_tool_dicts`)."""
+    path = Path(path)
     data = records[0][1] if whole else [value for _, value in records]
     return [_normalise(item, path, i) for i, item in enumerate(_as_list(data, path))]
 

@@ -9,12 +9,10 @@ MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), or a py
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
-import sys
 from typing import Any
 
+from surecall.commands import resolve
 from surecall.errors import ToolDefinitionError
 from surecall.lint import RULES, Finding, count_by_rule, lint_schema
 
@@ -66,12 +64,15 @@ def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
 
 def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
     """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
-    if not os.path.exists(source) and ":" in source:
-        return _from_python(source)
-    from surecall.tools_io import read_json_records
-
-    _, records = read_json_records(source)
-    return [entry for where, value in records for entry in _entries(value, where)]
+    if resolve.is_python_spec(source):
+        objects = resolve.python_objects(source)
+        entries = [_entry(item, f"{source}[{i}]") for i, item in enumerate(objects)]
+    else:
+        _, records = resolve.read_json_input(source, ToolDefinitionError)
+        entries = [entry for where, value in records for entry in _entries(value, where)]
+    if not entries:
+        raise ToolDefinitionError(f"{source}: holds no tool definitions or schemas")
+    return entries
 
 
 def _entries(data: Any, source: str) -> list[tuple[str, str | None, Any]]:
@@ -101,19 +102,3 @@ def _entry(item: Any, where: str) -> tuple[str, str | None, Any]:
             return where, str(item["name"]), item[key]
     return where, None, item  # a bare schema
 
-
-def _from_python(spec: str) -> list[tuple[str, str | None, Any]]:
-    module_name, _, attr = spec.partition(":")
-    sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ToolDefinitionError(f"cannot load {spec}: {exc}") from exc
-    finally:
-        sys.path.pop(0)
-    if callable(obj) and not hasattr(obj, "model_json_schema") and not isinstance(obj, type):
-        obj = obj()
-    items = obj if isinstance(obj, (list, tuple)) else [obj]
-    return [_entry(item, f"{spec}[{i}]") for i, item in enumerate(items)]
