@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tok = load_counting_tokenizer(args.tokenizer, args.context_window)
     tools = load_tools(args.tools)
+    tok = load_counting_tokenizer(args.tokenizer, args.context_window)
     cost = measure(tools, tok.encode, tok.hf, args.turns, tok.context_window, tok.name, seed=seed_tools())
     report = cost.to_dict()
     if args.json:

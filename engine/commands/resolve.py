@@ -56,7 +56,7 @@ def read_input_bytes(path: str | Path, error: ErrorFactory = RequestError, max_b
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
-    with os.fdopen(fd, "rb") as f:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
@@ -64,7 +64,12 @@ def read_input_bytes(path: str | Path, error: ErrorFactory = RequestError, max_b
         if info.st_size > limit:
             raise error(f"refusing to read {path}: {info.st_size} bytes, over the {limit}-byte input limit "
                         f"(set {MAX_INPUT_BYTES_ENV} to raise it)")
-        data = f.read(limit + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
     if len(data) > limit:  # it grew after the fstat
         raise error(f"refusing to read {path}: over the {limit}-byte input limit (set {MAX_INPUT_BYTES_ENV} to raise it)")
     if not data.strip():
@@ -191,7 +196,7 @@ def load_schema_or_tools(spec: str) -> tuple[str, object]:
     def error(message):
         return SchemaError(message, pointer=None, keyword=None)  # a file-level error: no pointer
 
-    if not Path(spec).is_file():
+    if not os.path.exists(spec):
         raise error(f"{spec!r} is not a file: expected {_TARGET_EXPECTED}")
     whole, records = read_json_input(spec, error)
     data = records[0][1] if whole else [value for _, value in records]
