@@ -13,6 +13,8 @@ A case HOLDS only when the attack demonstrably failed: denied, refused, or its e
 the host and found absent. An attack that worked, a check that could not be made, or a raise where
 the API promises an Observation counts as NOT held, with the reason. Nothing here writes to /proc,
 /sys or the host's /etc; the fork bomb runs only when a pids cgroup bounds it (else it is skipped).
+One file past 400 lines on purpose: each attack is a short registered function, and keeping them
+in one place makes the list of what was tried readable top to bottom.
 Usage: python benchmarks/adversarial.py [--quick] [--family NAME ...] [--verbose]
 Prints `family: tried N, held M` per family and the cases that broke, then one JSON line.
 """
@@ -60,6 +62,10 @@ def case(family: str, name: str):
     return register
 
 
+class Skip(Exception):
+    """A case that cannot be tried here (the reason is reported; it counts as neither tried nor held)."""
+
+
 # --- the target: a runtime over a scratch workspace, and a secret outside it ----------------------
 class Clock:
     """The runtime's clock, which an attack may move (expiry, leases)."""
@@ -79,6 +85,7 @@ class Target:
     clock: Clock = dataclasses.field(default_factory=Clock)
     secret: str = dataclasses.field(default_factory=lambda: f"SURECALL-ADV-SECRET-{secrets.token_hex(8)}")
     counter: int = 0
+    redis: tuple | None = None  # (process, url) of the durable redis-server, started on first use
 
     def __post_init__(self):
         self.ws = self.root / "ws"
@@ -91,9 +98,17 @@ class Target:
         self.runtime = self.new_runtime()
         self.cap = self.runtime.issue(FULL_RIGHTS, [str(self.ws)], ttl_s=3600)
 
-    def new_runtime(self, workspace: Path | None = None, store_path: Path | None = None, **kw) -> Runtime:
-        store = SQLiteStore(store_path or self.root / "idem.sqlite")
-        return Runtime(coding_tools(workspace or self.ws), store, signing_key=self.key, clock=self.clock, **kw)
+    def new_runtime(self, workspace: Path | None = None, store: str | None = None, **kw) -> Runtime:
+        """A runtime over `workspace` with the store at `store` (a SQLite path or a redis:// URL)."""
+        from surecall.dispatch.stores import open_store
+
+        records = open_store(store) if store else SQLiteStore(self.root / "idem.sqlite")
+        return Runtime(coding_tools(workspace or self.ws), records, signing_key=self.key, clock=self.clock, **kw)
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis[0].terminate()
+            self.redis[0].wait(10)
 
     def call_id(self) -> str:
         self.counter += 1
@@ -484,7 +499,7 @@ def _(t):
     obs, _ = t.bash("true")
     enforcer = (obs.data.get("limits") or {}).get("max_processes_enforced_by", "") if obs else ""
     if "cgroup" not in enforcer and os.geteuid() == 0:
-        return None, f"skipped: the process count is bounded by '{enforcer}' only; unsafe on a shared host"
+        raise Skip(f"the process count is bounded by '{enforcer}' only; unsafe on a shared host")
     before = _count_host_bash()
     started = time.monotonic()
     obs, exc = t.bash(":(){ :|:& };:", timeout_ms=2000)
@@ -634,32 +649,49 @@ def _swap_race(t: Target, attempt: Callable[[], bool], iterations: int) -> tuple
 
 @case("file_tools", "swap race: file_view reads outside")
 def _(t):
+    inside_reads = []
+
     def attempt():
         obs, exc = t.view("race/secret.txt")
+        inside_reads.append(exc is None and "inside copy" in text_of(obs))
         return bool(exc is None and t.secret in text_of(obs))
 
     hits, n, why = _swap_race(t, attempt, 300 if t.quick else 3000)
     if why:
-        return None, f"skipped: {why}"
-    return hits == 0, f"outside secret returned {hits}/{n} times"
+        raise Skip(why)
+    if not any(inside_reads):  # every view failed: the race was never exercised, so nothing is shown
+        return False, f"not exercised: no view of the inside copy succeeded in {n} tries"
+    return hits == 0, f"outside secret returned {hits}/{n} times ({sum(inside_reads)} inside reads)"
 
 
 @case("file_tools", "swap race: file_edit rewrites outside")
 def _(t):
-    flips = iter(range(10**9))
+    successes = []
 
-    def attempt():  # alternate two edits so the inside copy keeps matching
-        old, new = ("EDITME", "EDITMX") if next(flips) % 2 == 0 else ("EDITMX", "EDITME")
-        t.edit("race/secret.txt", old, new)
+    def inside_text() -> str:  # the real folder is whichever of the two names is not the symlink
+        for name in ("race", ".race-spare"):
+            with contextlib.suppress(OSError):
+                if not (t.ws / name).is_symlink():
+                    return (t.ws / name / "secret.txt").read_text()
+        return ""
+
+    def attempt():  # toggle EDITME <-> EDITMX in the inside copy
+        old, new = ("EDITME", "EDITMX") if "EDITME" in inside_text() else ("EDITMX", "EDITME")
+        obs, exc = t.edit("race/secret.txt", old, new)
+        successes.append(exc is None and obs.ok)
         return False
 
     before = (t.outside / "secret.txt").stat()
     hits, n, why = _swap_race(t, attempt, 200 if t.quick else 3000)
     if why:
-        return None, f"skipped: {why}"
+        raise Skip(why)
     after = (t.outside / "secret.txt").stat()
     rewritten = (after.st_ino, after.st_mtime_ns) != (before.st_ino, before.st_mtime_ns) or not t.secret_intact()
-    return (not rewritten, "the outside file was rewritten" if rewritten else f"outside file untouched over {n} edits")
+    if rewritten:
+        return False, f"the outside file was rewritten ({sum(successes)}/{n} edits reported success)"
+    if not any(successes):
+        return False, f"not exercised: no edit of the inside copy succeeded in {n} tries"
+    return True, f"outside file untouched over {n} edits ({sum(successes)} inside edits)"
 
 
 @case("file_tools", "huge output: file_edit multiplies a 4 KiB file")
@@ -709,7 +741,10 @@ def _(t):
         th.join()
     text = path.read_text()
     lost = [i for i in range(n) if reports[i] and f"done-{i:04d}" not in text]
-    return not lost, f"{len(lost)}/{sum(bool(r) for r in reports)} edits reported success but are missing"
+    succeeded = sum(bool(r) for r in reports)
+    if succeeded < 2 and not lost:
+        return False, f"not exercised: only {succeeded}/{n} edits succeeded"
+    return not lost, f"{len(lost)}/{succeeded} edits reported success but are missing"
 
 
 @case("file_tools", "ReDoS: grep_search (a+)+$ over 'aaaa...b'")
@@ -734,136 +769,173 @@ def _(t):
 
 
 # === idempotency ==================================================================================
+def start_redis(root: Path, durable: bool) -> tuple[subprocess.Popen, str]:
+    """A private redis-server on a free port: (process, url); Skip where it is not installed."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise Skip("redis-server not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = root / f"redis-{port}"
+    workdir.mkdir()
+    persistence = (["--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"] if durable
+                   else ["--appendonly", "no"])
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
+            return proc, f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.05)
+    proc.kill()
+    raise Skip("redis-server did not start")
+
+
+def store_url(t: Target, kind: str, name: str) -> str:
+    """Where a case's records live: its own SQLite file, or the run's (durable) redis-server."""
+    if kind == "sqlite":
+        return str(t.root / f"{name}.sqlite")
+    if t.redis is None:
+        t.redis = start_redis(t.root, durable=True)
+    return t.redis[1]
+
+
 def _append_file(t: Target, name: str) -> Path:
     path = t.ws / name
     path.write_text("X\n")
     return path
 
 
-@case("idempotency", "replay: the same call twice")
-def _(t):
-    path = _append_file(t, "replay.txt")
-    ids = {"trajectory_id": "adv-replay", "turn": 1, "call_id": "c1"}
-    call = {"name": "file_edit", "arguments": {"path": "replay.txt", "old_str": "X", "new_str": "XX"}}
-    for _ in range(2):
-        _, exc = t.dispatch(call, **ids)
-        if exc is not None:
+def _append_call(name: str) -> dict:
+    """An edit that changes the file again on every run (new_str holds old_str): runs are countable."""
+    return {"name": "file_edit", "arguments": {"path": name, "old_str": "X", "new_str": "XX"}}
+
+
+def _runs(path: Path) -> int:
+    return path.read_text().count("X") - 1
+
+
+for _kind in ("sqlite", "redis"):
+    @case("idempotency", f"{_kind}: replay: the same call twice")
+    def _(t, _kind=_kind):
+        path = _append_file(t, f"replay-{_kind}.txt")
+        rt = t.new_runtime(store=store_url(t, _kind, "replay"))
+        ids = {"trajectory_id": f"adv-replay-{_kind}", "turn": 1, "call_id": "c1"}
+        for _ in range(2):
+            _, exc = t.dispatch(_append_call(path.name), runtime=rt, **ids)
+            if exc is not None:
+                return raised(exc)
+        return _runs(path) == 1, f"the edit ran {_runs(path)} time(s)"
+
+    @case("idempotency", f"{_kind}: replay after a runtime restart")
+    def _(t, _kind=_kind):
+        path = _append_file(t, f"restart-{_kind}.txt")
+        url = store_url(t, _kind, "restart")
+        ids = {"trajectory_id": f"adv-restart-{_kind}", "turn": 1, "call_id": "c1"}
+        for rt in (t.new_runtime(store=url), t.new_runtime(store=url)):
+            _, exc = t.dispatch(_append_call(path.name), runtime=rt, **ids)
+            if exc is not None:
+                return raised(exc)
+        return _runs(path) == 1, f"the edit ran {_runs(path)} time(s)"
+
+    @case("idempotency", f"{_kind}: concurrent duplicates from 8 processes")
+    def _(t, _kind=_kind):
+        path = _append_file(t, f"dup-{_kind}.txt")
+        url = store_url(t, _kind, "dup")
+        ctx = multiprocessing.get_context("fork")
+        barrier = ctx.Barrier(8)
+        procs = [ctx.Process(target=_duplicate_worker, args=(t, url, barrier, _append_call(path.name), _kind))
+                 for _ in range(8)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(60)
+        return _runs(path) == 1, f"the edit ran {_runs(path)} time(s) for 8 simultaneous duplicates"
+
+    @case("idempotency", f"{_kind}: same call id, different arguments")
+    def _(t, _kind=_kind):
+        (t.ws / f"ka-{_kind}.txt").write_text("A\n")
+        (t.ws / f"kb-{_kind}.txt").write_text("B\n")
+        rt = t.new_runtime(store=store_url(t, _kind, "samekey"))
+        ids = {"trajectory_id": f"adv-key-{_kind}", "turn": 3, "call_id": "c1"}
+        first, exc = t.dispatch({"name": "file_edit", "arguments": {"path": f"ka-{_kind}.txt", "old_str": "A", "new_str": "A1"}},
+                                runtime=rt, **ids)
+        second, exc2 = t.dispatch({"name": "file_edit", "arguments": {"path": f"kb-{_kind}.txt", "old_str": "B", "new_str": "B1"}},
+                                  runtime=rt, **ids)
+        if exc or exc2:
+            return raised(exc or exc2)
+        confused = second.replayed and second.output == first.output
+        return not confused, ("B got A's stored result" if confused else
+                              f"B {'refused' if second.error else 'ran on its own'} ({(second.error or '')[:60]})")
+
+    @case("idempotency", f"{_kind}: a worker stalled past its lease lets the call run twice")
+    def _(t, _kind=_kind):
+        runs = []
+
+        def slow(**_):  # stalls (a GC pause, a slow disk) before its effect lands
+            time.sleep(1.5)
+            runs.append(1)
+            return "done"
+
+        def probe(_arguments):  # like file_edit's: is the effect there? Not yet, while the owner stalls
+            return bool(runs)
+
+        tool = Tool(name="slow_effect", description="", input_schema={"type": "object", "properties": {}},
+                    level=SideEffect.A2, handler=slow, probe=probe)
+        from surecall.dispatch.stores import open_store
+
+        rt = Runtime([tool], open_store(store_url(t, _kind, "lease")), signing_key=t.key, lease_s=0.3)
+        cap = rt.issue(["call:*"], [str(t.ws)])
+        call, ids = {"name": "slow_effect", "arguments": {}}, {"trajectory_id": f"adv-lease-{_kind}", "turn": 0, "call_id": "c"}
+        first = threading.Thread(target=lambda: rt.dispatch(call, cap, **ids))
+        first.start()
+        time.sleep(0.7)  # past the 0.3 s lease while the first run is still going
+        try:
+            rt.dispatch(call, cap, **ids)
+        except Exception as exc:
             return raised(exc)
-    runs = path.read_text().count("X") - 1
-    return runs == 1, f"the edit ran {runs} time(s)"
+        finally:
+            first.join()
+        return len(runs) == 1, f"the effect ran {len(runs)} time(s)"
+
+    @case("idempotency", f"{_kind}: keys not scoped: two workspaces share a store")
+    def _(t, _kind=_kind):
+        ws2 = t.root / f"ws2-{_kind}"
+        ws2.mkdir(exist_ok=True)
+        for ws in (t.ws, ws2):
+            (ws / "scoped.txt").write_text("X\n")
+        url = store_url(t, _kind, "scoped")
+        rt1, rt2 = t.new_runtime(t.ws, store=url), t.new_runtime(ws2, store=url)
+        ids = {"trajectory_id": f"adv-scope-{_kind}", "turn": 0, "call_id": "c1"}
+        rt1.dispatch(_append_call("scoped.txt"), rt1.issue(FULL_RIGHTS, [str(t.ws)]), **ids)
+        try:
+            obs = rt2.dispatch(_append_call("scoped.txt"), rt2.issue(FULL_RIGHTS, [str(ws2)]), **ids)
+        except Exception as exc:
+            return raised(exc)
+        edited = (ws2 / "scoped.txt").read_text() == "XX\n"
+        return edited, ("the second workspace ran its own edit" if edited else
+                        f"the second runtime got the first one's stored result (replayed={obs.replayed})")
 
 
-@case("idempotency", "replay after a runtime restart")
-def _(t):
-    path = _append_file(t, "restart.txt")
-    ids = {"trajectory_id": "adv-restart", "turn": 1, "call_id": "c1"}
-    call = {"name": "file_edit", "arguments": {"path": "restart.txt", "old_str": "X", "new_str": "XX"}}
-    t.dispatch(call, **ids)
-    t.dispatch(call, runtime=t.new_runtime(), **ids)
-    runs = path.read_text().count("X") - 1
-    return runs == 1, f"the edit ran {runs} time(s)"
-
-
-def _duplicate_worker(root: str, key: bytes, barrier, call: dict):
-    t = Target.__new__(Target)
-    t.root, t.key, t.clock, t.ws = Path(root), key, Clock(), Path(root) / "ws"
-    rt = t.new_runtime()
+def _duplicate_worker(t: Target, url: str, barrier, call: dict, kind: str):
+    rt = t.new_runtime(store=url)
     cap = rt.issue(FULL_RIGHTS, [str(t.ws)])
     barrier.wait()
-    rt.dispatch(call, cap, trajectory_id="adv-dup", turn=2, call_id="same")
+    rt.dispatch(call, cap, trajectory_id=f"adv-dup-{kind}", turn=2, call_id="same")
 
 
-@case("idempotency", "concurrent duplicates from 8 processes")
-def _(t):
-    path = _append_file(t, "dup.txt")
-    call = {"name": "file_edit", "arguments": {"path": "dup.txt", "old_str": "X", "new_str": "XX"}}
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(8)
-    procs = [ctx.Process(target=_duplicate_worker, args=(str(t.root), t.key, barrier, call)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    runs = path.read_text().count("X") - 1
-    return runs == 1, f"the edit ran {runs} time(s) for 8 simultaneous duplicates"
-
-
-@case("idempotency", "same call id, different arguments")
-def _(t):
-    (t.ws / "ka.txt").write_text("A\n")
-    (t.ws / "kb.txt").write_text("B\n")
-    ids = {"trajectory_id": "adv-key", "turn": 3, "call_id": "c1"}
-    first, exc = t.dispatch({"name": "file_edit", "arguments": {"path": "ka.txt", "old_str": "A", "new_str": "A1"}}, **ids)
-    second, exc2 = t.dispatch({"name": "file_edit", "arguments": {"path": "kb.txt", "old_str": "B", "new_str": "B1"}}, **ids)
-    if exc or exc2:
-        return raised(exc or exc2)
-    confused = second.replayed and second.output == first.output
-    return not confused, ("B got A's stored result" if confused else
-                          f"B {'refused' if second.error else 'ran on its own'} ({(second.error or '')[:60]})")
-
-
-@case("idempotency", "stalled worker past its lease runs the call twice")
-def _(t):
-    runs = []
-
-    def slow(**_):  # stalls (a GC pause, a slow disk) before its effect lands
-        time.sleep(1.5)
-        runs.append(1)
-        return "done"
-
-    def probe(_arguments):  # like file_edit's: is the effect there? Not yet, while the owner stalls
-        return bool(runs)
-
-    tool = Tool(name="slow_effect", description="", input_schema={"type": "object", "properties": {}}, level=SideEffect.A2,
-                handler=slow, probe=probe)
-    rt = Runtime([tool], SQLiteStore(t.root / "lease.sqlite"), signing_key=t.key, lease_s=0.3)
-    cap = rt.issue(["call:*"], [str(t.ws)])
-    call = {"name": "slow_effect", "arguments": {}}
-    first = threading.Thread(target=lambda: rt.dispatch(call, cap, trajectory_id="adv-lease", turn=0, call_id="c"))
-    first.start()
-    time.sleep(0.7)  # past the 0.3 s lease while the first run is still going
-    try:
-        rt.dispatch(call, cap, trajectory_id="adv-lease", turn=0, call_id="c")
-    except Exception as exc:
-        first.join()
-        return raised(exc)
-    first.join()
-    return len(runs) == 1, f"the effect ran {len(runs)} time(s)"
-
-
-@case("idempotency", "keys not scoped: two workspaces share a store")
-def _(t):
-    ws2 = t.root / "ws2"
-    ws2.mkdir(exist_ok=True)
-    for ws in (t.ws, ws2):
-        (ws / "scoped.txt").write_text("X\n")
-    shared = t.root / "shared.sqlite"
-    rt1, rt2 = t.new_runtime(t.ws, shared), t.new_runtime(ws2, shared)
-    call = {"name": "file_edit", "arguments": {"path": "scoped.txt", "old_str": "X", "new_str": "XX"}}
-    ids = {"trajectory_id": "adv-scope", "turn": 0, "call_id": "c1"}
-    rt1.dispatch(call, rt1.issue(FULL_RIGHTS, [str(t.ws)]), **ids)
-    try:
-        obs = rt2.dispatch(call, rt2.issue(FULL_RIGHTS, [str(ws2)]), **ids)
-    except Exception as exc:
-        return raised(exc)
-    edited = (ws2 / "scoped.txt").read_text() == "XX\n"
-    return edited, ("the second workspace ran its own edit" if edited else
-                    f"the second runtime got the first one's stored result (replayed={obs.replayed})")
-
-
-@case("idempotency", "corrupted store row on replay")
+@case("idempotency", "sqlite: a corrupted store row on replay")
 def _(t):
     import sqlite3
 
-    store_path = t.root / "corrupt.sqlite"
-    rt = t.new_runtime(store_path=store_path)
+    url = store_url(t, "sqlite", "corrupt")
+    rt = t.new_runtime(store=url)
     _append_file(t, "corrupt.txt")
-    call = {"name": "file_edit", "arguments": {"path": "corrupt.txt", "old_str": "X", "new_str": "XX"}}
     ids = {"trajectory_id": "adv-corrupt", "turn": 0, "call_id": "c1"}
-    t.dispatch(call, runtime=rt, **ids)
-    with sqlite3.connect(store_path) as conn:
+    t.dispatch(_append_call("corrupt.txt"), runtime=rt, **ids)
+    with sqlite3.connect(url) as conn:
         conn.execute("UPDATE surecall_records SET result = '{not json', state = 'COMPLETED'")
-    obs, exc = t.dispatch(call, runtime=rt, **ids)
+    obs, exc = t.dispatch(_append_call("corrupt.txt"), runtime=rt, **ids)
     return (True, f"an observation ({obs.idempotency_state}; {(obs.error or '')[:60]})") if exc is None else raised(exc)
 
 
@@ -896,29 +968,17 @@ def _(t):
     return obs.idempotency_state != "IN_DOUBT", f"state {obs.idempotency_state} ({(obs.error or '')[:60]})"
 
 
-@case("idempotency", "redis without durable persistence is accepted")
+@case("idempotency", "redis: a server without durable persistence is accepted")
 def _(t):
-    server = shutil.which("redis-server")
-    if server is None:
-        return None, "skipped: redis-server not installed"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(t.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        from surecall.dispatch.stores import RedisStore
+    from surecall.dispatch.stores import RedisStore
 
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
-                break
-            time.sleep(0.05)
+    proc, url = start_redis(t.root, durable=False)
+    try:
         try:
-            store = RedisStore(f"redis://127.0.0.1:{port}/0")
-            store.claim("adv-durability-probe", lease_s=1.0)
+            RedisStore(url).claim("adv-durability-probe", lease_s=1.0)
         except SurecallError as exc:
             return True, f"refused: {str(exc)[:80]}"
-        return False, "a store with appendonly=no was accepted and used"
+        return False, "a server with appendonly=no was accepted and used"
     finally:
         proc.terminate()
         proc.wait(10)
@@ -1062,7 +1122,7 @@ def _(t):
         import torch
 
         if torch.cuda.is_available():
-            return None, "skipped: a CUDA device is visible"
+            raise Skip("a CUDA device is visible")
     except ImportError:
         pass
     return _cli(["breakeven", "--device", "cuda"])
@@ -1091,6 +1151,8 @@ def run_cases(t: Target, families: set[str], verbose: bool) -> list[dict]:
         started = time.monotonic()
         try:
             held, detail = fn(t)
+        except Skip as why:
+            held, detail = None, f"skipped: {why}"
         except Exception as exc:  # the harness could not make its check: never counted as held
             held, detail = False, f"harness error {type(exc).__name__}: {str(exc)[:160]}"
         row = {"family": family, "case": name, "held": held, "detail": detail, "seconds": round(time.monotonic() - started, 3)}
@@ -1120,10 +1182,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="surecall-adversarial-"))
+    target = None
     try:
         target = Target(root=root, quick=args.quick)
         outcomes = run_cases(target, set(args.family or FAMILIES), args.verbose)
     finally:
+        if target is not None:
+            target.close()
         shutil.rmtree(root, ignore_errors=True)
     summary = summarise(outcomes)
     for family, s in summary.items():
