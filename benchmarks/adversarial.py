@@ -230,7 +230,7 @@ for _name in ("rights widened", "objects widened to /", "cost ceiling removed", 
 
 
 for _field, _value in (("rights", ["call:*", "read", "write", "exec", "approve:*"]), ("objects", ["/"]),
-                       ("max_cost", None), ("expires_at", "later")):
+                       ("max_cost", 1e9), ("expires_at", "later")):
     @case("capabilities", f"widened by attenuate: {_field}")
     def _(t, _field=_field, _value=_value):
         parent = narrow_cap(t, rights=["call:file_view", "read"], objects=[t.ws], max_cost=5.0, ttl_s=60)
@@ -241,7 +241,8 @@ for _field, _value in (("rights", ["call:*", "read", "write", "exec", "approve:*
             return True, f"refused: {type(exc).__name__}"
         wider = {
             "rights": lambda c: "exec" in c.rights, "objects": lambda c: "/" in c.objects,
-            "max_cost": lambda c: c.max_cost is None, "expires_at": lambda c: c.expires_at > parent.expires_at,
+            "max_cost": lambda c: c.max_cost is None or c.max_cost > parent.max_cost,
+            "expires_at": lambda c: c.expires_at > parent.expires_at,
         }[_field](child)
         return (False, f"attenuate returned a child wider in {_field}") if wider else (True, "the child stayed narrow")
 
@@ -277,8 +278,7 @@ def _(t):
 def _(t):
     child = t.runtime.attenuate(t.cap, rights=["call:file_view", "read"])
     wire = json.loads(json.dumps(child.to_dict()))  # all a sub-agent would be handed
-    parent_data = wire.get("parent")
-    candidates = [d for d in (parent_data,) if isinstance(d, dict) and d.get("signature")]
+    candidates = [d for d in _nested_capabilities(wire) if d is not wire]
     in_memory = getattr(child, "parent", None)
     if isinstance(in_memory, Capability):
         candidates.append(in_memory.to_dict())
@@ -292,6 +292,20 @@ def _(t):
         if exc is None and obs.decision.allowed:
             return False, "the recovered parent ran bash_execute (every right is back)"
     return True, "the recovered parent was refused"
+
+
+def _nested_capabilities(value) -> list[dict]:
+    """Every object in `value` that looks like a signed capability (rights and a signature)."""
+    found, stack = [], [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "rights" in node and node.get("signature"):
+                found.append(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
 
 
 @case("capabilities", "right missing: call:file_view cap runs bash")

@@ -45,6 +45,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser = OneLineParser(
         prog="surecall",
         description="Constrained decoding for LLM tool calls: calls that always parse, masks that cost microseconds.",
+        epilog="environment: SURECALL_MAX_INPUT_BYTES caps every input file (default 64 MiB); "
+               f"{DEBUG_ENV}=1 shows the traceback of an internal error; SURECALL_DATA locates shared:NAME vocabularies.",
     )
     parser.add_argument("--version", action="version", version=f"surecall {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

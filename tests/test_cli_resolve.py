@@ -111,3 +111,15 @@ def test_json_depth():
     assert resolve.json_depth(1) == 0
     assert resolve.json_depth([]) == 1
     assert resolve.json_depth({"a": [1, {"b": {}}]}) == 4
+
+
+def test_lint_and_compile_take_seed_and_module_attr(tmp_path, monkeypatch, data_dir, capsys):
+    (tmp_path / "compile_mod.py").write_text(
+        "import pydantic\nclass Flag(pydantic.BaseModel):\n    model_config = pydantic.ConfigDict(extra='forbid')\n"
+        "    on: bool\nTOOLS = [Flag]\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["lint", "seed", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["tools"] == 4
+    assert main(["compile", "compile_mod:TOOLS", "--tokenizer", "shared:gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kind"] == "tools" and report["states"] > 0

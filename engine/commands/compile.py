@@ -16,8 +16,6 @@ import time
 from surecall.commands import resolve
 from surecall.commands.args import positive_int, tool_format
 
-_EXPECTED = "a JSON Schema file, a JSON list or JSONL file of tools, or `seed`"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
@@ -25,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="SCHEMA_OR_TOOLS", help=_EXPECTED)
+    parser.add_argument("target", metavar="SCHEMA_OR_TOOLS", help=resolve.TARGET_EXPECTED)
     parser.add_argument("--tokenizer", required=True, metavar="PATH",
                         help="tokenizer directory or file, or shared:NAME for a shared vocabulary")
     parser.add_argument("--format", default="json", metavar="F", type=tool_format,

@@ -1,8 +1,9 @@
 """`surecall lint FILE...`: lint tool schemas against the five rules and the anti-pattern table.
 
 A FILE is a JSON Schema, a JSON list (or JSONL) of tools ({name, parameters} / OpenAI /
-MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), or a python
-`module:attr` naming a Tool, a pydantic model, a dict or a list of them. Prints findings
+MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), a python
+`module:attr` naming a Tool, a pydantic model, a dict or a list of them, or `seed` (the
+built-in catalog); files are read through `surecall.commands.resolve`. Prints findings
 (human or --json) and exits 1 when there are findings, 0 when clean, 2 on unreadable input.
 """
 
@@ -20,7 +21,7 @@ _SCHEMA_KEYS = ("inputSchema", "input_schema", "parameters_json_schema", "parame
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="schema / tools JSON / JSONL / MCP tool list / module:attr")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="schema / tools JSON / JSONL / MCP tool list / module:attr / seed")
     parser.add_argument("--json", action="store_true", help="one JSON object: findings, counts per rule, tools linted")
     parser.add_argument("--rules", default="", help="comma-separated rule ids to keep (default: all)")
     parser.add_argument("--summary", action="store_true", help="print only the counts per rule")
@@ -64,8 +65,8 @@ def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
 
 def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
     """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
-    if resolve.is_python_spec(source):
-        objects = resolve.python_objects(source)
+    if source == "seed" or resolve.is_python_spec(source):
+        objects = resolve.load_tools(source) if source == "seed" else resolve.python_objects(source)
         entries = [_entry(item, f"{source}[{i}]") for i, item in enumerate(objects)]
     else:
         _, records = resolve.read_json_input(source, ToolDefinitionError)

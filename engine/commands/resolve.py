@@ -27,7 +27,7 @@ MAX_TOKENIZER_BYTES = 2**30  # the largest public tokenizer.json files are ~30 M
 # JSON nesting (each object or array is one level) accepted from an input file: real schemas stay
 # under 30, and the schema walkers recurse a few frames per level under Python's 1000-frame limit.
 MAX_JSON_DEPTH = 128
-_TARGET_EXPECTED = "a JSON Schema file, a JSON list or JSONL file of tools, or `seed`"
+TARGET_EXPECTED = "a JSON Schema file, a JSON list or JSONL file of tools, module:attr, or `seed`"
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}
 
@@ -188,16 +188,15 @@ def load_tools(spec: str) -> list[dict]:
 
 
 def load_schema_or_tools(spec: str) -> tuple[str, object]:
-    """("tools", [tool, ...]) or ("schema", dict) from a path or the word `seed` (`compile`, `sample`)."""
-    if spec == "seed":
-        from surecall.catalog import seed_tools
+    """("tools", [tool, ...]) or ("schema", dict) from a path, `module:attr` or `seed` (`compile`, `sample`)."""
+    if spec == "seed" or is_python_spec(spec):
+        return "tools", load_tools(spec)
 
-        return "tools", seed_tools()
     def error(message):
         return SchemaError(message, pointer=None, keyword=None)  # a file-level error: no pointer
 
     if not os.path.exists(spec):
-        raise error(f"{spec!r} is not a file: expected {_TARGET_EXPECTED}")
+        raise error(f"{spec!r} is not a file: expected {TARGET_EXPECTED}")
     whole, records = read_json_input(spec, error)
     data = records[0][1] if whole else [value for _, value in records]
     if isinstance(data, list) and data:
@@ -207,7 +206,7 @@ def load_schema_or_tools(spec: str) -> tuple[str, object]:
     if isinstance(data, (dict, bool)):
         return "schema", data
     got = "an empty list" if data == [] else f"JSON {type(data).__name__}"
-    raise error(f"{spec}: expected {_TARGET_EXPECTED}, got {got}")
+    raise error(f"{spec}: expected {TARGET_EXPECTED}, got {got}")
 
 
 def is_python_spec(spec: str) -> bool:
