@@ -219,11 +219,12 @@ def test_help_and_version_still_exit_0(capsys):
     assert "usage" in capsys.readouterr().out
 
 
-def test_broken_pipe_exits_quietly(data_dir):
+def test_broken_pipe_exits_quietly():
     """`surecall vocab --json | head -c1`: the reader is gone before the write; no traceback."""
-    env = {**os.environ, "SURECALL_DATA": str(data_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "surecall", "vocab", "shared:gpt2", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    from surecall.models import default_model_dir
+
+    proc = subprocess.Popen([sys.executable, "-m", "surecall", "vocab", str(default_model_dir()), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # like `head -c1` gone before the first write: every write gets EPIPE
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
