@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import dataclasses
 import json
-import math
 import multiprocessing
 import os
 import secrets

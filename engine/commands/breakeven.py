@@ -11,7 +11,14 @@ import json
 import math
 from pathlib import Path
 
-from surecall.commands.args import device, input_file, non_negative_float, non_negative_int, output_dir, positive_int
+from surecall.commands.args import (
+    device,
+    input_file,
+    non_negative_float,
+    non_negative_int,
+    output_dir,
+    positive_int,
+)
 from surecall.errors import RequestError
 
 
@@ -78,9 +85,9 @@ def measure_and_write(args: argparse.Namespace) -> dict:
 
     from surecall.breakeven import format_table, plot
     from surecall.breakeven_run import BreakevenConfig, measure
+    from surecall.commands.resolve import load_tools
     from surecall.llm import LLM
     from surecall.models import default_heldout_path, default_model_dir
-    from surecall.commands.resolve import load_tools
 
     cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
     model_dir = args.model or str(default_model_dir())
