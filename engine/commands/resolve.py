@@ -3,10 +3,11 @@
 Every command that takes a tokenizer or a tools/schema file goes through here, so each accepts
 the same inputs: `shared:NAME`, a tokenizer directory or file (tokenizer.json, vocab.json +
 merges.txt, a SentencePiece or tiktoken `tokenizer.model`, *.tiktoken); `seed`, a JSON / JSONL /
-MCP / OpenAI tools file, or a python `module:attr`. A file is checked on its open descriptor
-before a byte is read: a FIFO, device or directory is refused (reading one hangs or never ends),
-as is an empty file, one over the size limit (SURECALL_MAX_INPUT_BYTES, default 64 MiB) or JSON
-nested deeper than MAX_JSON_DEPTH. It parses no tokenizer itself and never downloads.
+MCP / OpenAI tools file, or a python `module:attr`. A JSON input is checked on its open
+descriptor before a byte is read, a tokenizer file by `stat` before its loader opens it: a FIFO,
+device or directory is refused (reading one hangs or never ends), as is an empty file, one over
+the size limit (SURECALL_MAX_INPUT_BYTES, default 64 MiB) or JSON nested deeper than
+MAX_JSON_DEPTH. It parses no tokenizer itself and never downloads.
 """
 
 from __future__ import annotations
