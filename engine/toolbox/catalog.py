@@ -40,7 +40,7 @@ LEVELS = {
     "file_edit": SideEffect.A2,
     "grep_search": SideEffect.A0,
 }
-Planner = Callable[[Any, Path, tuple[str, ...]], Plan]
+Planner = Callable[[Any, Path, tuple[str, ...], "frozenset[str] | None"], Plan]
 
 
 def published_schema(model: type[BaseModel]) -> dict:
@@ -58,31 +58,34 @@ def _drop_titles(node: Any) -> Any:
 
 @dataclass(frozen=True)
 class CodingTool:
-    """A toolbox tool's handler: `plan(arguments, capability_objects) -> Plan`."""
+    """A toolbox tool's handler: `plan(arguments, capability_objects, capability_rights) -> Plan`.
+    `capability_rights` (optional) lets bash_execute bind the workspace as the rights allow."""
 
     model: type[BaseModel]
     planner: Planner
     workspace: Path
 
-    def plan(self, arguments: dict, capability_objects: tuple[str, ...] = ()) -> Plan:
+    def plan(self, arguments: dict, capability_objects: tuple[str, ...] = (),
+             capability_rights: frozenset[str] | None = None) -> Plan:
         args = self.model.model_validate(arguments)
-        return self.planner(args, self.workspace, tuple(capability_objects))
+        rights = None if capability_rights is None else frozenset(capability_rights)
+        return self.planner(args, self.workspace, tuple(capability_objects), rights)
 
 
 # --- planners: what each call touches -----------------------------------------------------
-def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+def _plan_view(args: FileViewArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
     real = resolve_in_workspace(ws, args.path)
     return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws))
 
 
-def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+def _plan_edit(args: FileEditArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
     real = resolve_in_workspace(ws, args.path)
     # read too: the observation shows the edited lines, so a write-only capability must not edit
     return Plan((Access("read", str(real)), Access("write", str(real))), run=lambda: file_edit(args, ws))
 
 
 def _planner_grep(limits: SearchLimits) -> Planner:
-    def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
         real = resolve_in_workspace(ws, args.path)
         return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits))
 
@@ -102,10 +105,23 @@ def exec_directory(ws: Path, objects: tuple[str, ...]) -> Path:
     raise PathOutsideWorkspace(f"the capability names no directory in the workspace {str(ws)!r} (objects {list(objects)})")
 
 
+def bind_mode(rights: frozenset[str] | None) -> str:
+    """How a command sees its directory: "rw" with `read` and `write`, "ro" with `read` only,
+    "none" without `read`. Unknown rights (None) mean "rw", and the plan then asks for both."""
+    if rights is None:
+        return "rw"
+    if "read" not in rights:
+        return "none"
+    return "rw" if "write" in rights else "ro"
+
+
 def _planner_bash(sandbox: Sandbox) -> Planner:
-    def plan(args: BashExecuteArgs, ws: Path, objects: tuple[str, ...]) -> Plan:
-        where = exec_directory(ws, objects)
-        return Plan((Access("exec", str(where)),), run=lambda: bash_execute(args, where, sandbox))
+    def plan(args: BashExecuteArgs, ws: Path, objects: tuple[str, ...], rights: frozenset[str] | None = None) -> Plan:
+        where, mode = exec_directory(ws, objects), bind_mode(rights)
+        # what the bind lets the command do to `where` is approved along with `exec`
+        needs = ("exec",) + (("read",) if mode != "none" else ()) + (("write",) if mode == "rw" else ())
+        accesses = tuple(Access(right, str(where)) for right in needs)
+        return Plan(accesses, run=lambda: bash_execute(args, where, sandbox, bind=mode))
 
     return plan
 
