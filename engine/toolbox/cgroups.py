@@ -21,7 +21,6 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "surecall-"
 _NAME = re.compile(r"^surecall-(\d+)-(\d+)-[0-9a-f]+$")
-_LEGACY_NAME = re.compile(r"^surecall-[0-9a-f]{12}$")  # unowned names of earlier versions
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -172,17 +171,10 @@ def _remove(path: Path) -> None:
 
 def _is_leaked(entry: Path) -> bool:
     match = _NAME.match(entry.name)
-    if match is None:  # an earlier version's name: no owner recorded, so only when empty
-        return bool(_LEGACY_NAME.match(entry.name)) and _is_empty(entry)
+    if match is None:  # an earlier version's name records no owner: it may be live, leave it
+        return False
     pid, ticks = match.groups()
     return _start_ticks(int(pid)) != ticks  # the owner is gone (or its pid was reused)
-
-
-def _is_empty(entry: Path) -> bool:
-    try:
-        return not (entry / "cgroup.procs").read_text().split()
-    except OSError:
-        return False
 
 
 def sweep_leaked() -> list[str]:
