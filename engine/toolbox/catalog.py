@@ -8,6 +8,8 @@ declares its reconciliation probe on the Tool (`Tool.probe(arguments) -> True/Fa
 Side-effect levels, and why:
   bash_execute A3  a command may do anything, including deleting files: approval (the right
                    `approve:bash_execute`) and an idempotency key; no probe can tell what ran.
+                   The sandbox binds its directory as the rights allow (`bind_mode`): read-write
+                   with `read`+`write`, read-only with `read`, not at all without `read`.
   file_view    A0  reads only.
   file_edit    A2  a write that is not idempotent (with allow_multiple, or when new_str holds
                    old_str, a second run edits again): idempotency key plus a reconciliation probe.

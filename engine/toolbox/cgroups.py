@@ -1,12 +1,13 @@
 """Per-command cgroups for the shell sandbox: a process cap (`pids.max`) and a memory cap.
 
 One throw-away cgroup per command and per hierarchy where this process may make one: cgroup v1
-(`pids`, `memory` with `memory.limit_in_bytes`, plus `memory.memsw.limit_in_bytes` where swap
-accounting exists), or cgroup v2 where our own cgroup delegates the controller (`pids.max`,
-`memory.max`, `memory.swap.max`). The memory cap charges every process of the command together,
-and the tmpfs pages it writes (/tmp, /dev/shm) too. Names carry the owner's pid and start time,
-so `sweep_leaked()` can remove the cgroups of a runtime that was killed, and only those.
-It does not create hierarchies, enable controllers or touch cgroups it did not name.
+(`pids`; `memory` with `memory.limit_in_bytes`, plus `memory.memsw.limit_in_bytes` where swap is
+accounted), or cgroup v2 under our own cgroup where it delegates the controller, else under the
+v2 root where we may (`pids.max`, `memory.max`, `memory.swap.max`). The memory cap charges all
+processes of the command together, and the tmpfs pages it writes (/tmp, /dev/shm) too. Names
+carry the owner's pid and start time, so `sweep_leaked()` removes the cgroups of a runtime that
+died, and only those (owners are looked up in this pid namespace). It does not create
+hierarchies, enable controllers or touch cgroups it did not name.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ def parents(controller: str) -> list[Path]:
     v1 = CGROUP_ROOT / controller
     if controller in own and (v1 / "cgroup.procs").exists():
         found.append(Path(str(v1) + own[controller].rstrip("/")))
-    for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        parent = Path(str(mount) + own.get("", "/").rstrip("/"))
-        try:
-            if controller in (parent / "cgroup.subtree_control").read_text().split():
-                found.append(parent)
-        except OSError:
-            continue
+    for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):  # v2: our own cgroup, then the hierarchy's root
+        for parent in dict.fromkeys((Path(str(mount) + own.get("", "/").rstrip("/")), mount)):
+            try:
+                if controller in (parent / "cgroup.subtree_control").read_text().split():
+                    found.append(parent)
+            except OSError:
+                continue
     return found
 
 
