@@ -19,10 +19,10 @@ import pytest
 
 from surecall.dispatch.runtime import Runtime
 from surecall.dispatch.stores import SQLiteStore
-from surecall.errors import SandboxUnavailable
+from surecall.errors import PathOutsideWorkspace, SandboxUnavailable
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
 from surecall.toolbox.catalog import bind_mode, coding_tools
-from surecall.toolbox.handover import hand_over
+from surecall.toolbox.handover import hand_over, open_directory
 from surecall.toolbox.sandbox import NOBODY, Sandbox, SandboxConfig
 
 _DEFAULT = Sandbox()
@@ -96,8 +96,33 @@ def test_root_owned_private_files_are_handed_over_but_nothing_outside(ws, tmp_pa
 
 
 def test_hand_over_refuses_root_as_the_target(tmp_path):
-    with pytest.raises(ValueError, match="Invalid hand-over target: expected a non-root uid"):
-        hand_over(tmp_path, 0, 0)
+    fd = open_directory(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="Invalid hand-over target: expected a non-root uid"):
+            hand_over(fd, 0, 0)
+    finally:
+        os.close(fd)
+
+
+@needs_bwrap
+def test_a_directory_swapped_for_a_symlink_after_planning_is_refused(ws, tmp_path):
+    outside = tmp_path / "outside" / "etc"
+    outside.mkdir(parents=True)
+    (outside / "passwd").write_text("root:x:0:0\n")
+    (ws / "a" / "etc").mkdir(parents=True)
+    bash = next(t for t in coding_tools(ws) if t.name == "bash_execute")
+    plan = bash.handler.plan({"command": "touch pwned; cat passwd"}, (str(ws / "a" / "etc"),))
+    (ws / "a").rename(ws / "a.old")
+    (ws / "a").symlink_to(tmp_path / "outside")  # what a concurrent command can do
+    with pytest.raises(PathOutsideWorkspace, match="not a directory reached without symlinks now"):
+        plan.run()
+    assert not (outside / "pwned").exists() and (outside / "passwd").stat().st_uid == os.geteuid()
+
+
+@needs_bwrap
+def test_the_bound_directory_fd_does_not_reach_the_command(ws):
+    out = run(ws, "for f in /proc/self/fd/*; do readlink $f; done", bind="ro")
+    assert str(ws) not in out.data["stdout"], out.output
 
 
 def test_sandbox_uid_cannot_be_root():

@@ -8,8 +8,9 @@ user runs bwrap unprivileged in its own user namespace (further namespaces disab
 What it sees: a read-only system (/usr, /etc, ...; /etc/shadow, ssh and TLS keys masked), its
 own /proc with /proc/sys and /proc/sysrq-trigger bound read-only, a read-only /dev with a
 bounded /dev/shm, a bounded private /tmp, no network, its own pid/ipc/uts namespaces, and the
-directory the capability allows bound nosuid at its real path: read-write (`bind="rw"`),
-read-only (`"ro"`) or not at all (`"none"`). Limits per command: wall time (everything is killed
+directory the capability allows bound nosuid at its real path, opened without symlinks and
+bound by fd (`handover.open_directory`): read-write (`bind="rw"`), read-only (`"ro"`) or not at
+all (`"none"`). Limits per command: wall time (everything is killed
 at `timeout_ms`), a memory cgroup (`memory.max` over all its processes and tmpfs pages) and a
 pids cgroup where writable (`cgroups`), else RLIMIT_AS per process and RLIMIT_NPROC; CPU
 seconds; RLIMIT_FSIZE per file. stdout and stderr are each cut at `max_output_bytes`.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from surecall.errors import SandboxUnavailable
 from surecall.toolbox.cgroups import CommandCgroup, sweep_leaked
-from surecall.toolbox.handover import hand_over
+from surecall.toolbox.handover import hand_over, open_directory
 
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
@@ -102,8 +103,10 @@ class BwrapFeatures:
 
 # --- the bubblewrap command line -------------------------------------------------------------
 def bwrap_argv(config: SandboxConfig, workspace: Path, *, bind: str = "rw",
-               features: BwrapFeatures = BwrapFeatures()) -> list[str]:
-    """The bwrap arguments (before `--`) for a sandbox around `workspace` bound as `bind`."""
+               features: BwrapFeatures = BwrapFeatures(), dir_fd: int | None = None) -> list[str]:
+    """The bwrap arguments (before `--`) for a sandbox around `workspace` bound as `bind`: the
+    directory open as `dir_fd` (bwrap checks the mount is that fd and closes it) or, without
+    one, the path."""
     is_root = os.geteuid() == 0
     argv = [config.bwrap_path, *_namespaces(is_root, features), "--die-with-parent", "--new-session"]
     argv += _system_view(config)
@@ -111,7 +114,7 @@ def bwrap_argv(config: SandboxConfig, workspace: Path, *, bind: str = "rw",
     argv += ["--dev", "/dev", "--perms", "1777", *_sized(config.max_shm_bytes, features), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev"]
     argv += ["--perms", "1777", *_sized(config.max_tmp_bytes, features), "--tmpfs", "/tmp"]
-    argv += _workspace(workspace, bind, config)
+    argv += _workspace(workspace, bind, config, dir_fd)
     if is_root:
         argv += ["--cap-drop", "ALL"] + [a for cap in _SETPRIV_CAPS for a in ("--cap-add", cap)]
     return argv
@@ -139,7 +142,7 @@ def _sized(num_bytes: int, features: BwrapFeatures) -> list[str]:
     return ["--size", str(num_bytes)] if features.has_size_option else []
 
 
-def _workspace(workspace: Path, bind: str, config: SandboxConfig) -> list[str]:
+def _workspace(workspace: Path, bind: str, config: SandboxConfig, dir_fd: int | None) -> list[str]:
     """The bind (bwrap makes every bind mount nosuid and nodev), after its ancestors made 0755:
     bwrap would make them 0700 root, which the unprivileged uid could not pass."""
     if bind == "none":
@@ -148,7 +151,9 @@ def _workspace(workspace: Path, bind: str, config: SandboxConfig) -> list[str]:
     ancestors = [p for p in reversed(workspace.parents) if p not in (Path("/"), Path("/tmp"))
                  and not any(p.is_relative_to(s) for s in system)]
     argv = [a for p in ancestors for a in ("--perms", "0755", "--dir", str(p))]
-    return argv + ["--bind" if bind == "rw" else "--ro-bind", str(workspace), str(workspace), "--chdir", str(workspace)]
+    option = ("--bind" if bind == "rw" else "--ro-bind") + ("-fd" if dir_fd is not None else "")
+    source = str(workspace) if dir_fd is None else str(dir_fd)
+    return argv + [option, source, str(workspace), "--chdir", str(workspace)]
 
 
 def setpriv_argv(config: SandboxConfig) -> list[str]:
@@ -184,9 +189,12 @@ def _count_user_processes(uid: int) -> int:
     return count
 
 
-def _preexec(config: SandboxConfig, cpu_s: int, nproc: int, cgroup: CommandCgroup, drop_to: tuple[int, int] | None):
+def _preexec(config: SandboxConfig, cpu_s: int, nproc: int, cgroup: CommandCgroup,
+             drop_to: tuple[int, int] | None, chdir_fd: int | None):
     def apply_limits() -> None:
         cgroup.enter()
+        if chdir_fd is not None:  # unsandboxed: run in the directory opened without symlinks
+            os.fchdir(chdir_fd)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (config.max_file_bytes, config.max_file_bytes))
         resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes, config.max_memory_bytes))
@@ -271,11 +279,15 @@ class Sandbox:
         is_sandboxed = self.is_available()
         if not is_sandboxed:
             self._refuse_unsandboxed(bind)
-        uid, gid = command_ids(self.config)
-        if os.geteuid() == 0 and bind != "none":
-            hand_over(workspace, uid, gid)
-        prefix = self._argv(workspace, bind) if is_sandboxed else []
-        return self._execute(prefix + [SHELL, "-c", command], workspace, timeout_s, is_sandboxed, bind)
+        dir_fd = None if bind == "none" else open_directory(workspace)  # the path is never followed again
+        try:
+            if os.geteuid() == 0 and dir_fd is not None:
+                hand_over(dir_fd, *command_ids(self.config))
+            prefix = self._argv(workspace, bind, dir_fd) if is_sandboxed else []
+            return self._execute(prefix + [SHELL, "-c", command], dir_fd, timeout_s, is_sandboxed, bind)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
 
     def _refuse_unsandboxed(self, bind: str) -> None:
         if not self.config.allow_unsandboxed:
@@ -289,11 +301,11 @@ class Sandbox:
                 f"which only a sandbox can hold ({self._why_unavailable})"
             )
 
-    def _argv(self, workspace: Path, bind: str) -> list[str]:
-        argv = bwrap_argv(self.config, workspace, bind=bind, features=self.features) + ["--"]
+    def _argv(self, workspace: Path, bind: str, dir_fd: int | None = None) -> list[str]:
+        argv = bwrap_argv(self.config, workspace, bind=bind, features=self.features, dir_fd=dir_fd) + ["--"]
         return argv + (setpriv_argv(self.config) if os.geteuid() == 0 else [])
 
-    def _execute(self, argv: list[str], workspace: Path, timeout_s: float, is_sandboxed: bool, bind: str) -> ExecResult:
+    def _execute(self, argv: list[str], dir_fd: int | None, timeout_s: float, is_sandboxed: bool, bind: str) -> ExecResult:
         # 1. limits: CPU a little above the wall budget, processes counted on top of the uid's own
         cfg = self.config
         uid, gid = command_ids(cfg)
@@ -304,8 +316,9 @@ class Sandbox:
         started = time.monotonic()
         # 2. run; the cgroups go whatever happens
         try:
-            preexec = _preexec(cfg, cpu_s, nproc, cgroup, drop_to)
-            proc, drains, is_timed_out = self._spawn_and_wait(argv, workspace, timeout_s, preexec, cgroup)
+            preexec = _preexec(cfg, cpu_s, nproc, cgroup, drop_to, None if is_sandboxed else dir_fd)
+            pass_fds = (dir_fd,) if is_sandboxed and dir_fd is not None else ()
+            proc, drains, is_timed_out = self._spawn_and_wait(argv, pass_fds, timeout_s, preexec, cgroup)
             num_oom_kills = cgroup.oom_kills()
         finally:
             cgroup.remove()  # kills whatever is left in it, even a process that left the group
@@ -320,14 +333,14 @@ class Sandbox:
             is_sandboxed=is_sandboxed, limits=limits, signal=signum, is_oom_killed=num_oom_kills > 0,
         )
 
-    def _spawn_and_wait(self, argv: list[str], workspace: Path, timeout_s: float, preexec,
+    def _spawn_and_wait(self, argv: list[str], pass_fds: tuple[int, ...], timeout_s: float, preexec,
                         cgroup: CommandCgroup) -> tuple[subprocess.Popen, list[_Drain], bool]:
         """Start `argv` in a new session (its own process group), drain its pipes, and kill the
         group when it exits or at the timeout; (process, drains, timed out)."""
         cfg = self.config
         proc = subprocess.Popen(
-            argv, cwd=workspace, env=cfg.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec,
+            argv, cwd="/", env=cfg.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds,
         )
         drains = [_Drain(proc.stdout, cfg.max_output_bytes), _Drain(proc.stderr, cfg.max_output_bytes)]
         for d in drains:
