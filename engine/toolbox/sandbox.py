@@ -10,10 +10,10 @@ own /proc with /proc/sys and /proc/sysrq-trigger bound read-only, a read-only /d
 bounded /dev/shm, a bounded private /tmp, no network, its own pid/ipc/uts namespaces, and the
 directory the capability allows bound nosuid at its real path, opened without symlinks and
 bound by fd (`handover.open_directory`): read-write (`bind="rw"`), read-only (`"ro"`) or not at
-all (`"none"`). Limits per command: wall time (everything is killed
-at `timeout_ms`), a memory cgroup (`memory.max` over all its processes and tmpfs pages) and a
-pids cgroup where writable (`cgroups`), else RLIMIT_AS per process and RLIMIT_NPROC; CPU
-seconds; RLIMIT_FSIZE per file. stdout and stderr are each cut at `max_output_bytes`.
+all (`"none"`). Limits per command: wall time (everything is killed at `timeout_ms`), a memory
+cgroup (`memory.max` over all its processes and tmpfs pages) and a pids cgroup where writable
+(`cgroups`), else RLIMIT_AS per process and RLIMIT_NPROC; CPU seconds; RLIMIT_FSIZE per file.
+stdout and stderr are each cut at `max_output_bytes`.
 It does not filter system calls (no seccomp), does not cap the workspace's total size (no
 quota: see `SandboxConfig`) and does not decide who may run what: the capability check does.
 Unsandboxed execution happens only when configured (then still as the unprivileged uid, with
