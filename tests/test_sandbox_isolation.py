@@ -69,6 +69,16 @@ def test_as_root_the_command_is_unprivileged_on_the_host(ws):
 
 
 @needs_bwrap
+def test_the_command_holds_no_capability_and_no_new_privileges(ws):
+    os.chmod(ws, 0o700)  # like a mkdtemp workspace: the sandbox must still enter it
+    out = run(ws, "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status; touch made.txt")
+    fields = dict(line.split(":\t") for line in out.data["stdout"].splitlines())
+    assert {k: v for k, v in fields.items() if k.startswith("Cap")} == dict.fromkeys(
+        ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"], "0000000000000000"), out.output
+    assert fields["NoNewPrivs"] == "1" and (ws / "made.txt").exists()
+
+
+@needs_bwrap
 def test_workspace_and_proc_sys_are_mounted_as_promised(ws):
     out = run(ws, "cat /proc/self/mountinfo")
     mounts = {line.split()[4]: line.split()[5] for line in out.data["stdout"].splitlines()}
@@ -140,15 +150,16 @@ box = Sandbox()
 if not box.is_available():
     print(json.dumps({"unavailable": box._why_unavailable})); sys.exit(0)
 r = box.run(sys.argv[3], Path(sys.argv[2]), 5000)
-print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "uid": r.limits["uid"]}))
+ro = box.run("echo x > ro.txt", Path(sys.argv[2]), 5000, bind="ro")
+print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "uid": r.limits["uid"], "ro_stderr": ro.stderr}))
 """
 
 
 def _run_unprivileged(ws: Path, command: str) -> dict:
     """The command run by a runtime that is not root: this one, or one started as 65534."""
     if os.geteuid() != 0:
-        result = _DEFAULT.run(command, ws, 5000)
-        return {"stdout": result.stdout, "stderr": result.stderr, "uid": result.limits["uid"]}
+        result, ro = _DEFAULT.run(command, ws, 5000), _DEFAULT.run("echo x > ro.txt", ws, 5000, bind="ro")
+        return {"stdout": result.stdout, "stderr": result.stderr, "uid": result.limits["uid"], "ro_stderr": ro.stderr}
     python = "/usr/bin/python3"
     if shutil.which("setpriv") is None or not os.path.exists(python):
         pytest.skip("needs setpriv and /usr/bin/python3 to start a process as uid 65534")
@@ -173,6 +184,7 @@ def test_as_an_unprivileged_user_the_command_stays_that_user():
         assert report["uid"] == uid
         _assert_no_root_escape(ws, report["stdout"], uid)
         assert "NESTED_USERNS" not in report["stdout"]
+        assert "Read-only file system" in report["ro_stderr"] and not (ws / "ro.txt").exists()
     finally:
         shutil.rmtree(ws, ignore_errors=True)
 

@@ -44,8 +44,9 @@ READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 SHELL = "/bin/bash"
 NOBODY = 65534
 BIND_MODES = ("rw", "ro", "none")
-# what bwrap (as root) keeps, only so that setpriv can drop to the unprivileged uid and clear the rest
-_SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+# what bwrap (as root) keeps for its last steps (chdir into a 0700 directory of the sandbox uid) and
+# for setpriv, which drops to the unprivileged uid and clears them all before the command runs
+_SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_READ_SEARCH")
 
 
 @dataclass(frozen=True)
@@ -252,22 +253,30 @@ class Sandbox:
         return self._checked
 
     def _probe(self) -> tuple[bool, str]:
+        """Run `id -u` the way every command runs (a handed-over directory bound by fd)."""
         if shutil.which(self.config.bwrap_path) is None:
             return False, f"{self.config.bwrap_path} not found (install the 'bubblewrap' package)"
         uid = command_ids(self.config)[0]
         with tempfile.TemporaryDirectory(prefix="surecall-probe-") as tmp:
+            dir_fd = open_directory(Path(os.path.realpath(tmp)))
             try:
                 usage = subprocess.run([self.config.bwrap_path, "--help"], capture_output=True, timeout=10)
                 text = usage.stdout + usage.stderr
                 self.features = BwrapFeatures(b"--size" in text, b"--disable-userns" in text)
-                argv = self._argv(Path(os.path.realpath(tmp)), "none") + [SHELL, "-c", "id -u"]
-                done = subprocess.run(argv, capture_output=True, timeout=10, env=self.config.env)
+                if os.geteuid() == 0:
+                    hand_over(dir_fd, *command_ids(self.config))
+                argv = self._argv(Path(os.path.realpath(tmp)), "rw", dir_fd) + [SHELL, "-c", "id -u"]
+                done = subprocess.run(argv, capture_output=True, timeout=10, env=self.config.env, cwd="/",
+                                      pass_fds=(dir_fd,))
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return False, f"bubblewrap failed to start: {exc}"
+            finally:
+                os.close(dir_fd)
         if done.returncode != 0:
             return False, f"bubblewrap cannot create a sandbox here: {done.stderr.decode(errors='replace').strip()}"
-        if done.stdout.decode(errors="replace").strip() != str(uid) or uid == 0:
-            return False, f"the sandboxed command would run as uid {done.stdout.decode(errors='replace').strip()!r}, not {uid}"
+        seen = done.stdout.decode(errors="replace").strip()
+        if seen != str(uid) or uid == 0:
+            return False, f"the sandboxed command would run as uid {seen!r}, not the unprivileged {uid}"
         return True, ""
 
     def run(self, command: str, workspace: Path, timeout_ms: float, *, bind: str = "rw") -> ExecResult:
