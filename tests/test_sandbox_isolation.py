@@ -236,4 +236,5 @@ def test_runtime_exec_without_read_and_write_cannot_touch_the_workspace(ws, tmp_
         cap = rt.issue(["call:*", "exec", "approve:bash_execute"], [str(ws)])
         out = rt.dispatch({"name": "bash_execute", "arguments": {"command": "cat hello.txt; touch pwned"}},
                           cap, "traj", 1, "c1")
-    assert "hello" not in (out.output or "") and not (ws / "pwned").exists()
+    # refused (rights not passed to the planner) or run without the workspace (rights passed)
+    assert "hello\n" not in (out.output or "") and not (ws / "pwned").exists()
