@@ -22,7 +22,7 @@ from surecall.dispatch.stores import SQLiteStore
 from surecall.errors import PathOutsideWorkspace, SandboxUnavailable
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
 from surecall.toolbox.catalog import bind_mode, coding_tools
-from surecall.toolbox.handover import hand_over, open_directory
+from surecall.toolbox.handover import MAX_DEPTH, hand_over, open_directory
 from surecall.toolbox.sandbox import NOBODY, Sandbox, SandboxConfig
 
 _DEFAULT = Sandbox()
@@ -112,6 +112,24 @@ def test_hand_over_refuses_root_as_the_target(tmp_path):
             hand_over(fd, 0, 0)
     finally:
         os.close(fd)
+
+
+@needs_root
+def test_hand_over_of_a_very_deep_tree_is_bounded_not_an_error(ws):
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(MAX_DEPTH + 200):  # deeper than PATH_MAX allows by name, and than recursion would
+        os.mkdir("d", dir_fd=fd)
+        fd_next = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = fd_next
+    deepest = os.fstat(fd)
+    os.close(fd)
+    top = open_directory(ws)
+    try:
+        assert hand_over(top, NOBODY, NOBODY) == MAX_DEPTH + 2  # ws, hello.txt and MAX_DEPTH levels of d
+    finally:
+        os.close(top)
+    assert (ws / "d" / "d").stat().st_uid == NOBODY and deepest.st_uid == 0
 
 
 @needs_bwrap
