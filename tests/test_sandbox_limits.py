@@ -159,3 +159,33 @@ def test_memory_limit_without_a_cgroup_falls_back_per_process(ws, monkeypatch):
     monkeypatch.setattr("surecall.toolbox.cgroups.parents", lambda controller: [])
     result = UNSANDBOXED.run("true", Path(ws), 2000)
     assert result.limits["memory_enforced_by"] == "RLIMIT_AS (per process)"
+
+
+# --- where the cgroups go (a fake hierarchy: v2 delegated, v1 per controller) --------------------
+def _fake_hierarchy(monkeypatch, tmp_path, own: dict[str, str]) -> Path:
+    monkeypatch.setattr("surecall.toolbox.cgroups.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("surecall.toolbox.cgroups._own_cgroups", lambda: own)
+    return tmp_path
+
+
+def test_v2_puts_both_caps_in_one_delegated_cgroup(monkeypatch, tmp_path):
+    root = _fake_hierarchy(monkeypatch, tmp_path, {"": "/user.slice/me"})
+    mine = root / "user.slice" / "me"
+    mine.mkdir(parents=True)
+    (mine / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    cgroup = CommandCgroup.create({"pids": 16, "memory": 1 << 28})
+    assert cgroup.enforced == ("memory", "pids") and cgroup.dirs["pids"] == cgroup.dirs["memory"]
+    made = cgroup.dirs["pids"]
+    assert made.parent == mine and (made / "pids.max").read_text() == "16"
+    assert (made / "memory.max").read_text() == str(1 << 28) and (made / "memory.swap.max").read_text() == "0"
+
+
+def test_v1_uses_one_cgroup_per_controller(monkeypatch, tmp_path):
+    root = _fake_hierarchy(monkeypatch, tmp_path, {"pids": "/", "memory": "/job/7"})
+    for sub in ("pids", "memory/job/7"):
+        (root / sub).mkdir(parents=True)
+    (root / "pids" / "cgroup.procs").write_text("")
+    (root / "memory" / "cgroup.procs").write_text("")
+    cgroup = CommandCgroup.create({"pids": 16, "memory": 1 << 28})
+    assert cgroup.dirs["pids"].parent == root / "pids" and cgroup.dirs["memory"].parent == root / "memory" / "job" / "7"
+    assert (cgroup.dirs["memory"] / "memory.limit_in_bytes").read_text() == str(1 << 28)

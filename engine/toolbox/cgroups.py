@@ -89,8 +89,8 @@ class CommandCgroup:
         name, dirs = _new_name(), {}
         for controller, value in limits.items():
             for parent in parents(controller):
-                path = parent / name
-                if _make(path, _limit_files(parent, controller, value)):
+                path = parent / name  # on v2 one directory holds every controller's cap
+                if _make(path, _limit_files(parent, controller, value), is_new=path not in dirs.values()):
                     dirs[controller] = path
                     break
         return cls(dirs)
@@ -127,9 +127,10 @@ class CommandCgroup:
             _remove(path)
 
 
-def _make(path: Path, files: list[tuple[str, str, bool]]) -> bool:
+def _make(path: Path, files: list[tuple[str, str, bool]], *, is_new: bool) -> bool:
     try:
-        path.mkdir()
+        if is_new:
+            path.mkdir()
     except OSError:
         return False
     for file, value, required in files:
@@ -137,7 +138,8 @@ def _make(path: Path, files: list[tuple[str, str, bool]]) -> bool:
             (path / file).write_text(value)
         except OSError:
             if required:
-                _remove(path)
+                if is_new:
+                    _remove(path)
                 return False
     return True
 
