@@ -19,7 +19,7 @@ def test_blocks_share_cached_prefixes_and_return_every_block():
     tokens = list(range(10))
     table, cached = bm.allocate(tokens, len(tokens), compute_from=9)
     assert cached == 0 and len(table) == 3 and bm.num_free == 5
-    bm.register_full(table, tokens, num_computed=10)  # blocks 0-1 are full and computed
+    bm.register_full(table, tokens, num_computed=10, hashes=[])  # blocks 0-1 are full and computed
     other, cached = bm.allocate(tokens[:8] + [99, 98], 10, compute_from=9)
     assert cached == 8 and other[:2] == table[:2] and other[2] != table[2]
     assert bm.stats.hit_tokens == 8 and bm.stats.queried_tokens == 18
@@ -38,7 +38,7 @@ def test_blocks_evict_least_recently_freed_and_refuse_when_short():
     bm = BlockManager(num_blocks=3, block_size=2)
     a = [1, 2, 3, 4]
     table, _ = bm.allocate(a, 4, compute_from=3)
-    bm.register_full(table, a, 4)
+    bm.register_full(table, a, 4, [])
     bm.release(table)
     fresh, _ = bm.allocate([9, 9, 9, 9, 9, 9], 6, compute_from=5)  # takes all 3 blocks: evicts a's hashes
     assert bm.num_free == 0 and bm.cached_prefix(a, 3) == []

@@ -63,14 +63,12 @@ class BlockManager:
         """Block ids of the longest run of leading full blocks already cached (within `max_tokens`)."""
         if not self.enable_prefix_caching:
             return []
-        out, prev = [], None
-        for start in range(0, max_tokens - self.block_size + 1, self.block_size):
-            h = chain_hash(prev, tokens[start : start + self.block_size])
+        out = []
+        for h in self.prompt_hashes(tokens, max_tokens):
             block = self.by_hash.get(h)
             if block is None:
                 break
             out.append(block)
-            prev = h
         return out
 
     def can_allocate(self, tokens: list[int], num_tokens: int, compute_from: int) -> bool:
@@ -98,18 +96,29 @@ class BlockManager:
         table.extend(self._fresh() for _ in range(need))
         return True
 
-    def register_full(self, table: list[int], tokens: list[int], num_computed: int) -> None:
-        """Give every full, computed block of `table` its chained hash (so later sequences find it)."""
+    def register_full(self, table: list[int], tokens: list[int], num_computed: int, hashes: list[bytes]) -> None:
+        """Give every full, computed block of `table` its chained hash (so later sequences find it).
+
+        `hashes` is the sequence's own list of its blocks' hashes so far, extended in place: each
+        block is hashed once however many steps it takes to fill it.
+        """
         if not self.enable_prefix_caching:
             return
-        prev = None
-        for i in range(num_computed // self.block_size):
+        bs = self.block_size
+        for i in range(len(hashes), num_computed // bs):
+            h = chain_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs])
+            hashes.append(h)
             block = table[i]
-            h = chain_hash(prev, tokens[i * self.block_size : (i + 1) * self.block_size])
             if self.hash[block] is None and h not in self.by_hash:
                 self.hash[block] = h
                 self.by_hash[h] = block
-            prev = h
+
+    def prompt_hashes(self, tokens: list[int], max_tokens: int) -> list[bytes]:
+        """The chained hashes of the full blocks within the first `max_tokens` tokens."""
+        out: list[bytes] = []
+        for start in range(0, max_tokens - self.block_size + 1, self.block_size):
+            out.append(chain_hash(out[-1] if out else None, tokens[start : start + self.block_size]))
+        return out
 
     def release(self, table: list[int]) -> None:
         """Drop a sequence's references; blocks nobody holds become free (their hash stays findable)."""

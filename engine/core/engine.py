@@ -196,7 +196,8 @@ class EngineCore:
             logits = self._forward(group, keep)
             for b, work in enumerate(group):
                 work.seq.num_computed = work.end
-                self.blocks.register_full(work.seq.block_table, work.seq.token_ids, work.seq.num_computed)
+                self.blocks.register_full(work.seq.block_table, work.seq.token_ids, work.seq.num_computed,
+                                         work.seq.block_hashes)
                 if work.samples:
                     sampled.append((work, logits[b, -1], logits[b] if keep > 1 else None))
         return sampled

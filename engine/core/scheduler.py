@@ -46,6 +46,7 @@ class Sequence:
     status: Status = Status.WAITING
     arrival: int = field(default_factory=lambda: next(_arrival))
     num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full computed blocks
 
     @property
     def num_tokens(self) -> int:
@@ -123,13 +124,20 @@ class Scheduler:
             (decode if n == 1 and seq.num_to_feed == 1 else prefill).append(Work(seq, seq.num_computed, seq.num_computed + n))
             budget -= n
         # 2. waiting sequences, first come first served
+        computing: set[bytes] = set()  # prompt blocks that sequences admitted this step will compute
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             compute_from = seq.num_tokens - 1  # at least the last token is fed, for its logits
+            hashes = self.blocks.prompt_hashes(seq.token_ids, compute_from) if self.blocks.enable_prefix_caching else []
+            hits = len(self.blocks.cached_prefix(seq.token_ids, compute_from))
+            if hits < len(hashes) and hashes[hits] in computing:
+                break  # its next block is being computed right now: admitted next step, it finds it cached
             if not self.blocks.can_allocate(seq.token_ids, seq.num_tokens, compute_from):
                 break  # wait for blocks to free up (never preempt for a newcomer)
             self.waiting.popleft()
             seq.block_table, seq.num_cached = self.blocks.allocate(seq.token_ids, seq.num_tokens, compute_from)
+            seq.block_hashes = []
+            computing.update(hashes[hits:])
             seq.num_computed = seq.num_cached
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -142,6 +150,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
         seq.num_computed = 0
+        seq.block_hashes = []
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
