@@ -9,6 +9,8 @@ machine. This module does not generate regexes and does not touch devices.
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import sys
 import time
@@ -25,6 +27,7 @@ from surecall.grammars.automaton import (
     regex_to_dfa,
     regex_to_dfa_isolated,
 )
+from surecall.grammars.counted import CountedCutError, char_rows, check_entries, cut_marks
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -62,14 +65,8 @@ def compile_schema(schema: dict, vocab, options=None, use_cache: bool | str = Tr
 
     options = _options(options)
     key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
-
-    def build() -> TokenTable:
-        started = time.perf_counter()
-        result = schema_to_regex(schema, options)
-        meta = {"kind": "schema", "regex_ms": (time.perf_counter() - started) * 1e3}
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
-
-    return _through_cache(key, use_cache, build)
+    return _through_cache(key, use_cache, lambda: _with_fallback(
+        lambda opts: schema_to_regex(schema, opts), vocab, options, {"kind": "schema"}))
 
 
 def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool | str = True) -> TokenTable:
@@ -80,13 +77,9 @@ def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_c
     text = _canonical({"format": tool_format, "tools": [_tool_as_data(t) for t in tools]})
     key = table_cache.entry_key("catalog", text, vocab, options)
 
-    def build() -> TokenTable:
-        started = time.perf_counter()
-        result = catalog_regex(tools, tool_format, options)
-        meta = {"kind": "catalog", "format": tool_format, "regex_ms": (time.perf_counter() - started) * 1e3}
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
-
-    return _through_cache(key, use_cache, build)
+    return _through_cache(key, use_cache, lambda: _with_fallback(
+        lambda opts: catalog_regex(tools, tool_format, opts), vocab, options,
+        {"kind": "catalog", "format": tool_format}))
 
 
 def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
@@ -103,6 +96,23 @@ def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
     return table
 
 
+def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
+    """Compile `to_regex(options)`; if its counted strings cannot be cut out, again without counters."""
+    started = time.perf_counter()
+    result = to_regex(options)
+    meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
+    try:
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+    except CountedCutError as exc:
+        if not options.counted_lengths:
+            raise
+        plain = dataclasses.replace(options, counted_lengths=False)
+        result = to_regex(plain)
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), meta)
+        table.meta["counted_fallback"] = str(exc)
+        return table
+
+
 def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
     clock = _Clock(options.time_budget_s)
     # 1. Regex -> pruned byte DFA (outlines-core cannot be interrupted: bound its input first).
@@ -117,15 +127,21 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
                                     options.memory_budget_bytes)
     else:
         dfa = regex_to_dfa(regex)
+    dfa, counted = cut_marks(dfa)
     clock.check("byte DFA")
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
-    # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk).
+    # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk); tokens
+    #    that break a length bound on their own are dropped here, the rest are the counters' job.
     rows = token_rows(dfa, vi, regions)
+    counts = None
+    if counted.num_regions:
+        entries = check_entries(rows, dfa, counted, vi)
+        counts = (counted, *char_rows(dfa, counted, vi), entries)
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab)
+    table = build_table(dfa, rows, vocab, counts)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -141,7 +157,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     A row's shared class part is copied once into the CSR (its next states renumbered through
@@ -166,17 +182,43 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
     accept = dfa.accept[order].copy()
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
     edges = [new_id[succ[q]] for q in order.tolist()]
-    return TokenTable(
+    table = TokenTable(
         mask=_pack_mask(parts, accept, stop_ids, vocab.logits_width),
         accept=accept,
         trans_ptr=trans_ptr.astype(np.int32),
         trans_tok=trans_tok,
         trans_next=trans_next,
-        dist=_dist([e[e >= 0] for e in edges], accept),
+        dist=np.zeros(order.size, dtype=np.int32),
         vocab_size=vocab.vocab_size,
         logits_width=vocab.logits_width,
         stop_ids=stop_ids,
     )
+    if counts is None:
+        table.dist = _dist([e[e >= 0] for e in edges], accept)
+    else:
+        _add_counts_inplace(table, counts, order, new_id)
+    return table
+
+
+def _add_counts_inplace(table: TokenTable, counts, order: np.ndarray, new_id: np.ndarray) -> None:
+    """The count_* fields (DFA ids renumbered) and the counted dist."""
+    regions, row_of, chars, fill, entries = counts
+    region = regions.region[order]
+    inside = region >= 0
+    table.count_row = row_of[order].astype(np.int32)
+    table.count_lo = np.where(inside, regions.lo[np.maximum(region, 0)], 0).astype(np.int32)
+    table.count_hi = np.where(inside, regions.hi[np.maximum(region, 0)], 0).astype(np.int32)
+    table.count_chars = chars
+    if (table.count_lo > 0).any() and fill < 1:
+        raise CountedCutError("no token adds one character to a string body: a minLength cannot be reached")
+    table.count_fill = max(1, int(fill))
+    width = table.logits_width
+    pairs = sorted((int(new_id[q]) * width + t, c) for (q, t), c in entries.items() if new_id[q] >= 0)
+    table.count_entry_key = np.asarray([k for k, _ in pairs], dtype=np.int64)
+    table.count_entry_val = np.asarray([c for _, c in pairs], dtype=np.int32)
+    table.dist = counted_dist(table)
+    if (table.dist < 0).any():
+        raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
 
 
 def _successors(row: Row, n: int) -> np.ndarray:
@@ -309,6 +351,49 @@ def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
                 dist[s] = dist[t] + 1
                 queue.append(s)
     return dist
+
+
+def counted_dist(table: TokenTable) -> np.ndarray:
+    """Fewest tokens to acceptance with counters (table.py): Dijkstra from the accepting states.
+
+    Inside a counted body only tokens that start no character are edges (1 token each); a token
+    that opens a body costs 1 + need(0) of it. A state's unmet minimum (need) is then added by
+    the kernels from the row's counter, so dist + need is exact enough to always leave a token
+    that completes in time: a filler of min(fill, lo - c) characters, or the dist path.
+    """
+    n = table.num_states
+    need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
+    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for s in range(n):
+        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
+        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
+        if table.count_row[s] >= 0:
+            v = table.count_chars[table.count_row[s], tok]
+            stays, closes = v == 0, v == 1
+            weight = np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1)
+            usable = stays | closes
+            nxt, weight = nxt[usable], weight[usable]
+        else:
+            weight = np.where(table.count_row[nxt] >= 0, 1 + need0[nxt], 1)
+        heavy = weight != 1  # few: tokens that open a body with a minimum
+        best = dict.fromkeys(np.flatnonzero(np.bincount(nxt[~heavy], minlength=n)).tolist(), 1)
+        for t, w in zip(nxt[heavy].tolist(), weight[heavy].tolist(), strict=True):
+            if w < best.get(t, 1 << 60):
+                best[t] = w
+        for t, w in best.items():
+            pred[t].append((s, w))
+    dist = np.full(n, -1, dtype=np.int64)
+    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
+    heapq.heapify(heap)
+    while heap:
+        d, t = heapq.heappop(heap)
+        if dist[t] >= 0:
+            continue
+        dist[t] = d
+        for s, w in pred[t]:
+            if dist[s] < 0:
+                heapq.heappush(heap, (d + w, s))
+    return dist.astype(np.int32)
 
 
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
