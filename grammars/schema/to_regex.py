@@ -137,6 +137,25 @@ def counted_string_regex(low: int, high: int | None) -> str:
     return f'"{mark(COUNT_ENTER)}{lex.STRING_CHAR}*"{mark(COUNT_EXIT)}'
 
 
+_COUNTED = re.compile(
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})" + re.escape(lex.STRING_CHAR) + r'\*"'
+    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}"
+)
+
+
+def expand_counts(regex: str) -> str:
+    """`regex` with each counted string spelled out as `"char{lo,hi}"`: the language the counters
+    enforce, for Python `re` (tests, references); far too large for a byte DFA at real bounds."""
+
+    def spelled(m: re.Match) -> str:
+        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
+        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        upper = "" if high == NO_MAX_LENGTH else str(high)
+        return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    return _COUNTED.sub(spelled, regex)
+
+
 def _group(regex: str) -> str:
     return f"(?:{regex})"
 
