@@ -154,20 +154,22 @@ def _reference_logprobs(llm, prompt, result, table, temperature: float, max_toke
     seq = torch.tensor([prompt + result.token_ids])
     with torch.no_grad():
         logits = llm.runner.model(seq).logits[0, len(prompt) - 1 : -1].float()
-    state, out = 0, []
+    from surecall.grammars.walk import kept
+
+    state, counter, out = 0, 0, []
     stops = set(int(s) for s in table.stop_ids)
     for step, tok in enumerate(result.token_ids):
         remaining = max_tokens - step
         allowed = np.zeros(logits.shape[1], dtype=bool)
         lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = table.dist[table.trans_next[lo:hi]] <= remaining - 1
+        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], remaining)
         allowed[table.trans_tok[lo:hi][keep]] = True
         if table.accept[state]:
             allowed[list(stops)] = True
         masked = logits[step].masked_fill(~torch.from_numpy(allowed), float("-inf"))
         out.append(float(torch.log_softmax(masked / temperature, dim=-1)[tok]))
         if tok not in stops:
-            state = table.next_state(state, tok)
+            state, counter = table.next_state(state, tok), table.next_counter(state, counter, tok)
     return out
 
 
