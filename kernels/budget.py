@@ -34,9 +34,10 @@ def count_keep_triton(
     lo = tl.load(count_lo_ptr + state)
     hi = tl.load(count_hi_ptr + state)
     inside = r >= 0
+    rows = tl.zeros_like(cols) + r  # the row as a tensor: a scalar-and-tensor mask is refused interpreted
     v = tl.load(
-        count_chars_ptr + tl.maximum(r, 0).to(tl.int64) * count_cols + cols,
-        mask=inside & (cols < count_cols),
+        count_chars_ptr + tl.maximum(rows, 0).to(tl.int64) * count_cols + cols,
+        mask=(rows >= 0) & (cols < count_cols),
         other=-1,
     ).to(tl.int32)
     total = counter + (v >> 1)

@@ -7,7 +7,8 @@ allows anything, and the number of binary-search steps over the longest CSR row.
 compile or validate grammars (grammars/ does) and holds no per-request state.
 Counters (grammars/table.py): `count_*` are the table's count arrays (placeholders when it has
 none: count_row all -1), `dist_entry` = dist + need(0) of the state's body, the dist a token
-that does not stay in a body is charged; `max_next_dist` is over dist_entry.
+that does not stay in a body is charged; `max_next_dist` is over dist_entry (an upper bound of
+what the budget charges), `min_next_dist` over dist (a lower bound).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class DeviceTable:
         max_next = np.full(num_states, -1, dtype=np.int64)
         min_next = np.full(num_states, NO_NEXT, dtype=np.int64)
         np.maximum.at(max_next, owner, next_dist)
-        np.minimum.at(min_next, owner, next_dist)
+        np.minimum.at(min_next, owner, table.dist[table.trans_next].astype(np.int64))  # a lower bound
         is_stop = np.zeros(table.num_words * 32, dtype=np.int8)
         is_stop[table.stop_ids.astype(np.int64)] = 1
         stop_bits = _bits(table.mask, table.stop_ids.astype(np.int64))
