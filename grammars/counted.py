@@ -1,6 +1,6 @@
 """Counted regions: string bodies whose length a per-row counter bounds, instead of one state per character.
 
-The regex marks each bounded string `"` ENTER body* `"` EXIT (schema_regex.counted_string_regex).
+The regex marks each bounded string `"` ENTER body* `"` EXIT (schema/to_regex.py: counted_string_regex).
 `cut_marks` removes the marks from the byte DFA (edges into ENTER go to the body, edges into
 EXIT to what follows) and returns each body's states as one region with its (lo, hi) bounds.
 `char_rows` says, per counted state and token, how many characters the token starts inside the
@@ -39,7 +39,7 @@ class Regions:
     region: np.ndarray  # int32 [S]: region of each state, -1 outside counted bodies
     head: np.ndarray  # int32 [R]: each region's character boundary (where `"` closes the string)
     lo: np.ndarray  # int64 [R]: minLength
-    hi: np.ndarray  # int64 [R]: maxLength (schema_regex.NO_MAX_LENGTH when absent)
+    hi: np.ndarray  # int64 [R]: maxLength (to_regex.NO_MAX_LENGTH when absent)
 
     @property
     def num_regions(self) -> int:
