@@ -26,6 +26,7 @@ _MARK_NIBBLES = 16  # 8 nibbles of lo, 8 of hi
 MAX_CHARS = 63  # int8 rows: a token starting more characters in a body is never allowed there
 MAX_FILL = MAX_CHARS  # the counted dist assumes at most this many characters per token
 INVALID = -1  # char_rows value of a token that leaves a body other than by its closing quote
+_FREE = -128  # while merging rows: a token dead in that state (any value will do)
 
 
 class CountedCutError(ValueError):
@@ -124,7 +125,8 @@ def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
 def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np.ndarray]:
     """(local [L, 256] table, local -> global ids) of region r, BFS-numbered from its head.
 
-    Entries: a local state, -2 for the closing quote at the head, -1 for anything else.
+    Entries: a local state, -2 for the closing quote at the head, -3 for a byte that leaves the
+    body otherwise, -1 for a dead byte.
     """
     h = int(regions.head[r])
     order, seen = [h], {h: 0}
@@ -144,6 +146,8 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
             t = int(dfa.trans[q, b])
             if t >= 0 and regions.region[t] == r and not (q == h and b == _QUOTE):
                 local[li, b] = seen[t]
+            elif t >= 0:
+                local[li, b] = -3
     local[0, _QUOTE] = -2 if dfa.trans[h, _QUOTE] >= 0 else -1
     return local, g
 
@@ -171,8 +175,31 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
             rows.extend(values)
             fill = min(fill, k)
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    table = np.stack(rows) if rows else np.zeros((0, vi.vocab_size), dtype=np.int8)
-    return row_of, table, fill
+    merged, where = _merge_rows(rows)
+    row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
+    return row_of, merged, fill
+
+
+def _merge_rows(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that agree wherever both are defined share one (a token dead in a state is masked out
+    there, so its value is free); returns the int8 rows and each input row's merged row."""
+    merged: list[np.ndarray] = []
+    where = np.zeros(len(rows), dtype=np.int32)
+    for i, row in enumerate(rows):
+        for j, m in enumerate(merged):
+            both = (row != _FREE) & (m != _FREE)
+            if np.array_equal(row[both], m[both]):
+                np.copyto(m, row, where=m == _FREE)
+                where[i] = j
+                break
+        else:
+            where[i] = len(merged)
+            merged.append(row.copy())
+    if not merged:
+        return np.zeros((0, 0), dtype=np.int8), where
+    table = np.stack(merged)
+    table[table == _FREE] = INVALID
+    return table, where
 
 
 def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
@@ -182,8 +209,9 @@ def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
     tok = np.tile(np.arange(v, dtype=np.int64), num_local)
     chars = np.zeros(state.size, dtype=np.int64)
     closes = np.zeros(state.size, dtype=bool)
-    bad = vi.lens[tok] == 0
-    active = np.flatnonzero(~bad)
+    dead = vi.lens[tok] == 0
+    bad = np.zeros(state.size, dtype=bool)
+    active = np.flatnonzero(~dead)
     pos = 0
     while active.size:
         active = active[vi.lens[tok[active]] > pos]
@@ -192,14 +220,16 @@ def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
         nxt = local[q, b]
         chars[active] += (q == 0) & (nxt >= 0)
         closes[active[nxt == -2]] = True
-        bad[active[nxt == -1]] = True
+        dead[active[nxt == -1]] = True
+        bad[active[nxt == -3]] = True
         keep = nxt >= 0
         state[active[keep]] = nxt[keep]
         active = active[keep]
         pos += 1
-    value = np.where(bad | (chars > MAX_CHARS), INVALID, 2 * chars + closes).astype(np.int8)
+    value = np.where(bad | (chars > MAX_CHARS), INVALID, 2 * np.minimum(chars, MAX_CHARS) + closes)
+    value = np.where(dead, _FREE, value).astype(np.int8)
     values = [value[i * v : (i + 1) * v] for i in range(num_local)]
-    at_head = ~bad[:v] & ~closes[:v] & (state[:v] == 0) & (chars[:v] <= MAX_CHARS)
+    at_head = ~dead[:v] & ~bad[:v] & ~closes[:v] & (state[:v] == 0) & (chars[:v] <= MAX_CHARS)
     present = np.zeros(MAX_FILL + 2, dtype=bool)
     present[np.minimum(chars[:v][at_head], MAX_FILL + 1)] = True
     k = 0
