@@ -203,10 +203,15 @@ def _merge_rows(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
-    """Walk every token from every local state of one body shape (vectorised over both)."""
+    """Walk every token from every local state of one body shape (vectorised over both).
+
+    Only tokens whose first byte is live in a state are walked there (a mid-character state
+    has few); the rest are free (_FREE) in its row.
+    """
     num_local, v = local.shape[0], vi.vocab_size
-    state = np.repeat(np.arange(num_local, dtype=np.int32), v)
-    tok = np.tile(np.arange(v, dtype=np.int64), num_local)
+    firsts = [vi.tokens_with_first(local[i] != -1).astype(np.int64) for i in range(num_local)]
+    state = np.concatenate([np.full(f.size, i, dtype=np.int32) for i, f in enumerate(firsts)])
+    tok = np.concatenate(firsts)
     chars = np.zeros(state.size, dtype=np.int64)
     closes = np.zeros(state.size, dtype=bool)
     dead = vi.lens[tok] == 0
@@ -228,14 +233,16 @@ def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
         pos += 1
     value = np.where(bad | (chars > MAX_CHARS), INVALID, 2 * np.minimum(chars, MAX_CHARS) + closes)
     value = np.where(dead, _FREE, value).astype(np.int8)
-    values = [value[i * v : (i + 1) * v] for i in range(num_local)]
-    at_head = ~dead[:v] & ~bad[:v] & ~closes[:v] & (state[:v] == 0) & (chars[:v] <= MAX_CHARS)
+    values = np.full((num_local, v), _FREE, dtype=np.int8)
+    values[state_of := np.repeat(np.arange(num_local), [f.size for f in firsts]), tok] = value
+    head = state_of == 0
+    at_head = head & ~dead & ~bad & ~closes & (state == 0) & (chars <= MAX_CHARS)
     present = np.zeros(MAX_FILL + 2, dtype=bool)
-    present[np.minimum(chars[:v][at_head], MAX_FILL + 1)] = True
+    present[np.minimum(chars[at_head], MAX_FILL + 1)] = True
     k = 0
     while k < MAX_FILL and present[k + 1]:
         k += 1
-    return values, k
+    return list(values), k
 
 
 def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, int], int]:
