@@ -303,3 +303,19 @@ def test_static_step_logprobs_and_batch_independence(llama, llama_static):
                                   sampling=[_tight(llama_static, [seed_tools()[2]], 3, 1), params, params])
     assert batch[1].token_ids == alone.token_ids  # 3 rows padded to a bucket of 4
     assert llama.generate([prompt], tools=tools, sampling=params)[0].token_ids == alone.token_ids  # = dynamic cache
+
+
+def test_counted_length_bounds_hold_in_sampled_calls(llama):
+    """maxLength 60 used to be relaxed (4 of 16 calls broke it); now a counter enforces it."""
+    tools = [{"name": "note", "description": "Write a note.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 5, "maxLength": 60}},
+        "required": ["text"], "additionalProperties": False}}]
+    table = llama.compile(tools)
+    assert table.relaxed == [] and table.has_counts
+    params = [_tight(llama, tools, extra, seed, temperature=1.2) for seed, extra in enumerate([0, 1, 40, 60] * 4)]
+    lengths = []
+    for r, p in zip(llama.generate(_prompts(16), tools=tools, sampling=params), params, strict=True):
+        _assert_valid(r, tools, table)
+        assert r.num_tokens <= p.max_tokens
+        lengths.append(len(r.call.arguments["text"]))
+    assert min(lengths) >= 5 and max(lengths) <= 60 and max(lengths) > min(lengths)
