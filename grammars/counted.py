@@ -129,25 +129,26 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
     body otherwise, -1 for a dead byte.
     """
     h = int(regions.head[r])
+    inside_rows = []
     order, seen = [h], {h: 0}
     i = 0
     while i < len(order):
-        q = order[i]
-        i += 1
-        for b in range(256):
-            t = int(dfa.trans[q, b])
-            if t >= 0 and regions.region[t] == r and not (q == h and b == _QUOTE) and t not in seen:
+        row = dfa.trans[order[i]].astype(np.int64)
+        inside = (row >= 0) & (regions.region[np.maximum(row, 0)] == r)
+        if i == 0:
+            inside[_QUOTE] = False
+        inside_rows.append((row, inside))
+        for t in row[inside].tolist():  # byte order: a canonical numbering for the shape cache
+            if t not in seen:
                 seen[t] = len(order)
                 order.append(t)
+        i += 1
     g = np.asarray(order, dtype=np.int64)
-    local = np.full((g.size, 256), -1, dtype=np.int32)
-    for li, q in enumerate(order):
-        for b in range(256):
-            t = int(dfa.trans[q, b])
-            if t >= 0 and regions.region[t] == r and not (q == h and b == _QUOTE):
-                local[li, b] = seen[t]
-            elif t >= 0:
-                local[li, b] = -3
+    to_local = np.full(dfa.num_states, -1, dtype=np.int64)
+    to_local[g] = np.arange(g.size)
+    local = np.empty((g.size, 256), dtype=np.int32)
+    for li, (row, inside) in enumerate(inside_rows):
+        local[li] = np.where(inside, to_local[np.maximum(row, 0)], np.where(row >= 0, -3, -1))
     local[0, _QUOTE] = -2 if dfa.trans[h, _QUOTE] >= 0 else -1
     return local, g
 
