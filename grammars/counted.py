@@ -9,17 +9,20 @@ drops transitions that would break a bound statically (a token that opens and cl
 string, or opens one with too many characters) and returns the counter each entering token
 sets. The counter counts characters *started* (a JSON escape or a multi-byte UTF-8 character is
 one, counted at its first byte), so a token ending mid-character never commits past `hi`.
-This module does not build tables (compile.py does) and runs no kernels.
+`add_counts_inplace` fills a built table's count fields and its counted `dist`. This module
+does not build CSR or mask rows (compile.py does) and runs no kernels.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from surecall.grammars.automaton import ByteDFA, bfs_order, coreachable, successor_lists
 from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT
+from surecall.grammars.table import TokenTable
 
 _QUOTE = 0x22
 _MARK_NIBBLES = 16  # 8 nibbles of lo, 8 of hi
@@ -321,3 +324,67 @@ def _drop_inplace(rows, q: int, toks: np.ndarray) -> None:
         t, n = row.tok, row.nxt
     keep = ~np.isin(t, toks)
     row.tok, row.nxt = t[keep], n[keep]
+
+
+def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> None:
+    """The count_* fields (DFA ids renumbered) and the counted dist."""
+    regions, row_of, chars, fill, entries = counts
+    region = regions.region[order]
+    inside = region >= 0
+    table.count_row = row_of[order].astype(np.int32)
+    table.count_lo = np.where(inside, regions.lo[np.maximum(region, 0)], 0).astype(np.int32)
+    table.count_hi = np.where(inside, regions.hi[np.maximum(region, 0)], 0).astype(np.int32)
+    table.count_chars = chars
+    if (table.count_lo > 0).any() and fill < 1:
+        raise CountedCutError("no token adds one character to a string body: a minLength cannot be reached")
+    table.count_fill = max(1, int(fill))
+    width = table.logits_width
+    pairs = sorted((int(new_id[q]) * width + t, c) for (q, t), c in entries.items() if new_id[q] >= 0)
+    table.count_entry_key = np.asarray([k for k, _ in pairs], dtype=np.int64)
+    table.count_entry_val = np.asarray([c for _, c in pairs], dtype=np.int32)
+    table.dist = counted_dist(table)
+    if (table.dist < 0).any():
+        raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
+
+
+def counted_dist(table: TokenTable) -> np.ndarray:
+    """Fewest tokens to acceptance with counters (table.py): Dijkstra from the accepting states.
+
+    Inside a counted body only tokens that start no character are edges (1 token each); a token
+    that opens a body costs 1 + need(0) of it. A state's unmet minimum (need) is then added by
+    the kernels from the row's counter, so dist + need is exact enough to always leave a token
+    that completes in time: a filler of min(fill, lo - c) characters, or the dist path.
+    """
+    n = table.num_states
+    need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
+    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for s in range(n):
+        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
+        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
+        if table.count_row[s] >= 0:
+            v = table.count_chars[table.count_row[s], tok]
+            stays, closes = v == 0, v == 1
+            weight = np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1)
+            usable = stays | closes
+            nxt, weight = nxt[usable], weight[usable]
+        else:
+            weight = np.where(table.count_row[nxt] >= 0, 1 + need0[nxt], 1)
+        heavy = weight != 1  # few: tokens that open a body with a minimum
+        best = dict.fromkeys(np.flatnonzero(np.bincount(nxt[~heavy], minlength=n)).tolist(), 1)
+        for t, w in zip(nxt[heavy].tolist(), weight[heavy].tolist(), strict=True):
+            if w < best.get(t, 1 << 60):
+                best[t] = w
+        for t, w in best.items():
+            pred[t].append((s, w))
+    dist = np.full(n, -1, dtype=np.int64)
+    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
+    heapq.heapify(heap)
+    while heap:
+        d, t = heapq.heappop(heap)
+        if dist[t] >= 0:
+            continue
+        dist[t] = d
+        for s, w in pred[t]:
+            if dist[s] < 0:
+                heapq.heappush(heap, (d + w, s))
+    return dist.astype(np.int32)

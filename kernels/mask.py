@@ -17,7 +17,12 @@ import torch
 
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.budget import budget_drop_torch, budget_keep_triton, count_keep_torch, count_keep_triton
+from surecall.kernels.budget import (
+    budget_drop_torch,
+    budget_keep_triton,
+    count_keep_torch,
+    count_keep_triton,
+)
 from surecall.kernels.table import DeviceTable
 
 
