@@ -360,7 +360,7 @@ class OutputReader:
         if self.kind == "json":
             result.answer, result.error = _json_answer(content, self.schema)
         else:
-            result.error = next((f"tool call {c.index}: {c.error}" for c in calls if c.error), None)
+            result.error = next((f"tool call {i}: {c.error}" for i, c in enumerate(calls) if c.error), None)
             if not complete:
                 result.error = result.error or "a tool call was left open"
         return result
