@@ -160,12 +160,13 @@ class ModeOutcome:
     complete: bool = True  # no call was left open
     answer: Any = None  # a JSON answer's value (kind "json")
     error: str | None = None
+    is_answer: bool = False  # a JSON answer: the grammar completes it inside the budget, never cut
 
     def finish_reason(self, stopped: bool) -> str:
-        """"tool_calls" after complete calls, "stop" after text that ended itself (or a JSON answer), else "length"."""
+        """"tool_calls" after complete calls, "stop" after text that ended itself or a JSON answer, else "length"."""
         if self.tool_calls:
             return "tool_calls" if self.complete else "length"
-        return "stop" if stopped else "length"
+        return "stop" if stopped or (self.is_answer and self.error is None) else "length"
 
 
 @dataclass
@@ -359,6 +360,7 @@ class OutputReader:
         result = ModeOutcome(content, calls, complete)
         if self.kind == "json":
             result.answer, result.error = _json_answer(content, self.schema)
+            result.is_answer = True
         else:
             result.error = next((f"tool call {i}: {c.error}" for i, c in enumerate(calls) if c.error), None)
             if not complete:
