@@ -79,7 +79,6 @@ def models(data_dir):
 
 FORMATS = ["hermes", "json", "llama3", "mistral"]
 CONTROL = {"hermes": 151657, "mistral": 5}
-SPELLED = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "json": None, "llama3": None}
 
 
 def _prompts(n: int, offset: int = 0) -> list[list[int]]:
@@ -109,11 +108,12 @@ def _check(result, params, fmt, llm):
     for call in result.tool_calls:
         assert call.error is None and isinstance(call.parsed, dict), (call, result.text)
     assert result.finish_reason in (("tool_calls",) if result.tool_calls else ("stop", "length"))
-    if SPELLED[fmt]:
-        assert SPELLED[fmt] not in result.content
-        assert all(SPELLED[fmt] not in c.arguments for c in result.tool_calls)
-    if fmt in CONTROL:
-        starts = result.token_ids.count(CONTROL[fmt])
+    start = result.mode.syntax.start
+    if start:  # neither spelled out in text nor inside arguments
+        assert start not in result.content
+        assert all(start not in c.arguments for c in result.tool_calls)
+    if result.mode.start_kind == "control":  # the control id opens each call (hermes) or the list (mistral)
+        starts = result.token_ids.count(dict(result.mode.controls)[start])
         assert starts == (len(result.tool_calls) if fmt == "hermes" else min(1, len(result.tool_calls)))
     _check_stream(result, llm)
 
