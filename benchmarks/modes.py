@@ -20,12 +20,19 @@ import platform
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
 
 from surecall.calls import tool_name_schema
-from surecall.grammars.tool_modes import ModeGrammar, compile_mode, control_vocab, find_controls, SYNTAX
+from surecall.grammars.tool_modes import (
+    SYNTAX,
+    ModeGrammar,
+    compile_mode,
+    control_vocab,
+    find_controls,
+)
 from surecall.kernels import DeviceTable, SamplingTensors, sample
 from surecall.tools.catalog import hardened_seed_tools
 
@@ -111,8 +118,7 @@ def bench(vocab_name, vocab, batches, repeats) -> list[dict]:
         logits = torch.randn(batch, vocab.logits_width) * 4
         params = SamplingTensors.build([1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch)
         remaining = torch.full((batch,), 64, dtype=torch.int32)
-        def free_fn():
-            return sample(logits, None, None, params, check=False)
+        free_fn = partial(sample, logits, None, None, params, check=False)
 
         for phase, (mode, state) in phases.items():
             states = torch.full((batch,), state, dtype=torch.int32)
@@ -121,9 +127,7 @@ def bench(vocab_name, vocab, batches, repeats) -> list[dict]:
             if not all(int(t) in allowed for t in out.tokens.tolist()):
                 raise AssertionError(f"{phase}: sampled a token the mask of state {state} forbids")
 
-            def masked_fn(mode=mode, states=states):
-                return sample(logits, dtables[mode], states, params, remaining=remaining, check=False)
-
+            masked_fn = partial(sample, logits, dtables[mode], states, params, remaining=remaining, check=False)
             free, masked, t_mask = paired_us(free_fn, masked_fn, repeats)
             rows.append({"vocab": vocab_name, "batch": batch, "phase": phase, "free_us": free, "sample_us": masked,
                          "t_mask_us": t_mask, "allowed": len(allowed)})

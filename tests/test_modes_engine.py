@@ -143,6 +143,21 @@ def test_auto_yields_text_and_calls_and_all_parse(models, fmt):
     assert any(not r.tool_calls for r in results), [r.text for r in results]
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "json", "mistral"])
+def test_auto_never_starts_a_call_it_cannot_finish(models, fmt):
+    llm = models[fmt]
+    need = _shortest(llm, fmt, tool_choice="required", parallel_tool_calls=False)
+    called = 0
+    for budget in (need - 1, need, need + 2):
+        results, params = _run(llm, fmt, 12, budget, offset=budget, tool_choice="auto")
+        for r, p in zip(results, params, strict=True):
+            _check(r, p, fmt, llm)  # every started call is complete and valid
+        if budget < need:
+            assert not any(r.tool_calls for r in results)
+        called += sum(bool(r.tool_calls) for r in results)
+    assert called  # at the tightest budgets that fit, calls still happen (and complete)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_required_parallel_false_gives_exactly_one_call_at_the_tightest_budget(models, fmt):
     llm = models[fmt]
@@ -175,7 +190,7 @@ def test_named_tool_is_always_the_one_called(models, fmt):
         assert [c.name for c in r.tool_calls] == ["grep_search"]
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "json"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_allowed_tools_subset_and_none(models, fmt):
     llm = models[fmt]
     subset = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": ["file_view", "bash_execute"]}}
