@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it (resolved on first access)
 _LAZY = {
     "LLM": "surecall.llm",
+    "AsyncLLM": "surecall.async_llm",
+    "RequestOutput": "surecall.async_llm",
     "EngineConfig": "surecall.config",
     "SamplingParams": "surecall.config",
     "Tool": "surecall.tools",

@@ -1,11 +1,12 @@
 """Loading a tokenizer for counting and chat rendering, from a local path only.
 
-A Hugging Face tokenizer directory goes through `transformers.AutoTokenizer` (offline); a
-tiktoken ranks file becomes a `tiktoken.Encoding` with the split pattern that matches its size.
-`load_model_tokenizer` finds a model directory's own tokenizer for `LLM` (a tiktoken
-`tokenizer.model` with its Vocab from the grammar loaders). Nothing is downloaded: a hub id gets
-a clear "pass a local directory" error. Exact per-token bytes for grammars are
-`surecall.grammars.vocab.loaders`' job, not this module's.
+A Hugging Face tokenizer directory goes through `transformers.AutoTokenizer` (offline); a bare
+`vocab.json` + `merges.txt` pair (GPT-2) through `tokenizers`' byte-level BPE; a SentencePiece
+`tokenizer.model` (Llama-2) through `sentencepiece`; a tiktoken ranks file becomes a
+`tiktoken.Encoding` with the split pattern that matches its size. `load_model_tokenizer` finds a
+model directory's own tokenizer for `LLM` (a tiktoken `tokenizer.model` with its Vocab from the
+grammar loaders). Nothing is downloaded: a hub id gets a clear "pass a local directory" error.
+Exact per-token bytes for grammars are `surecall.grammars.vocab.loaders`' job, not this module's.
 """
 
 from __future__ import annotations
@@ -54,16 +55,59 @@ def load_counting_tokenizer(path: str | Path, context_window: int | None = None)
         raise VocabError(f"tokenizer not found: {path}{hint}")
     if p.is_dir() and _is_hf_dir(p):
         return _load_hf(p, context_window)
-    file = p if p.is_file() else next((p / n for n in ("tokenizer.model", "tokenizer.model.v3") if (p / n).is_file()), None)
+    if p.is_dir() and (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
+        return _load_byte_bpe(p, context_window)
+    if p.name in ("vocab.json", "merges.txt"):
+        return _load_byte_bpe(p.parent, context_window)
+    file = p if p.is_file() else _single_model_file(p)
     if file is None:
         raise VocabError(f"{p}: no tokenizer.json, vocab.json+merges.txt, tokenizer.model or tiktoken file found")
+    if _is_sentencepiece(file):
+        return _load_sentencepiece(file, context_window)
     return _load_tiktoken(file, context_window)
 
 
 def _is_hf_dir(p: Path) -> bool:
-    return (p / "tokenizer.json").is_file() or ((p / "vocab.json").is_file() and (p / "merges.txt").is_file()) or (
-        (p / "tokenizer_config.json").is_file()
-    )
+    return (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()
+
+
+def _single_model_file(p: Path) -> Path | None:
+    named = [p / n for n in ("tokenizer.model", "tokenizer.model.v3") if (p / n).is_file()]
+    ranks = sorted(f for f in p.glob("*.tiktoken") if f.is_file())
+    candidates = named or ranks
+    return candidates[0] if len(candidates) == 1 or named else None
+
+
+def _is_sentencepiece(file: Path) -> bool:
+    """A SentencePiece model is a protobuf; tiktoken ranks are base64 text (`Zm9v 123` per line)."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        raise VocabError(f"cannot read tokenizer file {file}: {exc.strerror or exc}") from exc
+    return not re.match(rb"^[A-Za-z0-9+/]+=* \d+\r?$", head.split(b"\n", 1)[0])
+
+
+def _load_byte_bpe(p: Path, context_window: int | None) -> CountingTokenizer:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    try:
+        tok = Tokenizer(models.BPE.from_file(str(p / "vocab.json"), str(p / "merges.txt")))
+    except Exception as exc:  # tokenizers raises its own Exception type on bad files
+        raise VocabError(f"{p}: cannot load vocab.json + merges.txt as byte-level BPE ({exc})") from exc
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return CountingTokenizer(p.name, lambda s: tok.encode(s, add_special_tokens=False).ids, None, context_window or 32768)
+
+
+def _load_sentencepiece(file: Path, context_window: int | None) -> CountingTokenizer:
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(file.read_bytes())
+    except Exception as exc:  # sentencepiece raises RuntimeError/OSError variants on bad protobufs
+        raise VocabError(f"{file}: neither a SentencePiece model nor tiktoken ranks ({exc})") from exc
+    return CountingTokenizer(file.parent.name or file.stem, processor.encode, None, context_window or 32768)
 
 
 def _load_hf(p: Path, context_window: int | None) -> CountingTokenizer:

@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass
 
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
-from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import RegexResult, schema_to_regex
-from surecall.grammars.tool_shape import tool_fields
 from surecall.grammars.strict_json import loads_strict
+from surecall.grammars.tool_shape import tool_fields
 
 
 @dataclass(frozen=True)

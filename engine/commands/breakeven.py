@@ -11,24 +11,32 @@ import json
 import math
 from pathlib import Path
 
+from surecall.commands.args import (
+    device,
+    input_file,
+    non_negative_float,
+    non_negative_int,
+    output_dir,
+    positive_int,
+)
 from surecall.errors import RequestError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="local HF model directory (default: the shipped surecall-tiny)")
-    parser.add_argument("--tools", default="seed", help="tools file (JSON list, JSONL, MCP list) or 'seed' (default)")
-    parser.add_argument("--prompts", default=None, help="JSONL of {messages | prompt, tool?, arguments?} (default: the shipped held-out prompts)")
-    parser.add_argument("--batch", type=int, default=16, help="decode batch size (default 16)")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--max-tokens", type=int, default=256, help="token budget per call (default 256)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="free-decoding temperature (default 1.0)")
-    parser.add_argument("--repeats", type=int, default=3, help="paired free/constrained timing repeats (default 3)")
-    parser.add_argument("--repairs", type=int, default=16, help="repair rounds to run and time (default 16)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--tools", default="seed", help="tools file (JSON list, JSONL, MCP list), module:attr or 'seed' (default)")
+    parser.add_argument("--prompts", default=None, type=input_file, help="JSONL of {messages | prompt, tool?, arguments?} (default: the shipped held-out prompts)")
+    parser.add_argument("--batch", type=positive_int, default=16, help="decode batch size (default 16)")
+    parser.add_argument("--device", default=None, type=device, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
+    parser.add_argument("--max-tokens", type=positive_int, default=256, help="token budget per call (default 256)")
+    parser.add_argument("--temperature", type=non_negative_float, default=1.0, help="free-decoding temperature (default 1.0)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="paired free/constrained timing repeats (default 3)")
+    parser.add_argument("--repairs", type=non_negative_int, default=16, help="repair rounds to run and time (default 16)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU intra-op threads (default: 1 for the shipped tiny model, else torch's default)")
-    parser.add_argument("--out", default="runs/breakeven", help="output folder (default runs/breakeven)")
+    parser.add_argument("--out", default="runs/breakeven", type=output_dir, help="output folder (default runs/breakeven)")
 
 
 def load_prompts(path: str | Path, limit: int | None = None):
@@ -77,15 +85,15 @@ def measure_and_write(args: argparse.Namespace) -> dict:
 
     from surecall.breakeven import format_table, plot
     from surecall.breakeven_run import BreakevenConfig, measure
+    from surecall.commands.resolve import load_tools
     from surecall.llm import LLM
     from surecall.models import default_heldout_path, default_model_dir
-    from surecall.tools.loading import load_tool_dicts
 
     cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
     model_dir = args.model or str(default_model_dir())
     set_cpu_threads(getattr(args, "threads", None), is_tiny=args.model is None)
     prompts = load_prompts(args.prompts or default_heldout_path(), args.limit)
-    tools = load_tool_dicts(args.tools)
+    tools = load_tools(args.tools)
     from surecall.config import EngineConfig
 
     # No compaction: free and constrained batches must shrink alike for t_mask (a per-step

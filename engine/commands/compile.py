@@ -12,12 +12,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from surecall.errors import SchemaError
+from surecall.commands import resolve
+from surecall.commands.args import positive_int, tool_format
 from surecall.grammars import cache as table_cache
-
-_EXPECTED = "a JSON Schema file, a JSON list or JSONL file of tools, or `seed`"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,43 +24,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="SCHEMA_OR_TOOLS", help=_EXPECTED)
+    parser.add_argument("target", metavar="SCHEMA_OR_TOOLS", help=resolve.TARGET_EXPECTED)
     parser.add_argument("--tokenizer", required=True, metavar="PATH",
                         help="tokenizer directory or file, or shared:NAME for a shared vocabulary")
-    parser.add_argument("--format", default="json", metavar="F",
+    parser.add_argument("--format", default="json", metavar="F", type=tool_format,
                         help="tool-call format for a catalog: json, hermes (qwen2), llama3, mistral (default json)")
-    parser.add_argument("--logits-width", type=int, default=None, metavar="N",
+    parser.add_argument("--logits-width", type=positive_int, default=None, metavar="N",
                         help="the model's logits width when it exceeds the tokenizer's size")
 
 
 def load_target(spec: str) -> tuple[str, object]:
     """("tools", [tool, ...]) or ("schema", dict) from a path or the word `seed`."""
-    from surecall.tools.catalog import CATALOGS, catalog_tools
-
-    if spec in CATALOGS:
-        return "tools", catalog_tools(spec)
-    path = Path(spec)
-    if not path.is_file():
-        raise SchemaError(f"{spec!r} is not a file: expected {_EXPECTED}", pointer="", keyword=None)
-    from surecall.tools.loading import read_json_records
-
-    whole, records = read_json_records(path, lambda message: SchemaError(message, pointer="", keyword=None))
-    data = records[0][1] if whole else [value for _, value in records]
-    if isinstance(data, list):
-        return "tools", data
-    if isinstance(data, dict) and "name" in data and any(k in data for k in ("parameters", "inputSchema", "function")):
-        return "tools", [data]
-    if isinstance(data, (dict, bool)):
-        return "schema", data
-    raise SchemaError(f"{spec}: expected {_EXPECTED}, got JSON {type(data).__name__}", pointer="", keyword=None)
+    return resolve.load_schema_or_tools(spec)
 
 
-def load_tokenizer(path: str, logits_width: int | None):
-    from surecall.grammars.vocab.loaders import load, load_shared
-
-    if path.startswith("shared:"):
-        return load_shared(path.removeprefix("shared:"), logits_width=logits_width)
-    return load(path, logits_width=logits_width)
+def load_tokenizer(spec: str, logits_width: int | None):
+    return resolve.load_vocab(spec, logits_width)
 
 
 def compile_target(kind: str, target, vocab, tool_format: str, use_cache: bool | str = True):

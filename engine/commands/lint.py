@@ -1,20 +1,19 @@
 """`surecall lint FILE...`: lint tool schemas against the five rules and the anti-pattern table.
 
 A FILE is a JSON Schema, a JSON list (or JSONL) of tools ({name, parameters} / OpenAI /
-MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), or a python
-`module:attr` naming a Tool, a pydantic model, a dict or a list of them. Prints findings
+MCP {name, inputSchema}), an MCP `tools/list` result ({"tools": [...]}), a python
+`module:attr` naming a Tool, a pydantic model, a dict or a list of them, or `seed` (the
+built-in catalog); files are read through `surecall.commands.resolve`. Prints findings
 (human or --json) and exits 1 when there are findings, 0 when clean, 2 on unreadable input.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
-import sys
 from typing import Any
 
+from surecall.commands import resolve
 from surecall.errors import ToolDefinitionError
 from surecall.grammars.tool_shape import is_tool_dict, looks_like_schema, tool_fields
 from surecall.tools.lint import RULES, Finding, count_by_rule, lint_schema
@@ -22,7 +21,7 @@ from surecall.tools.normalise import normalise_tool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="schema / tools JSON / JSONL / MCP tool list / module:attr")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="schema / tools JSON / JSONL / MCP tool list / module:attr / seed")
     parser.add_argument("--json", action="store_true", help="one JSON object: findings, counts per rule, tools linted")
     parser.add_argument("--rules", default="", help="comma-separated rule ids to keep (default: all)")
     parser.add_argument("--summary", action="store_true", help="print only the counts per rule")
@@ -66,14 +65,16 @@ def load_tool_schemas(source: str) -> list[tuple[str | None, Any]]:
 
 def load_tool_entries(source: str) -> list[tuple[str, str | None, Any]]:
     """(where: `file:line` or `file[i]`, tool name or None, input schema) for every tool in `source`."""
-    if not os.path.exists(source) and ":" in source:
-        return _from_python(source)
-    from surecall.tools.loading import read_json_records
+    from surecall.tools.catalog import CATALOGS
 
-    _, records = read_json_records(source)
-    entries = [entry for where, value in records for entry in _entries(value, where)]
+    if source in CATALOGS or resolve.is_python_spec(source):
+        objects = resolve.load_tools(source) if source in CATALOGS else resolve.python_objects(source)
+        entries = [_entry(item, f"{source}[{i}]") for i, item in enumerate(objects)]
+    else:
+        _, records = resolve.read_json_input(source, ToolDefinitionError)
+        entries = [entry for where, value in records for entry in _entries(value, where)]
     if not entries:
-        raise ToolDefinitionError(f"{source}: holds no tool definitions")
+        raise ToolDefinitionError(f"{source}: holds no tool definitions or schemas")
     return entries
 
 
@@ -101,19 +102,3 @@ def _entry(item: Any, where: str) -> tuple[str, str | None, Any]:
     tool = normalise_tool(item, where=where)
     return where, tool.name, tool.input_schema
 
-
-def _from_python(spec: str) -> list[tuple[str, str | None, Any]]:
-    module_name, _, attr = spec.partition(":")
-    sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ToolDefinitionError(f"cannot load {spec}: {exc}") from exc
-    finally:
-        sys.path.pop(0)
-    if callable(obj) and not hasattr(obj, "model_json_schema") and not isinstance(obj, type):
-        obj = obj()
-    items = obj if isinstance(obj, (list, tuple)) else [obj]
-    return [_entry(item, f"{spec}[{i}]") for i, item in enumerate(items)]

@@ -16,17 +16,19 @@ import time
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
+from surecall.commands.args import device, non_negative_int, output_dir, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/main", help="report folder (default runs/main)")
-    parser.add_argument("--limit", type=int, default=64, help="held-out prompts to use (default 64)")
-    parser.add_argument("--batch", type=int, default=16, help="decode batch size (default 16)")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    parser.add_argument("--repeats", type=int, default=2, help="paired timing repeats for t_mask (default 2)")
-    parser.add_argument("--repairs", type=int, default=8, help="repair rounds to run and time (default 8)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="token budget per call (default 256)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1: fastest for the tiny model)")
+    parser.add_argument("--out", default="runs/main", type=output_dir, help="report folder (default runs/main)")
+    parser.add_argument("--limit", type=positive_int, default=64, help="held-out prompts to use (default 64)")
+    parser.add_argument("--batch", type=positive_int, default=16, help="decode batch size (default 16)")
+    parser.add_argument("--device", default=None, type=device, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--repeats", type=positive_int, default=2, help="paired timing repeats for t_mask (default 2)")
+    parser.add_argument("--repairs", type=non_negative_int, default=8, help="repair rounds to run and time (default 8)")
+    parser.add_argument("--max-tokens", type=positive_int, default=256, help="token budget per call (default 256)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU intra-op threads (default 1: fastest for the tiny model)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decode_and_dispatch(model_dir: Path, prompts, args) -> dict:
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.config import SamplingParams
     from surecall.dispatch.runtime import Runtime
     from surecall.dispatch.stores import SQLiteStore
     from surecall.llm import LLM
     from surecall.toolbox.catalog import coding_tools
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     llm = LLM(str(model_dir), device=args.device)
     sampling = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, seed=args.seed + i) for i in range(len(prompts))]
@@ -157,10 +159,10 @@ def _fresh_key() -> bytes:
 
 
 def _catalog_cost(model_dir: Path) -> dict:
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.catalog_cost import measure
     from surecall.commands.catalog_cost import render
     from surecall.tokenizer_io import load_counting_tokenizer
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     tok = load_counting_tokenizer(model_dir)
     report = measure(seed_tools(), tok.encode, tok.hf, num_turns=10, context_window=tok.context_window, tokenizer_name=tok.name).to_dict()

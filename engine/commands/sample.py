@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 
+from surecall.commands.args import non_negative_int, positive_int
 from surecall.commands.compile import (
     add_common_arguments,
     compile_target,
@@ -22,17 +23,15 @@ from surecall.commands.compile import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
-    parser.add_argument("--n", type=int, default=5, metavar="N", help="number of walks (default 5)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
-    parser.add_argument("--max-tokens", type=int, default=None, metavar="M",
+    parser.add_argument("--n", type=non_negative_int, default=5, metavar="N", help="number of walks (default 5)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S", help="random seed (default 0)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None, metavar="M",
                         help="token budget per walk (default: 4096)")
 
 
 def run(args: argparse.Namespace) -> int:
     from surecall.grammars.walk import decode, random_walk
 
-    if args.n < 0:
-        raise ValueError(f"Invalid --n: expected >= 0, got {args.n}")
     kind, target = load_target(args.target)
     vocab = load_tokenizer(args.tokenizer, args.logits_width)
     table = compile_target(kind, target, vocab, args.format)

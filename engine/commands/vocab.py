@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from surecall.commands.args import positive_int
+from surecall.commands.resolve import load_vocab
 from surecall.grammars.vocab.core import Vocab
-from surecall.grammars.vocab.loaders import load, load_shared
 
 _MAX_RANGES = 8  # runs of ids shown in text output before "... (N more)"
 
@@ -23,23 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizer directory or file (tokenizer.json, vocab.json, merges.txt, "
                              "tokenizer.model, *.tiktoken), or shared:NAME for a shared vocabulary")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--logits-width", type=int, default=None, metavar="N",
+    parser.add_argument("--logits-width", type=positive_int, default=None, metavar="N",
                         help="the model's logits width when it exceeds the tokenizer's size")
 
 
 def run(args: argparse.Namespace) -> int:
-    vocab = _load(args.path, args.logits_width)
+    vocab = load_vocab(args.path, args.logits_width)
     if args.json:
         print(json.dumps(_as_json(vocab, args.path)))
     else:
         print(_as_text(vocab, args.path))
     return 0
-
-
-def _load(path: str, logits_width: int | None) -> Vocab:
-    if path.startswith("shared:"):
-        return load_shared(path.removeprefix("shared:"), logits_width=logits_width)
-    return load(path, logits_width=logits_width)
 
 
 def _as_json(vocab: Vocab, path: str) -> dict:

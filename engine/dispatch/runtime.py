@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import threading
@@ -305,6 +306,8 @@ class Runtime:
 
     def _plan(self, tool: Tool, arguments: dict, capability: Capability) -> Plan:
         if hasattr(tool.handler, "plan"):
+            if _takes_rights(tool.handler.plan):  # the shell binds the workspace by the capability's rights
+                return tool.handler.plan(arguments, capability.objects, capability_rights=frozenset(capability.rights))
             return tool.handler.plan(arguments, capability.objects)
         return Plan((), run=lambda: tool.handler(**arguments))
 
@@ -388,6 +391,13 @@ class Runtime:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def _takes_rights(plan: Callable) -> bool:
+    try:
+        return "capability_rights" in inspect.signature(plan).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def call_cost(tool: Tool, arguments: dict) -> float:
     """What one call of `tool` costs (`Tool.cost`, 0 when it declares none); ValueError unless
     a finite number >= 0 (NaN would pass any ceiling)."""

@@ -9,6 +9,8 @@ declares its reconciliation probe on the Tool (`Tool.probe(arguments) -> True/Fa
 Side-effect levels, and why:
   bash_execute A3  a command may do anything, including deleting files: approval (the right
                    `approve:bash_execute`) and an idempotency key; no probe can tell what ran.
+                   The sandbox binds its directory as the rights allow (`bind_mode`): read-write
+                   with `read`+`write`, read-only with `read`, not at all without `read`.
   file_view    A0  reads only.
   file_edit    A2  a write that is not idempotent (with allow_multiple, or when new_str holds
                    old_str, a second run edits again): idempotency key plus a reconciliation probe.
@@ -53,7 +55,7 @@ LEVELS = {
     "file_edit": SideEffect.A2,
     "grep_search": SideEffect.A0,
 }
-Planner = Callable[[Any, Path, tuple[str, ...]], Plan]
+Planner = Callable[[Any, Path, tuple[str, ...], "frozenset[str] | None"], Plan]
 
 
 def published_schema(model: type[BaseModel]) -> dict:
@@ -71,20 +73,23 @@ def _drop_titles(node: Any) -> Any:
 
 @dataclass(frozen=True)
 class CodingTool:
-    """A toolbox tool's handler: `plan(arguments, capability_objects) -> Plan`."""
+    """A toolbox tool's handler: `plan(arguments, capability_objects, capability_rights) -> Plan`.
+    `capability_rights` (optional) lets bash_execute bind the workspace as the rights allow."""
 
     model: type[BaseModel]
     planner: Planner
     workspace: Path
 
-    def plan(self, arguments: dict, capability_objects: tuple[str, ...] = ()) -> Plan:
+    def plan(self, arguments: dict, capability_objects: tuple[str, ...] = (),
+             capability_rights: frozenset[str] | None = None) -> Plan:
         args = self.model.model_validate(arguments)
-        return self.planner(args, self.workspace, tuple(capability_objects))
+        rights = None if capability_rights is None else frozenset(capability_rights)
+        return self.planner(args, self.workspace, tuple(capability_objects), rights)
 
 
 # --- planners: what each call touches -----------------------------------------------------
 def _planner_view(limits: FileLimits) -> Planner:
-    def plan(args: FileViewArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    def plan(args: FileViewArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
         real = resolve_in_workspace(ws, args.path)
         return Plan((Access("read", str(real)),), run=lambda: file_view(args, ws, approved=real, limits=limits))
 
@@ -92,7 +97,7 @@ def _planner_view(limits: FileLimits) -> Planner:
 
 
 def _planner_edit(limits: FileLimits) -> Planner:
-    def plan(args: FileEditArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    def plan(args: FileEditArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
         real = resolve_in_workspace(ws, args.path)
         # read too: the observation shows the edited lines, so a write-only capability must not edit
         accesses = (Access("read", str(real)), Access("write", str(real)))
@@ -102,7 +107,7 @@ def _planner_edit(limits: FileLimits) -> Planner:
 
 
 def _planner_grep(limits: SearchLimits) -> Planner:
-    def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...]) -> Plan:
+    def plan(args: GrepSearchArgs, ws: Path, _objects: tuple[str, ...], _rights=None) -> Plan:
         real = resolve_in_workspace(ws, args.path)
         return Plan((Access("read", str(real)),), run=lambda: grep_search(args, ws, limits, approved=real))
 
@@ -122,10 +127,23 @@ def exec_directory(ws: Path, objects: tuple[str, ...]) -> Path:
     raise PathOutsideWorkspace(f"the capability names no directory in the workspace {str(ws)!r} (objects {list(objects)})")
 
 
+def bind_mode(rights: frozenset[str] | None) -> str:
+    """How a command sees its directory: "rw" with `read` and `write`, "ro" with `read` only,
+    "none" without `read`. Unknown rights (None) mean "rw", and the plan then asks for both."""
+    if rights is None:
+        return "rw"
+    if "read" not in rights:
+        return "none"
+    return "rw" if "write" in rights else "ro"
+
+
 def _planner_bash(sandbox: Sandbox) -> Planner:
-    def plan(args: BashExecuteArgs, ws: Path, objects: tuple[str, ...]) -> Plan:
-        where = exec_directory(ws, objects)
-        return Plan((Access("exec", str(where)),), run=lambda: bash_execute(args, where, sandbox))
+    def plan(args: BashExecuteArgs, ws: Path, objects: tuple[str, ...], rights: frozenset[str] | None = None) -> Plan:
+        where, mode = exec_directory(ws, objects), bind_mode(rights)
+        # what the bind lets the command do to `where` is approved along with `exec`
+        needs = ("exec",) + (("read",) if mode != "none" else ()) + (("write",) if mode == "rw" else ())
+        accesses = tuple(Access(right, str(where)) for right in needs)
+        return Plan(accesses, run=lambda: bash_execute(args, where, sandbox, bind=mode))
 
     return plan
 

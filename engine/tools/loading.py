@@ -17,6 +17,8 @@ from surecall.grammars.tool_shape import is_tool_dict, looks_like_schema, tool_f
 from surecall.tools.normalise import normalise_tool
 from surecall.tools.tool import Tool
 
+MAX_TOOLS_FILE_BYTES = 64 * 1024 * 1024
+
 
 def read_json_records(path: str | Path, error: Callable[[str], Exception] = ToolDefinitionError):
     """A file as one JSON value or as JSONL: (True, [(path, value)]) or (False, [("path:line", value), ...]).
@@ -29,6 +31,11 @@ def read_json_records(path: str | Path, error: Callable[[str], Exception] = Tool
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    return parse_json_records(text, path, error)
+
+
+def parse_json_records(text: str, path: str | Path, error: Callable[[str], Exception] = ToolDefinitionError):
+    """`read_json_records` on text already read (the CLI reads through its own size and file-type checks)."""
     try:
         return True, [(str(path), _loads(text, path, error))]
     except json.JSONDecodeError as whole:
@@ -45,14 +52,21 @@ def read_json_records(path: str | Path, error: Callable[[str], Exception] = Tool
         return False, records
 
 
-MAX_TOOLS_FILE_BYTES = 64 * 1024 * 1024
+def tool_dicts_from_records(whole: bool, records: list, path: str | Path) -> list[dict]:
+    """Tool dicts {name, description, parameters, ...} from `parse_json_records` output (shape only)."""
+    path = Path(path)
+    data = records[0][1] if whole else [value for _, value in records]
+    items = _as_list(data, path)
+    if not items:
+        raise ToolDefinitionError(f"{path}: holds no tool definitions")
+    return [_shape_dict(item, f"{path}[{i}]") for i, item in enumerate(items)]
 
 
 def _loads(text: str, where, error: Callable[[str], Exception]):
     try:
         return json.loads(text)
     except RecursionError:
-        raise error(f"{where}: JSON nested too deeply") from None
+        raise error(f"{where}: JSON nested too deeply to parse") from None
 
 
 def load_tools(source: str | Path) -> list[Tool]:
@@ -63,11 +77,12 @@ def load_tools(source: str | Path) -> list[Tool]:
 def load_tool_dicts(source: str | Path) -> list[dict]:
     """Like `load_tools`, as plain definitions {name, description, parameters, ...}, reading the shape only:
     a schema the grammar or `Tool` would refuse (BFCL's `"type": "dict"`) is kept for lint and token counts."""
-    out = []
-    for where, item in _load_items(source):
-        fields = tool_fields(item, where)
-        out.append({**fields.extra, "name": fields.name, "description": fields.description, "parameters": fields.schema})
-    return out
+    return [_shape_dict(item, where) for where, item in _load_items(source)]
+
+
+def _shape_dict(item, where: str) -> dict:
+    fields = tool_fields(item, where)
+    return {**fields.extra, "name": fields.name, "description": fields.description, "parameters": fields.schema}
 
 
 def _load_items(source: str | Path) -> list[tuple[str, object]]:

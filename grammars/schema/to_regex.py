@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import jsonschema_rs
 
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
-from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS

@@ -84,7 +84,7 @@ SHARED_VOCABS = {
     "llama2": ("llama2/tokenizer.model", 32000),
     "mistral-v0.3": ("mistral-v0.3", 32768),
 }
-_SHARED_ALIASES = {"llama2-spm": "llama2", "mistral": "mistral-v0.3", "r50k_base": "gpt2"}
+SHARED_ALIASES = {"llama2-spm": "llama2", "mistral": "mistral-v0.3", "r50k_base": "gpt2"}
 
 
 # --- public entry points -------------------------------------------------------------------
@@ -109,7 +109,7 @@ def load(source, logits_width: int | None = None, name: str | None = None,
 
 def load_shared(name: str, logits_width: int | None = None) -> Vocab:
     """A vocabulary from ../shared/data/tokenizers by manifest name, with the real model's logits width."""
-    key = _SHARED_ALIASES.get(name, name)
+    key = SHARED_ALIASES.get(name, name)
     if key not in SHARED_VOCABS:
         raise VocabError(f"unknown shared vocabulary {name!r}: expected one of {sorted(SHARED_VOCABS)}")
     relative, width = SHARED_VOCABS[key]

@@ -24,10 +24,16 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from surecall.tools.catalog import hardened_seed_tools
 from surecall.models.training import evaluate as ev
 from surecall.models.training import tokenizer as tk
-from surecall.models.training.corpus import CorpusConfig, code_text, generate, render_call, write_jsonl
+from surecall.models.training.corpus import (
+    CorpusConfig,
+    code_text,
+    generate,
+    render_call,
+    write_jsonl,
+)
+from surecall.tools.catalog import hardened_seed_tools
 
 TOOL_FORMAT = "hermes"
 

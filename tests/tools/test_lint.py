@@ -171,7 +171,7 @@ def test_cli_bad_input(tmp_path, capsys):
     assert main(["lint", str(bad)]) == 2
     assert "not JSON or JSONL" in capsys.readouterr().err
     assert main(["lint", str(tmp_path / "missing.json")]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert "cannot read" in capsys.readouterr().err
     assert main(["lint", "no_such_module_xyz:attr"]) == 2
     assert main(["lint", "--rules", "R9", str(bad)]) == 2
     assert "unknown rule id" in capsys.readouterr().err
@@ -205,4 +205,4 @@ def test_files_without_tool_definitions_are_refused(tmp_path, capsys):
     blank = tmp_path / "blank.json"
     blank.write_text("")
     assert main(["lint", str(blank)]) == 2
-    assert "empty file" in capsys.readouterr().err
+    assert "is empty" in capsys.readouterr().err

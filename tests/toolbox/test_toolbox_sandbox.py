@@ -15,7 +15,8 @@ import pytest
 
 from surecall.errors import SandboxUnavailable
 from surecall.toolbox.bash import BashExecuteArgs, bash_execute
-from surecall.toolbox.sandbox import PidsCgroup, Sandbox, SandboxConfig
+from surecall.toolbox.cgroups import CommandCgroup
+from surecall.toolbox.sandbox import Sandbox, SandboxConfig
 
 _DEFAULT = Sandbox()
 needs_bwrap = pytest.mark.skipif(
@@ -145,11 +146,9 @@ def test_private_tmp_is_bounded_and_not_the_hosts(ws):
 def _process_limit_is_enforced() -> bool:
     if os.getuid() != 0:
         return True  # RLIMIT_NPROC applies
-    cgroup = PidsCgroup.create(8)
-    if cgroup is None:
-        return False
+    cgroup = CommandCgroup.create({"pids": 8})
     cgroup.remove()
-    return True
+    return "pids" in cgroup.enforced
 
 
 @needs_bwrap

@@ -1,0 +1,216 @@
+"""The engine core: paged KV blocks with prefix caching, continuous batching, preemption, faults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from surecall.config import SamplingParams
+from surecall.core import EngineCore
+from surecall.core.blocks import BlockManager
+from surecall.errors import RequestError
+
+
+# --- blocks --------------------------------------------------------------------------------
+def test_blocks_share_cached_prefixes_and_return_every_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    tokens = list(range(10))
+    table, cached = bm.allocate(tokens, len(tokens), compute_from=9)
+    assert cached == 0 and len(table) == 3 and bm.num_free == 5
+    bm.register_full(table, tokens, num_computed=10, hashes=[])  # blocks 0-1 are full and computed
+    other, cached = bm.allocate(tokens[:8] + [99, 98], 10, compute_from=9)
+    assert cached == 8 and other[:2] == table[:2] and other[2] != table[2]
+    assert bm.stats.hit_tokens == 8 and bm.stats.queried_tokens == 18
+    bm.release(table)
+    bm.release(other)
+    assert bm.num_free == 8
+    again, cached = bm.allocate(tokens, 10, compute_from=9)  # freed blocks stay findable
+    assert cached == 8
+    bm.release(again)
+    different, cached = bm.allocate([7] + tokens[1:], 10, compute_from=9)  # a different first block: no hit
+    assert cached == 0
+    bm.release(different)
+
+
+def test_blocks_evict_least_recently_freed_and_refuse_when_short():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    a = [1, 2, 3, 4]
+    table, _ = bm.allocate(a, 4, compute_from=3)
+    bm.register_full(table, a, 4, [])
+    bm.release(table)
+    fresh, _ = bm.allocate([9, 9, 9, 9, 9, 9], 6, compute_from=5)  # takes all 3 blocks: evicts a's hashes
+    assert bm.num_free == 0 and bm.cached_prefix(a, 3) == []
+    assert not bm.grow(fresh, 8) and len(fresh) == 3
+    bm.release(fresh)
+    with pytest.raises(ValueError, match="Invalid block pool"):
+        BlockManager(0, 4)
+
+
+# --- the engine on the shipped model ------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    from surecall.llm import LLM
+
+    return LLM()
+
+
+def _core(llm, **kw):
+    kw.setdefault("block_size", 16)
+    kw.setdefault("num_blocks", 256)
+    return EngineCore(llm.runner.model, pad_id=0, **kw)
+
+
+def _prompt(llm, text: str) -> list[int]:
+    return llm.count_tokens(text)
+
+
+def _run(core, requests):
+    seqs = {rid: core.add_request(rid, ids, params, stop_ids=(2,)) for rid, ids, params in requests}
+    core.run_to_completion()
+    return {rid: seq.payload for rid, seq in seqs.items()}
+
+
+def test_greedy_equals_llm_generate(tiny):
+    prompt = _prompt(tiny, "user: view the first lines of src/app.py\nassistant:")
+    greedy = SamplingParams(temperature=0, max_tokens=40)
+    [ref] = tiny.generate([prompt], sampling=greedy, constrained=False)
+    out = _run(_core(tiny), [("a", prompt, greedy)])["a"]
+    stop = [t for t in ref.token_ids]
+    assert out.generated == stop[: len(out.generated)] and len(out.generated) == len(ref.token_ids)
+
+
+def test_sampled_rows_do_not_depend_on_arrival_order_or_batch(tiny):
+    prompts = [_prompt(tiny, f"user: request number {i} about file_{i}.py\nassistant:") for i in range(5)]
+    params = [SamplingParams(temperature=1.0, max_tokens=24, seed=100 + i) for i in range(5)]
+    forward = _run(_core(tiny), [(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))])
+    backward = _run(_core(tiny, max_num_batched_tokens=40), [(f"r{i}", prompts[i], params[i]) for i in reversed(range(5))])
+    alone = {f"r{i}": _run(_core(tiny), [(f"r{i}", prompts[i], params[i])])[f"r{i}"] for i in (0, 3)}
+    for rid in forward:
+        assert forward[rid].generated == backward[rid].generated
+    for rid, st in alone.items():
+        assert st.generated == forward[rid].generated
+
+
+def test_a_request_submitted_mid_decode_finishes_first(tiny):
+    core = _core(tiny)
+    long_prompt = _prompt(tiny, "user: please grep for TODO everywhere\nassistant:")
+    short_prompt = _prompt(tiny, "user: hi\nassistant:")
+    long_ = core.add_request("long", long_prompt, SamplingParams(temperature=0, max_tokens=120), stop_ids=())
+    for _ in range(10):
+        core.step()
+    short = core.add_request("short", short_prompt, SamplingParams(temperature=0, max_tokens=8), stop_ids=())
+    finished = []
+    while core.has_unfinished:
+        finished += [o.request_id for o in core.step() if o.finished]
+    assert finished == ["short", "long"]
+    solo = _run(_core(tiny), [("short", short_prompt, SamplingParams(temperature=0, max_tokens=8))])["short"]
+    assert short.payload.generated == solo.generated[: len(short.payload.generated)]
+    assert long_.payload.finish_reason == "length" and len(long_.payload.generated) == 120
+
+
+def test_prefix_cache_computes_a_shared_prefix_once_with_the_same_logits(tiny):
+    system = _prompt(tiny, "system: you are a coding agent with four tools. " * 6)
+    prompts = [system + _prompt(tiny, f" user: task {i}\nassistant:") for i in range(3)]
+    params = SamplingParams(temperature=0.8, max_tokens=12, seed=7, unmasked_logprobs=True)
+    cached_core = _core(tiny)
+    first = _run(cached_core, [("p0", prompts[0], params)])
+    rest = _run(cached_core, [(f"p{i}", prompts[i], params) for i in (1, 2)])
+    stats = cached_core.stats()
+    full_blocks = (len(system) // 16) * 16
+    assert stats["prefix_hit_tokens"] >= 2 * full_blocks > 0
+    cold = _run(_core(tiny, enable_prefix_caching=False), [(f"p{i}", prompts[i], params) for i in range(3)])
+    for rid, st in {**first, **rest}.items():
+        assert st.generated == cold[rid].generated
+        assert torch.allclose(torch.tensor(st.unmasked_logprobs), torch.tensor(cold[rid].unmasked_logprobs), atol=1e-4)
+
+
+def test_preemption_under_a_small_cache_keeps_every_output(tiny):
+    prompts = [_prompt(tiny, f"user: open notes_{i}.txt and show it\nassistant:") for i in range(6)]
+    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i) for i in range(6)]
+    roomy = _run(_core(tiny), [(f"q{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))])
+    need = max(len(p) for p in prompts) + 30
+    small = _core(tiny, block_size=8, num_blocks=-(-need // 8) + 4)
+    tight = _run(small, [(f"q{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))])
+    assert small.num_preemptions > 0
+    for rid in roomy:
+        assert tight[rid].generated == roomy[rid].generated and tight[rid].finish_reason == roomy[rid].finish_reason
+    assert small.blocks.num_free == small.blocks.num_blocks
+
+
+def test_abort_at_any_moment_frees_every_block(tiny):
+    core = _core(tiny, num_blocks=64, max_num_batched_tokens=16)
+    start = core.blocks.num_free
+    prompt = _prompt(tiny, "user: a longer prompt that takes several prefill chunks to get through\nassistant:")
+    for moment in (0, 1, 3, 8):
+        core.add_request("x", prompt, SamplingParams(temperature=1.0, max_tokens=20, seed=1))
+        core.add_request("y", prompt, SamplingParams(temperature=1.0, max_tokens=20, seed=2))
+        for _ in range(moment):
+            core.step()
+        assert core.abort("x")
+        core.run_to_completion()
+        assert core.blocks.num_free == start and not core.abort("x")
+        assert sum(core.blocks.ref) == 0
+
+
+def test_requests_that_can_never_fit_are_refused(tiny):
+    core = _core(tiny, num_blocks=4, block_size=8)
+    with pytest.raises(RequestError, match="do not fit the KV cache"):
+        core.add_request("big", [1] * 30, SamplingParams(max_tokens=10))
+    with pytest.raises(RequestError, match="exceeds the model's"):
+        core.add_request("huge", [1] * 10, SamplingParams(max_tokens=core.max_model_len))
+    with pytest.raises(RequestError, match="empty prompt"):
+        core.add_request("empty", [], SamplingParams())
+    core.add_request("ok", [1, 2, 3], SamplingParams(max_tokens=4))
+    with pytest.raises(RequestError, match="still running"):
+        core.add_request("ok", [1, 2, 3], SamplingParams(max_tokens=4))
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny, monkeypatch):
+    core = _core(tiny)
+    prompt = _prompt(tiny, "user: hello\nassistant:")
+    bad = core.add_request("bad", prompt, SamplingParams(temperature=0, max_tokens=5))
+    real = core._forward
+    calls = {"n": 0}
+
+    def flaky(works, keep):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device fell over")
+        return real(works, keep)
+
+    monkeypatch.setattr(core, "_forward", flaky)
+    core.run_to_completion()
+    assert bad.payload.finish_reason == "error" and "device fell over" in bad.payload.error
+    good = _run(core, [("good", prompt, SamplingParams(temperature=0, max_tokens=5))])["good"]
+    assert good.finish_reason in ("length", "stop") and good.generated
+    assert core.blocks.num_free == core.blocks.num_blocks
+
+
+def test_constrained_rows_with_mixed_tools_complete_valid_calls(tiny):
+    from surecall.calls import check_call
+    from surecall.tools import hardened_seed_tools
+
+    tools = hardened_seed_tools()
+    fmt = tiny._format(None)
+    catalogs = [tools, tools[:2], tools[2:]]
+    core = _core(tiny)
+    rows = []
+    for i, cat in enumerate(catalogs * 2):
+        key = tiny._table_key(cat, fmt)
+        table = tiny.compile(cat)
+        from surecall.prompts import render_prompt
+
+        prompt = render_prompt([{"role": "user", "content": f"edit file {i}"}], tiny.tokenizer, cat, i)
+        budget = int(table.dist[0]) + 3 + i  # tight budgets: the call must still complete
+        seq = core.add_request(f"c{i}", prompt, SamplingParams(temperature=1.0, max_tokens=budget, seed=i),
+                               table=table, table_key=key)
+        rows.append((seq, cat))
+    core.run_to_completion()
+    for seq, cat in rows:
+        st = seq.payload
+        check = check_call(tiny._text(st.generated), fmt, cat)
+        assert check.error is None, check.error
+        assert st.finish_reason == "stop", st.error  # a complete call, even when the budget ended with it
+    assert not core.grammars.users and core.grammars.current()[0] is None
