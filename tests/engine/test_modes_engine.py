@@ -205,6 +205,28 @@ def test_allowed_tools_subset_and_none(models, fmt):
         assert CONTROL.get(fmt) not in r.token_ids
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_many_seeds_every_mode(models, fmt):
+    llm = models[fmt]
+    need = _shortest(llm, fmt, tool_choice="required", parallel_tool_calls=False)
+    modes = [{"tool_choice": "auto"}, {"tool_choice": "auto", "parallel_tool_calls": False},
+             {"tool_choice": "required"}, {"tool_choice": "required", "parallel_tool_calls": False},
+             {"tool_choice": {"type": "function", "function": {"name": "file_edit"}}}, {"tool_choice": "none"}]
+    for k, mode in enumerate(modes):
+        least = need if mode["tool_choice"] in ("auto", "none") else _shortest(llm, fmt, **mode)
+        for extra in (0, 5, 20):
+            results, params = _run(llm, fmt, 16, least + extra, offset=100 + 10 * k + extra, **mode)
+            for r, p in zip(results, params, strict=True):
+                _check(r, p, fmt, llm)
+                if mode.get("parallel_tool_calls") is False or "type" in str(mode["tool_choice"]):
+                    assert len(r.tool_calls) <= 1
+                if mode["tool_choice"] == "none":
+                    assert not r.tool_calls
+                elif mode["tool_choice"] != "auto":
+                    assert r.tool_calls and r.content == ""
+
+
 def test_json_answers_schema_and_object(models):
     llm = models["json"]
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
