@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from surecall.breakeven.catalog_cost import measure, render
 from surecall.catalog import seed_tools
-from surecall.catalog_cost import measure
 from surecall.tokenizer_io import load_counting_tokenizer
 from surecall.tools_io import load_tool_dicts
 
@@ -33,19 +33,3 @@ def run(args: argparse.Namespace) -> int:
     print(render(report, args.top))
     return 0
 
-
-def render(report: dict, top: int) -> str:
-    lines = [
-        f"tokenizer {report['tokenizer']} ({report['rendering']} rendering), {report['num_tools']} tools",
-        f"  S per tool: mean {report['mean_tool_tokens']:.1f} tokens; tool-block overhead {report['block_overhead_tokens']} tokens",
-        f"  per turn: {report['tokens_per_turn']} tokens = {report['share_of_context']:.2%} of a {report['context_window']}-token context",
-        f"  T_catalog over N={report['num_turns']} turns: {report['t_catalog']} tokens",
-    ]
-    if report["seed_tokens_per_turn"]:
-        lines.append(
-            f"  seed four-tool catalog: {report['seed_tokens_per_turn']} tokens per turn; this catalog costs {report['ratio_to_seed']:.1f}x"
-        )
-    ranked = sorted(report["tool_tokens"].items(), key=lambda kv: -kv[1])[:top]
-    if ranked:
-        lines.append("  most expensive tools: " + ", ".join(f"{n} ({s})" for n, s in ranked))
-    return "\n".join(lines)
