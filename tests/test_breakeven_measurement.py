@@ -1,50 +1,79 @@
-"""A small end-to-end break-even run on the shipped surecall-tiny: the report is complete and consistent."""
+"""Small break-even and main-job runs on the shipped surecall-tiny: the reports are complete, every
+figure recomputes from breakeven.json, and the main job's file calls do real work."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 
 import pytest
+from test_breakeven_report import recompute_row
 
-from surecall.breakeven import p_break
+from surecall.breakeven import BreakevenConfig
+from surecall.breakeven.main_job import MainJobConfig, load_llm, load_prompts, run_breakeven, run_main_job
+from surecall.catalog import seed_tools
 from surecall.cli import main
-from surecall.commands.breakeven import load_prompts, measure_and_write
 from surecall.errors import RequestError
+from surecall.models import default_heldout_path, default_model_dir
+
+ENV_KEYS = ("device", "dtype", "model", "batch_size", "torch", "triton", "load_average", "cpu_count")
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("breakeven")
-    args = argparse.Namespace(
-        model=None, tools="seed", prompts=None, batch=4, device="cpu", limit=4, max_tokens=160,
-        temperature=1.0, repeats=2, repairs=2, seed=3, threads=1, out=str(out),
-    )
-    return measure_and_write(args), out
+    cfg = BreakevenConfig(batch_size=4, max_tokens=160, min_rounds=1, max_rounds=1, repairs_per_tool=1,
+                          max_repair_rounds=2, num_boot=300, seed=3)
+    prompts = load_prompts(default_heldout_path(), 8)
+    llm = load_llm(default_model_dir(), "cpu")
+    return run_breakeven(llm, seed_tools(), prompts, cfg, out, "surecall_tiny"), out, prompts
 
 
-def test_every_figure_is_present_and_p_break_recomputes(report):
-    result, out = report
-    payload = json.loads((out / "breakeven.json").read_text())
-    rows = payload["rows"]
-    assert rows[-1]["tool"] == "overall"
-    assert rows[-1]["num_calls"] == 4 * 2  # prompts x repeats
+def test_every_figure_recomputes_from_the_json(report):
+    result, out, prompts = report
+    record = json.loads((out / "breakeven.json").read_text())
+    rows = record["rows"]
+    assert rows[-1]["tool"] == "overall" and rows[-1]["num_calls"] == len(prompts)
     assert sum(r["num_calls"] for r in rows[:-1]) == rows[-1]["num_calls"]
-    for row in rows:
-        for key in ("l_gen", "t_decode_s", "t_mask_s", "t_mask_spread_s", "t_repair_s", "p_err", "p_break", "decision"):
-            assert row[key] is not None, key
-        assert row["l_gen"] > 0 and row["t_decode_s"] > 0 and row["t_repair_s"] > 0
-        assert row["p_err"] == pytest.approx((row["num_malformed"] + row["num_invalid"]) / row["num_calls"])
-        assert row["p_break"] == pytest.approx(p_break(row["l_gen"], max(row["t_mask_s"], 0.0), row["t_repair_s"]))
-        assert row["decision"] == ("constrain" if row["p_err"] > row["p_break"] else "repair")
-    # constrained decoding always parses
-    assert payload["constrained_parse_rate"] == 1.0
-    assert len(payload["repairs"]) == 2 and all(r["seconds"] > 0 and r["context_tokens_added"] > 0 for r in payload["repairs"])
-    assert len(payload["step_s_free"]) == len(payload["step_s_constrained"]) == 2
-    assert all(math.isfinite(s) for s in payload["step_s_free"])
-    assert result["plots"] and all((out / p.split("/")[-1]).read_bytes()[:4] == b"\x89PNG" for p in result["plots"])
-    assert "overall" in result["table"]
+    assert {r["tool"] for r in rows[:-1]} == {p.tool for p in prompts}
+    for row, sample in zip(rows, record["samples"], strict=True):
+        recompute_row(row, sample, record["estimator"])
+        assert row["decision"] in ("constrain", "repair", "undecided at this precision")
+        assert row["t_decode_s"] > 0 and row["t_repair_s"] > 0 and row["l_gen"] > 0
+    assert all(record["environment"].get(k) is not None for k in ENV_KEYS if k != "triton")
+    assert record["config"]["seed"] == 3 and record["stop_reason"]
+    assert (out / "breakeven.png").read_bytes()[:4] == b"\x89PNG"
+    assert "overall" in result["table"] and "used:" in result["table"]
+
+
+def test_pairs_are_tool_homogeneous_alternated_and_equal_length(report):
+    _, out, prompts = report
+    record = json.loads((out / "breakeven.json").read_text())
+    passes = record["passes"]
+    assert all({prompts[i].tool for i in p["prompts"]} == {p["tool"]} for p in passes)
+    assert [p["order"] for p in passes[:2]] == ["free-first", "constrained-first"]
+    assert all(p["num_steps_free"] == record["timing_tokens"][p["tool"]] for p in passes if p["equal_steps"])
+    # repair rounds are measured, each round's outcome recorded, rounds chained up to the limit
+    reps = record["repairs"]
+    assert reps and all(r["seconds"] > 0 and isinstance(r["ok"], bool) and 1 <= r["round"] <= 2 for r in reps)
+    assert all(r["round"] == 2 for i, r in enumerate(reps) if i and reps[i - 1]["chain"] == r["chain"]
+               and reps[i - 1]["tool"] == r["tool"])
+
+
+def test_main_job_file_calls_do_real_work(tmp_path):
+    cfg = MainJobConfig(limit=12, device="cpu", out=str(tmp_path),
+                        breakeven=BreakevenConfig(batch_size=6, max_tokens=160, min_rounds=1, max_rounds=1,
+                                                  pairs_per_batch=2, repairs_per_tool=1, max_repair_rounds=1,
+                                                  num_boot=200, seed=1))
+    lines = []
+    report = run_main_job(cfg, echo=lines.append)
+    rows = report["dispatch"]["rows"]
+    files = [r for r in rows if r["tool"] in ("file_view", "file_edit")]
+    assert files and sum(bool(r.get("ok")) for r in files) >= len(files) / 2
+    assert not any("does not exist" in (r.get("tool_error") or "") for r in files)
+    assert all(r["did_what_was_asked"] == bool(r["matches_request"] and r.get("ok")) for r in rows)
+    assert {"report.json", "report.md", "breakeven.json", "breakeven.png"} <= {p.name for p in tmp_path.iterdir()}
+    assert report["breakeven"]["rows"][-1]["num_calls"] == 12
+    assert any("did what was asked" in line for line in lines)
 
 
 def test_prompt_file_errors(tmp_path, capsys):
@@ -58,3 +87,11 @@ def test_prompt_file_errors(tmp_path, capsys):
         load_prompts(empty)
     assert main(["breakeven", "--prompts", str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "not JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "breakeven"])
+def test_cli_takes_seed_and_refuses_bad_settings(command, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--seed", "5", "--precision", "2", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert f"surecall {command}: error: Invalid precision" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 
 The main job: 1. constrained calls for the held-out prompts, decoded against the catalog grounded
 in a seeded scratch workspace and dispatched through `Runtime` (validated, authorized by a signed
-capability, run at most once), counting calls that ran and calls that did what was asked;
+capability, run at most once; the seeded files are restored between calls, each request being its
+own task on the same snapshot), counting calls that ran and calls that did what was asked;
 2. the break-even measurement on the seed catalog; 3. the catalog cost with the model's tokenizer.
 Everything lands in `out` (report.json, report.md, breakeven.json, breakeven.png). No network.
 """
@@ -150,7 +151,10 @@ def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: Bre
     runtime = Runtime(coding_tools(scratch), SQLiteStore(scratch.parent / f"{scratch.name}.idem.sqlite"),
                       signing_key=secrets.token_bytes(32))
     cap = runtime.issue(["call:*", "read", "write", "exec", "approve:bash_execute"], [str(scratch)], ttl_s=600)
-    rows = [_dispatch_one(runtime, cap, i, p, r, tools) for i, (p, r) in enumerate(zip(prompts, results, strict=True))]
+    rows = []
+    for i, (prompt, res) in enumerate(zip(prompts, results, strict=True)):
+        ws.restore()
+        rows.append(_dispatch_one(runtime, cap, i, prompt, res, tools))
     return {"workspace": str(scratch), "seeded_files": len(ws.files), "seeded_dirs": len(ws.dirs), "rows": rows}
 
 

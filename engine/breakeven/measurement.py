@@ -41,7 +41,8 @@ class BreakevenConfig:
     max_tokens: int = 256
     timing_quantile: float = 0.25  # timed passes run this quantile of the tool's call lengths (>= shortest call)
     temperature: float = 1.0
-    min_rounds: int = 2  # rounds of timing pairs (one pair per batch) before the stopping rule applies
+    pairs_per_batch: int = 2  # timing pairs per batch and round (even: each order as often)
+    min_rounds: int = 2  # rounds (calls + timing pairs per batch) before the stopping rule applies
     max_rounds: int = 6
     precision: float = 0.02  # stop once every p_break interval is within +- this (absolute rate)
     time_budget_s: float | None = None  # stop adding rounds after this many seconds (None: no limit)
@@ -51,7 +52,7 @@ class BreakevenConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("batch_size", "max_tokens", "min_rounds", "max_rounds", "repairs_per_tool", "max_repair_rounds"):
+        for name in ("batch_size", "max_tokens", "pairs_per_batch", "min_rounds", "max_rounds", "repairs_per_tool", "max_repair_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Invalid {name}: expected >= 1, got {getattr(self, name)}")
         if self.max_rounds < self.min_rounds:
@@ -167,6 +168,13 @@ class _Run:
             self.timing_tokens[tool] = min(max(q, self.min_tokens), self.cfg.max_tokens)
         return self.timing_tokens[tool]
 
+    def settle(self, tool: str, batch: list[int], round_index: int) -> None:
+        """One untimed pass at the timing shape: the runner's buffers are sized for the full budget
+        after the calls pass, and the first timed pass would otherwise pay for resizing them."""
+        msgs = [self.prompts[i].messages for i in batch]
+        sampling = self.sampling(batch, round_index, max_tokens=self.steps_for(tool))
+        self.llm.generate(msgs, tools=self.tools, sampling=sampling, constrained=False)
+
     def pair(self, tool: str, batch: list[int], round_index: int, pair_index: int) -> None:
         """A free and a constrained pass over the same batch for the same steps, order alternating."""
         msgs = [self.prompts[i].messages for i in batch]
@@ -256,7 +264,7 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
     tick = progress.update if progress is not None else (lambda n=1: None)
     run = _Run(llm, tools, prompts, cfg, tick)
     if progress is not None:
-        progress.total = len(run.batches) * 3 * cfg.max_rounds
+        progress.total = len(run.batches) * (1 + 2 * cfg.pairs_per_batch) * cfg.max_rounds
     started = time.perf_counter()
     # 1. warm-up, outside every timed figure
     run.warm_up()
@@ -265,8 +273,10 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
         # 2. one round: per tool-homogeneous batch, the calls and a timing pair
         for tool, batch in run.batches:
             run.calls(tool, batch, round_index)
-            run.pair(tool, batch, round_index, num_pairs)
-            num_pairs += 1
+            run.settle(tool, batch, round_index)
+            for _ in range(cfg.pairs_per_batch):
+                run.pair(tool, batch, round_index, num_pairs)
+                num_pairs += 1
         # 3. repair rounds for the failures of the first round
         if round_index == 0:
             run.repair_all()

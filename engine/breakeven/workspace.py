@@ -5,6 +5,7 @@ window it asks for, with the `old_str` it wants replaced planted once, or twice 
 all"), and the directories searches name. `grounded_tools` narrows the seed catalog to that
 workspace: `path` may only name a seeded file, and a file_edit's `old_str` only text planted in
 the chosen file. The prompt still shows the model the plain seed catalog; only the grammar narrows.
+`restore` puts the files back between calls, so each request is its own task on the same snapshot.
 `matches_request` says whether a call is the one the request asked for (schema defaults filled).
 It runs no tool; dispatch is `main_job.py`'s.
 """
@@ -26,6 +27,14 @@ class Workspace:
     root: Path
     files: dict[str, list[str]] = field(default_factory=dict)  # path as the prompt spells it -> planted old_strs
     dirs: list[str] = field(default_factory=list)  # directories the searches name
+    texts: dict[str, str] = field(default_factory=dict)  # seeded content per file, for `restore`
+
+    def restore(self) -> None:
+        """Every seeded file back to its seeded text: each request is its own task on the same snapshot."""
+        for rel, text in self.texts.items():
+            target = self.root / rel
+            if target.is_file() and target.read_text(encoding="utf-8") != text:
+                target.write_text(text, encoding="utf-8")
 
 
 def _safe_relative(rel) -> bool:
@@ -61,6 +70,8 @@ def seed_workspace(root: Path, prompts) -> Workspace:
             plan["plant"].append((old, 2 if args.get("allow_multiple") else 1))
     for rel, plan in sorted(plans.items()):
         ws.files[rel] = _write_file(ws.root / rel, plan["lines"], plan["plant"])
+        if (ws.root / rel).is_file():
+            ws.texts[rel] = (ws.root / rel).read_text(encoding="utf-8")
     for rel in sorted(set(ws.dirs)):
         _write_dir(ws.root / rel)
     ws.dirs = sorted(set(ws.dirs))
