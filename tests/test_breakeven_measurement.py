@@ -9,7 +9,13 @@ import pytest
 from test_breakeven_report import recompute_row
 
 from surecall.breakeven import BreakevenConfig
-from surecall.breakeven.main_job import MainJobConfig, load_llm, load_prompts, run_breakeven, run_main_job
+from surecall.breakeven.main_job import (
+    MainJobConfig,
+    load_llm,
+    load_prompts,
+    run_breakeven,
+    run_main_job,
+)
 from surecall.catalog import seed_tools
 from surecall.cli import main
 from surecall.errors import RequestError

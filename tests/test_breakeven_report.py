@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from surecall.breakeven import BreakevenConfig, EstimatorConfig, Prompt, RowSamples, estimate_row
-from surecall.breakeven.measurement import BreakevenMeasurement, tool_batches
+from surecall.breakeven.measurement import BreakevenMeasurement, pairs_per_batch, tool_batches
 from surecall.breakeven.report import format_table, payload, plot
 from surecall.breakeven.workspace import grounded_tools, matches_request, seed_workspace
 from surecall.catalog import seed_tools
@@ -134,3 +134,9 @@ def test_matches_request_fills_schema_defaults():
     assert matches_request(call, prompt, seed_tools())
     assert not matches_request(SimpleNamespace(name="file_view", arguments={"path": "b.py"}), prompt, seed_tools())
     assert not matches_request(None, prompt, seed_tools())
+
+
+def test_a_tool_with_few_batches_gets_more_pairs_each():
+    prompts = [Prompt([{"role": "user", "content": str(i)}], tool=t) for i, t in enumerate("aaaaaaaab")]
+    per_batch = pairs_per_batch(tool_batches(prompts, 2), BreakevenConfig(pairs_per_batch=2, min_pairs_per_tool=5))
+    assert per_batch == {"a": 2, "b": 6}  # a: 4 batches x 2 >= 5; b: one batch, 5 rounded up to even

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from surecall.breakeven.measurement import BreakevenConfig, Prompt, measure
+from surecall.breakeven.measurement import BreakevenConfig, Prompt, measure, tool_batches
 from surecall.breakeven.report import environment, format_table, payload, plot
 from surecall.breakeven.workspace import FILE_TOOLS, grounded_tools, matches_request, seed_workspace
 from surecall.errors import RequestError
@@ -58,12 +58,11 @@ def set_cpu_threads(threads: int | None, is_tiny: bool) -> None:
 
 
 def load_llm(model: str | Path, device: str | None):
-    """The LLM for both jobs. No batch compaction: free and constrained batches must shrink alike
-    for t_mask (a per-step difference) to be the mask's cost, not a difference in when rows finished."""
-    from surecall.config import EngineConfig
+    """The LLM for both jobs (batch compaction on: a timing pair whose passes compacted differently
+    is left out of t_mask by the measurement)."""
     from surecall.llm import LLM
 
-    return LLM(str(model), device=device, config=EngineConfig(compact_batches=False))
+    return LLM(str(model), device=device)
 
 
 def run_breakeven(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, out: str | Path,
@@ -78,7 +77,8 @@ def run_breakeven(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig,
     plot_path = out / "breakeven.png"
     plot(result.rows, result.samples, cfg.estimator(), str(plot_path))
     table = format_table(result.rows)
-    table += f"\n{result.num_rounds} round(s) of paired passes; stopped: {result.stop_reason}"
+    table += (f"\n{result.num_rounds} round(s); {len(result.passes)} timing pairs "
+              f"({result.num_pairs_unequal} left out: unequal steps); clock {result.clock}; stopped: {result.stop_reason}")
     return {"table": table, "json_path": str(json_path), "plots": [str(plot_path)], "payload": record}
 
 
@@ -110,24 +110,28 @@ def run_main_job(cfg: MainJobConfig, echo=print) -> dict:
     prompts = load_prompts(default_heldout_path(), cfg.limit)
     echo(f"surecall run: model {model_dir.name}, {len(prompts)} held-out prompts, seed {cfg.breakeven.seed}, report in {out}/")
     llm = load_llm(model_dir, cfg.device)
+    phase_s = {"load": time.perf_counter() - started}
     # 1. constrained calls -> Runtime.dispatch into a seeded scratch workspace
     echo("\n[1/3] constrained decoding (grounded in the workspace) + dispatch")
     dispatch = decode_and_dispatch(llm, prompts, seed_tools(), cfg.breakeven)
     echo(dispatch_summary(dispatch))
+    phase_s["dispatch"] = time.perf_counter() - started - sum(phase_s.values())
     # 2. the break-even measurement on the seed catalog
     echo("\n[2/3] break-even: paired free/constrained passes per tool, real repair rounds")
     breakeven = run_breakeven(llm, seed_tools(), prompts, cfg.breakeven, out, str(model_dir))
     echo(breakeven["table"])
+    phase_s["breakeven"] = time.perf_counter() - started - sum(phase_s.values())
     # 3. catalog cost with the model's own tokenizer
     echo("\n[3/3] catalog cost")
     cost = catalog_cost(model_dir)
     echo(cost["text"])
     report = {"model": str(model_dir), "num_prompts": len(prompts), "dispatch": dispatch,
               "breakeven": breakeven["payload"], "catalog_cost": cost["report"],
-              "wall_s": time.perf_counter() - started}
+              "phase_s": phase_s, "wall_s": time.perf_counter() - started}
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(_markdown(report, breakeven["table"], cost["text"]))
-    echo(f"\nwrote {out}/report.json, report.md, breakeven.json and breakeven.png in {report['wall_s']:.0f} s")
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in phase_s.items())
+    echo(f"\nwrote {out}/report.json, report.md, breakeven.json and breakeven.png in {report['wall_s']:.0f} s ({phases})")
     return report
 
 
@@ -139,15 +143,20 @@ def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: Bre
     from surecall.prompts import render_prompt
     from surecall.toolbox.catalog import coding_tools
 
+    t0 = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="surecall-workspace-"))
     ws = seed_workspace(scratch, prompts)
     grounded = grounded_tools(tools, ws)
+    llm.compile(grounded)
+    t1 = time.perf_counter()
     ids = [render_prompt(p.messages, llm.tokenizer, tools, i) for i, p in enumerate(prompts)]
-    sampling = [SamplingParams(temperature=0.0, max_tokens=bcfg.max_tokens, seed=bcfg.seed + i) for i in range(len(prompts))]
-    results = []
-    for lo in range(0, len(prompts), bcfg.batch_size):
-        hi = lo + bcfg.batch_size
-        results += llm.generate(ids[lo:hi], tools=grounded, sampling=sampling[lo:hi], constrained=True)
+    results: list = [None] * len(prompts)
+    for _tool, batch in tool_batches(prompts, bcfg.batch_size):  # similar lengths per batch: short tails
+        sampling = [SamplingParams(temperature=0.0, max_tokens=bcfg.max_tokens, seed=bcfg.seed + i) for i in batch]
+        for i, res in zip(batch, llm.generate([ids[i] for i in batch], tools=grounded, sampling=sampling, constrained=True),
+                          strict=True):
+            results[i] = res
+    t2 = time.perf_counter()
     runtime = Runtime(coding_tools(scratch), SQLiteStore(scratch.parent / f"{scratch.name}.idem.sqlite"),
                       signing_key=secrets.token_bytes(32))
     cap = runtime.issue(["call:*", "read", "write", "exec", "approve:bash_execute"], [str(scratch)], ttl_s=600)
@@ -155,7 +164,9 @@ def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: Bre
     for i, (prompt, res) in enumerate(zip(prompts, results, strict=True)):
         ws.restore()
         rows.append(_dispatch_one(runtime, cap, i, prompt, res, tools))
-    return {"workspace": str(scratch), "seeded_files": len(ws.files), "seeded_dirs": len(ws.dirs), "rows": rows}
+    seconds = {"seed_and_compile": t1 - t0, "decode": t2 - t1, "dispatch": time.perf_counter() - t2}
+    return {"workspace": str(scratch), "seeded_files": len(ws.files), "seeded_dirs": len(ws.dirs), "seconds": seconds,
+            "rows": rows}
 
 
 def _dispatch_one(runtime, cap, i: int, prompt: Prompt, res, tools: list[dict]) -> dict:

@@ -5,7 +5,7 @@ Each round runs, per batch, a free pass at the full token budget (the calls: L_g
 failures to repair) and a timing pair: a free and a constrained pass over the same batch (same
 prompts, seeds, positions) for the same number of steps (the tool's first-quartile call length, so
 most rows are still going), in alternating order to cancel drift; a pair whose passes ran different
-step counts is kept out of t_mask and counted. Rounds
+step counts (or compacted the batch) is kept out of t_mask and counted. Rounds
 run until every row is decided or each p_break interval is within the stated precision (between
 min_rounds and max_rounds, or a time budget). Repair rounds are real: the bad call and the error
 go back to the model, the reply is parsed and validated, a failed round is followed by another up
@@ -42,6 +42,7 @@ class BreakevenConfig:
     timing_quantile: float = 0.25  # timed passes run this quantile of the tool's call lengths (>= shortest call)
     temperature: float = 1.0
     pairs_per_batch: int = 2  # timing pairs per batch and round (even: each order as often)
+    min_pairs_per_tool: int = 4  # per round: a tool with few batches gets more pairs on each
     min_rounds: int = 2  # rounds (calls + timing pairs per batch) before the stopping rule applies
     max_rounds: int = 6
     precision: float = 0.02  # stop once every p_break interval is within +- this (absolute rate)
@@ -52,7 +53,7 @@ class BreakevenConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("batch_size", "max_tokens", "pairs_per_batch", "min_rounds", "max_rounds", "repairs_per_tool", "max_repair_rounds"):
+        for name in ("batch_size", "max_tokens", "pairs_per_batch", "min_pairs_per_tool", "min_rounds", "max_rounds", "repairs_per_tool", "max_repair_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Invalid {name}: expected >= 1, got {getattr(self, name)}")
         if self.max_rounds < self.min_rounds:
@@ -77,6 +78,7 @@ class BreakevenMeasurement:
     passes: list[dict] = field(default_factory=list)  # every timing pair (tool, round, order, steps, seconds)
     repairs: list[dict] = field(default_factory=list)  # every repair round
     num_rounds: int = 0
+    clock: str = "perf_counter"  # what every figure was timed with (see pick_clock)
     num_pairs_unequal: int = 0  # pairs left out of t_mask: their passes ran different step counts
     timing_tokens: dict = field(default_factory=dict)  # steps of the timed passes, per tool
     stop_reason: str = ""
@@ -102,13 +104,26 @@ def classify(result) -> tuple[str, str | None]:
     return ("invalid" if result.call is not None else "malformed"), result.error
 
 
-def _step_time(results) -> tuple[float, int]:
-    """(seconds per decode step, steps) for one batch: every row advances one token per step."""
+def pick_clock(llm) -> tuple[str, object]:
+    """CPU time on a one-thread CPU run (a shared machine's descheduled time is not the model's
+    cost), else wall time (a GPU, or several threads whose CPU time would add up)."""
+    import torch
+
+    device = getattr(getattr(llm, "runner", None), "device", None)
+    if getattr(device, "type", "cpu") == "cpu" and torch.get_num_threads() == 1:
+        return "process_time", time.process_time
+    return "perf_counter", time.perf_counter
+
+
+def _step_time(results, clock_s: float, wall_s: float) -> tuple[float, int, int]:
+    """(seconds per decode step, steps, compactions) for one batch: every row advances one token per
+    step. The engine's decode wall time is scaled by the pass's clock/wall ratio (1 on the wall clock)."""
     timed = [r for r in results if r.timings.get("num_steps")]
-    if not timed:
-        return float("nan"), 0
+    if not timed or wall_s <= 0:
+        return float("nan"), 0, 0
     steps = max(r.timings["num_steps"] for r in timed)
-    return max(r.timings["decode_s"] for r in timed) / steps, steps
+    compactions = max(int(r.timings.get("compactions", 0)) for r in timed)
+    return max(r.timings["decode_s"] for r in timed) * (clock_s / wall_s) / steps, steps, compactions
 
 
 def tool_batches(prompts: list[Prompt], batch_size: int) -> list[tuple[str, list[int]]]:
@@ -124,6 +139,18 @@ def tool_batches(prompts: list[Prompt], batch_size: int) -> list[tuple[str, list
     return out
 
 
+def pairs_per_batch(batches: list[tuple[str, list[int]]], cfg: BreakevenConfig) -> dict[str, int]:
+    """Timing pairs per batch for each tool: at least min_pairs_per_tool a round, rounded up to even."""
+    counts: dict[str, int] = defaultdict(int)
+    for tool, _ in batches:
+        counts[tool] += 1
+    out = {}
+    for tool, n in counts.items():
+        k = max(cfg.pairs_per_batch, -(-cfg.min_pairs_per_tool // n))
+        out[tool] = k + (k % 2)
+    return out
+
+
 class _Run:
     """State of one measurement: outcomes, timed passes and repairs as they accumulate."""
 
@@ -134,6 +161,7 @@ class _Run:
         self.passes: list[dict] = []
         self.repairs: list[dict] = []
         self.min_tokens = llm.min_tokens(tools) if hasattr(llm, "min_tokens") else 1
+        self.clock_name, self.clock = pick_clock(llm)
         self.timing_tokens: dict[str, int] = {}
 
     def sampling(self, batch, round_index, max_tokens=None):
@@ -182,14 +210,17 @@ class _Run:
         order = (False, True) if pair_index % 2 == 0 else (True, False)
         timed = {}
         for constrained in order:
-            timed[constrained] = _step_time(self.llm.generate(msgs, tools=self.tools, sampling=sampling, constrained=constrained))
+            wall0, clock0 = time.perf_counter(), self.clock()
+            results = self.llm.generate(msgs, tools=self.tools, sampling=sampling, constrained=constrained)
+            timed[constrained] = _step_time(results, self.clock() - clock0, time.perf_counter() - wall0)
             self.tick()
-        (free_s, free_steps), (cons_s, cons_steps) = timed[False], timed[True]
+        (free_s, free_steps, free_comp), (cons_s, cons_steps, cons_comp) = timed[False], timed[True]
         self.passes.append({"tool": tool, "round": round_index, "pair": pair_index, "prompts": batch,
                             "order": "free-first" if order[0] is False else "constrained-first",
-                            "step_s_free": free_s, "num_steps_free": free_steps,
+                            "step_s_free": free_s, "num_steps_free": free_steps, "compactions_free": free_comp,
                             "step_s_constrained": cons_s, "num_steps_constrained": cons_steps,
-                            "equal_steps": free_steps == cons_steps})
+                            "compactions_constrained": cons_comp,
+                            "equal_steps": free_steps == cons_steps and free_comp == cons_comp == 0})
 
     def repair_all(self) -> None:
         """Up to repairs_per_tool failed calls per tool (a truncated good call where none failed)."""
@@ -214,13 +245,13 @@ class _Run:
             messages = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": feedback}]
             sampling = SamplingParams(temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens,
                                       seed=self.cfg.seed + 104729 + 31 * chain + rnd)
-            start = time.perf_counter()
+            start, wall0 = self.clock(), time.perf_counter()
             result = self.llm.generate([messages], tools=self.tools, sampling=[sampling], constrained=False)[0]
-            seconds = time.perf_counter() - start
+            seconds, wall_s = self.clock() - start, time.perf_counter() - wall0
             status, new_error = classify(result)
             added = len(self.llm.count_tokens(text)) + len(self.llm.count_tokens(feedback)) if hasattr(self.llm, "count_tokens") else 0
             self.repairs.append({"tool": tool, "chain": chain, "round": rnd + 1, "seconds": seconds, "ok": status == "ok",
-                                 "status": status, "context_tokens_added": added, "synthetic": synthetic,
+                                 "wall_s": wall_s, "status": status, "context_tokens_added": added, "synthetic": synthetic,
                                  "prompt": prompt_index})
             self.tick()
             if status == "ok":
@@ -263,8 +294,9 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
     """Warm up, run rounds of paired passes with repairs after the first, estimate, stop by the rule."""
     tick = progress.update if progress is not None else (lambda n=1: None)
     run = _Run(llm, tools, prompts, cfg, tick)
+    per_batch = pairs_per_batch(run.batches, cfg)
     if progress is not None:
-        progress.total = len(run.batches) * (1 + 2 * cfg.pairs_per_batch) * cfg.max_rounds
+        progress.total = sum(1 + 2 * per_batch[t] for t, _ in run.batches) * cfg.max_rounds
     started = time.perf_counter()
     # 1. warm-up, outside every timed figure
     run.warm_up()
@@ -274,7 +306,7 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
         for tool, batch in run.batches:
             run.calls(tool, batch, round_index)
             run.settle(tool, batch, round_index)
-            for _ in range(cfg.pairs_per_batch):
+            for _ in range(per_batch[tool]):
                 run.pair(tool, batch, round_index, num_pairs)
                 num_pairs += 1
         # 3. repair rounds for the failures of the first round
@@ -295,7 +327,7 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
                            for o in run.outcomes if o.status != "ok" and (s.tool in (o.tool, OVERALL))][:3]
     return BreakevenMeasurement(
         rows=rows, samples=run.samples(), passes=run.passes, repairs=run.repairs, num_rounds=round_index + 1,
-        stop_reason=reason, num_pairs_unequal=sum(not p["equal_steps"] for p in run.passes),
+        stop_reason=reason, clock=run.clock_name, num_pairs_unequal=sum(not p["equal_steps"] for p in run.passes),
         timing_tokens=run.timing_tokens,
     )
 

@@ -88,6 +88,7 @@ def payload(measurement, cfg, env: dict, extra: dict | None = None) -> dict:
         "samples": [asdict(s) for s in measurement.samples],
         "passes": measurement.passes,
         "repairs": measurement.repairs,
+        "clock": measurement.clock,
         "num_pairs_unequal": measurement.num_pairs_unequal,
         "timing_tokens": measurement.timing_tokens,
     }
@@ -123,15 +124,15 @@ def _panel(ax, row: dict, bands: dict, grid) -> None:
     x = grid * 100
     r = row["max_repair_rounds"]
     free = [1e3 * (row["l_gen"] * row["t_decode_s"] + p * row["t_repair_s"] * row["repair_multiplier"]) for p in grid]
-    ax.plot(x, free, color="tab:blue", label=f"free + repair (s={row['repair_success']:.0%}, R={r})")
+    ax.plot(x, free, color="tab:blue", label="free + repair rounds (95% band)")
     ax.fill_between(x, bands["free_lo"] * 1e3, bands["free_hi"] * 1e3, color="tab:blue", alpha=0.18)
-    ax.axhline(row["constrained_s"] * 1e3, color="tab:orange", label="constrained")
+    ax.axhline(row["constrained_s"] * 1e3, color="tab:orange", label="constrained (95% band)")
     ax.axhspan(bands["cons_lo"] * 1e3, bands["cons_hi"] * 1e3, color="tab:orange", alpha=0.18)
     lo, hi = row["p_break_ci"]
     ax.axvspan(max(lo, 0) * 100, max(hi, 0) * 100, color="grey", alpha=0.15)
-    ax.axvline(max(row["p_break"], 0) * 100, color="grey", linestyle="--", label="p_break (crossing)")
+    ax.axvline(max(row["p_break"], 0) * 100, color="grey", linestyle="--", label="p_break: the crossing (95% CI)")
     ax.axvspan(row["p_err_ci"][0] * 100, row["p_err_ci"][1] * 100, color="tab:red", alpha=0.12)
-    ax.axvline(row["p_err"] * 100, color="tab:red", linestyle=":", label="observed p_err")
+    ax.axvline(row["p_err"] * 100, color="tab:red", linestyle=":", label="observed p_err (95% CI)")
     ax.set_title(f"{row['tool']}: {row['decision']}\np_err {row['p_err']:.1%}, p_break {row['p_break']:.2%} "
-                 f"[{lo:.2%}, {hi:.2%}]", fontsize=8)
+                 f"[{lo:.2%}, {hi:.2%}]; repair s={row['repair_success']:.0%}, R={r}", fontsize=8)
     ax.grid(alpha=0.3)
