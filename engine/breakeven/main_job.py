@@ -77,8 +77,9 @@ def run_breakeven(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig,
     plot_path = out / "breakeven.png"
     plot(result.rows, result.samples, cfg.estimator(), str(plot_path))
     table = format_table(result.rows)
-    table += (f"\n{result.num_rounds} round(s); {len(result.passes)} timing pairs "
-              f"({result.num_pairs_unequal} left out: unequal steps); clock {result.clock}; stopped: {result.stop_reason}")
+    table += (f"\nprecision: rounds {cfg.min_rounds}-{cfg.max_rounds} until every row is decided or each p_break "
+              f"interval is within +-{cfg.precision:.1%}; ran {result.num_rounds} round(s), {len(result.passes)} timing "
+              f"pairs ({result.num_pairs_unequal} left out: unequal steps); clock {result.clock}; stopped: {result.stop_reason}")
     return {"table": table, "json_path": str(json_path), "plots": [str(plot_path)], "payload": record}
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from surecall.breakeven.estimators import UNDECIDED, EstimatorConfig, RowSamples, estimate_row
 
@@ -332,5 +332,3 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
     )
 
 
-def samples_to_dict(s: RowSamples) -> dict:
-    return asdict(s)

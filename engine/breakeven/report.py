@@ -23,20 +23,22 @@ def _ci(lo_hi, scale: float, fmt: str) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A fixed-width table: estimates with intervals, formula and decision, one line per row."""
-    header = (f"{'tool':<13}{'calls':>6}{'pairs':>6}{'L_gen':>7}{'t_dec ms':>9}  {'t_mask us [95% CI]':<26}"
-              f"{'p_err [95% CI]':<24}{'T_rep s':>8}{'rep ok':>8}  {'p_break [95% CI]':<26}{'formula':<9}decision")
+    """A fixed-width table: estimates with intervals, both p_break formulas, the one used, the decision."""
+    header = (f"{'tool':<13}{'calls':>6}{'pairs':>6}{'L_gen':>7}{'t_dec ms':>9}  {'t_mask us [95% CI]':<22}"
+              f"{'p_err [95% CI]':<22}{'T_rep s':>7}{'rep ok':>7}  {'p_break seed [CI]':<24}"
+              f"{'p_break general [CI]':<24}{'used':<8}decision")
     lines = [header, "-" * len(header)]
     for r in rows:
         t_mask = f"{r['t_mask_s'] * 1e6:.0f} {_ci(r['t_mask_s_ci'], 1e6, '.0f')}"
         p_err = f"{r['p_err']:.1%} {_ci(r['p_err_ci'], 100, '.1f')}"
-        p_brk = f"{r['p_break']:.2%} {_ci(r['p_break_ci'], 100, '.2f')}"
+        seed = f"{r['p_break_seed']:.2%} {_ci(r['p_break_seed_ci'], 100, '.1f')}"
+        general = f"{r['p_break_general']:.2%} {_ci(r['p_break_general_ci'], 100, '.1f')}"
         rep = f"{r['num_repaired']}/{r['num_repair_rounds']}"
         decision = r["decision"]
         if decision == UNDECIDED and r.get("calls_to_decide"):
             decision += f" (~{r['calls_to_decide']} calls would decide)"
         lines.append(f"{r['tool']:<13}{r['num_calls']:>6}{r['num_pairs']:>6}{r['l_gen']:>7.1f}{r['t_decode_s'] * 1e3:>9.2f}  "
-                     f"{t_mask:<26}{p_err:<24}{r['t_repair_s']:>8.3f}{rep:>8}  {p_brk:<26}{r['formula']:<9}{decision}")
+                     f"{t_mask:<22}{p_err:<22}{r['t_repair_s']:>7.3f}{rep:>7}  {seed:<24}{general:<24}{r['formula']:<8}{decision}")
     lines.append("")
     lines += [f"seed formula:    {SEED_FORMULA}", f"general formula: {GENERAL_FORMULA}"]
     used = sorted({r["formula"] for r in rows})
