@@ -101,3 +101,8 @@ def test_cli_takes_seed_and_refuses_bad_settings(command, tmp_path, capsys):
         main([command, "--seed", "5", "--precision", "2", "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert f"surecall {command}: error: Invalid precision" in capsys.readouterr().err
+
+
+def test_run_refuses_a_bad_limit(capsys):
+    assert main(["run", "--limit", "0"]) == 2
+    assert "surecall run: error: Invalid limit: expected >= 1 prompts, got 0" in capsys.readouterr().err

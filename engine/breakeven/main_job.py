@@ -16,7 +16,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from surecall.breakeven.measurement import BreakevenConfig, Prompt, measure, tool_batches
@@ -89,13 +89,12 @@ class MainJobConfig:
     device: str | None = None
     threads: int | None = 1
     out: str = "runs/main"
-    breakeven: BreakevenConfig = None  # type: ignore[assignment]  # default: BreakevenConfig()
+    ground: bool = True  # narrow the dispatch grammar to the seeded workspace (False: the plain catalog)
+    breakeven: BreakevenConfig = field(default_factory=BreakevenConfig)
 
     def __post_init__(self):
         if self.limit < 1:
             raise ValueError(f"Invalid limit: expected >= 1 prompts, got {self.limit}")
-        if self.breakeven is None:
-            self.breakeven = BreakevenConfig()
 
 
 def run_main_job(cfg: MainJobConfig, echo=print) -> dict:
@@ -113,8 +112,8 @@ def run_main_job(cfg: MainJobConfig, echo=print) -> dict:
     llm = load_llm(model_dir, cfg.device)
     phase_s = {"load": time.perf_counter() - started}
     # 1. constrained calls -> Runtime.dispatch into a seeded scratch workspace
-    echo("\n[1/3] constrained decoding (grounded in the workspace) + dispatch")
-    dispatch = decode_and_dispatch(llm, prompts, seed_tools(), cfg.breakeven)
+    echo(f"\n[1/3] constrained decoding ({'grounded in the workspace' if cfg.ground else 'plain catalog'}) + dispatch")
+    dispatch = decode_and_dispatch(llm, prompts, seed_tools(), cfg.breakeven, ground=cfg.ground)
     echo(dispatch_summary(dispatch))
     phase_s["dispatch"] = time.perf_counter() - started - sum(phase_s.values())
     # 2. the break-even measurement on the seed catalog
@@ -136,8 +135,8 @@ def run_main_job(cfg: MainJobConfig, echo=print) -> dict:
     return report
 
 
-def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: BreakevenConfig) -> dict:
-    """Greedy constrained calls (prompt: the seed catalog; grammar: grounded), each dispatched."""
+def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: BreakevenConfig, ground: bool = True) -> dict:
+    """Greedy constrained calls (prompt: the plain catalog; grammar: grounded unless told), each dispatched."""
     from surecall.config import SamplingParams
     from surecall.dispatch.runtime import Runtime
     from surecall.dispatch.stores import SQLiteStore
@@ -147,7 +146,7 @@ def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: Bre
     t0 = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="surecall-workspace-"))
     ws = seed_workspace(scratch, prompts)
-    grounded = grounded_tools(tools, ws)
+    grounded = grounded_tools(tools, ws) if ground else tools
     llm.compile(grounded)
     t1 = time.perf_counter()
     ids = [render_prompt(p.messages, llm.tokenizer, tools, i) for i, p in enumerate(prompts)]
@@ -166,8 +165,8 @@ def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: Bre
         ws.restore()
         rows.append(_dispatch_one(runtime, cap, i, prompt, res, tools))
     seconds = {"seed_and_compile": t1 - t0, "decode": t2 - t1, "dispatch": time.perf_counter() - t2}
-    return {"workspace": str(scratch), "seeded_files": len(ws.files), "seeded_dirs": len(ws.dirs), "seconds": seconds,
-            "rows": rows}
+    return {"workspace": str(scratch), "seeded_files": len(ws.files), "seeded_dirs": len(ws.dirs), "grounded": ground,
+            "seconds": seconds, "rows": rows}
 
 
 def _dispatch_one(runtime, cap, i: int, prompt: Prompt, res, tools: list[dict]) -> dict:
@@ -199,7 +198,7 @@ def dispatch_summary(dispatch: dict) -> str:
         f"(requested tool and arguments, ran): {asked}/{n}",
         "  by tool: " + ", ".join(f"{k} {v}" for k, v in sorted(by_tool.items())),
         f"  workspace: {dispatch['workspace']} ({dispatch['seeded_files']} files, {dispatch['seeded_dirs']} directories seeded "
-        "from the prompts; paths and old_str constrained to them)",
+        "from the prompts; " + ("paths and old_str constrained to them)" if dispatch.get("grounded") else "grammar not narrowed)"),
     ]
     if errors:
         lines.append("  tool errors: " + "; ".join(f"{k} x{v}" for k, v in errors.most_common(4)))

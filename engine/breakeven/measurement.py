@@ -323,6 +323,8 @@ def measure(llm, tools: list, prompts: list[Prompt], cfg: BreakevenConfig, progr
                 break
     for row, s in zip(rows, run.samples(), strict=True):
         row["tool"] = s.tool
+        # repairs of a truncated good call, where the tool had no failure to repair
+        row["num_repair_rounds_synthetic"] = sum(r["synthetic"] for r in run.repairs if s.tool in (r["tool"], OVERALL))
         row["examples"] = [{"status": o.status, "error": o.error, "text": o.text[:300]}
                            for o in run.outcomes if o.status != "ok" and (s.tool in (o.tool, OVERALL))][:3]
     return BreakevenMeasurement(

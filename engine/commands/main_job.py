@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/main", help="report folder (default runs/main)")
     parser.add_argument("--limit", type=int, default=64, help="held-out prompts to use (default 64)")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1: fastest for the tiny model)")
+    parser.add_argument("--no-ground", dest="ground", action="store_false",
+                        help="decode the dispatched calls under the plain catalog, not narrowed to the workspace's files")
     add_measurement_arguments(parser, batch=16, max_rounds=4)
 
 
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from surecall.breakeven.main_job import MainJobConfig, run_main_job
 
     try:
-        cfg = MainJobConfig(limit=args.limit, device=args.device, threads=args.threads, out=args.out,
+        cfg = MainJobConfig(limit=args.limit, device=args.device, threads=args.threads, out=args.out, ground=args.ground,
                             breakeven=breakeven_config(args, "run"))
     except ValueError as exc:
         print(f"surecall run: error: {exc}", file=sys.stderr)
