@@ -197,8 +197,8 @@ class _Run:
         return self.timing_tokens[tool]
 
     def settle(self, tool: str, batch: list[int], round_index: int) -> None:
-        """One untimed pass at the timing shape: the runner's buffers are sized for the full budget
-        after the calls pass, and the first timed pass would otherwise pay for resizing them."""
+        """One untimed pass at the timing shape: the static step sizes its KV cache by prompt plus
+        max_tokens, so the first timed pass after the full-budget calls pass would pay to re-size it."""
         msgs = [self.prompts[i].messages for i in batch]
         sampling = self.sampling(batch, round_index, max_tokens=self.steps_for(tool))
         self.llm.generate(msgs, tools=self.tools, sampling=sampling, constrained=False)
