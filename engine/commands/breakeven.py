@@ -1,16 +1,15 @@
-"""`surecall breakeven`: measure t_mask, p_err and T_repair on a model, then p_break and the decision.
-
-Writes a readable table to stdout, `breakeven.json` and one PNG per row (`breakeven_<tool>.png`)
-into --out. A progress bar runs on stderr.
+"""`surecall breakeven`: measure t_mask, p_err, T_repair and repair success on a model, then p_break
+with 95% intervals and the decision per tool. Argument parsing only: the job is
+`surecall.breakeven.main_job.run_breakeven`. Writes the table to stdout, `breakeven.json` and
+`breakeven.png` into --out; a progress bar runs on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-from pathlib import Path
+import sys
 
+from surecall.breakeven.main_job import load_prompts, set_cpu_threads  # noqa: F401  (old import path)
 from surecall.commands.args import (
     device,
     input_file,
@@ -19,109 +18,67 @@ from surecall.commands.args import (
     output_dir,
     positive_int,
 )
-from surecall.errors import RequestError
+
+
+def add_measurement_arguments(parser: argparse.ArgumentParser, batch: int, max_rounds: int) -> None:
+    """The measurement flags `surecall breakeven` and `surecall run` share."""
+    parser.add_argument("--batch", type=positive_int, default=batch, help=f"decode batch size (default {batch})")
+    parser.add_argument("--device", default=None, type=device, help="cpu | cuda (default: cuda when available)")
+    parser.add_argument("--max-tokens", type=positive_int, default=256, help="token budget per call (default 256)")
+    parser.add_argument("--min-rounds", type=positive_int, default=2, help="rounds of paired passes before stopping (default 2)")
+    parser.add_argument("--max-rounds", type=positive_int, default=max_rounds, help=f"most rounds of paired passes (default {max_rounds})")
+    parser.add_argument("--precision", type=non_negative_float, default=0.02,
+                        help="stop once every p_break 95%% interval is within +- this rate (default 0.02)")
+    parser.add_argument("--time-budget", type=non_negative_float, default=None, help="stop adding rounds after this many seconds")
+    parser.add_argument("--repairs", type=non_negative_int, default=4, help="failed calls per tool sent back for repair (default 4)")
+    parser.add_argument("--repair-rounds", type=positive_int, default=2, help="R: repair rounds per failed call (default 2)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="sampling and bootstrap seed (default 0)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="local HF model directory (default: the shipped surecall-tiny)")
-    parser.add_argument("--tools", default="seed", help="tools file (JSON list, JSONL, MCP list), module:attr or 'seed' (default)")
+    parser.add_argument("--tools", default="seed-hardened",
+                        help="tools file (JSON list, JSONL, MCP list), module:attr, 'seed' (Listing 5) or 'seed-hardened' "
+                             "(default: the catalog the shipped model was trained on)")
     parser.add_argument("--prompts", default=None, type=input_file, help="JSONL of {messages | prompt, tool?, arguments?} (default: the shipped held-out prompts)")
-    parser.add_argument("--batch", type=positive_int, default=16, help="decode batch size (default 16)")
-    parser.add_argument("--device", default=None, type=device, help="cpu | cuda (default: cuda when available)")
     parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts")
-    parser.add_argument("--max-tokens", type=positive_int, default=256, help="token budget per call (default 256)")
     parser.add_argument("--temperature", type=non_negative_float, default=1.0, help="free-decoding temperature (default 1.0)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="paired free/constrained timing repeats (default 3)")
-    parser.add_argument("--repairs", type=non_negative_int, default=16, help="repair rounds to run and time (default 16)")
-    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU intra-op threads (default: 1 for the shipped tiny model, else torch's default)")
     parser.add_argument("--out", default="runs/breakeven", type=output_dir, help="output folder (default runs/breakeven)")
+    add_measurement_arguments(parser, batch=8, max_rounds=6)
 
 
-def load_prompts(path: str | Path, limit: int | None = None):
-    """Prompts from JSONL: each row has `messages` (chat) or `prompt` (text), optional `tool`/`arguments`."""
-    from surecall.breakeven_run import Prompt
+def breakeven_config(args: argparse.Namespace, command: str):
+    """BreakevenConfig from the shared flags; a bad value exits with status 2 and the reason."""
+    from surecall.breakeven.measurement import BreakevenConfig
 
-    prompts = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
-        messages = row.get("messages") or ([{"role": "user", "content": row["prompt"]}] if row.get("prompt") else None)
-        if not messages:
-            raise RequestError(f"{path}:{lineno}: expected 'messages' or 'prompt'")
-        prompts.append(Prompt(messages=messages, tool=row.get("tool"), arguments=row.get("arguments")))
-        if limit and len(prompts) >= limit:
-            break
-    if not prompts:
-        raise RequestError(f"{path}: no prompts")
-    return prompts
-
-
-def set_cpu_threads(threads: int | None, is_tiny: bool) -> None:
-    """Tiny models decode fastest on one intra-op thread: more threads only add OpenMP
-    synchronisation per small matmul (~100x slower on a loaded 2-core machine)."""
-    import torch
-
-    if threads is not None and threads < 1:
-        raise ValueError(f"Invalid threads: expected >= 1, got {threads}")
-    if threads or is_tiny:
-        torch.set_num_threads(threads or 1)
+    try:
+        return BreakevenConfig(
+            batch_size=args.batch, max_tokens=args.max_tokens, temperature=getattr(args, "temperature", 1.0),
+            min_rounds=args.min_rounds, max_rounds=args.max_rounds, precision=args.precision,
+            time_budget_s=args.time_budget, repairs_per_tool=args.repairs, max_repair_rounds=args.repair_rounds,
+            seed=args.seed)
+    except ValueError as exc:
+        print(f"surecall {command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    report = measure_and_write(args)
-    print(report["table"])
-    print(f"\nwrote {report['json_path']} and {len(report['plots'])} plot(s) in {args.out}")
-    return 0
-
-
-def measure_and_write(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
-    from surecall.breakeven import format_table, plot
-    from surecall.breakeven_run import BreakevenConfig, measure
+    from surecall.breakeven.main_job import load_llm, run_breakeven
     from surecall.commands.resolve import load_tools
-    from surecall.llm import LLM
     from surecall.models import default_heldout_path, default_model_dir
 
-    cfg = BreakevenConfig(args.batch, args.max_tokens, args.temperature, args.repeats, args.repairs, args.seed)
-    model_dir = args.model or str(default_model_dir())
-    set_cpu_threads(getattr(args, "threads", None), is_tiny=args.model is None)
+    cfg = breakeven_config(args, "breakeven")
+    set_cpu_threads(args.threads, is_tiny=args.model is None)
+    model = args.model or str(default_model_dir())
     prompts = load_prompts(args.prompts or default_heldout_path(), args.limit)
     tools = load_tools(args.tools)
-    from surecall.config import EngineConfig
-
-    # No compaction: free and constrained batches must shrink alike for t_mask (a per-step
-    # difference) to be the mask's cost and not a difference in how early rows finished.
-    llm = LLM(model_dir, device=args.device, config=EngineConfig(compact_batches=False))
+    llm = load_llm(model, args.device)
     with tqdm(desc="breakeven", unit="pass", dynamic_ncols=True) as bar:
-        result = measure(llm, tools, prompts, cfg, progress=bar)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    plots = []
-    for row in result.rows:
-        if math.isfinite(row.t_repair_s) and row.num_calls:
-            path = out / f"breakeven_{row.tool}.png"
-            plot(row, str(path))
-            plots.append(str(path))
-    payload = {
-        "model": model_dir,
-        "tools": args.tools,
-        "num_prompts": len(prompts),
-        "config": vars(cfg),
-        "rows": [r.to_dict() for r in result.rows],
-        "constrained_parse_rate": result.constrained_parse_rate,
-        "constrained_valid_rate": result.constrained_valid_rate,
-        "step_s_free": result.step_s_free,
-        "step_s_constrained": result.step_s_constrained,
-        "repairs": result.repairs,
-        "device": str(llm.device) if hasattr(llm, "device") else args.device,
-    }
-    json_path = out / "breakeven.json"
-    json_path.write_text(json.dumps(payload, indent=1))
-    return {"table": format_table(result.rows), "json_path": str(json_path), "plots": plots, "payload": payload}
+        report = run_breakeven(llm, tools, prompts, cfg, args.out, model, extra={"tools": args.tools}, progress=bar)
+    print(report["table"])
+    print(f"\nwrote {report['json_path']} and {report['plots'][0]}")
+    return 0

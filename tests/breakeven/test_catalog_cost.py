@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from surecall.catalog_cost import measure, openai_tool
+from surecall.breakeven.catalog_cost import measure, openai_tool, render
 from surecall.cli import main
 from surecall.errors import ToolDefinitionError, VocabError
 from surecall.tokenizer_io import load_counting_tokenizer
@@ -61,3 +61,14 @@ def test_errors(tmp_path, capsys):
         load_tool_dicts(bad)
     assert main(["catalog-cost", "--tokenizer", str(tmp_path / "missing"), "--tools", "seed"]) == 2
     assert "tokenizer not found" in capsys.readouterr().err
+
+
+def test_render_names_the_costliest_tools():
+    tokens = {"a": 10, "b": 30, "c": 20}
+    report = {"tokenizer": "t", "rendering": "json", "num_tools": 3, "mean_tool_tokens": 20.0,
+              "block_overhead_tokens": 0, "tokens_per_turn": 60, "share_of_context": 60 / 1000,
+              "context_window": 1000, "num_turns": 2, "t_catalog": 120, "seed_tokens_per_turn": 30,
+              "ratio_to_seed": 2.0, "tool_tokens": tokens}
+    text = render(report, top=2)
+    assert "most expensive tools: b (30), c (20)" in text and "a (10)" not in text
+    assert "costs 2.0x" in text and "6.00% of a 1000-token context" in text

@@ -19,7 +19,7 @@ from surecall.grammars import cache as table_cache
 from surecall.grammars.compile import compile_catalog, compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.table import TokenTable
-from surecall.grammars.vocab import Vocab
+from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import accepts, decode, kept, random_walk
 from surecall.tools.catalog import seed_tools
 

@@ -19,7 +19,7 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.table import TokenTable
-from surecall.grammars.vocab import Vocab
+from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import kept
 from surecall.kernels import DeviceTable, SamplingTensors, advance, apply_token_mask_inplace, sample
 from surecall.kernels._triton import HAS_TRITON, INTERPRET

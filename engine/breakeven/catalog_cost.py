@@ -2,7 +2,8 @@
 
 Each tool is rendered as the model would see it: through the chat template's tool block when
 the tokenizer has one (S_k is the growth of the rendered prompt; the block's fixed overhead is
-measured separately), else as the OpenAI-style JSON definition. Counting only; no model runs.
+measured separately), else as the OpenAI-style JSON definition. `render` prints the report.
+Counting only; no model runs (the counting tokenizer is `surecall.tokenizer_io`'s).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from surecall.breakeven import catalog_tokens
+from surecall.breakeven.formulas import catalog_tokens
 
 _PROBE_MESSAGES = [{"role": "user", "content": "Hello."}]
 
@@ -133,3 +134,21 @@ def _template_costs(tools: list[dict], renderer: TemplateRenderer) -> tuple[dict
         overhead = 0
     overhead = max(overhead, 0)
     return {name: n - base - overhead for name, n in singles.items()}, overhead
+
+
+def render(report: dict, top: int) -> str:
+    """The readable summary of a `CatalogCost.to_dict()` report, listing the `top` costliest tools."""
+    lines = [
+        f"tokenizer {report['tokenizer']} ({report['rendering']} rendering), {report['num_tools']} tools",
+        f"  S per tool: mean {report['mean_tool_tokens']:.1f} tokens; tool-block overhead {report['block_overhead_tokens']} tokens",
+        f"  per turn: {report['tokens_per_turn']} tokens = {report['share_of_context']:.2%} of a {report['context_window']}-token context",
+        f"  T_catalog over N={report['num_turns']} turns: {report['t_catalog']} tokens",
+    ]
+    if report["seed_tokens_per_turn"]:
+        lines.append(
+            f"  seed four-tool catalog: {report['seed_tokens_per_turn']} tokens per turn; this catalog costs {report['ratio_to_seed']:.1f}x"
+        )
+    ranked = sorted(report["tool_tokens"].items(), key=lambda kv: -kv[1])[:top]
+    if ranked:
+        lines.append("  most expensive tools: " + ", ".join(f"{n} ({s})" for n, s in ranked))
+    return "\n".join(lines)
