@@ -29,7 +29,7 @@ from surecall.config import SamplingParams
 from surecall.dispatch.capability import Authority, Capability
 from surecall.dispatch.idempotency import derive_key
 from surecall.dispatch.runtime import Observation, Runtime, Verdict
-from surecall.errors import StoreUnavailable
+from surecall.errors import RequestError, StoreUnavailable
 from surecall.rollout.render import SegmentRenderer, call_message, result_message
 from surecall.rollout.task import Task, TaskError, check_unique
 from surecall.rollout.trajectory import Checkpoint, Trajectory, Turn
@@ -246,6 +246,8 @@ class _Episode:
                 if max_new < 1:
                     return "budget"
                 pending = await self._generate(max_new)
+                if pending is None:
+                    return "budget"  # what is left is below the shortest call this turn allows
                 traj.turns.append(pending)
                 self.ckpt.turn(pending)  # 1. what was sampled, before any effect
                 if pending.outcome != "call":
@@ -255,7 +257,7 @@ class _Episode:
                 return "budget"
 
     # --- generate ---------------------------------------------------------------------------
-    async def _generate(self, max_new: int) -> Turn:
+    async def _generate(self, max_new: int) -> Turn | None:
         traj, index = self.traj, len(self.traj.turns)
         ids = traj.token_ids
         tools, constrained = self._decode_tools(index)
@@ -264,8 +266,14 @@ class _Episode:
         started = time.perf_counter()
         last = None
         request_id = f"{traj.id}/t{index}/{secrets.token_hex(4)}"
-        async for out in self.r.engine.generate(ids, params, request_id=request_id, tools=tools, constrained=constrained):
-            last = out
+        try:
+            async for out in self.r.engine.generate(ids, params, request_id=request_id, tools=tools,
+                                                    constrained=constrained):
+                last = out
+        except RequestError as exc:
+            if "shortest call" in str(exc):
+                return None
+            raise
         calls, outcome = self._calls(index, last)
         return Turn(index=index, prompt_len=len(ids), sampled_ids=list(last.token_ids), logprobs=list(last.logprobs or []),
                     unmasked_logprobs=list(last.unmasked_logprobs or []), text=last.text,
