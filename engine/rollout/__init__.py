@@ -6,7 +6,13 @@ resumable), `Trajectory` (token ids, loss mask, logprobs, turns) and, with Ray i
 `surecall.rollout.ray_pool.RayRollout` (N engine actors sharing a Redis idempotency store).
 """
 
-from surecall.rollout.runner import RolloutConfig, RolloutResult, RolloutRunner, summarize, write_trajectories
+from surecall.rollout.runner import (
+           RolloutConfig,
+           RolloutResult,
+           RolloutRunner,
+           summarize,
+           write_trajectories,
+)
 from surecall.rollout.task import CODING_TOOLS, Task, TaskError, load_tasks
 from surecall.rollout.trajectory import Trajectory, Turn
 
