@@ -27,7 +27,7 @@ from pathlib import Path
 
 from surecall.config import SamplingParams
 from surecall.dispatch.capability import Authority, Capability
-from surecall.dispatch.idempotency import derive_key
+from surecall.dispatch.idempotency import RecordState, derive_key
 from surecall.dispatch.runtime import Observation, Runtime, Verdict
 from surecall.errors import RequestError, StoreUnavailable
 from surecall.rollout.render import SegmentRenderer, call_message, result_message
@@ -234,27 +234,32 @@ class _Episode:
         self.history = _history(task.messages, trajectory.turns)
 
     async def run(self) -> str:
-        task, traj = self.task, self.traj
+        """Turns until the episode ends; returns why it ended."""
         while True:
-            pending = traj.turns[-1] if traj.turns and not traj.turns[-1].is_dispatched else None
-            if pending is None:
-                if traj.turns and traj.turns[-1].outcome != "call":
-                    return traj.turns[-1].outcome  # resumed after a final turn
-                if len(traj.turns) >= task.max_turns:
-                    return "max_turns"
-                max_new = min(task.max_tokens_per_turn, task.max_tokens - traj.num_response_tokens)
-                if max_new < 1:
-                    return "budget"
-                pending = await self._generate(max_new)
-                if pending is None:
-                    return "budget"  # what is left is below the shortest call this turn allows
-                traj.turns.append(pending)
-                self.ckpt.turn(pending)  # 1. what was sampled, before any effect
-                if pending.outcome != "call":
-                    return pending.outcome
-            await self._observe(pending)  # 2. dispatch, render, checkpoint
-            if traj.num_response_tokens >= task.max_tokens:
+            turn = await self._next_turn()  # 1. a resumed, undispatched turn, or a fresh one
+            if isinstance(turn, str):
+                return turn
+            await self._observe(turn)  # 2. dispatch, render, checkpoint
+            if self.traj.num_response_tokens >= self.task.max_tokens:
                 return "budget"
+
+    async def _next_turn(self) -> Turn | str:
+        task, traj = self.task, self.traj
+        last = traj.turns[-1] if traj.turns else None
+        if last is not None and last.outcome != "call":
+            return last.outcome  # resumed after a final turn
+        if last is not None and not last.is_dispatched:  # sampled before a crash: its calls may have run
+            await self._await_previous_owner(last)
+            return last
+        if len(traj.turns) >= task.max_turns:
+            return "max_turns"
+        max_new = min(task.max_tokens_per_turn, task.max_tokens - traj.num_response_tokens)
+        turn = await self._generate(max_new) if max_new >= 1 else None
+        if turn is None:
+            return "budget"  # what is left is below the shortest call this turn allows
+        traj.turns.append(turn)
+        self.ckpt.turn(turn)  # what was sampled, before any effect
+        return turn if turn.outcome == "call" else turn.outcome
 
     # --- generate ---------------------------------------------------------------------------
     async def _generate(self, max_new: int) -> Turn | None:
@@ -306,6 +311,22 @@ class _Episode:
         if self.task.tool_choice == "auto" and out.error_kind and marker and marker not in out.text:
             return [], "answer"  # free text without a call: the model answered
         return [], "invalid_call" if out.error_kind else "answer"
+
+    async def _await_previous_owner(self, turn: Turn) -> None:
+        """Before re-dispatching a turn a killed run had sampled, wait until no owner may still run
+        its calls (the lease and the takeover margin passed); the claim then settles IN_DOUBT ones."""
+        deadline = time.monotonic() + self.r.config.in_flight_wait_s
+        for call in turn.calls:
+            try:
+                key = derive_key(self.traj.id, turn.index, call["id"], call["name"], call["arguments"],
+                                 namespace=self.runtime.namespace)
+            except Exception:  # noqa: BLE001 - dispatch reports a bad call itself
+                continue
+            while time.monotonic() < deadline:
+                record = await asyncio.to_thread(self.r.store.get, key)
+                if not (record.state is RecordState.IN_FLIGHT or record.owner_may_be_alive):
+                    break
+                await asyncio.sleep(min(0.5, self.r.config.lease_s / 4))
 
     # --- observe ------------------------------------------------------------------------------
     async def _observe(self, turn: Turn) -> None:
