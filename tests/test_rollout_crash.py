@@ -43,9 +43,9 @@ CHILD = textwrap.dedent('''
 
     engine = AsyncLLM(num_blocks=1024)
     config = RolloutConfig(out_dir=out_dir, keep_workspaces=True, lease_s=1.0)
-    RolloutRunner(engine, KillingStore(db, takeover_margin_s=0.2), %r, config).run(load_tasks(tasks_path))
+    RolloutRunner(engine, KillingStore(db, takeover_margin_s=0.2), KEY, config).run(load_tasks(tasks_path))
     print("finished without being killed")
-''' % KEY)
+''').replace("KEY", repr(KEY))
 
 
 @pytest.fixture(scope="module")
