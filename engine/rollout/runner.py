@@ -417,11 +417,14 @@ def summarize(trajectories: list[Trajectory], elapsed_s: float, before: dict, af
         "tool_errors": sum(t.num_tool_errors for t in trajectories), "sampled_tokens": sampled,
         "tokens": sum(len(t.token_ids) for t in trajectories), "elapsed_s": round(elapsed_s, 3),
         "tokens_per_s": round(sampled / elapsed_s, 1) if elapsed_s > 0 else 0.0,
-        "prefix_hit_rate": round(hits / queried, 4) if queried else 0.0,
+        # engine-wide when its stats are given (one engine), else from the turns (Ray: many engines)
+        "prefix_hit_rate": round(hits / queried, 4) if queried else
+        round(sum(t.num_cached_tokens for t in turns) / max(1, sum(t.prompt_len for t in turns)), 4),
         "later_turn_cached_share": round(sum(t.num_cached_tokens for t in later) / max(1, sum(t.prompt_len for t in later)), 4),
         "generate_s": round(sum(t.timings.get("generate_s", 0.0) for t in turns), 3),
         "dispatch_s": round(sum(t.timings.get("dispatch_s", 0.0) for t in turns), 3),
         "end_reasons": reasons, "errors": sum(1 for t in trajectories if t.error),
+        "prefix_hit_tokens": hits, "prefix_queried_tokens": queried,
     }
 
 

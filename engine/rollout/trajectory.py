@@ -164,3 +164,11 @@ class Checkpoint:
                     return
                 if isinstance(row, dict):
                     yield row
+
+
+def trajectory_from_dict(row: dict) -> Trajectory:
+    """The inverse of `Trajectory.to_dict` (derived arrays are recomputed from the turns)."""
+    turns = [Turn(**t) for t in row.get("turns", [])]
+    prompt_len = row["prompt_len"]
+    return Trajectory(row["id"], list(row["token_ids"][:prompt_len]), turns, row.get("end_reason"), row.get("reward"),
+                      row.get("error"), row.get("workspace"), bool(row.get("resumed")))
