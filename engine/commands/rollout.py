@@ -23,6 +23,7 @@ from surecall.commands.args import (
     positive_int,
 )
 from surecall.errors import RequestError
+from surecall.rollout.task import TaskError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,28 +44,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from surecall.rollout import RolloutConfig, load_tasks
+    from surecall.rollout import CODING_TOOLS, RolloutConfig, load_tasks, write_trajectories
 
     tasks = load_tasks(args.tasks)
+    for task in tasks:  # 1. what needs no model: tool names, seeds, the store choice
+        unknown = sorted(set(task.tools) - set(CODING_TOOLS))
+        if unknown:
+            raise TaskError(f"Invalid task {task.id!r}: unknown tools {unknown}; expected names from {list(CODING_TOOLS)}")
+        task.check_workspace()
     if args.tool_timeout <= 0:
         raise RequestError("Invalid --tool-timeout: expected a number of seconds > 0, got 0")
+    if args.workers and not (args.store or "").startswith(("redis://", "rediss://", "unix://")):
+        raise RequestError("Invalid --workers: N engine actors share one idempotency store; pass --store redis://HOST:PORT/DB")
     config = RolloutConfig(out_dir=args.out, keep_workspaces=args.keep_workspaces, temperature=args.temperature,
                            seed=args.seed, tool_timeout_s=args.tool_timeout, max_concurrency=args.max_concurrency)
-    bar = _progress(len(tasks))
-    try:
-        result = _run_ray(args, tasks, config, bar) if args.workers else _run_local(args, tasks, config, bar)
-    finally:
-        bar.close()
-    from surecall.rollout import write_trajectories
-
-    out = Path(args.out)
+    _quiet_loading()
+    result = _run_ray(args, tasks, config) if args.workers else _run_local(args, tasks, config)  # 2. episodes
+    out = Path(args.out)  # 3. records and summary
     write_trajectories(out / "trajectories.jsonl", result.trajectories)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     _print_summary(result.summary, out)
     return 0
 
 
-def _run_local(args, tasks, config, bar):
+def _run_local(args, tasks, config):
     from surecall import AsyncLLM
     from surecall.dispatch.stores import open_store
     from surecall.rollout import RolloutRunner
@@ -73,21 +76,33 @@ def _run_local(args, tasks, config, bar):
     engine = AsyncLLM(args.model)
     try:
         runner = RolloutRunner(engine, store, secrets.token_bytes(32), config)
-        return runner.run(tasks, progress=lambda _traj: bar.update(1))
+        runner.check_tasks(tasks)  # budgets need the tokenizer; refused before the bar starts
+        runner.check_store()
+        with _progress(len(tasks)) as bar:
+            return runner.run(tasks, progress=lambda _traj: bar.update(1))
     finally:
         engine.shutdown()
 
 
-def _run_ray(args, tasks, config, bar):
+def _run_ray(args, tasks, config):
     from surecall.rollout.ray_pool import RayRollout
 
-    if not args.store or not args.store.startswith(("redis://", "rediss://", "unix://")):
-        raise RequestError("Invalid --workers: N engine actors share one idempotency store; pass --store redis://HOST:PORT/DB")
     pool = RayRollout(args.workers, model=args.model, store_url=args.store, config=config)
     try:
-        return pool.run(tasks, progress=lambda _traj: bar.update(1))
+        with _progress(len(tasks)) as bar:
+            return pool.run(tasks, progress=lambda _traj: bar.update(1))
     finally:
         pool.shutdown()
+
+
+def _quiet_loading() -> None:
+    """No weight-loading bar: stderr carries the rollout's own bar, or one error line."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
 
 
 def _progress(total: int):
