@@ -283,7 +283,8 @@ class _Episode:
         return Turn(index=index, prompt_len=len(ids), sampled_ids=list(last.token_ids), logprobs=list(last.logprobs or []),
                     unmasked_logprobs=list(last.unmasked_logprobs or []), text=last.text,
                     finish_reason=last.finish_reason, calls=calls, outcome=outcome,
-                    num_cached_tokens=last.num_cached_tokens, timings={"generate_s": time.perf_counter() - started})
+                    num_cached_tokens=last.num_cached_tokens,
+                    timings={"generate_s": time.perf_counter() - started, "ttft_s": last.metrics.get("ttft_s")})
 
     def _decode_tools(self, index: int) -> tuple[list | None, bool]:
         task = self.task
