@@ -247,3 +247,15 @@ def test_an_unreachable_redis_store_is_a_clear_error_before_any_episode(engine, 
     with pytest.raises(StoreUnavailable, match="does not answer .*no episode was started"):
         runner.run([_task(make_seed(tmp_path), turn_tools=SCRIPT[:1], max_turns=1)])
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_tool_choice_auto_decodes_freely_and_dispatches_only_calls_that_parse(engine, tmp_path):
+    runner = _runner(engine, tmp_path)
+    task = Task(id="auto", messages=[{"role": "user", "content": "Show the first 20 lines of log.txt"}],
+                workspace=str(make_seed(tmp_path)), tool_choice="auto", max_turns=3, seed=7)
+    [traj] = runner.run([task]).trajectories
+    assert traj.end_reason in ("max_turns", "answer", "invalid_call", "budget") and traj.error is None
+    for turn in traj.turns:
+        assert (turn.outcome == "call") == bool(turn.calls) == turn.is_dispatched
+        if turn.outcome == "invalid_call":
+            assert "<tool_call>" in turn.text
