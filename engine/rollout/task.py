@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ class Task:
     tool_choice: Any = "required"  # "auto" | "required" | "none" | {"type": "function", "function": {"name": N}}
     turn_tools: list[list[dict]] | None = None  # per-turn grammar tools (a script); later turns use `tools`
     seed: int | None = None
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not 0 < len(self.id) <= MAX_ID_CHARS or "/" in self.id or self.id in (".", ".."):
@@ -91,7 +90,6 @@ class Task:
     def to_dict(self) -> dict:
         row = asdict(self)
         row["tools"] = list(self.tools)
-        row.pop("extra")
         if row["workspace"] is not None:
             row["workspace"] = os.fspath(row["workspace"])
         return row
