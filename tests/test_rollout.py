@@ -259,3 +259,12 @@ def test_tool_choice_auto_decodes_freely_and_dispatches_only_calls_that_parse(en
         assert (turn.outcome == "call") == bool(turn.calls) == turn.is_dispatched
         if turn.outcome == "invalid_call":
             assert "<tool_call>" in turn.text
+
+
+def test_a_checkpoint_of_another_task_under_the_same_id_is_refused_before_any_episode(engine, tmp_path):
+    runner = _runner(engine, tmp_path)
+    seed = make_seed(tmp_path)
+    runner.run([_task(seed, turn_tools=SCRIPT[:1], max_turns=1)])
+    changed = _task(seed, turn_tools=SCRIPT[:1], max_turns=2)
+    with pytest.raises(TaskError, match="checkpoint .* was written for a different task"):
+        runner.run([changed])

@@ -116,13 +116,19 @@ class RolloutRunner:
 
     def check_tasks(self, tasks: list[Task]) -> None:
         check_unique(tasks)
-        known = {t.name for t in self.tools_factory(self._scratch())}
+        scratch = self.workspaces_root / ".catalog"
+        scratch.mkdir(exist_ok=True)
+        try:
+            known = {t.name for t in self.tools_factory(scratch)}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         for task in tasks:
             unknown = sorted(set(task.tools) - known)
             if unknown:
                 raise TaskError(f"Invalid task {task.id!r}: unknown tools {unknown}; this runner serves {sorted(known)}")
             task.check_workspace()
             self._check_budget(task)
+            self._checkpoint(task).load()  # a checkpoint written for another task under this id is refused
 
     def check_store(self) -> None:
         probe = derive_key("surecall-rollout-probe", 0, "probe", "probe", {}, namespace=self.namespace)
@@ -138,11 +144,6 @@ class RolloutRunner:
         return self._authority.issue(ROOT_RIGHTS, [str(self.workspaces_root)], ttl_s=self.config.capability_ttl_s)
 
     # --- checks ---------------------------------------------------------------------------
-    def _scratch(self) -> Path:
-        path = self.workspaces_root / ".catalog"
-        path.mkdir(exist_ok=True)
-        return path
-
     def shortest_call_tokens(self, names: list[str]) -> tuple[int, str]:
         """A lower bound on the tokens of any call of these tools (empty arguments, stop token)."""
         fmt = self.tool_format
@@ -163,36 +164,45 @@ class RolloutRunner:
                             f"call ({shortest} tokens, {name} with no arguments); raise max_tokens_per_turn/max_tokens")
 
     # --- one episode ----------------------------------------------------------------------
+    def _checkpoint(self, task: Task) -> Checkpoint:
+        return Checkpoint(self.out_dir / "checkpoints" / f"{task.id}.jsonl", task.fingerprint())
+
     async def _episode(self, task: Task, root: Capability) -> Trajectory:
-        checkpoint = Checkpoint(self.out_dir / "checkpoints" / f"{task.id}.jsonl", task.fingerprint())
+        checkpoint = self._checkpoint(task)
         trajectory, workspace, finished = checkpoint.load()
-        if finished:
+        if finished:  # 1. a finished trajectory is returned as it was recorded
             trajectory.resumed = True
             return trajectory
         resumed = trajectory is not None
-        ws = Path(workspace) if resumed else self._make_workspace(task)
-        tools = [t for t in self.tools_factory(ws) if t.name in task.tools]
-        renderer = SegmentRenderer(self.tokenizer, tools)
-        if not resumed:
-            trajectory = Trajectory(task.id, renderer.prompt_ids(task.messages))
-            checkpoint.start(trajectory, str(ws))
+        trajectory = trajectory or Trajectory(task.id, [])
         trajectory.resumed = resumed
-        runtime = Runtime(tools, self.store, self._key, namespace=self.namespace, lease_s=self.config.lease_s)
-        capability = self._trajectory_capability(root, task, ws)
-        episode = Episode(self, task, trajectory, checkpoint, renderer, runtime, capability, tools)
+        ws = Path(workspace) if resumed else None
         try:
-            trajectory.end_reason = await episode.run()
+            ws = ws or self._make_workspace(task)  # 2. its workspace, tools, runtime and capability
+            episode = self._prepare(task, root, checkpoint, trajectory, ws, resumed)
+            trajectory.end_reason = await episode.run()  # 3. the turns
         except Exception as exc:  # noqa: BLE001 - one failing trajectory must not end the batch
             trajectory.end_reason, trajectory.error = "error", f"{type(exc).__name__}: {exc}"
-            trajectory.workspace = str(ws)  # kept, and no end line: a rerun resumes it
+            trajectory.workspace = str(ws) if ws else None  # kept, and no end line: a rerun resumes it
             return trajectory
-        trajectory.reward = self._reward(ws, trajectory)
+        trajectory.reward = self._reward(ws, trajectory)  # 4. reward, cleanup, the end line
         if self.config.keep_workspaces:
             trajectory.workspace = str(ws)
         else:
             shutil.rmtree(ws, ignore_errors=True)
         checkpoint.end(trajectory)
         return trajectory
+
+    def _prepare(self, task: Task, root: Capability, checkpoint: Checkpoint, trajectory: Trajectory, ws: Path,
+                 resumed: bool) -> Episode:
+        tools = [t for t in self.tools_factory(ws) if t.name in task.tools]
+        renderer = SegmentRenderer(self.tokenizer, tools)
+        if not resumed:
+            trajectory.prompt_ids = renderer.prompt_ids(task.messages)
+            checkpoint.start(trajectory, str(ws))
+        runtime = Runtime(tools, self.store, self._key, namespace=self.namespace, lease_s=self.config.lease_s)
+        capability = self._trajectory_capability(root, task, ws)
+        return Episode(self, task, trajectory, checkpoint, renderer, runtime, capability, tools)
 
     def _make_workspace(self, task: Task) -> Path:
         ws = self.workspaces_root / task.id
