@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers.rollout: the scripted turns
+
+from helpers.rollout import SCRIPT, make_seed  # noqa: E402
 
 from surecall import AsyncLLM  # noqa: E402
 from surecall.core import engine as core_engine  # noqa: E402
 from surecall.dispatch.stores import SQLiteStore  # noqa: E402
 from surecall.rollout import RolloutConfig, RolloutRunner, Task  # noqa: E402
-from tests.rollout_helpers import SCRIPT, make_seed  # noqa: E402
 
 KEY = b"rollout-benchmark-key-0123456789"
 

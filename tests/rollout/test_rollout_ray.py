@@ -8,10 +8,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.rollout import SCRIPT, make_seed
 
 from surecall.errors import StoreUnavailable
 from surecall.rollout import RolloutConfig, Task
-from tests.rollout_helpers import SCRIPT, make_seed
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install ray")
 
@@ -70,7 +70,7 @@ def test_two_actors_sixteen_trajectories_survive_a_killed_actor(redis_url, tmp_p
 
 
 def test_a_pool_refuses_a_local_store_and_an_unreachable_redis(tmp_path):
-    from tests.conftest import free_port
+    from conftest import free_port
 
     config = RolloutConfig(out_dir=str(tmp_path))
     with pytest.raises(StoreUnavailable, match="needs a shared Redis store"):

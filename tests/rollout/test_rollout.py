@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from helpers.rollout import SCRIPT, make_seed, scripted
 
 from surecall import AsyncLLM
 from surecall.dispatch.stores import SQLiteStore
@@ -14,7 +15,6 @@ from surecall.errors import StoreUnavailable
 from surecall.rollout import RolloutConfig, RolloutRunner, Task, TaskError, load_tasks
 from surecall.toolbox.catalog import coding_tools
 from surecall.tools import Tool
-from tests.rollout_helpers import SCRIPT, make_seed, scripted
 
 KEY = b"rollout-test-key-0123456789abcdef"
 USER = [{"role": "user", "content": "Fix log.txt and record what you did in effects.log"}]
@@ -239,8 +239,9 @@ def test_duplicate_ids_and_torn_json_are_refused(tmp_path):
 
 def test_an_unreachable_redis_store_is_a_clear_error_before_any_episode(engine, tmp_path):
     pytest.importorskip("redis")
+    from conftest import free_port
+
     from surecall.dispatch.stores import RedisStore
-    from tests.conftest import free_port
 
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
     runner = RolloutRunner(engine, store, KEY, RolloutConfig(out_dir=str(tmp_path / "out")))

@@ -11,14 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.rollout import SCRIPT, make_seed
 
 from surecall import AsyncLLM
 from surecall.dispatch.stores import SQLiteStore
 from surecall.rollout import RolloutConfig, RolloutRunner, load_tasks
-from tests.rollout_helpers import SCRIPT, make_seed
 
 KEY = b"rollout-test-key-0123456789abcdef"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The child runs the same rollout; its store SIGKILLs the process at one chosen moment of one call.
 CHILD = textwrap.dedent('''

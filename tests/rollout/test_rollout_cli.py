@@ -6,9 +6,9 @@ import json
 import re
 
 import pytest
+from helpers.rollout import SCRIPT, make_seed
 
 from surecall.cli import main
-from tests.rollout_helpers import SCRIPT, make_seed
 
 
 def _one_error_line(capsys) -> str:
