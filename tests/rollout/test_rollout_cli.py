@@ -56,3 +56,20 @@ def test_rollout_bad_input_is_one_line_and_exit_2(tmp_path, capsys, row, extra, 
     assert re.search(match, _one_error_line(capsys))
 
 
+
+
+@pytest.mark.slow
+def test_rollout_with_workers_runs_on_ray_with_a_shared_redis_store(tmp_path, capsys, redis_url):
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install ray")
+    seed = make_seed(tmp_path)
+    rows = [{"id": f"w{i}", "messages": [{"role": "user", "content": "Fix log.txt"}], "workspace": str(seed),
+             "max_turns": 2, "turn_tools": SCRIPT[:2]} for i in range(4)]
+    tasks, out = _write(tmp_path / "tasks.jsonl", rows), tmp_path / "out"
+    try:
+        assert main(["rollout", "--tasks", str(tasks), "--out", str(out), "--workers", "2", "--store", redis_url]) == 0
+    finally:
+        ray.shutdown()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["episodes"] == 4 and summary["calls"] == 8 and summary["tool_errors"] == 0
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == [f"w{i}" for i in range(4)]
