@@ -46,8 +46,8 @@ class Episode:
             turn = await self._next_turn()  # 1. a resumed, undispatched turn, or a fresh one
             if isinstance(turn, str):
                 return turn
-            await self._observe(turn)  # 2. dispatch, render, checkpoint
-            if self.traj.num_response_tokens >= self.task.max_tokens:
+            fits = await self._observe(turn)  # 2. dispatch, render, checkpoint
+            if not fits or self.traj.num_response_tokens >= self.task.max_tokens:
                 return "budget"
 
     async def _next_turn(self) -> Turn | str:
@@ -55,6 +55,8 @@ class Episode:
         last = traj.turns[-1] if traj.turns else None
         if last is not None and last.outcome != "call":
             return last.outcome  # resumed after a final turn
+        if last is not None and "observation_dropped" in last.timings:
+            return "budget"  # resumed after results that did not fit
         if last is not None and not last.is_dispatched:  # sampled before a crash: its calls may have run
             await self._await_previous_owner(last)
             return last
@@ -86,6 +88,8 @@ class Episode:
             if "shortest call" in str(exc):
                 return None
             raise
+        if last.finish_reason == "error" and last.error_kind == "decode":  # the engine failed, not the model
+            raise RuntimeError(f"the engine failed at turn {index}: {last.error}")
         calls, outcome = self._calls(index, last)
         return Turn(index=index, prompt_len=len(ids), sampled_ids=list(last.token_ids), logprobs=list(last.logprobs or []),
                     unmasked_logprobs=list(last.unmasked_logprobs or []), text=last.text,
@@ -137,7 +141,8 @@ class Episode:
                 await asyncio.sleep(min(0.5, self.r.config.lease_s / 4))
 
     # --- observe ------------------------------------------------------------------------------
-    async def _observe(self, turn: Turn) -> None:
+    async def _observe(self, turn: Turn) -> bool:
+        """Dispatch the turn's calls and append the rendered results; False when they do not fit the budget."""
         started = time.perf_counter()
         observations = [await self._dispatch(turn, call) for call in turn.calls]
         dispatched = time.perf_counter()
@@ -153,6 +158,7 @@ class Episode:
             turn.timings["observation_dropped"] = len(ids)
         turn.timings.update(dispatch_s=dispatched - started, render_s=time.perf_counter() - dispatched)
         self.ckpt.observations(turn)
+        return len(ids) <= room
 
     async def _dispatch(self, turn: Turn, call: dict) -> Observation:
         cfg = self.r.config

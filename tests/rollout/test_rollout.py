@@ -196,6 +196,8 @@ def test_tool_choice_none_answers_in_one_turn_and_budget_ends_an_episode(engine,
     a, b = runner.run([answer, budget]).trajectories
     assert a.end_reason in ("answer", "budget") and len(a.turns) == 1 and not a.turns[0].calls
     assert b.end_reason == "budget" and b.num_response_tokens <= 60
+    # the first call's results do not fit what is left: recorded, but no ids appended, and no next turn
+    assert len(b.turns) == 1 and b.turns[0].observations and b.turns[0].observation_ids == []
 
 
 # --- bad input and faults: each refused before any episode starts ---------------------------------
