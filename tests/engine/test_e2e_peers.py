@@ -70,9 +70,9 @@ def test_outlines_peer_keeps_rows_in_the_call_language(e2e, llama3):
     import regex as re
     import torch
 
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex, get_format
     from surecall.grammars.options import GrammarOptions
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     fmt = get_format("llama3")
     pattern = catalog_regex(seed_tools(), fmt, GrammarOptions(counted_lengths=False)).regex  # peers cannot count

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from surecall.calls import tool_name_schema
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 pytest.importorskip("surecall.grammars.compile", reason="grammars/compile.py has not landed")
 

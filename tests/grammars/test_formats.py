@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
 from surecall.grammars.formats import FORMATS, catalog_regex, get_format, tool_schemas
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.to_regex import expand_counts
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 ALL_FORMATS = ["json", "hermes", "qwen2", "llama3", "mistral"]
 

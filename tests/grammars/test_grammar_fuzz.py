@@ -170,8 +170,8 @@ def test_seed_catalog_compiles_with_bounds(name, data_dir):
     pytest.importorskip("surecall.grammars.formats")
     from conftest import cached_vocab
 
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.compile import compile_catalog
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     vocab = cached_vocab(name)
     table = compile_catalog(seed_tools(), vocab, tool_format="json", use_cache=False)

@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
@@ -18,6 +17,7 @@ from surecall.grammars.schema.ranges import integer_range_regex, number_range_re
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 PLAIN = GrammarOptions(counted_lengths=False)  # for outlines-core over a 95-character vocabulary
 

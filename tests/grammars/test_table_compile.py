@@ -7,9 +7,8 @@ sweeps live in test_grammar_fuzz.py.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import random
 from collections import deque
 
@@ -382,9 +381,9 @@ def test_seed_tool_tables_invariants(seed_tables, llama3):
 
 
 def test_seed_tool_rows_match_reference_on_token_sample(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.schema.to_regex import schema_to_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     schema = seed_tools()[1]["parameters"]  # file_view: strings and integer ranges
     dfa = regex_to_dfa(schema_to_regex(schema, GrammarOptions()).regex)
@@ -484,9 +483,9 @@ def test_dfas_equivalent_detects_a_difference():
 
 
 def test_seed_catalog_minimal_table_equivalent(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     regex = catalog_regex(seed_tools(), "hermes", GrammarOptions()).regex
     dfas = [regex_to_dfa(regex, minimal=False), regex_to_dfa(regex)]
@@ -556,9 +555,9 @@ def test_isolated_byte_dfa_after_fork_uses_its_own_child():
 
 
 def test_seed_catalog_table_equals_slow_reference(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     dfa = regex_to_dfa(catalog_regex(seed_tools(), "json", GrammarOptions()).regex)
     rows = token_rows(dfa, vocab_index(llama3))
