@@ -271,3 +271,28 @@ def test_a_checkpoint_of_another_task_under_the_same_id_is_refused_before_any_ep
     changed = _task(seed, turn_tools=SCRIPT[:1], max_turns=2)
     with pytest.raises(TaskError, match="checkpoint .* was written for a different task"):
         runner.run([changed])
+
+
+def test_a_slow_tool_does_not_stall_the_other_episodes(engine, tmp_path):
+    import time
+
+    returned = {}
+
+    def slow():
+        time.sleep(4.0)
+        returned["at"] = time.monotonic()
+        return "slow done"
+
+    tool = Tool(name="slow", description="takes a while", input_schema={"type": "object", "properties": {}},
+                level=0, handler=slow)
+    runner = RolloutRunner(engine, SQLiteStore(tmp_path / "idem.db"), KEY, RolloutConfig(out_dir=str(tmp_path / "o")),
+                           tools_factory=lambda ws: coding_tools(ws) + [tool])
+    view = [scripted("file_view", {"path": "log.txt"})]
+    tasks = [Task(id="slow", messages=USER, tools=("slow",), workspace=str(make_seed(tmp_path)), max_turns=1,
+                  turn_tools=[[scripted("slow", {})]]),
+             Task(id="fast", messages=USER, tools=("file_view",), workspace=str(make_seed(tmp_path)), max_turns=2,
+                  turn_tools=[view, view])]
+    finished = {}
+    result = runner.run(tasks, progress=lambda traj: finished.setdefault(traj.id, time.monotonic()))
+    assert [t.end_reason for t in result.trajectories] == ["max_turns", "max_turns"]
+    assert finished["fast"] < returned["at"] <= finished["slow"]  # two turns ran while the slow call was running
