@@ -65,7 +65,7 @@ class RayRollout:
     def __init__(self, workers: int, *, model=None, store_url: str, config: RolloutConfig,
                  signing_key: bytes | None = None, store_options: dict | None = None,
                  engine_options: dict | None = None, reward: Reward | None = None, ray_address: str | None = None,
-                 cpus_per_actor: float = 1.0):
+                 cpus_per_actor: float = 1.0, start_timeout_s: float = 300.0):
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"Invalid workers: expected an integer >= 1, got {workers!r}")
         if not store_url.startswith(("redis://", "rediss://", "unix://")):
@@ -81,7 +81,12 @@ class RayRollout:
         actor = self.ray.remote(num_cpus=cpus_per_actor, max_restarts=0)(_Worker)
         self.actors = [actor.remote(model, store_url, key, asdict(config), self.store_options,
                                     dict(engine_options or {}), reward) for _ in range(workers)]
-        self.ray.get([a.ready.remote() for a in self.actors])
+        try:
+            self.ray.get([a.ready.remote() for a in self.actors], timeout=start_timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise RayUnavailable(f"{workers} rollout actor(s) did not start within {start_timeout_s:g} s "
+                                 "(see the Ray logs under /tmp/ray/session_latest/logs)") from None
 
     def _check_store(self) -> None:
         from surecall.dispatch.idempotency import derive_key

@@ -20,6 +20,15 @@ from surecall.rollout.ray_pool import RayRollout  # noqa: E402
 USER = [{"role": "user", "content": "Fix log.txt"}]
 
 
+@pytest.fixture(autouse=True)
+def _no_ray_memory_killer(monkeypatch):
+    # the host is shared: Ray's monitor kills workers when *other* processes fill memory (read by raylet at init)
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def _turn_lines(path: Path) -> int:
     return path.read_text().count('"kind": "turn"') if path.exists() else 0
 
