@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("lint", "surecall.commands.lint", "lint tool schemas against the five rules and the anti-pattern table"),
     ("breakeven", "surecall.commands.breakeven", "measure t_mask, p_err, T_repair and the break-even malformed-call rate"),
     ("catalog-cost", "surecall.commands.catalog_cost", "count what a tool catalog costs in context tokens"),
+    ("rollout", "surecall.commands.rollout", "multi-turn agent episodes for RL: token ids, loss masks, logprobs, resumable"),
 ]
 
 
