@@ -4,6 +4,17 @@
 one object transformers sees), `scheduler` (FCFS continuous batching, chunked prefill,
 preemption by recompute), `engine` (`EngineCore.step`: schedule -> forward -> mask + sample ->
 advance -> finish). `surecall.AsyncLLM` serves requests on it.
+
+Why this design. nano-vllm's block manager and scheduler (blocks, chained hashes, ref counts,
+FCFS with preemption) carry over as they are; its model runner does not, because it rewrites each
+model around a flash-attention paged kernel. transformers' own continuous batching
+(`PagedAttentionCache`, what `transformers serve` uses) ties the cache to attention kernels
+registered for it. We keep the stock Hugging Face modules (any Llama/Qwen/Mistral checkpoint, sdpa or
+eager attention) and hand them a duck-typed cache whose `update` writes the step's K/V into block
+slots and returns each row's K/V gathered by its block table, with a 4D mask per row. The price is a
+gather per layer and step (one copy of the K/V attention reads anyway; the pools are laid out
+[heads, slots, dim] so a gathered row is contiguous per head); on a GPU a paged-attention kernel
+would remove it. The step runs eagerly: capturing it in one CUDA graph is not done yet.
 """
 
 from surecall.core.engine import EngineCore, RequestState, StepOutput
