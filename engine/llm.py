@@ -53,6 +53,11 @@ class GenerationResult:
     # kernels, grammar mask fused in), advance_s (grammar advance), num_steps, num_rows, step_mode,
     # graph_capture_s, compactions, and compile_s (the whole generate call's grammar compiles)
     batch_timings: dict = field(default_factory=dict)
+    # --- output modes (issue 17; surecall.modes): set when generate got tool_choice,
+    # parallel_tool_calls or response_format. finish_reason is then "tool_calls" | "stop" | "length" | "error".
+    content: str | None = None  # the text outside calls (a JSON answer's text); None outside modes
+    tool_calls: list = field(default_factory=list)  # surecall.modes.ModeCall: id, name, arguments, parsed, error
+    mode: Any = None  # the row's grammars.tool_modes.ModeGrammar (feed token_ids to modes.OutputReader to stream)
 
 
 @dataclass
@@ -64,6 +69,8 @@ class _Row:
     table_key: str | None = None
     forced: tuple[int, ...] = ()
     error: SurecallError | None = None
+    mode: Any = None  # issue 17: the row's ModeGrammar (modes path only)
+    mode_args: tuple = ()  # issue 17: (tool_choice, parallel_tool_calls, response_format) of this row
 
 
 def _load_vocab(tokenizer, logits_width: int):
@@ -120,14 +127,24 @@ class LLM:
         self._device_tables: dict[tuple, tuple] = {}  # tuple of table keys -> (device table, offsets)
 
     # --- public ---------------------------------------------------------------------------
-    def generate(self, prompts, tools=None, sampling=None, constrained: bool = True, tool_format: str | None = None):
-        """One GenerationResult per prompt (a single prompt gives a list of one)."""
+    def generate(self, prompts, tools=None, sampling=None, constrained: bool = True, tool_format: str | None = None,
+                 tool_choice=None, parallel_tool_calls=None, response_format=None):
+        """One GenerationResult per prompt (a single prompt gives a list of one).
+
+        tool_choice ("none" | "auto" | "required" | {"type": "function", ...} | {"type": "allowed_tools", ...}),
+        parallel_tool_calls and response_format (OpenAI shapes) select an output mode (surecall.modes);
+        each is one value for every row or a list with one per row. Without them, `constrained` is as before.
+        """
         prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
         if not prompts:
             raise RequestError("Invalid prompts: expected at least one prompt, got an empty list")
         row_tools = self._per_row_tools(tools, len(prompts))
-        fmt = self._format(tool_format) if any(row_tools) else None
-        rows = self._prepare(prompts, row_tools, self._per_row_sampling(sampling, len(prompts)), constrained, fmt)
+        # modes (issue 17): any of the three parameters puts every row on the mode path
+        modes = _modes_args(len(prompts), tool_choice, parallel_tool_calls, response_format)
+        if modes and not constrained:
+            raise RequestError("Invalid request: tool_choice / parallel_tool_calls / response_format need constrained=True")
+        fmt = self._format(tool_format) if any(row_tools) or modes else None
+        rows = self._prepare(prompts, row_tools, self._per_row_sampling(sampling, len(prompts)), constrained, fmt, modes)
         good = [r for r in rows if r.error is None]
         if not good:
             raise rows[0].error
@@ -189,16 +206,18 @@ class LLM:
             raise RequestError(f"Invalid sampling: expected one SamplingParams or a list of {n}, got {len(sampling)} items")
         return sampling
 
-    def _prepare(self, prompts, tools, sampling, constrained: bool, fmt) -> list[_Row]:
+    def _prepare(self, prompts, tools, sampling, constrained: bool, fmt, modes=None) -> list[_Row]:
         self._compile_s = 0.0
         rows = []
         normalised: dict[int, list[Tool] | SurecallError] = {}  # id(row's tool list) -> its Tools
         for i, (prompt, row_tools, params) in enumerate(zip(prompts, tools, sampling, strict=True)):
-            row = _Row(i, sampling=params)
+            row = _Row(i, sampling=params, mode_args=modes[i] if modes else ())
             try:
                 row.tools = self._row_tools(row_tools, i, normalised)
                 row.ids = render_prompt(prompt, self.tokenizer, row.tools, i)
-                if constrained:
+                if modes:
+                    self._prepare_mode(row, fmt)
+                elif constrained:
                     self._prepare_grammar(row, fmt)
                 self._check_length(row)
             except SurecallError as exc:
@@ -238,6 +257,32 @@ class LLM:
             raise RequestError(
                 f"Invalid max_tokens at row {row.index}: the shortest call takes {need} tokens, got max_tokens={row.sampling.max_tokens}"
             )
+
+    def _prepare_mode(self, row: _Row, fmt) -> None:
+        """Issue 17: the row's ModeSpec -> ModeGrammar -> table; the budget must fit the shortest call/answer."""
+        from surecall.errors import SchemaError
+        from surecall.grammars.tool_modes import compile_mode
+        from surecall.modes import mode_grammar, mode_spec
+
+        if self.vocab is None:
+            raise RequestError("Invalid request: output modes need a tokenizer (LLM was built without one)")
+        named = [tool_name_schema(t) for t in row.tools or []]
+        spec = mode_spec(*row.mode_args, tool_names=[n for n, _ in named], where=f"row {row.index}")
+        row.mode = mode_grammar(spec, named, fmt, self.vocab)
+        row.table_key = "mode:" + json.dumps([row.mode.key(), self._table_key([], fmt)])
+        if row.table_key not in self._tables:
+            start = time.perf_counter()
+            try:
+                self._tables[row.table_key] = compile_mode(row.mode, self.vocab, self.config.grammar_options)
+            except SchemaError as exc:
+                where = "response_format" if row.mode.kind == "json" else "tools"
+                raise RequestError(f"Invalid {where} at row {row.index}: {exc}") from exc
+            self._compile_s += time.perf_counter() - start
+        need = int(self._tables[row.table_key].dist[0])
+        if row.sampling.max_tokens < need:
+            what = "JSON answer" if row.mode.kind == "json" else "call"
+            raise RequestError(
+                f"Invalid max_tokens at row {row.index}: the shortest {what} takes {need} tokens, got max_tokens={row.sampling.max_tokens}")
 
     def _table_key(self, tools: list, fmt) -> str:
         options = self.config.grammar_options
@@ -287,6 +332,8 @@ class LLM:
         return [self._result(r, o, batch_timings, fmt) for r, o in zip(chunk, out.rows, strict=True)]
 
     def _result(self, row: _Row, out, batch_timings: dict, fmt) -> GenerationResult:
+        if row.mode is not None:
+            return self._mode_result(row, out, batch_timings)
         text = self._text(out.token_ids)
         call, error, kind = None, None, None
         if out.error:  # the decoder ended the row (empty mask, refused token): report it, do not parse
@@ -306,11 +353,31 @@ class LLM:
             batch_timings=batch_timings,
         )
 
+    def _mode_result(self, row: _Row, out, batch_timings: dict) -> GenerationResult:
+        """Issue 17: content, tool_calls and finish_reason read from the tokens (surecall.modes)."""
+        from surecall.modes import read_output
+
+        outcome, _ = read_output(row.mode, self.vocab, out.token_ids)
+        error, kind = outcome.error, ("invalid" if outcome.error else None)
+        if out.error:
+            error, kind = f"Decode error at row {row.index}: {out.error}", "decode"
+        finish = "error" if out.error else outcome.finish_reason(out.finish_reason == "stop")
+        first = outcome.tool_calls[0] if outcome.tool_calls else None
+        call = ToolCall(first.name, first.parsed or {}) if first else None
+        return GenerationResult(
+            token_ids=out.token_ids, text=self._text(out.token_ids), call=call, error=error, logprobs=out.logprobs,
+            unmasked_logprobs=out.unmasked_logprobs, finish_reason=finish,
+            timings={"num_tokens": len(out.token_ids), "num_steps": out.num_steps, "finish_s": out.finish_s},
+            num_tokens=len(out.token_ids), error_kind=kind, ok=error is None, prompt_token_ids=list(row.ids),
+            batch_timings=batch_timings, content=outcome.content, tool_calls=outcome.tool_calls, mode=row.mode,
+        )
+
     @staticmethod
     def _error_result(row: _Row) -> GenerationResult:
         return GenerationResult(
             token_ids=[], text="", call=None, error=str(row.error), logprobs=None, unmasked_logprobs=None,
             finish_reason="error", error_kind="request", prompt_token_ids=list(row.ids or []),
+            content=None if not row.mode_args else "",
         )
 
     def _text(self, ids: list[int]) -> str:
@@ -333,6 +400,23 @@ class LLM:
     def _pad_id(self) -> int:
         pad = getattr(self.runner.config, "pad_token_id", None)
         return int(pad) if isinstance(pad, int) and 0 <= pad < self.runner.logits_width else 0
+
+
+# --- output modes (issue 17): per-row request parameters ---------------------------------------
+def _modes_args(n: int, tool_choice, parallel_tool_calls, response_format) -> list[tuple] | None:
+    """[(tool_choice, parallel_tool_calls, response_format)] per row, or None when none was given."""
+    if tool_choice is None and parallel_tool_calls is None and response_format is None:
+        return None
+    columns = []
+    for name, value in (("tool_choice", tool_choice), ("parallel_tool_calls", parallel_tool_calls),
+                        ("response_format", response_format)):
+        if isinstance(value, (list, tuple)):
+            if len(value) != n:
+                raise RequestError(f"Invalid {name}: expected one value or a list of {n}, got {len(value)} items")
+            columns.append(list(value))
+        else:
+            columns.append([value] * n)
+    return list(zip(*columns, strict=True))
 
 
 # --- tools in every accepted shape (the one normaliser: surecall.tools.normalise_tool) ------------

@@ -118,6 +118,14 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
     else:
         dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
+    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": len(regex)}, clock)
+
+
+def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None) -> TokenTable:
+    """A byte DFA (built here or composed by a caller, e.g. `tool_modes`) -> TokenTable over `vocab`."""
+    options = _options(options)
+    clock = clock or _Clock(options.time_budget_s)
+    relaxed, meta = list(relaxed or []), dict(meta or {})
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
@@ -130,7 +138,6 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
     table.relaxed = relaxed
     table.meta = {
         **meta,
-        "regex_chars": len(regex),
         "dfa_states": dfa.num_states,
         "states": table.num_states,
         "nnz": int(table.trans_tok.shape[0]),
