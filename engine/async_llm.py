@@ -54,7 +54,8 @@ class AsyncLLM:
 
     def __init__(self, model=None, tokenizer=None, *, device=None, dtype=None, config: EngineConfig | None = None,
                  block_size: int = 16, num_blocks: int | None = None, kv_cache_bytes: int | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True):
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
+                 max_cached_grammars: int = 256):
         from surecall.llm import LLM
 
         self.llm = model if isinstance(model, LLM) else LLM(model, tokenizer, device=device, dtype=dtype, config=config)
@@ -68,7 +69,9 @@ class AsyncLLM:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}
         self._closed = False
         self._compile_lock = threading.Lock()
-        self.num_compiles, self.compile_s = 0, 0.0  # grammar compiles that missed the cache, and their time
+        # grammar lookups, compiles (cache misses) and their time; compiled tables kept (LRU)
+        self.num_grammar_lookups, self.num_compiles, self.compile_s = 0, 0, 0.0
+        self.max_cached_grammars = max_cached_grammars
         self._thread = threading.Thread(target=self._loop, name="surecall-engine", daemon=True)
         self._thread.start()
 
@@ -91,12 +94,11 @@ class AsyncLLM:
         if modes and constrained is False:
             raise RequestError("Invalid request: tool_choice / parallel_tool_calls / response_format need constrained=True")
         constrained = (bool(tools) or bool(modes)) if constrained is None else constrained
-        row, fmt = await asyncio.to_thread(self._prepare, prompt, tools, params, constrained, tool_format, modes)
+        row, fmt, table = await asyncio.to_thread(self._prepare, prompt, tools, params, constrained, tool_format, modes)
         if row.error is not None:
             raise row.error
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        table = self.llm._tables[row.table_key] if row.table_key else None
         stop_ids = list(self.llm.vocab.stop_ids) if self.llm.vocab is not None else self.llm._config_stop_ids()
         with self._lock:
             if request_id in self._streams:
@@ -182,12 +184,19 @@ class AsyncLLM:
         except SurecallError as exc:
             from surecall.llm import _Row
 
-            return _Row(0, error=exc), None
+            return _Row(0, error=exc), None, None
+        table = None
         with self._compile_lock:  # LLM's table cache and compile timer are not thread-safe
             [row] = llm._prepare([prompt], [tools] if tools is not None else [None], [params], constrained, fmt, modes)
-            self.num_compiles += 1 if llm._compile_s > 0 else 0
-            self.compile_s += llm._compile_s
-        return row, fmt
+            if row.error is None and row.table_key is not None:
+                self.num_grammar_lookups += 1
+                self.num_compiles += 1 if llm._compile_s > 0 else 0
+                self.compile_s += llm._compile_s
+                table = llm._tables.pop(row.table_key)  # re-inserted last: the cache is LRU
+                llm._tables[row.table_key] = table
+                while len(llm._tables) > self.max_cached_grammars:  # live requests keep their own reference
+                    llm._tables.pop(next(iter(llm._tables)))
+        return row, fmt, table
 
     def _output(self, row, fmt, seq, finished: bool) -> RequestOutput:
         st = seq.payload
@@ -229,7 +238,9 @@ class AsyncLLM:
         out.content, out.tool_calls = outcome.content, outcome.tool_calls
         if st.finish_reason in ("abort", "error"):
             return
-        out.finish_reason = outcome.finish_reason(st.finish_reason == "stop")
+        # text that ran into the budget is cut short, even in a state where the grammar could end
+        cut = row.mode.kind in ("text", "auto") and not (out.token_ids and out.token_ids[-1] in st.stop_ids)
+        out.finish_reason = outcome.finish_reason(st.finish_reason == "stop" and not cut)
         out.error, out.error_kind = outcome.error, ("invalid" if outcome.error else None)
         out.ok = outcome.error is None
         first = outcome.tool_calls[0] if outcome.tool_calls else None

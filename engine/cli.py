@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("lint", "surecall.commands.lint", "lint tool schemas against the five rules and the anti-pattern table"),
     ("breakeven", "surecall.commands.breakeven", "measure t_mask, p_err, T_repair and the break-even malformed-call rate"),
     ("catalog-cost", "surecall.commands.catalog_cost", "count what a tool catalog costs in context tokens"),
+    ("serve", "surecall.commands.serve", "an OpenAI-compatible server (chat completions with tool calls that always parse)"),
 ]
 
 
