@@ -44,12 +44,15 @@ class ServerSettings:
     max_queue: int = 256  # engine requests allowed to wait beyond max_num_seqs before 429
     default_max_tokens: int = 512
     retry_after_s: int = 1
+    max_in_flight: int | None = None  # engine requests admitted at once; None: max_num_seqs + max_queue
 
     def __post_init__(self):
         if not isinstance(self.max_queue, int) or self.max_queue < 0:
             raise ValueError(f"Invalid max_queue: expected an integer >= 0, got {self.max_queue!r}")
         if not isinstance(self.default_max_tokens, int) or self.default_max_tokens < 1:
             raise ValueError(f"Invalid default_max_tokens: expected an integer >= 1, got {self.default_max_tokens!r}")
+        if self.max_in_flight is not None and (not isinstance(self.max_in_flight, int) or self.max_in_flight < 1):
+            raise ValueError(f"Invalid max_in_flight: expected None or an integer >= 1, got {self.max_in_flight!r}")
 
 
 _PARAM = re.compile(r"^Invalid ([a-z_][a-z_.]*)")
@@ -73,7 +76,7 @@ class Handlers:
     def __init__(self, engine, settings: ServerSettings, metrics):
         self.engine, self.settings, self.metrics = engine, settings, metrics
         self.active = 0  # engine requests admitted and not finished
-        self.limit = engine.core.scheduler.max_num_seqs + settings.max_queue
+        self.limit = settings.max_in_flight or engine.core.scheduler.max_num_seqs + settings.max_queue
 
     # --- shared steps ------------------------------------------------------------------------
     def check_model(self, name: str) -> None:
