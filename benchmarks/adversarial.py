@@ -356,9 +356,12 @@ def _(t):
     return denied(t.bash("true", cap, timeout_ms=300_000), "the ceiling did not bind")
 
 
-@case("capabilities", "not a Capability: a dict presented")
+@case("capabilities", "a forged dict presented (signature of another body)")
 def _(t):
-    return denied(t.view("file.txt", t.cap.to_dict()))
+    # the signed dict form is accepted (it verifies); a copy of a narrow child with wider rights must not be
+    data = t.runtime.attenuate(t.cap, rights=["call:file_view", "read"]).to_dict()
+    data["rights"] = sorted(set(data["rights"]) | {"exec", "call:bash_execute", "approve:bash_execute"})
+    return denied(t.bash("true", data))
 
 
 @case("capabilities", "malformed fields: NaN expiry")
@@ -497,14 +500,19 @@ def _(t):
         sentinel.wait()
 
 
-@case("sandbox", "unbounded /dev or /dev/shm tmpfs")
+@case("sandbox", "fill /dev or /dev/shm past its bound")
 def _(t):
-    out, why = bash_output(t, "df -B1 --output=size /dev/shm /dev 2>/dev/null | tail -n +2")
+    # /dev's tmpfs cannot be sized by bubblewrap: it must be read-only to the command; /dev/shm is sized
+    out, why = bash_output(t, "touch /dev/surecall-x 2>/dev/null && echo DEVWRITE; "
+                              "dd if=/dev/zero of=/dev/shm/fill bs=1M count=2048 2>/dev/null; "
+                              "du -B1 -s /dev/shm 2>/dev/null | cut -f1", timeout_ms=60_000)
     if out is None:
         return True, why
-    sizes = [int(s) for s in out.split() if s.isdigit()]
-    big = [s for s in sizes if s > 1 << 30]
-    return (not big, f"tmpfs sizes {sizes} bytes (over 1 GiB: unbounded)" if big else f"tmpfs sizes {sizes}")
+    if "DEVWRITE" in out:
+        return False, "the command wrote into /dev"
+    filled = [int(s) for s in out.split() if s.isdigit()]
+    big = [n for n in filled if n > 1 << 30]
+    return (not big, f"/dev/shm took {big[0]} bytes" if big else f"/dev read-only, /dev/shm stopped at {filled} bytes")
 
 
 @case("sandbox", "fork bomb")

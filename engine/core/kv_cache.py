@@ -1,7 +1,7 @@
 """The paged KV cache the model writes and reads, behind the one object transformers sees.
 
-Per layer, K and V live in a pool of `num_blocks * block_size` token slots ([slots, kv_heads,
-head_dim]) plus two spare slots: PAD_SLOT (never written, read where a row is shorter than the
+Per layer, K and V live in a pool of `num_blocks * block_size` token slots ([kv_heads, slots,
+head_dim]: a gathered row is then contiguous per head, as attention wants it) plus two spare slots: PAD_SLOT (never written, read where a row is shorter than the
 batch) and TRASH_SLOT (written by padding queries, never read). Before a forward the engine
 `bind`s the step's slot maps; the model's attention then calls `update` per layer, which writes
 the new K/V into their slots and returns each row's whole K/V gathered by its block table. This
@@ -46,7 +46,7 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         self.pad_slot, self.trash_slot = self.num_slots, self.num_slots + 1
-        shape = (self.num_slots + 2, self.kv_heads, self.head_dim)
+        shape = (self.kv_heads, self.num_slots + 2, self.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
         self._write: torch.Tensor | None = None  # [B * q] slot of each query token
@@ -63,10 +63,13 @@ class PagedKVCache:
         if self._write is None:
             raise RuntimeError("PagedKVCache.update outside a bound forward")  # an engine bug
         b, h, q, d = key_states.shape
-        self.k[layer_idx][self._write] = key_states.permute(0, 2, 1, 3).reshape(b * q, h, d).to(self.k[layer_idx].dtype)
-        self.v[layer_idx][self._write] = value_states.permute(0, 2, 1, 3).reshape(b * q, h, d).to(self.v[layer_idx].dtype)
-        keys = self.k[layer_idx][self._read].permute(0, 2, 1, 3)
-        values = self.v[layer_idx][self._read].permute(0, 2, 1, 3)
+        k_pool, v_pool = self.k[layer_idx], self.v[layer_idx]
+        k_pool[:, self._write] = key_states.permute(1, 0, 2, 3).reshape(h, b * q, d).to(k_pool.dtype)
+        v_pool[:, self._write] = value_states.permute(1, 0, 2, 3).reshape(h, b * q, d).to(v_pool.dtype)
+        rows, length = self._read.shape
+        flat = self._read.reshape(-1)
+        keys = k_pool.index_select(1, flat).view(h, rows, length, d).permute(1, 0, 2, 3)
+        values = v_pool.index_select(1, flat).view(h, rows, length, d).permute(1, 0, 2, 3)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # only asked when no position ids are given

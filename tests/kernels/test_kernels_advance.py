@@ -11,7 +11,7 @@ os.environ.setdefault(
 import numpy as np
 import pytest
 import torch
-from kernels_synth import random_states, random_table
+from helpers.kernels_synth import random_states, random_table
 
 from surecall.errors import KernelInputError
 from surecall.grammars.table import TokenTable

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import cached_vocab
 
-E2E_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e.py"
+E2E_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "e2e.py"
 
 
 @pytest.fixture(scope="module")

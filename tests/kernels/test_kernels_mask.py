@@ -11,7 +11,7 @@ os.environ.setdefault(
 import numpy as np
 import pytest
 import torch
-from kernels_synth import deep_table, random_states, random_table
+from helpers.kernels_synth import deep_table, random_states, random_table
 
 from surecall.errors import KernelInputError
 from surecall.kernels import DeviceTable, apply_token_mask_inplace

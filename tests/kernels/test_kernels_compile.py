@@ -11,7 +11,7 @@ import pytest
 
 from surecall.kernels._triton import HAS_TRITON
 
-SCRIPT = Path(__file__).with_name("kernels_aot.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "kernels_aot.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

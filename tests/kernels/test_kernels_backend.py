@@ -32,7 +32,7 @@ def test_kernels_work_without_triton():
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
         import numpy as np, torch
         sys.path.insert(0, "tests")
-        from kernels_synth import random_table
+        from helpers.kernels_synth import random_table
         from surecall.kernels import DeviceTable, SamplingTensors, advance, apply_token_mask_inplace, sample
         from surecall.kernels._triton import HAS_TRITON
         assert not HAS_TRITON

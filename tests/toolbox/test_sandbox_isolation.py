@@ -28,7 +28,7 @@ from surecall.toolbox.sandbox import NOBODY, Sandbox, SandboxConfig
 _DEFAULT = Sandbox()
 needs_bwrap = pytest.mark.skipif(not _DEFAULT.is_available(), reason=f"bubblewrap cannot run here: {_DEFAULT._why_unavailable}")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the runtime is not root here: the root-side checks do not apply")
-ENGINE = Path(__file__).resolve().parents[1] / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
 ESCAPES = (
     "id -u; test -w /proc/sys/kernel/core_pattern && echo CORE_PATTERN_WRITABLE; "
     "echo '|/tmp/pwn' > /proc/sys/kernel/core_pattern && echo CORE_PATTERN_WRITTEN; "

@@ -17,7 +17,7 @@ import torch
 
 from surecall.kernels._triton import INTERPRET
 
-KERNELS_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+KERNELS_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
 
 
 @pytest.fixture(scope="module")

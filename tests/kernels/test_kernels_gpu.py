@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from kernels_synth import deep_table, random_states, random_table
+from helpers.kernels_synth import deep_table, random_states, random_table
 
 from surecall.kernels import DeviceTable, SamplingTensors, advance, apply_token_mask_inplace, sample
 
