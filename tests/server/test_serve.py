@@ -13,7 +13,18 @@ import pytest
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from serve_util import KEY, MODEL, TOOLS, check_streamed_calls, check_tool_calls, client, reassemble, running, user, wait_idle  # noqa: E402
+from helpers.serve_util import (  # noqa: E402
+    KEY,
+    MODEL,
+    TOOLS,
+    check_streamed_calls,
+    check_tool_calls,
+    client,
+    reassemble,
+    running,
+    user,
+    wait_idle,
+)
 
 from surecall import AsyncLLM  # noqa: E402
 from surecall.server import ServerSettings, build_app  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from serve_util import MODEL, free_port, user  # noqa: E402
+from helpers.serve_util import MODEL, free_port, user  # noqa: E402
 
 from surecall.cli import main  # noqa: E402
 

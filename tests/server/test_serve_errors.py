@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from serve_util import KEY, MODEL, TOOLS, check_tool_calls, client, running, user, wait_idle  # noqa: E402
+from helpers.serve_util import KEY, MODEL, TOOLS, check_tool_calls, client, running, user, wait_idle  # noqa: E402
 
 from surecall import AsyncLLM  # noqa: E402
 from surecall.server import ServerSettings, build_app  # noqa: E402
