@@ -54,7 +54,8 @@ class GenerationResult:
     # graph_capture_s, compactions, and compile_s (the whole generate call's grammar compiles)
     batch_timings: dict = field(default_factory=dict)
     # --- output modes (issue 17; surecall.modes): set when generate got tool_choice,
-    # parallel_tool_calls or response_format. finish_reason is then "tool_calls" | "stop" | "length" | "error".
+    # parallel_tool_calls or response_format. finish_reason is then "tool_calls" | "stop" | "length" | "error",
+    # `ok` means no error (a text-only row is ok) and `call` is the first of `tool_calls`.
     content: str | None = None  # the text outside calls (a JSON answer's text); None outside modes
     tool_calls: list = field(default_factory=list)  # surecall.modes.ModeCall: id, name, arguments, parsed, error
     mode: Any = None  # the row's grammars.tool_modes.ModeGrammar (feed token_ids to modes.OutputReader to stream)

@@ -1,14 +1,12 @@
 """Output modes: request parameters -> a validated ModeSpec -> a grammar; tokens -> content, calls, deltas.
 
 `mode_spec(tool_choice, parallel_tool_calls, response_format, tool_names, where)` checks an
-OpenAI-style request (typed RequestError naming the row and the field) and `mode_grammar`
-turns it into a `grammars.tool_modes.ModeGrammar` in the model's own call syntax.
-`OutputReader` reads the emitted token ids back, incrementally: content, then per call its
-name once complete and its argument bytes as they come. It relies on the grammar (text never
-holds the call start; calls are `{"name": ..., "<args key>": {...}}` in that order), so it is a
-byte scanner, not a parser with recovery. `feed` returns OpenAI chat-chunk deltas whose merge
-(`merge_deltas`) equals `outcome()` byte for byte. Shared by `LLM.generate` and the engine core;
-it does not decode, compile or dispatch.
+OpenAI-style request (RequestError naming the row and the field); `mode_grammar` turns it into
+a `grammars.tool_modes.ModeGrammar` in the model's own call syntax. `OutputReader` reads the
+emitted ids back incrementally: content, then per call its name once complete and its argument
+bytes as they come, relying on the grammar (text never holds the call start; a call is
+`{"name": ..., "<args key>": {...}}`), so it is a byte scanner, not a parser with recovery.
+Its deltas merge (`merge_deltas`) into exactly `outcome()`. It does not decode or compile.
 """
 
 from __future__ import annotations
@@ -160,12 +158,13 @@ class ModeOutcome:
     complete: bool = True  # no call was left open
     answer: Any = None  # a JSON answer's value (kind "json")
     error: str | None = None
+    is_answer: bool = False  # a JSON answer: the grammar completes it inside the budget, never cut
 
     def finish_reason(self, stopped: bool) -> str:
-        """"tool_calls" after complete calls, "stop" after text that ended itself (or a JSON answer), else "length"."""
+        """"tool_calls" after complete calls, "stop" after text that ended itself or a JSON answer, else "length"."""
         if self.tool_calls:
             return "tool_calls" if self.complete else "length"
-        return "stop" if stopped else "length"
+        return "stop" if stopped or (self.is_answer and self.error is None) else "length"
 
 
 @dataclass
@@ -359,6 +358,7 @@ class OutputReader:
         result = ModeOutcome(content, calls, complete)
         if self.kind == "json":
             result.answer, result.error = _json_answer(content, self.schema)
+            result.is_answer = True
         else:
             result.error = next((f"tool call {i}: {c.error}" for i, c in enumerate(calls) if c.error), None)
             if not complete:

@@ -1,15 +1,13 @@
 """Output-mode grammars: free text, text-then-calls (`auto`), calls only, JSON answers.
 
-A model's call start is often one control token (Qwen's `<tool_call>`, Mistral's
-`[TOOL_CALLS]`) that has no bytes in a `Vocab`, so no regex can name it. `control_vocab` derives a
-vocabulary in which each chosen control id carries one sentinel byte (0xF8.., never in UTF-8)
-and every ordinary token holding such a byte is disallowed; the call regex uses placeholder
-control characters (never in JSON strings or glue) that are relabelled to the sentinels in the
-byte DFA. Text is a hand-built DFA (valid UTF-8 x a KMP matcher of the spelled call start) that
-never contains the call start; `mode_dfa` splices it to the calls DFA on the sentinel byte, on
-the completed spelled start, or (formats whose call is a bare JSON object) on a leading `{`.
-Every piece is valid UTF-8 except the sentinels, so only the control id can enter a call.
-This module builds DFAs and tables; it does not parse model output (`surecall.modes` does).
+A call start that is one control token (Qwen's `<tool_call>`, Mistral's `[TOOL_CALLS]`) has no
+bytes, so `control_vocab` derives a vocabulary where each chosen control id carries one sentinel
+byte (0xF8.., never in UTF-8) and ordinary tokens holding such bytes are disallowed; the call
+regex uses placeholder characters (never in JSON or glue) relabelled to the sentinels. Text is
+a hand-built DFA (valid UTF-8 x a KMP matcher) that never holds the spelled call start;
+`mode_dfa` splices it to the calls on the sentinel, on the completed spelled start, or (formats
+whose call is a bare JSON object: json, llama3) on a leading `{`, so there a completion is a
+call exactly when it starts with `{`. It builds DFAs and tables, it does not read output.
 """
 
 from __future__ import annotations
@@ -102,8 +100,20 @@ class ModeGrammar:
                            [list(c) for c in self.controls]], sort_keys=True, default=str)
 
 
+_FOUND: dict = {}  # (vocab fingerprint, control strings) -> find_controls' answer
+
+
 def find_controls(vocab, syntax: CallSyntax) -> tuple[tuple[str, int], ...]:
     """The syntax's control strings that are one token of `vocab` (a special token, or one whose bytes are exactly it)."""
+    key = (vocab.fingerprint, syntax.controls)
+    if key not in _FOUND:
+        if len(_FOUND) >= 32:
+            _FOUND.pop(next(iter(_FOUND)))
+        _FOUND[key] = _find_controls(vocab, syntax)
+    return _FOUND[key]
+
+
+def _find_controls(vocab, syntax: CallSyntax) -> tuple[tuple[str, int], ...]:
     out = []
     by_bytes = None
     for text in syntax.controls:
@@ -294,10 +304,10 @@ def _walk(dfa: ByteDFA, data: bytes, state: int = 0) -> int:
 
 def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, list]:
     """The byte DFA of a mode (over the sentinel bytes of `control_vocab`) and its relaxed keywords."""
-    syntax = grammar.syntax if grammar.kind != "json" else None
     if grammar.kind == "json":
         result = schema_to_regex(grammar.schema, options)
         return ended_dfa(result.regex), list(result.relaxed)
+    syntax = grammar.syntax
     start = (syntax.start or "").encode()
     if grammar.kind == "text":
         return text_dfa(start).dfa, []

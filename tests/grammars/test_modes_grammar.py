@@ -30,7 +30,14 @@ from surecall.grammars.tool_modes import (
     text_dfa,
 )
 from surecall.grammars.vocab.core import Vocab
-from surecall.modes import ModeSpec, OutputReader, merge_deltas, mode_grammar, mode_spec, read_output
+from surecall.modes import (
+    ModeSpec,
+    OutputReader,
+    merge_deltas,
+    mode_grammar,
+    mode_spec,
+    read_output,
+)
 from surecall.tools.catalog import hardened_seed_tools
 
 TOOLS = tuple(tool_name_schema(t) for t in hardened_seed_tools())
