@@ -127,6 +127,10 @@ class AsyncLLM:
             loop.call_soon_threadsafe(queue.put_nowait, self._output(row, fmt, seq, finished=True))
         return found
 
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
     def stats(self) -> dict:
         with self._lock:
             stats = self.core.stats()

@@ -17,13 +17,20 @@ from surecall.commands.args import device, non_negative_float, non_negative_int,
 from surecall.errors import SurecallError
 
 
+def _port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="local Hugging Face model directory (default: the shipped surecall-tiny)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model id clients send (default: the model directory's name, '_' as '-')")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=non_negative_int, default=8000, help="port (default 8000; 0 picks a free one)")
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535 (default 8000)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (default: none)")
     parser.add_argument("--max-num-seqs", type=positive_int, default=64, help="rows decoded together (default 64)")
     parser.add_argument("--max-queue", type=non_negative_int, default=256,

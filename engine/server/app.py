@@ -49,7 +49,10 @@ def build_app(engine, settings: ServerSettings | None = None, *, owns_engine: bo
         try:
             _authorize(request, settings.api_key)
             req = model.model_validate(await _json_body(request))
-            result = await handle(req)
+            result = await _unless_client_leaves(request, handle(req))
+            if result is None:
+                metrics.num_aborted += 1
+                return Response(status_code=499)  # nobody is listening; the requests were aborted
             response = JSONResponse(result) if isinstance(result, dict) else \
                 StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         except ValidationError as exc:
@@ -73,7 +76,7 @@ def build_app(engine, settings: ServerSettings | None = None, *, owns_engine: bo
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:
-        if engine._closed:
+        if engine.is_closed:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -110,6 +113,21 @@ def build_app(engine, settings: ServerSettings | None = None, *, owns_engine: bo
                     exception_handlers={404: not_found, 405: method_not_allowed, 500: crashed})
     app.state.handlers, app.state.metrics, app.state.engine = handlers, metrics, engine
     return app
+
+
+async def _unless_client_leaves(request: Request, work, poll_s: float = 0.25):
+    """`work`'s result, or None once the client has disconnected (the work is cancelled: its
+    engine requests are aborted and their KV blocks freed)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
 
 
 def _authorize(request: Request, key: str | None) -> None:

@@ -34,7 +34,7 @@ def base(engine):
 LOREM = "lorem ipsum dolor sit amet "
 
 
-def _fixed_answer(repeats: int) -> dict:
+def _fixed(repeats: int) -> dict:
     """A response_format whose only answer is a long constant: a request that takes a known while."""
     schema = {"type": "object", "properties": {"a": {"const": LOREM * repeats}}, "required": ["a"]}
     return {"type": "json_schema", "json_schema": {"name": "fixed", "schema": schema}}
@@ -129,7 +129,7 @@ def test_queue_full_is_a_429_with_retry_after(engine):
     with running(app) as url:
         aoa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
 
-        long_answer = _fixed_answer(12)  # about 250 tokens, however the model samples
+        long_answer = _fixed(12)  # about 250 tokens, however the model samples
 
         async def main():
             slow = asyncio.create_task(aoa.chat.completions.create(
@@ -154,7 +154,7 @@ def test_queue_full_is_a_429_with_retry_after(engine):
 def test_client_disconnect_mid_stream_aborts_and_frees(base, engine):
     oa = client(base)
     stream = oa.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=1300,
-                                        response_format=_fixed_answer(40), stream=True)
+                                        response_format=_fixed(40), stream=True)
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -190,3 +190,14 @@ def test_bad_requests_never_disturb_good_ones(base):
     assert out[0::2] == ["400"] * 6 and all(out[1::2])
     with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
         assert r.status == 200
+
+
+def test_client_that_leaves_a_plain_request_aborts_it(base, engine):
+    body = json.dumps({"model": MODEL, "messages": user("hi"), "max_tokens": 1500,
+                       "response_format": _fixed(60)}).encode()
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with pytest.raises(OSError):  # the client gives up long before ~1200 tokens are generated
+        urllib.request.urlopen(req, timeout=1.5)
+    stats = wait_idle(engine, timeout_s=5)
+    assert stats["num_running"] == 0 and stats["free_blocks"] == stats["num_blocks"]
