@@ -206,20 +206,31 @@ def bench_server(kind: str, args, reqs_by_load, tools, schemas, model_dir: Path,
 
 def table(results: list[dict]) -> str:
     head = ("| server | C | done | req/s | out tok/s | valid calls/s | valid share | TTFT p50/p99 (s) | "
-            "ITL p50/p99 (ms) | calls in text (valid) |")
-    lines = [head, "|" + "---|" * 10]
+            "ITL p50/p99 (ms) | latency p99 (s) | calls in text (valid) |")
+    lines = [head, "|" + "---|" * 11]
     for res in results:
         for r in res["loads"]:
             share = f"{r['requests_with_valid_call']}/{r['completed']}"
             itl = f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}"
             lines.append(f"| {res['server']} | {r['concurrency']} | {r['completed']}/{r['requests']} | "
                          f"{r['requests_per_s']} | {r['output_tokens_per_s']} | {r['valid_calls_per_s']} | {share} | "
-                         f"{r['ttft_p50_s']} / {r['ttft_p99_s']} | {itl} | {r['text_calls']} ({r['text_calls_valid']}) |")
+                         f"{r['ttft_p50_s']} / {r['ttft_p99_s']} | {itl} | {r['latency_p99_s']} | {r['text_calls']} ({r['text_calls_valid']}) |")
     return "\n".join(lines)
 
 
 def _ms(x):
     return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def markdown(report: dict) -> str:
+    skipped = "".join(f"\n- {k} did not run: {v}" for k, v in report.get("skipped", {}).items())
+    return (f"# Server benchmark (CPU)\n\nCommand: `{report['command']}`  \nMachine: {report['machine']}  \n"
+            f"Model: {report['model']}, max_tokens {report['max_tokens']}, T=1, streamed, tool_choice auto/required "
+            f"alternating, hardened seed catalog as tools, held-out prompts.\n\n{table(report['results'])}\n"
+            f"\n*valid calls/s*: tool calls in `tool_calls` whose arguments parse and validate, per second of wall "
+            f"time. *valid share*: requests with at least one such call. *calls in text*: `<tool_call>` blocks a "
+            f"server left in `content` (an OpenAI client does not see them as calls) and how many of those would "
+            f"validate.{skipped}\n")
 
 
 def main() -> None:
@@ -232,7 +243,12 @@ def main() -> None:
     ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                     help="also run transformers serve --continuous-batching (default on)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/serve_cpu"))
+    ap.add_argument("--render", default=None, metavar="JSON", help="only rewrite the .md of an earlier run's JSON")
     args = ap.parse_args()
+    if args.render:
+        report = json.loads(Path(args.render).read_text())
+        Path(args.render).with_suffix(".md").write_text(markdown(report))
+        return
     from surecall.models import default_model_dir
 
     loads = [int(x) for x in args.loads.split(",")]
@@ -259,6 +275,7 @@ def main() -> None:
               "requests": counts, "results": results, "skipped": skipped,
               "command": "python benchmarks/serve.py " + " ".join(sys.argv[1:])}
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown(report))
     print(json.dumps({"bench": "serve", **{r["server"]: r["loads"][-1]["valid_calls_per_s"] for r in results},
                       "skipped": list(skipped)}))
 

@@ -84,17 +84,31 @@ class Handlers:
             raise ApiError(404, f"The model {name!r} does not exist; this server serves {self.settings.model_name!r}",
                            param="model", code="model_not_found")
 
-    @contextlib.contextmanager
     def admit(self, n: int):
+        """Take n slots (429 when full); returns the function that gives them back (once)."""
         if self.active + n > self.limit:
             raise ApiError(429, f"The server is at capacity ({self.active} requests in flight, limit {self.limit}); "
                                 "retry later", "rate_limit_exceeded", code="queue_full",
                            headers={"Retry-After": str(self.settings.retry_after_s)})
         self.active += n
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.active -= n
+
+        return release
+
+    async def _run_all(self, streams, ids, params, kwargs) -> None:
+        release = self.admit(len(streams))
         try:
-            yield
+            async with contextlib.aclosing(run_choices(self.engine, streams, ids, params, kwargs, release)) as events:
+                async for _ in events:
+                    pass
         finally:
-            self.active -= n
+            release()
 
     def budget(self, num_prompt: int, asked: int | None) -> int:
         ctx = self.engine.core.max_model_len
@@ -134,10 +148,7 @@ class Handlers:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await self._start_stream(streams, ids, params, kwargs, meta, include_usage, req.logprobs)
-        with self.admit(req.n):
-            async with contextlib.aclosing(run_choices(self.engine, streams, ids, params, kwargs)) as events:
-                async for _ in events:
-                    pass
+        await self._run_all(streams, ids, params, kwargs)
         return self._chat_body(streams, ids, meta, req.logprobs)
 
     def _chat_body(self, streams: list[ChoiceStream], ids: list[int], meta: dict, want_logprobs: bool) -> dict:
@@ -163,21 +174,21 @@ class Handlers:
     async def _start_stream(self, streams, ids, params, kwargs, meta, include_usage: bool, want_logprobs: bool,
                             chat: bool = True):
         """Admit, wait for the first event (so a bad request is still a plain 4xx), then stream."""
-        admission = self.admit(len(streams))
-        admission.__enter__()
-        events = run_choices(self.engine, streams, ids, params, kwargs)
+        release = self.admit(len(streams))
+        # the slots are given back when the events end, are closed, or are collected unstarted-upon
+        events = run_choices(self.engine, streams, ids, params, kwargs, release)
         try:
             first = await events.__anext__()
             if first.finished and streams[first.index].state.error is not None:
                 raise engine_error(streams[first.index].state.error)
         except BaseException:
             await events.aclose()
-            admission.__exit__(None, None, None)
+            release()
             raise
-        return self._stream_body(first, events, admission, streams, ids, meta, include_usage, want_logprobs, chat)
+        return self._stream_body(first, events, streams, ids, meta, include_usage, want_logprobs, chat)
 
-    async def _stream_body(self, first, events, admission, streams, ids, meta, include_usage: bool,
-                           want_logprobs: bool, chat: bool):
+    async def _stream_body(self, first, events, streams, ids, meta, include_usage: bool, want_logprobs: bool,
+                           chat: bool):
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if include_usage else {}
 
@@ -214,7 +225,6 @@ class Handlers:
             yield sse("[DONE]")
         finally:
             await events.aclose()  # a client that left: the requests still running are aborted
-            admission.__exit__(None, None, None)
             if any(s.state.final is not None and s.state.final.finish_reason == "abort" for s in streams) \
                     or not all(s.state.final or s.state.error for s in streams):
                 self.metrics.num_aborted += 1
@@ -240,10 +250,7 @@ class Handlers:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await self._start_stream(streams, ids, params, kwargs, meta, include_usage, want, chat=False)
-        with self.admit(req.n):
-            async with contextlib.aclosing(run_choices(self.engine, streams, ids, params, kwargs)) as events:
-                async for _ in events:
-                    pass
+        await self._run_all(streams, ids, params, kwargs)
         choices = []
         for s in streams:
             st = _checked(s)

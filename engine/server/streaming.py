@@ -180,8 +180,10 @@ async def _drive(engine, stream: ChoiceStream, prompt, params, kwargs: dict, emi
         emit(Event(st.index, [], [], True))
 
 
-async def run_choices(engine, streams: list[ChoiceStream], prompt, params_list, kwargs: dict) -> AsyncIterator[Event]:
-    """Events of n choices as they come; closing the iterator aborts the requests still running."""
+async def run_choices(engine, streams: list[ChoiceStream], prompt, params_list, kwargs: dict,
+                      on_close: Callable[[], None] | None = None) -> AsyncIterator[Event]:
+    """Events of n choices as they come; closing the iterator (or losing it: asyncio closes a
+    started generator when it is collected) aborts the requests still running, then calls `on_close`."""
     queue: asyncio.Queue[Event] = asyncio.Queue()
     tasks = [asyncio.create_task(_drive(engine, s, prompt, p, kwargs, queue.put_nowait))
              for s, p in zip(streams, params_list, strict=True)]
@@ -193,8 +195,13 @@ async def run_choices(engine, streams: list[ChoiceStream], prompt, params_list, 
             yield event
     finally:
         for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            t.cancel()  # each task aborts its engine request as it unwinds
+        try:
+            # under a cancelled anyio scope (Starlette, client gone) this await is cancelled again
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            if on_close is not None:
+                on_close()
 
 
 def sse(payload: dict | str) -> bytes:

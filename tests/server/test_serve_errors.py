@@ -26,8 +26,13 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def base(engine):
-    with running(build_app(engine, ServerSettings(model_name=MODEL, api_key=KEY))) as url:
+def app(engine):
+    return build_app(engine, ServerSettings(model_name=MODEL, api_key=KEY))
+
+
+@pytest.fixture(scope="module")
+def base(app):
+    with running(app) as url:
         yield url
 
 
@@ -151,7 +156,7 @@ def test_queue_full_is_a_429_with_retry_after(engine):
         assert json.loads(done.choices[0].message.content) == {"a": LOREM * 12}
 
 
-def test_client_disconnect_mid_stream_aborts_and_frees(base, engine):
+def test_client_disconnect_mid_stream_aborts_and_frees(base, engine, app):
     oa = client(base)
     stream = oa.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=1300,
                                         response_format=_fixed(40), stream=True)
@@ -162,6 +167,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees(base, engine):
     stream.close()
     stats = wait_idle(engine)
     assert stats["num_running"] == 0 and stats["free_blocks"] == stats["num_blocks"]
+    assert app.state.handlers.active == 0  # its admission slot was given back
 
 
 def test_bad_requests_never_disturb_good_ones(base):
@@ -192,7 +198,7 @@ def test_bad_requests_never_disturb_good_ones(base):
         assert r.status == 200
 
 
-def test_client_that_leaves_a_plain_request_aborts_it(base, engine):
+def test_client_that_leaves_a_plain_request_aborts_it(base, engine, app):
     body = json.dumps({"model": MODEL, "messages": user("hi"), "max_tokens": 1500,
                        "response_format": _fixed(60)}).encode()
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
@@ -201,3 +207,4 @@ def test_client_that_leaves_a_plain_request_aborts_it(base, engine):
         urllib.request.urlopen(req, timeout=1.5)
     stats = wait_idle(engine, timeout_s=5)
     assert stats["num_running"] == 0 and stats["free_blocks"] == stats["num_blocks"]
+    assert app.state.handlers.active == 0
