@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -138,7 +139,8 @@ class ChoiceStream:
         entries = []
         for tid, lp in zip(ids, logprobs, strict=False):
             data = self._token_bytes(tid)
-            entries.append({"token": data.decode("utf-8", errors="replace"), "logprob": float(lp),
+            lp = float(lp) if math.isfinite(lp) else -9999.0  # JSON has no -inf; OpenAI's floor
+            entries.append({"token": data.decode("utf-8", errors="replace"), "logprob": lp,
                             "bytes": list(data), "top_logprobs": []})
         return entries
 
