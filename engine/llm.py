@@ -269,19 +269,19 @@ class LLM:
             raise RequestError("Invalid request: output modes need a tokenizer (LLM was built without one)")
         named = [tool_name_schema(t) for t in row.tools or []]
         spec = mode_spec(*row.mode_args, tool_names=[n for n, _ in named], where=f"row {row.index}")
-        row.mode = mode_grammar(spec, named, fmt, self.vocab)
+        row.mode = mode_grammar(spec, named, fmt, self.vocab, where=f"row {row.index}")
         row.table_key = "mode:" + json.dumps([row.mode.key(), self._table_key([], fmt)])
         if row.table_key not in self._tables:
             start = time.perf_counter()
             try:
                 self._tables[row.table_key] = compile_mode(row.mode, self.vocab, self.config.grammar_options)
             except SchemaError as exc:
-                where = "response_format" if row.mode.kind == "json" else "tools"
+                where = "tools" if row.mode.schema is None or str(exc).startswith("tool ") else "response_format"
                 raise RequestError(f"Invalid {where} at row {row.index}: {exc}") from exc
             self._compile_s += time.perf_counter() - start
         need = int(self._tables[row.table_key].dist[0])
         if row.sampling.max_tokens < need:
-            what = "JSON answer" if row.mode.kind == "json" else "call"
+            what = {"json": "JSON answer", "calls": "call"}.get(row.mode.kind, "JSON answer or call")
             raise RequestError(
                 f"Invalid max_tokens at row {row.index}: the shortest {what} takes {need} tokens, got max_tokens={row.sampling.max_tokens}")
 

@@ -32,7 +32,7 @@ class ModeSpec:
     choice: str = "auto"  # "none" | "auto" | "required"
     names: tuple[str, ...] | None = None
     parallel: bool = True
-    schema: Any = None  # a JSON answer's schema (response_format), only with choice "none"
+    schema: Any = None  # a JSON answer's schema (response_format): with "none" the answer, with "auto" answer or calls
     strict: bool = True
 
     def __post_init__(self):
@@ -40,8 +40,8 @@ class ModeSpec:
             raise ValueError(f"Invalid choice: expected one of {CHOICES}, got {self.choice!r}")
         if not isinstance(self.parallel, bool):
             raise ValueError(f"Invalid parallel: expected a bool, got {self.parallel!r}")
-        if self.schema is not None and self.choice != "none":
-            raise ValueError(f"Invalid schema: a JSON answer needs choice 'none', got {self.choice!r}")
+        if self.schema is not None and self.choice == "required":
+            raise ValueError("Invalid schema: a JSON answer cannot go with choice 'required'")
 
 
 # --- request parameters -> ModeSpec -----------------------------------------------------------------
@@ -55,10 +55,8 @@ def mode_spec(tool_choice=None, parallel_tool_calls=None, response_format=None, 
     if tool_choice is not None and not names:
         raise RequestError(f"Invalid tool_choice at {where}: tool_choice {tool_choice!r} needs tools, got none")
     choice, subset, named = _tool_choice(tool_choice, names, where)
-    if schema is not None and names and choice != "none":
-        raise RequestError(
-            f"Invalid response_format at {where}: a JSON answer and tool calls in one turn are not supported; "
-            f"pass tool_choice='none' with tools, or no tools")
+    if schema is not None and names and choice == "required":
+        raise RequestError(f"Invalid response_format at {where}: a JSON answer cannot go with required tool calls")
     parallel = False if named else (True if parallel_tool_calls is None else parallel_tool_calls)
     return ModeSpec(choice if names else "none", subset, parallel, schema, strict)
 
@@ -129,16 +127,26 @@ def _response_format(value, where: str) -> tuple[Any, bool]:
 
 
 # --- ModeSpec -> grammar -----------------------------------------------------------------------------
-def mode_grammar(spec: ModeSpec, tools: list[tuple[str, Any]], tool_format, vocab) -> ModeGrammar:
-    """The grammar of `spec` over the (name, schema) tools in `tool_format`'s syntax for `vocab`."""
+def mode_grammar(spec: ModeSpec, tools: list[tuple[str, Any]], tool_format, vocab, where: str = "request") -> ModeGrammar:
+    """The grammar of `spec` over the (name, schema) tools in `tool_format`'s syntax for `vocab`.
+
+    A JSON answer with `auto` (the answer, or calls) needs a control-token call start: where the
+    call start is text or a `{`, an answer and a call would begin alike (RequestError).
+    """
     fmt = get_format(tool_format)
     controls = find_controls(vocab, call_syntax(fmt))
-    if spec.schema is not None:
+    if spec.schema is not None and spec.choice == "none":
         return ModeGrammar("json", fmt.name, schema=spec.schema, controls=controls)
     if spec.choice == "none":
         return ModeGrammar("text", fmt.name, controls=controls)
     chosen = tuple((n, s) for n, s in tools if spec.names is None or n in spec.names)
-    return ModeGrammar("auto" if spec.choice == "auto" else "calls", fmt.name, chosen, spec.parallel, controls=controls)
+    grammar = ModeGrammar("auto" if spec.choice == "auto" else "calls", fmt.name, chosen, spec.parallel,
+                          schema=spec.schema, controls=controls)
+    if spec.schema is not None and grammar.start_kind != "control":
+        raise RequestError(
+            f"Invalid response_format at {where}: a JSON answer or tool calls needs a format whose calls start with "
+            f"a control token; {fmt.name!r} has none in this vocabulary (pass tool_choice='none' for the answer alone)")
+    return grammar
 
 
 # --- tokens -> content, calls, deltas --------------------------------------------------------------
@@ -205,6 +213,7 @@ class OutputReader:
         self.vocab = vocab
         self.stop_ids = set(vocab.stop_ids)
         self.id_prefix = id_prefix if id_prefix is not None else "call_" + secrets.token_hex(6) + "_"
+        self.num_ids = 0  # ids fed so far: a caller with cumulative ids feeds ids[reader.num_ids:]
         self.in_calls = False
         self.seen_bytes = False
         self.pending = bytearray()  # text not yet in a content delta
@@ -222,6 +231,7 @@ class OutputReader:
         """Take newly emitted ids; return the deltas they complete (content, call headers, argument text)."""
         fresh: list[dict] = []
         for tid in token_ids:
+            self.num_ids += 1
             self._token(int(tid), fresh)
         self._flush_text(final=False, out=fresh)
         self._args_deltas(final=False, out=fresh)
@@ -356,7 +366,7 @@ class OutputReader:
         calls = [self._mode_call(c) for c in self.calls]
         complete = all(c.done for c in self.calls) and self._cur is None
         result = ModeOutcome(content, calls, complete)
-        if self.kind == "json":
+        if self.kind == "json" or (self.schema is not None and not calls):
             result.answer, result.error = _json_answer(content, self.schema)
             result.is_answer = True
         else:

@@ -74,7 +74,7 @@ class ModeGrammar:
     format: str
     tools: tuple = ()  # ((name, schema), ...) the calls may name
     parallel: bool = True
-    schema: object = None  # the JSON answer's schema (kind "json")
+    schema: object = None  # the JSON answer's schema (kind "json"; kind "auto": the answer if no call)
     controls: tuple = ()  # ((string, token id), ...) control tokens of this vocabulary in the syntax
 
     def __post_init__(self):
@@ -82,6 +82,8 @@ class ModeGrammar:
             raise ValueError(f"Invalid kind: expected one of {MODE_KINDS}, got {self.kind!r}")
         if self.kind in ("auto", "calls") and not self.tools:
             raise ValueError(f"Invalid tools: mode {self.kind!r} needs at least one tool, got none")
+        if self.schema is not None and self.kind not in ("json", "auto"):
+            raise ValueError(f"Invalid schema: a JSON answer goes with kind 'json' or 'auto', got {self.kind!r}")
 
     @property
     def syntax(self) -> CallSyntax:
@@ -316,6 +318,8 @@ def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, li
     if grammar.kind == "calls":
         return calls, relaxed
     kind = grammar.start_kind
+    if grammar.schema is not None:
+        return _answer_or_calls(grammar, options, calls, relaxed)
     text = text_dfa(start, no_lead_brace=kind == "lead")
     n = text.dfa.num_states
     trans = np.concatenate([text.dfa.trans, np.where(calls.trans >= 0, calls.trans + n, -1)]).astype(np.int32)
@@ -332,6 +336,20 @@ def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, li
         for state, byte in text.lead:
             trans[state, byte] = int(calls.trans[0, byte]) + n
     return prune(trans, accept), relaxed
+
+
+def _answer_or_calls(grammar: ModeGrammar, options: GrammarOptions, calls: ByteDFA, relaxed: list):
+    """`auto` with a JSON answer: the completion is the answer, or (control token first) the calls."""
+    if grammar.start_kind != "control":
+        raise ValueError(f"Invalid schema: a JSON answer or calls needs a control-token call start; "
+                         f"format {grammar.format!r} has none here (both would begin alike)")
+    result = schema_to_regex(grammar.schema, options)
+    answer = ended_dfa(result.regex)
+    n = answer.num_states
+    trans = np.concatenate([answer.trans, np.where(calls.trans >= 0, calls.trans + n, -1)]).astype(np.int32)
+    sentinel = SENTINEL_BASE + [c for c, _ in grammar.controls].index(grammar.syntax.start)
+    trans[0, sentinel] = int(calls.trans[0, sentinel]) + n  # only before the answer's first byte
+    return prune(trans, np.concatenate([answer.accept, calls.accept])), [*result.relaxed, *relaxed]
 
 
 def compile_mode(grammar: ModeGrammar, vocab, options: GrammarOptions | None = None, use_cache: bool | str = True):

@@ -70,6 +70,8 @@ def models(data_dir):
         "json": LLM(_tiny(llama.logits_width, {brace: 36.0, 128009: 38.0}, seed=1), tokenizer=llama, config=config),
         "llama3": LLM(_tiny(llama.logits_width, {brace: 36.0, 128009: 38.0}, seed=2), tokenizer=llama, config=config),
         "mistral": LLM(_tiny(mistral.logits_width, {5: 34.0, 2: 34.0}, seed=3), tokenizer=mistral, config=config),
+        # the call start biased less: the first token is as often a JSON answer's `{` as [TOOL_CALLS]
+        "mistral-answer": LLM(_tiny(mistral.logits_width, {5: 20.0, 2: 30.0}, seed=5), tokenizer=mistral, config=config),
         # the end token unbiased (after a call, ending and starting another are about even), `"` biased
         # (strings end early, leaving budget for a second call)
         "hermes-parallel": LLM(_tiny(qwen.logits_width, {151657: 40.0, 151658: 40.0, qwen.token_bytes.index(b'"'): 38.0},
@@ -205,6 +207,28 @@ def test_allowed_tools_subset_and_none(models, fmt):
         assert CONTROL.get(fmt) not in r.token_ids
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_many_seeds_every_mode(models, fmt):
+    llm = models[fmt]
+    need = _shortest(llm, fmt, tool_choice="required", parallel_tool_calls=False)
+    modes = [{"tool_choice": "auto"}, {"tool_choice": "auto", "parallel_tool_calls": False},
+             {"tool_choice": "required"}, {"tool_choice": "required", "parallel_tool_calls": False},
+             {"tool_choice": {"type": "function", "function": {"name": "file_edit"}}}, {"tool_choice": "none"}]
+    for k, mode in enumerate(modes):
+        least = need if mode["tool_choice"] in ("auto", "none") else _shortest(llm, fmt, **mode)
+        for extra in (0, 5, 20):
+            results, params = _run(llm, fmt, 16, least + extra, offset=100 + 10 * k + extra, **mode)
+            for r, p in zip(results, params, strict=True):
+                _check(r, p, fmt, llm)
+                if mode.get("parallel_tool_calls") is False or "type" in str(mode["tool_choice"]):
+                    assert len(r.tool_calls) <= 1
+                if mode["tool_choice"] == "none":
+                    assert not r.tool_calls
+                elif mode["tool_choice"] != "auto":
+                    assert r.tool_calls and r.content == ""
+
+
 def test_json_answers_schema_and_object(models):
     llm = models["json"]
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -222,6 +246,22 @@ def test_json_answers_schema_and_object(models):
 
                 value = json.loads(r.content)
                 assert set(value) == {"city", "days"} and 1 <= value["days"] <= 9
+
+
+def test_auto_with_a_json_answer_answers_or_calls(models):
+    llm = models["mistral-answer"]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    answer = {"type": "json_schema", "json_schema": {"name": "count", "schema": schema, "strict": True}}
+    results, params = _run(llm, "mistral", 12, 60, tool_choice="auto", response_format=answer)
+    for r, p in zip(results, params, strict=True):
+        _check(r, p, "mistral", llm)
+        if not r.tool_calls:
+            import json
+
+            assert r.finish_reason == "stop" and isinstance(json.loads(r.content)["n"], int)
+    assert any(r.tool_calls for r in results) and any(not r.tool_calls for r in results)
+    with pytest.raises(RequestError, match="needs a format whose calls start with a control token"):
+        models["json"].generate(_prompts(1), tools=TOOLS, tool_format="json", tool_choice="auto", response_format=answer)
 
 
 def test_constrained_true_is_unchanged_without_mode_arguments(models):

@@ -115,6 +115,20 @@ def test_lead_formats_a_leading_brace_is_a_call(fmt, sep, key):
     assert _dfa("text", fmt).matches(b"{free text}")
 
 
+def test_auto_with_a_json_answer_is_the_answer_or_the_calls():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    grammar = ModeGrammar("auto", "hermes", TOOLS, True, schema=schema, controls=HERMES_CONTROLS)
+    dfa = mode_dfa(grammar, OPT)[0]
+    call = S0 + b"\n" + VIEW + b"\n" + S1
+    assert dfa.matches(b'{"n": 3}') and dfa.matches(call) and dfa.matches(call + b"\n" + call)
+    for bad in (b"", b"text", b'{"n": 3}' + call, b'{"m": 3}'):
+        assert not dfa.matches(bad), bad
+    vocab = _toy_vocab()
+    with pytest.raises(RequestError, match="needs a format whose calls start with a control token"):
+        mode_grammar(ModeSpec("auto", schema=schema), list(TOOLS), "json", vocab, where="row 2")
+    assert mode_grammar(ModeSpec("auto", schema=schema), list(TOOLS), "hermes", vocab).schema == schema
+
+
 # --- the sentinel vocabulary and the compiled table ------------------------------------------------
 def _toy_vocab() -> Vocab:
     pieces = [bytes([b]) for b in range(256)] + [b"<tool", b"_call", b">", b"ab\xf9", b'{"', b'name"', b"", b"", b""]
@@ -254,7 +268,7 @@ def test_mode_spec_shapes():
     (("auto", "yes", None, NAMES), "parallel_tool_calls at row 3: expected a bool"),
     ((None, None, {"type": "xml"}, []), "response_format.type"),
     ((None, None, {"type": "json_schema", "json_schema": {"schema": {}}}, []), "non-empty 'name'"),
-    (("auto", None, {"type": "json_object"}, NAMES), "not supported"),
+    (("required", None, {"type": "json_object"}, NAMES), "cannot go with required tool calls"),
 ])
 def test_mode_spec_refuses_bad_parameters(args, match):
     with pytest.raises(RequestError, match=match):
@@ -265,7 +279,9 @@ def test_mode_spec_value_checks():
     with pytest.raises(ValueError, match="Invalid choice"):
         ModeSpec("sometimes")
     with pytest.raises(ValueError, match="Invalid schema"):
-        ModeSpec("auto", schema={})
+        ModeSpec("required", schema={})
+    with pytest.raises(ValueError, match="Invalid schema"):
+        ModeGrammar("calls", "json", TOOLS, schema={})
     with pytest.raises(ValueError, match="Invalid kind"):
         ModeGrammar("free", "json")
     with pytest.raises(ValueError, match="needs at least one tool"):
