@@ -199,7 +199,10 @@ def bench_server(kind: str, args, reqs_by_load, tools, schemas, model_dir: Path,
             print(f"  {kind:>12} C={conc:<3} {row['completed']}/{row['requests']} done, {row['requests_per_s']} req/s, "
                   f"{row['valid_calls_per_s']} valid calls/s, ttft p50 {row['ttft_p50_s']} s", flush=True)
             rows.append(row)
-        return {"server": kind, "loads": rows}
+            if proc.poll() is not None:
+                print(f"  {kind}: the server exited with {proc.returncode} during the run", flush=True)
+        died = proc.poll()  # a server that died under load says so in the report
+        return {"server": kind, "loads": rows, **({"exit_code_during_run": died} if died is not None else {})}
     finally:
         stop_server(proc, log)
 
