@@ -221,3 +221,12 @@ def test_load_many_clients_well_formed_nothing_leaks(base, engine):
         text = r.read().decode()
     assert 'surecall_requests_total{endpoint="chat",status="200"}' in text
     assert "surecall_running_rows 0" in text
+
+
+def test_grammars_compile_once_per_tools_and_mode(oa, engine):
+    _chat(oa, tools=TOOLS, tool_choice="required", seed=1)
+    compiles, lookups = engine.num_compiles, engine.num_grammar_lookups
+    _chat(oa, tools=TOOLS, tool_choice="required", seed=2, n=2)  # same (tools, mode, format, options)
+    assert engine.num_compiles == compiles and engine.num_grammar_lookups == lookups + 2
+    _chat(oa, tools=TOOLS[:2], tool_choice="required", seed=3)  # other tools: one more compile
+    assert engine.num_compiles == compiles + 1
