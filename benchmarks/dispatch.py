@@ -23,12 +23,12 @@ import sys
 import tempfile
 import time
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.dispatch.capability import Authority
 from surecall.dispatch.idempotency import RecordState, derive_key, hold_lease
 from surecall.dispatch.stores import open_store
 from surecall.dispatch.validate import validate_arguments
 from surecall.tools import SideEffect, Tool
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 KEY = b"benchmark-signing-key-32-bytes!!"
 CTX = multiprocessing.get_context("fork")

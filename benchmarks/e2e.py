@@ -265,12 +265,13 @@ def main(argv=None) -> int:
     max_tokens = args.max_tokens or (128 if gpu else 48)
     dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
 
-    from surecall.tools.catalog import seed_tools
     from surecall.config import EngineConfig
     from surecall.grammars.compile import compile_catalog
     from surecall.grammars.formats import catalog_regex, get_format
+    from surecall.grammars.options import GrammarOptions
     from surecall.kernels._triton import resolve_backend
     from surecall.llm import LLM
+    from surecall.tools.catalog import seed_tools
 
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
     vocab = load_vocab(model_name)
@@ -285,7 +286,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     table = compile_catalog(tools, vocab, fmt.name, None, use_cache=False)
     ours_compile_s = time.perf_counter() - start
-    regex = catalog_regex(tools, fmt, None).regex
+    regex = catalog_regex(tools, fmt, GrammarOptions(counted_lengths=False)).regex  # peers cannot count
     language = re.compile(regex)  # the `regex` package: partial matches say "a prefix of a call"
     peers = build_peers(model, vocab, regex)
     max_tokens = max(max_tokens, int(table.dist[0]) + 8)

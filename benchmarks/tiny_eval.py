@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.models import default_heldout_path, default_model_dir
 from surecall.models.training.corpus import read_jsonl
 from surecall.models.training.evaluate import hf_generate, make_validators, score_call, summarize
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 
 def _prompt_ids(tokenizer, rows, tools):

@@ -3,8 +3,9 @@
 Rows finish independently (a finished row keeps feeding a pad token and is ignored); the host
 looks at the finished flags only every `stop_check_interval` steps, so a step launches work
 without waiting for the device. Constrained rows carry a global state id in one concatenated
-TokenTable (mixed tools in one batch) and a remaining budget, so the mask only keeps tokens that
-can still reach acceptance: a constrained row never ends mid-call. Forced prefix ids (a
+TokenTable (mixed tools in one batch), a counter for counted string lengths, and a remaining
+budget, so the mask only keeps tokens that can still reach acceptance: a constrained row never
+ends mid-call. Forced prefix ids (a
 control token such as Mistral's `[TOOL_CALLS]`) are appended to the prompt and reported as
 generated tokens with masked logprob 0. Masking, sampling and advancing are `surecall.kernels`;
 a row whose mask allows nothing, or whose token the grammar refuses, ends with finish_reason
@@ -166,6 +167,7 @@ class _Live:
 
     idx: torch.Tensor  # int64: each row's index in the request
     state: torch.Tensor
+    counter: torch.Tensor  # int32: characters started in the row's counted string (grammars/table.py)
     is_constrained: torch.Tensor
     budget: torch.Tensor
     temperature: torch.Tensor
@@ -188,7 +190,8 @@ class _Live:
             return torch.tensor(values, dtype=dtype, device=device)
 
         return cls(
-            idx=torch.arange(n, device=device), state=state, is_constrained=state >= 0,
+            idx=torch.arange(n, device=device), state=state, counter=torch.zeros_like(state),
+            is_constrained=state >= 0,
             budget=vec(budgets, torch.int32),
             temperature=vec([float(r.sampling.temperature) for r in rows], torch.float32),
             top_k=vec([r.sampling.top_k for r in rows], torch.int32),
@@ -264,6 +267,7 @@ class Decoder:
         out_lp = torch.zeros((batch, max_steps), dtype=torch.float32, device=device)
         out_raw = torch.zeros((batch, max_steps), dtype=torch.float32, device=device) if want_unmasked else None
         use_sort = any(r.sampling.top_k > 0 or r.sampling.top_p < 1.0 for r in rows)
+        counted = dtable is not None and dtable.has_counts
         num_steps = compactions = 0
         # 3. the step loop
         for step in range(max_steps):
@@ -274,7 +278,8 @@ class Decoder:
             params = SamplingTensors(rw.temperature, rw.top_k, rw.top_p, rw.seed, step_t, use_top_k_top_p=use_sort)
             mark = clock.start("sample_s")  # constrained rows: the mask is fused into the sampler
             out = sample(logits, dtable, torch.where(rw.done, -1, rw.state), params, remaining=remaining,
-                         return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs)
+                         return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs,
+                         counters=rw.counter if counted else None)
             clock.stop(mark)
             tok = out.tokens
             empty = ~rw.done & (tok < 0)  # the mask allowed nothing: end the row as an error, never embed -1
@@ -291,10 +296,14 @@ class Decoder:
             if dtable is not None:
                 mark = clock.start("advance_s")
                 going = rw.is_constrained & ~rw.done
-                next_state, fin_grammar = advance(torch.where(going, rw.state, -1), tok, dtable, check=False)
+                moved = advance(torch.where(going, rw.state, -1), tok, dtable, check=False,
+                                counters=rw.counter if counted else None)
+                next_state, fin_grammar = moved[0], moved[1]
                 refused = going & (next_state == DEAD_STATE)  # the grammar does not allow the token
                 _record(rw.fail, rw.fail_at, refused, REFUSED_TOKEN, step, rw.state, tok)
                 rw.state = torch.where(going & ~refused, next_state, rw.state)
+                if counted:
+                    rw.counter = torch.where(going & ~refused, moved[2], rw.counter)
                 finished = torch.where(rw.is_constrained, fin_grammar, finished)
                 clock.stop(mark)
             newly = ~rw.done & (finished | (step + 1 >= rw.budget))

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from surecall.grammars.table import TokenTable
+from surecall.grammars.table import COUNT_ARRAYS, TokenTable
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: optional count_* arrays (counted string lengths)
 _ARRAYS = ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids")
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
@@ -130,7 +130,8 @@ def save(key: str, table: TokenTable) -> Path | None:
     try:
         header = {"format": CACHE_FORMAT, "arrays": {}, "relaxed": table.relaxed, "meta": table.meta,
                   "vocab_size": table.vocab_size, "logits_width": table.logits_width}
-        for name in _ARRAYS:
+        header["count_fill"] = table.count_fill
+        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()):
             arr = np.ascontiguousarray(getattr(table, name))
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
             header["arrays"][name] = {"dtype": arr.dtype.str, "shape": list(arr.shape),
@@ -170,7 +171,7 @@ def _read(path: Path, full_check: bool) -> TokenTable | None:
     if header.get("format") != CACHE_FORMAT:
         return None
     arrays = {}
-    for name in _ARRAYS:
+    for name in _ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ()):
         spec = header["arrays"][name]
         arr = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:
@@ -180,7 +181,8 @@ def _read(path: Path, full_check: bool) -> TokenTable | None:
             return None
         arrays[name] = arr
     table = TokenTable(**arrays, vocab_size=int(header["vocab_size"]), logits_width=int(header["logits_width"]),
-                       relaxed=[tuple(r) for r in header["relaxed"]], meta=dict(header["meta"]))
+                       relaxed=[tuple(r) for r in header["relaxed"]], meta=dict(header["meta"]),
+                       count_fill=int(header.get("count_fill", 1)))
     return table if _consistent(table) else None
 
 

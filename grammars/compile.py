@@ -1,14 +1,17 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
-Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> every
-state's tokens (tokenwalk.py) -> token-level pruning, dense renumbering, `dist`, CSR and
-bitmask rows (here). Budgets from GrammarOptions are checked between stages and before the big
+Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
+marks cut out (counted.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
+renumbering, `dist` (counted: Dijkstra with the unmet minimums), CSR, bitmask and count rows
+(here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
-machine. This module does not generate regexes and does not touch devices.
+machine. This module does not generate regexes and does not touch devices (just past 400
+lines: the pipeline, its budgets and the cache front are one concern).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -24,6 +27,13 @@ from surecall.grammars.automaton import (
     coreachable,
     regex_to_dfa,
     regex_to_dfa_isolated,
+)
+from surecall.grammars.counted import (
+    CountedCutError,
+    add_counts_inplace,
+    char_rows,
+    check_entries,
+    cut_marks,
 )
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import (
@@ -62,14 +72,8 @@ def compile_schema(schema: dict, vocab, options=None, use_cache: bool | str = Tr
 
     options = _options(options)
     key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
-
-    def build() -> TokenTable:
-        started = time.perf_counter()
-        result = schema_to_regex(schema, options)
-        meta = {"kind": "schema", "regex_ms": (time.perf_counter() - started) * 1e3}
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
-
-    return _through_cache(key, use_cache, build)
+    return _through_cache(key, use_cache, lambda: _with_fallback(
+        lambda opts: schema_to_regex(schema, opts), vocab, options, {"kind": "schema"}))
 
 
 def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool | str = True) -> TokenTable:
@@ -80,13 +84,9 @@ def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_c
     text = _canonical({"format": tool_format, "tools": [_tool_as_data(t) for t in tools]})
     key = table_cache.entry_key("catalog", text, vocab, options)
 
-    def build() -> TokenTable:
-        started = time.perf_counter()
-        result = catalog_regex(tools, tool_format, options)
-        meta = {"kind": "catalog", "format": tool_format, "regex_ms": (time.perf_counter() - started) * 1e3}
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
-
-    return _through_cache(key, use_cache, build)
+    return _through_cache(key, use_cache, lambda: _with_fallback(
+        lambda opts: catalog_regex(tools, tool_format, opts), vocab, options,
+        {"kind": "catalog", "format": tool_format}))
 
 
 def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
@@ -103,6 +103,23 @@ def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
     return table
 
 
+def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
+    """Compile `to_regex(options)`; if its counted strings cannot be cut out, again without counters."""
+    started = time.perf_counter()
+    result = to_regex(options)
+    meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
+    try:
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+    except CountedCutError as exc:
+        if not options.counted_lengths:
+            raise
+        plain = dataclasses.replace(options, counted_lengths=False)
+        result = to_regex(plain)
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), meta)
+        table.meta["counted_fallback"] = str(exc)
+        return table
+
+
 def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
     clock = _Clock(options.time_budget_s)
     # 1. Regex -> pruned byte DFA (outlines-core cannot be interrupted: bound its input first).
@@ -117,6 +134,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
                                     options.memory_budget_bytes)
     else:
         dfa = regex_to_dfa(regex)
+    dfa, counted = cut_marks(dfa)
     clock.check("byte DFA")
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": len(regex)}, clock)
 
@@ -129,11 +147,16 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
-    # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk).
+    # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk); tokens
+    #    that break a length bound on their own are dropped here, the rest are the counters' job.
     rows = token_rows(dfa, vi, regions)
+    counts = None
+    if counted.num_regions:
+        entries = check_entries(rows, dfa, counted, vi)
+        counts = (counted, *char_rows(dfa, counted, vi), entries)
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab)
+    table = build_table(dfa, rows, vocab, counts)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -148,7 +171,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     A row's shared class part is copied once into the CSR (its next states renumbered through
@@ -173,17 +196,22 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab) -> TokenTable:
     accept = dfa.accept[order].copy()
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
     edges = [new_id[succ[q]] for q in order.tolist()]
-    return TokenTable(
+    table = TokenTable(
         mask=_pack_mask(parts, accept, stop_ids, vocab.logits_width),
         accept=accept,
         trans_ptr=trans_ptr.astype(np.int32),
         trans_tok=trans_tok,
         trans_next=trans_next,
-        dist=_dist([e[e >= 0] for e in edges], accept),
+        dist=np.zeros(order.size, dtype=np.int32),
         vocab_size=vocab.vocab_size,
         logits_width=vocab.logits_width,
         stop_ids=stop_ids,
     )
+    if counts is None:
+        table.dist = _dist([e[e >= 0] for e in edges], accept)
+    else:
+        add_counts_inplace(table, counts, order, new_id)
+    return table
 
 
 def _successors(row: Row, n: int) -> np.ndarray:

@@ -20,8 +20,10 @@ class GrammarOptions:
 
     whitespace: "bounded" (default: at most `max_whitespace` of `whitespace_chars` wherever JSON
         allows whitespace), "none" (compact JSON only) or "free" (any run of `whitespace_chars`).
-    max_bounded_length: string and array length bounds above it are not materialised in the
-        grammar; they are relaxed and listed (the validator enforces them).
+    counted_lengths: True (default) enforces string minLength/maxLength of any size with a
+        per-row counter (grammars/counted.py); False materialises them up to max_bounded_length.
+    max_bounded_length: array length bounds (and string ones when not counted) above it are not
+        materialised in the grammar; they are relaxed and listed (the validator enforces them).
     max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
         cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
     max_any_depth: nesting depth of values under an unconstrained schema (`{}` / `true`).
@@ -36,6 +38,7 @@ class GrammarOptions:
     whitespace: str = "bounded"
     max_whitespace: int = 1
     whitespace_chars: str = " "
+    counted_lengths: bool = True
     max_bounded_length: int = 48
     max_ref_depth: int = 3
     max_any_depth: int = 2
@@ -59,6 +62,8 @@ class GrammarOptions:
         _check_int("max_ref_depth", self.max_ref_depth, 0, 64)
         _check_int("max_any_depth", self.max_any_depth, 0, 8)
         _check_int("max_regex_length", self.max_regex_length, 1000, 1 << 30)
+        if not isinstance(self.counted_lengths, bool):
+            raise ValueError(f"Invalid counted_lengths: expected a bool, got {self.counted_lengths!r}")
         if not isinstance(self.allow_additional_properties, bool):
             raise ValueError(
                 "Invalid allow_additional_properties: expected a bool, "

@@ -6,6 +6,18 @@ rows and never appear in the CSR transitions (a stop token ends the row, it does
 Every state can reach an accepting state (`dist` is finite): the compiler prunes dead states.
 This module holds data and cheap checks only; building tables is `compile.py`'s job and
 moving them to a device is the kernels' job.
+
+Counters (optional, `count_row is not None`). A state inside a length-bounded string body has
+`count_row[s] >= 0`; each batch row then carries one int32 counter c: the characters started
+in the body so far (an escape or a multi-byte character is one). With v = count_chars[row, t]
+(2 * characters token t starts there + 1 if it closes the string; -1: never), t is kept iff
+v >= 0, c + v//2 <= count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the
+counter is c + v//2 if t stays in the body, else count_entry_val at key s * logits_width + t
+(0 when absent: the characters t starts in the body it opens). `dist` of a counted state
+excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c), need_s(c) =
+ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged need(0).
+One counter per row suffices: a counted body holds no other counted value (nested item
+counts are not counted yet).
 """
 
 from __future__ import annotations
@@ -28,6 +40,46 @@ class TokenTable:
     stop_ids: np.ndarray  # int32 [k]; ids that end a row in an accepting state
     relaxed: list[tuple[str, str]] = field(default_factory=list)  # (JSON pointer, keyword) not enforced
     meta: dict = field(default_factory=dict)  # free-form: grammar kind, regex size, compile ms, ...
+    count_row: np.ndarray | None = None  # int32 [S]; row of count_chars inside a counted body, -1 elsewhere
+    count_lo: np.ndarray | None = None  # int32 [S]; minLength of the state's body (0 elsewhere)
+    count_hi: np.ndarray | None = None  # int32 [S]; maxLength of the state's body (0 elsewhere)
+    count_chars: np.ndarray | None = None  # int8 [R, vocab_size]; 2 * chars + closes, -1 never
+    count_entry_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of opening tokens
+    count_entry_val: np.ndarray | None = None  # int32 [E]; the counter such a token sets (non-zero only)
+    count_fill: int = 1  # characters per token the counted dist assumes towards a minimum
+
+    @property
+    def has_counts(self) -> bool:
+        return self.count_row is not None
+
+    def need(self, state: int, counter: int) -> int:
+        """Tokens still needed to reach the minimum of `state`'s body (0 outside counted bodies)."""
+        if not self.has_counts or self.count_row[state] < 0:
+            return 0
+        return -(-max(0, int(self.count_lo[state]) - counter) // self.count_fill)
+
+    def count_allows(self, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:
+        """bool per token of `tokens` (allowed by the mask): whether the counter bounds keep it."""
+        if not self.has_counts or self.count_row[state] < 0:
+            return np.ones(tokens.shape[0], dtype=bool)
+        v = self.count_chars[self.count_row[state], tokens].astype(np.int64)
+        total = counter + v // 2
+        closes = (v & 1) == 1
+        return (v >= 0) & (total <= self.count_hi[state]) & (~closes | (total >= self.count_lo[state]))
+
+    def next_counter(self, state: int, counter: int, token: int) -> int:
+        """The counter after `token` (a transition of `state`)."""
+        if not self.has_counts:
+            return 0
+        if self.count_row[state] >= 0:
+            v = int(self.count_chars[self.count_row[state], token])
+            if v >= 0 and v & 1 == 0:
+                return counter + v // 2
+        key = state * self.logits_width + token
+        i = int(np.searchsorted(self.count_entry_key, key))
+        if i < self.count_entry_key.shape[0] and int(self.count_entry_key[i]) == key:
+            return int(self.count_entry_val[i])
+        return 0
 
     @property
     def num_states(self) -> int:
@@ -40,7 +92,8 @@ class TokenTable:
     @property
     def nbytes(self) -> int:
         arrays = (self.mask, self.accept, self.trans_ptr, self.trans_tok, self.trans_next, self.dist, self.stop_ids)
-        return int(sum(a.nbytes for a in arrays))
+        counts = tuple(getattr(self, n) for n in COUNT_ARRAYS) if self.has_counts else ()
+        return int(sum(a.nbytes for a in arrays + counts))
 
     def allowed(self, state: int) -> np.ndarray:
         """Sorted token ids the mask allows in `state` (stop ids included where accepting)."""
@@ -78,6 +131,7 @@ class TokenTable:
             [t.trans_ptr[:-1].astype(np.int64) + o for t, o in zip(tables, nnz_offsets)] + [[int(nnz.sum())]]
         ).astype(np.int32)
         stop_ids = np.unique(np.concatenate([t.stop_ids for t in tables])).astype(np.int32)
+        counts = _concat_counts(tables, offsets) if any(t.has_counts for t in tables) else {}
         return (
             TokenTable(
                 mask=np.concatenate([t.mask for t in tables]),
@@ -91,6 +145,39 @@ class TokenTable:
                 stop_ids=stop_ids,
                 relaxed=[r for t in tables for r in t.relaxed],
                 meta={"concat_of": len(tables)},
+                **counts,
             ),
             offsets,
         )
+
+
+COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")
+
+
+def _concat_counts(tables: list[TokenTable], offsets: np.ndarray) -> dict:
+    """The count_* fields of several tables stacked (tables without counters get none)."""
+    rows, lo, hi, chars, keys, vals = [], [], [], [], [], []
+    num_rows = 0
+    width = tables[0].logits_width
+    fills = {t.count_fill for t in tables if t.has_counts}
+    if len(fills) > 1:  # one vocabulary gives one fill; the dists assume it
+        raise ValueError(f"Invalid tables: expected one count_fill, got {sorted(fills)}")
+    for t, off in zip(tables, offsets.tolist(), strict=True):
+        if not t.has_counts:
+            rows.append(np.full(t.num_states, -1, dtype=np.int32))
+            lo.append(np.zeros(t.num_states, dtype=np.int32))
+            hi.append(np.zeros(t.num_states, dtype=np.int32))
+            continue
+        rows.append(np.where(t.count_row >= 0, t.count_row + num_rows, -1).astype(np.int32))
+        lo.append(t.count_lo)
+        hi.append(t.count_hi)
+        chars.append(t.count_chars)
+        num_rows += t.count_chars.shape[0]
+        keys.append(t.count_entry_key.astype(np.int64) + off * width)
+        vals.append(t.count_entry_val)
+    return {
+        "count_row": np.concatenate(rows), "count_lo": np.concatenate(lo).astype(np.int32),
+        "count_hi": np.concatenate(hi).astype(np.int32), "count_chars": np.concatenate(chars),
+        "count_entry_key": np.concatenate(keys), "count_entry_val": np.concatenate(vals).astype(np.int32),
+        "count_fill": min(fills),
+    }

@@ -1,10 +1,10 @@
 """Random walks through a TokenTable: fuzz a grammar without a model.
 
 `random_walk` draws tokens uniformly from what the table allows (random logits, equal weight),
-keeping only tokens that can still reach acceptance inside the budget (dist[next] <= remaining
-- 1, the same rule as the mask kernel), and stops with a stop token in an accepting state. The
+keeping only tokens that the counters allow and that can still reach acceptance inside the
+budget (dist[next] + need <= remaining - 1, the same rule as the mask kernel), and stops with a stop token in an accepting state. The
 returned ids exclude the stop token; `decode` joins their bytes. `accepts` replays ids through
-the CSR. Nothing here samples from a model or touches a device.
+the CSR and the counters. Nothing here samples from a model or touches a device.
 """
 
 from __future__ import annotations
@@ -28,19 +28,35 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
         raise RequestError(
             f"max_tokens {budget} is below the {int(table.dist[0])} tokens the shortest document needs"
         )
-    state, out = 0, []
+    state, counter, out = 0, 0, []
     while True:
         remaining = budget - len(out)
         lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
         toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
-        ok = table.dist[nexts] <= remaining - 1
+        ok = kept(table, state, counter, toks, nexts, remaining)
         num_options = int(ok.sum()) + (1 if table.accept[state] else 0)
         pick = int(rng.integers(num_options))
         if table.accept[state] and pick == num_options - 1:
             return out
         i = np.flatnonzero(ok)[pick]
         out.append(int(toks[i]))
-        state = int(nexts[i])
+        state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
+
+
+def kept(table: TokenTable, state: int, counter: int, toks: np.ndarray, nexts: np.ndarray,
+         remaining: int) -> np.ndarray:
+    """bool per transition of `state`: the counter bounds and the budget keep it (the kernels' rule)."""
+    if not table.has_counts:
+        return table.dist[nexts] <= remaining - 1
+    ok = table.count_allows(state, counter, toks)
+    nexts = nexts.astype(np.int64)
+    lo, fill = table.count_lo[nexts].astype(np.int64), table.count_fill
+    start = np.zeros(toks.shape[0], dtype=np.int64)
+    if table.count_row[state] >= 0:
+        v = table.count_chars[table.count_row[state], toks].astype(np.int64)
+        start = np.where((v >= 0) & (v % 2 == 0), counter + v // 2, 0)
+    need = np.where(table.count_row[nexts] >= 0, -(-np.maximum(lo - start, 0) // fill), 0)
+    return ok & (table.dist[nexts] + need <= remaining - 1)
 
 
 def decode(vocab, ids: list[int]) -> bytes:
@@ -49,12 +65,12 @@ def decode(vocab, ids: list[int]) -> bytes:
 
 def accepts(table: TokenTable, ids: list[int]) -> bool:
     """Whether the table walks `ids` from state 0 into an accepting state (CSR only)."""
-    state = 0
+    state, counter = 0, 0
     for t in ids:
         nxt = table.next_state(state, int(t))
-        if nxt is None:
+        if nxt is None or not table.count_allows(state, counter, np.asarray([int(t)]))[0]:
             return False
-        state = nxt
+        state, counter = nxt, table.next_counter(state, counter, int(t))
     return bool(table.accept[state])
 
 

@@ -6,6 +6,9 @@ its state. Anything else is not allowed by the grammar: the row goes to DEAD_STA
 finished (check=True raises instead). Rows with state < 0 (no grammar) keep their state and
 finish on a table stop id or a token < 0 (a row whose sampler found nothing). It does not mask
 or sample; one lane per row, a fixed-step binary search, no host sync when check=False.
+With `counters` (a table with counted strings, grammars/table.py) it also returns each row's
+next counter: counter + characters for a token that stays in a counted body, the entry value
+(a second binary search, over count_entry_key) for one that moves, unchanged when it ends.
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ def _advance_kernel(
     trans_tok_ptr,  # int32 [nnz] sorted transition tokens
     trans_next_ptr,  # int32 [nnz] transition targets
     num_search_steps,  # binary-search iterations over the longest CSR row
+    counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
+    next_counters_ptr,  # int32 [B] out: the counter after the token (HAS_COUNTS)
+    count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
+    count_chars_ptr,  # int8 [R, count_cols] 2 * chars + closes per token, -1 never
+    count_cols,  # columns of count_chars
+    entry_key_ptr,  # int64 [E] sorted state * logits_width + token of body-opening tokens
+    entry_val_ptr,  # int32 [E] the counter such a token sets
+    num_entries,  # E
+    num_entry_steps,  # binary-search iterations over entry_key
+    logits_width,  # the key's state stride
+    HAS_COUNTS: tl.constexpr,  # update the counters
     BLOCK: tl.constexpr,  # rows per program, one lane each
 ):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -69,6 +83,29 @@ def _advance_kernel(
     fin = tl.where(has_grammar, found == 0, (token < 0) | is_stop)
     tl.store(next_ptr + rows, nxt, mask=ok)
     tl.store(finished_ptr + rows, fin.to(tl.int8), mask=ok)
+    if HAS_COUNTS:
+        counter = tl.load(counters_ptr + rows, mask=ok, other=0)
+        r = tl.load(count_row_ptr + st, mask=has_grammar, other=-1)
+        v = tl.load(
+            count_chars_ptr + tl.maximum(r, 0).to(tl.int64) * count_cols + tok,
+            mask=found & (r >= 0) & (tok < count_cols),
+            other=-1,
+        ).to(tl.int32)
+        stays = (v >= 0) & ((v & 1) == 0)
+        key = st.to(tl.int64) * logits_width + tok
+        elo = tl.zeros_like(rows)
+        ehi = tl.zeros_like(rows) + num_entries
+        for _ in range(num_entry_steps):
+            active = elo < ehi
+            mid = elo + (ehi - elo) // 2
+            go_right = tl.load(entry_key_ptr + mid, mask=active, other=0) < key
+            elo = tl.where(active & go_right, mid + 1, elo)
+            ehi = tl.where(active & (go_right == 0), mid, ehi)
+        hit = elo < num_entries
+        hit = hit & (tl.load(entry_key_ptr + elo, mask=hit, other=-1) == key)
+        entry = tl.load(entry_val_ptr + elo, mask=hit, other=0)
+        moved = tl.where(stays, counter + (v >> 1), entry)
+        tl.store(next_counters_ptr + rows, tl.where(found, moved, counter), mask=ok)
 
 
 def advance(
@@ -77,29 +114,37 @@ def advance(
     table: DeviceTable,
     check: bool = True,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next_states int32 [B], finished bool [B]); no host sync when check=False."""
+    counters: torch.Tensor | None = None,  # [B] int32 characters started in a counted body
+):
+    """(next_states int32 [B], finished bool [B]), plus next counters int32 [B] when `counters`
+    is given; no host sync when check=False."""
     if check:
-        _check_inputs(states, tokens, table)
+        _check_inputs(states, tokens, table, counters)
     if resolve_backend(backend, states.device) == "torch":
-        return advance_torch(states, tokens, table)
+        return advance_torch(states, tokens, table, counters)
     batch = states.shape[0]
     nxt = torch.empty_like(states)
     finished = torch.empty(batch, dtype=torch.int8, device=states.device)
+    next_counters = torch.empty_like(states) if counters is not None else None
     if batch:
         block = 128
         _advance_kernel[(triton.cdiv(batch, block),)](
             states, tokens, nxt, finished, batch,
             table.mask, table.num_words, table.accept_i8, table.is_stop,
             table.trans_ptr, table.trans_tok, table.trans_next, table.num_search_steps,
-            BLOCK=block, num_warps=4, **launch_options(states.device),
+            counters if counters is not None else states, next_counters if counters is not None else nxt,
+            table.count_row, table.count_chars, table.count_cols, table.count_entry_key,
+            table.count_entry_val, table.num_entries, table.num_entry_steps, table.logits_width,
+            HAS_COUNTS=counters is not None, BLOCK=block, num_warps=4, **launch_options(states.device),
         )  # fmt: skip
-    return nxt, finished.view(torch.bool)
+    if counters is None:
+        return nxt, finished.view(torch.bool)
+    return nxt, finished.view(torch.bool), next_counters
 
 
 def advance_torch(
-    states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable
-) -> tuple[torch.Tensor, torch.Tensor]:
+    states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable, counters: torch.Tensor | None = None
+):
     """Torch reference of `advance`."""
     has_grammar = states >= 0
     st = torch.where(has_grammar, states, torch.zeros_like(states)).long()
@@ -116,10 +161,27 @@ def advance_torch(
     nxt = torch.where(found, target, torch.where(stops_here, states.long(), dead))
     nxt = torch.where(has_grammar, nxt, states.long()).to(torch.int32)
     finished = torch.where(has_grammar, ~found, (tok < 0) | is_stop)
-    return nxt, finished
+    if counters is None:
+        return nxt, finished
+    return nxt, finished, _next_counters_torch(table, st, safe, found, counters)
 
 
-def _check_inputs(states, tokens, table) -> None:
+def _next_counters_torch(table, st, tok, found, counters) -> torch.Tensor:
+    r = table.count_row[st].long()
+    in_cols = tok < table.count_cols
+    v = table.count_chars[r.clamp(min=0), tok.clamp(max=table.count_cols - 1)].long()
+    v = torch.where(found & (r >= 0) & in_cols, v, torch.full_like(v, -1))
+    stays = (v >= 0) & (v % 2 == 0)
+    key = st * table.logits_width + tok
+    keys = table.count_entry_key[: max(table.num_entries, 1)]
+    at = torch.searchsorted(keys, key).clamp(max=keys.numel() - 1)
+    hit = (table.num_entries > 0) & (keys[at] == key)
+    entry = torch.where(hit, table.count_entry_val[at].long(), torch.zeros_like(key))
+    moved = torch.where(stays, counters.long() + torch.div(v, 2, rounding_mode="floor"), entry)
+    return torch.where(found, moved, counters.long()).to(torch.int32)
+
+
+def _check_inputs(states, tokens, table, counters=None) -> None:
     if not isinstance(table, DeviceTable):
         raise KernelInputError(
             f"table: expected a DeviceTable (DeviceTable.from_table), got {type(table).__name__}"
@@ -129,7 +191,9 @@ def _check_inputs(states, tokens, table) -> None:
     checks.check_vector(states, "states", -1, (torch.int32,), table.device)
     checks.check_vector(tokens, "tokens", states.shape[0], (torch.int64,), table.device)
     checks.check_states(states, table)
-    nxt, _ = advance_torch(states, tokens, table)
+    if counters is not None or table.has_counts:
+        checks.check_counters(counters, table, states.shape[0], table.device)
+    nxt = advance_torch(states, tokens, table)[0]
     bad = torch.nonzero(nxt == DEAD_STATE).flatten()
     if bad.numel():
         row = int(bad[0])

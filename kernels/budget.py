@@ -5,6 +5,9 @@ finding a token's slot is a binary search with a fixed number of steps (the tabl
 `num_search_steps`), vectorised over lanes, so it needs no data-dependent loop bound and no
 host sync. `budget_keep_*` applies the `dist` rule: with `rem` tokens left (this one included)
 a transition is kept iff dist[next] <= rem - 1, and a stop id (never in the CSR) iff rem >= 1.
+With counters (grammars/table.py) `count_keep_*` gives the counter bounds per column and, for
+tokens that stay in a counted body, the need after them (`stay_need`, -1 elsewhere); the budget
+then charges dist[next] + stay_need to those and dist_entry[next] to the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +19,37 @@ from surecall.kernels.table import DeviceTable
 
 
 @triton.jit
+def count_keep_triton(
+    cols,  # int32 tensor of token ids
+    state,  # int32 scalar: the row's grammar state (>= 0)
+    counter,  # int32 scalar: the row's counter
+    count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
+    count_lo_ptr,  # int32 [S] minimum characters of the state's body
+    count_hi_ptr,  # int32 [S] maximum characters of the state's body
+    count_chars_ptr,  # int8 [R, count_cols] 2 * chars + closes, -1 never
+    count_cols,  # columns of count_chars
+    fill,  # characters per token towards a minimum
+):
+    r = tl.load(count_row_ptr + state)
+    lo = tl.load(count_lo_ptr + state)
+    hi = tl.load(count_hi_ptr + state)
+    inside = r >= 0
+    rows = tl.zeros_like(cols) + r  # the row as a tensor: a scalar-and-tensor mask is refused interpreted
+    v = tl.load(
+        count_chars_ptr + tl.maximum(rows, 0).to(tl.int64) * count_cols + cols,
+        mask=(rows >= 0) & (cols < count_cols),
+        other=-1,
+    ).to(tl.int32)
+    total = counter + (v >> 1)
+    closes = (v & 1) != 0
+    ok = (v >= 0) & (total <= hi) & ((closes == 0) | (total >= lo))
+    keep = (inside == 0) | ok
+    stays = inside & (v >= 0) & (closes == 0)
+    need = (tl.maximum(lo - total, 0) + fill - 1) // fill
+    return keep != 0, tl.where(stays, need, -1)
+
+
+@triton.jit
 def budget_keep_triton(
     tokens,  # int32 tensor of token ids
     state,  # int32 scalar: the row's grammar state
@@ -24,6 +58,8 @@ def budget_keep_triton(
     trans_tok_ptr,  # int32 [nnz] sorted allowed tokens per state
     trans_next_ptr,  # int32 [nnz] next state per CSR slot
     dist_ptr,  # int32 [S] fewest tokens to acceptance
+    dist_entry_ptr,  # int32 [S] dist + need(0): charged to tokens that do not stay in a body
+    stay_need,  # int32 tensor like tokens: need after a token that stays in a body, else -1
     num_search_steps,  # binary-search iterations
 ):
     # Fixed-step binary search for each token in the state's CSR row (advance.py has the same
@@ -41,7 +77,11 @@ def budget_keep_triton(
     found = in_row & (tl.load(trans_tok_ptr + lo, mask=in_row, other=-1) == tokens)
     slot = lo
     nxt = tl.load(trans_next_ptr + slot, mask=found, other=0)
-    d = tl.load(dist_ptr + nxt, mask=found, other=0)
+    d = tl.where(
+        stay_need >= 0,
+        tl.load(dist_ptr + nxt, mask=found, other=0) + stay_need,
+        tl.load(dist_entry_ptr + nxt, mask=found, other=0),
+    )
     return (
         tl.where(found, d <= rem - 1, rem >= 1) != 0
     )  # `!= 0`: a plain bool tensor in the interpreter too
@@ -70,8 +110,29 @@ def csr_find_torch(
     return found, lo
 
 
+def count_keep_torch(
+    table: DeviceTable, states: torch.Tensor, counters: torch.Tensor, num_cols: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep bool [R, num_cols], stay_need int64 [R, num_cols]) for rows in `states` (>= 0)."""
+    st = states.long()
+    r = table.count_row[st].long()
+    inside = (r >= 0)[:, None]
+    cols = torch.arange(num_cols, device=st.device)
+    in_cols = cols < table.count_cols
+    v = table.count_chars[r.clamp(min=0)][:, cols.clamp(max=table.count_cols - 1)].long()
+    v = torch.where(inside & in_cols[None, :], v, torch.full_like(v, -1))
+    total = counters.long()[:, None] + torch.div(v, 2, rounding_mode="floor")
+    closes = (v >= 0) & (v % 2 == 1)
+    lo, hi = table.count_lo[st].long()[:, None], table.count_hi[st].long()[:, None]
+    ok = (v >= 0) & (total <= hi) & (~closes | (total >= lo))
+    stays = inside & (v >= 0) & ~closes
+    need = torch.div((lo - total).clamp(min=0) + table.count_fill - 1, table.count_fill, rounding_mode="floor")
+    return ~inside | ok, torch.where(stays, need, torch.full_like(need, -1))
+
+
 def budget_drop_torch(
-    table: DeviceTable, states: torch.Tensor, remaining: torch.Tensor, num_cols: int
+    table: DeviceTable, states: torch.Tensor, remaining: torch.Tensor, num_cols: int,
+    stay_need: torch.Tensor | None = None,  # [R, num_cols] from count_keep_torch
 ) -> torch.Tensor:
     """bool [R, num_cols]: tokens the budget forbids for rows in `states` (>= 0) with `remaining`.
 
@@ -90,8 +151,13 @@ def budget_drop_torch(
     owner = torch.repeat_interleave(binding, lens)
     first = torch.repeat_interleave(starts - torch.cumsum(lens, 0) + lens, lens)
     slots = first + torch.arange(owner.numel(), device=states.device)
-    too_far = table.dist[table.trans_next[slots].long()].long() > rem[owner] - 1
     toks = table.trans_tok[slots].long()
     keep_cols = toks < num_cols
+    nxt = table.trans_next[slots].long()
+    d = table.dist_entry[nxt].long()
+    if stay_need is not None:
+        sn = stay_need[owner, toks.clamp(max=num_cols - 1)]
+        d = torch.where(sn >= 0, table.dist[nxt].long() + sn, d)
+    too_far = d > rem[owner] - 1
     drop[owner[too_far & keep_cols], toks[too_far & keep_cols]] = True
     return drop

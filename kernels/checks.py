@@ -65,6 +65,19 @@ def check_table(table: DeviceTable, logits: torch.Tensor) -> None:
         )
 
 
+def check_counters(counters: torch.Tensor | None, table: DeviceTable, batch: int, device: torch.device) -> None:
+    """Counters are given exactly when the table counts string lengths (one int32 >= 0 per row)."""
+    if counters is None:
+        if table.has_counts:
+            raise KernelInputError(
+                "counters: expected an int32 tensor [batch] for a table with counted strings, got None"
+            )
+        return
+    check_vector(counters, "counters", batch, (torch.int32,), device)
+    if counters.numel() and int(counters.min()) < 0:
+        raise KernelInputError(f"counters: expected values >= 0, got {int(counters.min())}")
+
+
 def check_rows(rows: torch.Tensor | None, batch: int, device: torch.device) -> None:
     check_vector(rows, "rows", -1, (torch.int64, torch.int32), device)
     if rows is not None and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= batch):

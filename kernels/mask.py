@@ -4,7 +4,8 @@ Semantics of xgrammar's `apply_token_bitmask_inplace` (bit j of word w of a stat
 allows token 32*w + j; a 0 bit writes -inf; allowed logits are left bit-for-bit alone), with
 the mask row gathered from the DeviceTable by each row's state, plus: columns past the table's
 bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
-optional per-row budget keeps only tokens that can still reach acceptance in time. The kernel
+optional per-row budget keeps only tokens that can still reach acceptance in time, and on a
+table with counted strings per-row `counters` keep lengths in bounds (grammars/table.py). The kernel
 has three store forms (STORE_MODE; xgrammar's predicated -inf stores is mode 0), all giving the
 same result; `benchmarks/kernels.py --sweep` times them on a GPU and names the fastest, from which
 DEFAULT_STORE_MODE is set (until a GPU run does, it is a guess). It does not sample (sample.py does).
@@ -16,7 +17,12 @@ import torch
 
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.budget import budget_drop_torch, budget_keep_triton
+from surecall.kernels.budget import (
+    budget_drop_torch,
+    budget_keep_triton,
+    count_keep_torch,
+    count_keep_triton,
+)
 from surecall.kernels.table import DeviceTable
 
 
@@ -36,8 +42,17 @@ def _apply_mask_kernel(
     trans_next_ptr,  # int32 [nnz] transition targets
     dist_ptr,  # int32 [S] fewest tokens to acceptance
     num_search_steps,  # binary-search iterations over the longest CSR row
+    counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
+    count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
+    count_lo_ptr,  # int32 [S] minimum characters of the state's body
+    count_hi_ptr,  # int32 [S] maximum characters of the state's body
+    count_chars_ptr,  # int8 [R, count_cols] 2 * chars + closes per token, -1 never
+    count_cols,  # columns of count_chars
+    count_fill,  # characters per token towards a minimum
+    dist_entry_ptr,  # int32 [S] dist + need(0): charged to tokens that do not stay in a body
     HAS_ROWS: tl.constexpr,  # mask only the rows listed in rows_ptr
     HAS_BUDGET: tl.constexpr,  # apply the remaining-token budget
+    HAS_COUNTS: tl.constexpr,  # apply the counters
     BLOCK_WORDS: tl.constexpr,  # packed words per program (32 * BLOCK_WORDS columns)
     STORE_MODE: tl.constexpr,  # 0: -inf where forbidden; 1: read all, write all; 2: read allowed, write all
 ):
@@ -54,6 +69,13 @@ def _apply_mask_kernel(
         bits = tl.arange(0, 32)
         cols = words[:, None] * 32 + bits[None, :]
         keep = ((packed[:, None] >> bits[None, :]) & 1) != 0
+        stay_need = tl.full(cols.shape, -1, tl.int32)
+        if HAS_COUNTS:
+            count_ok, stay_need = count_keep_triton(
+                cols, state, tl.load(counters_ptr + row), count_row_ptr, count_lo_ptr,
+                count_hi_ptr, count_chars_ptr, count_cols, count_fill,
+            )  # fmt: skip
+            keep = keep & count_ok
         if HAS_BUDGET:
             rem = tl.load(remaining_ptr + row)
             if rem - 1 < tl.load(max_next_dist_ptr + state):
@@ -65,6 +87,8 @@ def _apply_mask_kernel(
                     trans_tok_ptr,
                     trans_next_ptr,
                     dist_ptr,
+                    dist_entry_ptr,
+                    stay_need,
                     num_search_steps,
                 )
         ptrs = logits_ptr + row * logits_stride + cols
@@ -99,14 +123,15 @@ def apply_token_mask_inplace(
     | None = None,  # [B] int32 tokens the row may still emit, this one included
     check: bool = True,
     backend: str = "auto",
+    counters: torch.Tensor | None = None,  # [B] int32 characters started in a counted body
 ) -> None:
     """Set the logits of forbidden tokens to -inf on grammar rows; no host sync when check=False."""
     if check:
-        _check_inputs(logits, table, states, rows, remaining)
+        _check_inputs(logits, table, states, rows, remaining, counters)
     if resolve_backend(backend, logits.device) == "torch":
-        apply_token_mask_torch(logits, table, states, rows, remaining)
+        apply_token_mask_torch(logits, table, states, rows, remaining, counters)
         return
-    _launch(logits, table, states, rows, remaining)
+    _launch(logits, table, states, rows, remaining, counters=counters)
 
 
 def _launch(
@@ -118,6 +143,7 @@ def _launch(
     block_words: int | None = None,
     num_warps: int = 4,
     store_mode: int | None = None,
+    counters=None,
 ) -> None:
     """Launch the Triton kernel; the keywords are tuning knobs (benchmarks/kernels.py --sweep)."""
     store_mode = DEFAULT_STORE_MODE if store_mode is None else store_mode
@@ -137,7 +163,10 @@ def _launch(
         remaining if remaining is not None else states,
         table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
         table.num_search_steps,
-        HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None, BLOCK_WORDS=block_words,
+        counters if counters is not None else states, table.count_row, table.count_lo, table.count_hi,
+        table.count_chars, table.count_cols, table.count_fill, table.dist_entry,
+        HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None,
+        HAS_COUNTS=counters is not None and table.has_counts, BLOCK_WORDS=block_words,
         STORE_MODE=store_mode, num_warps=num_warps, **launch_options(logits.device),
     )  # fmt: skip
 
@@ -154,6 +183,7 @@ def apply_token_mask_torch(
     states: torch.Tensor,
     rows: torch.Tensor | None = None,
     remaining: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> None:
     """Torch reference of `apply_token_mask_inplace` (syncs with the host; fine on CPU)."""
     idx = torch.arange(logits.shape[0], device=logits.device) if rows is None else rows.long()
@@ -162,8 +192,12 @@ def apply_token_mask_torch(
         return
     st = states[idx].long()
     drop = ~allowed_columns(table, st, logits.shape[1])
+    stay_need = None
+    if counters is not None and table.has_counts:
+        count_ok, stay_need = count_keep_torch(table, st, counters[idx], logits.shape[1])
+        drop |= ~count_ok
     if remaining is not None:
-        drop |= budget_drop_torch(table, st, remaining[idx], logits.shape[1])
+        drop |= budget_drop_torch(table, st, remaining[idx], logits.shape[1], stay_need)
     if (
         idx.numel() == logits.shape[0] and rows is None
     ):  # every row: mask in place, no gather/scatter
@@ -183,12 +217,13 @@ def allowed_columns(table: DeviceTable, states: torch.Tensor, num_cols: int) -> 
     return torch.cat([keep, pad], dim=1)
 
 
-def _check_inputs(logits, table, states, rows, remaining) -> None:
+def _check_inputs(logits, table, states, rows, remaining, counters=None) -> None:
     checks.check_logits(logits)
     checks.check_table(table, logits)
     batch = logits.shape[0]
     checks.check_vector(states, "states", batch, (torch.int32,), logits.device)
     checks.check_vector(remaining, "remaining", batch, (torch.int32,), logits.device)
+    checks.check_counters(counters, table, batch, logits.device)
     checks.check_rows(rows, batch, logits.device)
     checks.check_states(states, table)
     checks.check_nonempty(table, states, remaining, rows)

@@ -8,6 +8,7 @@ drawn from (mask, budget, temperature, top-k/top-p); for greedy rows under mask(
 T = 1. `unmasked_logprobs` (optional) is under softmax(logits / T) with no mask and no
 top-k/top-p (T = 1 for greedy rows): the model's own policy, which RL needs next to it.
 A row whose mask allows nothing gets token -1 and logprob -inf (check=True raises instead).
+On a table with counted strings the per-row `counters` join the mask (kernels/mask.py).
 
 Paths. Without top-k/top-p, two Triton kernels and no host sync: a split pass (each program
 reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax) and a combine pass. The
@@ -24,7 +25,7 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.budget import budget_keep_triton
+from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
 from surecall.kernels.table import DeviceTable
@@ -93,8 +94,17 @@ def _sample_split_kernel(
     part_usum_ptr,  # float32 [B, P] out: as part_sum without the mask (HAS_UNMASKED)
     split_size,  # columns per slice (a multiple of 32 * BLOCK_WORDS)
     num_splits,  # P
+    counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
+    count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
+    count_lo_ptr,  # int32 [S] minimum characters of the state's body
+    count_hi_ptr,  # int32 [S] maximum characters of the state's body
+    count_chars_ptr,  # int8 [R, count_cols] 2 * chars + closes per token, -1 never
+    count_cols,  # columns of count_chars
+    count_fill,  # characters per token towards a minimum
+    dist_entry_ptr,  # int32 [S] dist + need(0): charged to tokens that do not stay in a body
     HAS_TABLE: tl.constexpr,  # apply the grammar mask
     HAS_BUDGET: tl.constexpr,  # apply the remaining-token budget
+    HAS_COUNTS: tl.constexpr,  # apply the counters
     HAS_UNMASKED: tl.constexpr,  # also reduce the unmasked distribution
     BLOCK_WORDS: tl.constexpr,  # packed words per block (32 * BLOCK_WORDS columns)
 ):
@@ -108,8 +118,11 @@ def _sample_split_kernel(
     state = tl.full([], -1, tl.int32)
     rem = tl.full([], 0, tl.int32)
     binding = tl.full([], 0, tl.int1)
+    counter = tl.full([], 0, tl.int32)
     if HAS_TABLE:
         state = tl.load(states_ptr + row)
+        if HAS_COUNTS:
+            counter = tl.load(counters_ptr + row)
         if HAS_BUDGET:
             rem = tl.load(remaining_ptr + row)
             binding = (state >= 0) & (rem - 1 < tl.load(max_next_dist_ptr + tl.maximum(state, 0)))
@@ -147,6 +160,13 @@ def _sample_split_kernel(
                 )
                 bit_set = ((packed[:, None] >> bits[None, :]) & 1) != 0
                 allowed = allowed & tl.reshape(bit_set, [32 * BLOCK_WORDS])
+                stay_need = tl.full([32 * BLOCK_WORDS], -1, tl.int32)
+                if HAS_COUNTS:
+                    count_ok, stay_need = count_keep_triton(
+                        cols, state, counter, count_row_ptr, count_lo_ptr, count_hi_ptr,
+                        count_chars_ptr, count_cols, count_fill,
+                    )  # fmt: skip
+                    allowed = allowed & count_ok
                 if binding:
                     allowed = allowed & budget_keep_triton(
                         cols,
@@ -156,6 +176,8 @@ def _sample_split_kernel(
                         trans_tok_ptr,
                         trans_next_ptr,
                         dist_ptr,
+                        dist_entry_ptr,
+                        stay_need,
                         num_search_steps,
                     )
         xm = tl.where(allowed, xs, float("-inf"))
@@ -246,21 +268,23 @@ def sample(
     check: bool = True,
     backend: str = "auto",
     split_size: int | None = None,  # columns per program on the fused path (tests vary it)
+    counters: torch.Tensor | None = None,  # [B] int32 characters started in a counted body
 ) -> SampleOutput:
     """Draw one token per row from the masked, tempered distribution; no host sync when check=False
     and `params.use_top_k_top_p` is set."""
     if check:
-        _check_inputs(logits, table, states, params, remaining)
+        _check_inputs(logits, table, states, params, remaining, counters)
     if table is None:
-        states = remaining = None
+        states = remaining = counters = None
     path = resolve_backend(backend, logits.device)
     if params.needs_sort():
         return _sample_sorted(
-            logits, table, states, params, remaining, return_unmasked_logprobs, path
+            logits, table, states, params, remaining, return_unmasked_logprobs, path, counters
         )
     if path == "torch":
-        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs)
-    return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size)
+        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
+    return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size,
+                   counters=counters)
 
 
 def _inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
@@ -279,6 +303,7 @@ def _launch(
     want_unmasked,
     split_size,
     block_words: int | None = None,
+    counters=None,
 ) -> SampleOutput:
     batch, width = logits.shape
     dev = logits.device
@@ -310,7 +335,10 @@ def _launch(
         inv_t, params.temperature, key_a, key_b,
         parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
         split_size, num_splits,
-        HAS_TABLE=has_table, HAS_BUDGET=remaining is not None, HAS_UNMASKED=want_unmasked,
+        counters if counters is not None else inv_t, t.count_row, t.count_lo, t.count_hi, t.count_chars,
+        t.count_cols, t.count_fill, t.dist_entry,
+        HAS_TABLE=has_table, HAS_BUDGET=remaining is not None,
+        HAS_COUNTS=has_table and counters is not None and t.has_counts, HAS_UNMASKED=want_unmasked,
         BLOCK_WORDS=block_words, num_warps=4, **opts,
     )  # fmt: skip
     splits_p2 = max(2, triton.next_power_of_2(num_splits))
@@ -332,20 +360,24 @@ class _Dummy:
         self.mask = self.max_next_dist = self.trans_ptr = self.trans_tok = self.trans_next = (
             self.dist
         ) = z
+        self.count_row = self.count_lo = self.count_hi = self.dist_entry = z
+        self.count_chars = torch.zeros(2, dtype=torch.int8, device=dev)
         self.num_words = 1
         self.num_search_steps = 1
+        self.count_cols = self.count_fill = 1
+        self.has_counts = False
 
 
 # ---- torch paths ---------------------------------------------------------------------------
-def _masked_scaled(logits, table, states, remaining, inv_t, backend: str) -> torch.Tensor:
+def _masked_scaled(logits, table, states, remaining, inv_t, backend: str, counters=None) -> torch.Tensor:
     """float32 [B, L]: mask(logits) * (1 / T), -inf where forbidden."""
     work = logits.float().clone()
     if table is not None:
         if backend == "torch":
-            apply_token_mask_torch(work, table, states, None, remaining)
+            apply_token_mask_torch(work, table, states, None, remaining, counters)
         else:
             apply_token_mask_inplace(
-                work, table, states, remaining=remaining, check=False, backend=backend
+                work, table, states, remaining=remaining, check=False, backend=backend, counters=counters
             )
     return work * inv_t[:, None]
 
@@ -379,11 +411,11 @@ def _logprob_of(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def sample_torch(
-    logits, table, states, params, remaining=None, return_unmasked_logprobs=False
+    logits, table, states, params, remaining=None, return_unmasked_logprobs=False, counters=None
 ) -> SampleOutput:
     """Torch reference of the fused path (no top-k/top-p)."""
     inv_t = _inverse_temperature(params.temperature)
-    xm = _masked_scaled(logits, table, states, remaining, inv_t, "torch")
+    xm = _masked_scaled(logits, table, states, remaining, inv_t, "torch", counters)
     tokens = _draw(xm, params.temperature, params)
     unmasked = (
         _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
@@ -392,11 +424,11 @@ def sample_torch(
 
 
 def _sample_sorted(
-    logits, table, states, params, remaining, want_unmasked, backend
+    logits, table, states, params, remaining, want_unmasked, backend, counters=None
 ) -> SampleOutput:
     """Top-k then top-p on the masked, tempered logits (sort path); greedy rows skip both."""
     inv_t = _inverse_temperature(params.temperature)
-    xm = _masked_scaled(logits, table, states, remaining, inv_t, backend)
+    xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
     greedy = params.temperature == 0
     top_k = torch.where(greedy, torch.zeros_like(params.top_k), params.top_k).long()
     top_p = torch.where(greedy, torch.ones_like(params.top_p), params.top_p)
@@ -412,7 +444,7 @@ def _sample_sorted(
     return SampleOutput(tokens, _logprob_of(xf, tokens), unmasked)
 
 
-def _check_inputs(logits, table, states, params, remaining) -> None:
+def _check_inputs(logits, table, states, params, remaining, counters=None) -> None:
     checks.check_logits(logits)
     batch, dev = logits.shape[0], logits.device
     if not isinstance(params, SamplingTensors):
@@ -437,5 +469,6 @@ def _check_inputs(logits, table, states, params, remaining) -> None:
             "states: expected an int32 tensor [batch] when a table is given, got None"
         )
     checks.check_vector(remaining, "remaining", batch, (torch.int32,), dev)
+    checks.check_counters(counters, table, batch, dev)
     checks.check_states(states, table)
     checks.check_nonempty(table, states, remaining, None)

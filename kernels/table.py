@@ -5,6 +5,10 @@ need so that no launch has to look at the host: the widest/narrowest `dist` one 
 each state (the budget mask only does work on rows where the budget binds), whether each state
 allows anything, and the number of binary-search steps over the longest CSR row. It does not
 compile or validate grammars (grammars/ does) and holds no per-request state.
+Counters (grammars/table.py): `count_*` are the table's count arrays (placeholders when it has
+none: count_row all -1), `dist_entry` = dist + need(0) of the state's body, the dist a token
+that does not stay in a body is charged; `max_next_dist` is over dist_entry (an upper bound of
+what the budget charges), `min_next_dist` over dist (a lower bound).
 """
 
 from __future__ import annotations
@@ -40,6 +44,18 @@ class DeviceTable:
     num_search_steps: int  # binary-search iterations that cover the longest CSR row
     vocab_size: int
     logits_width: int
+    count_row: torch.Tensor  # int32 [S]: row of count_chars inside a counted body, -1 elsewhere
+    count_lo: torch.Tensor  # int32 [S]
+    count_hi: torch.Tensor  # int32 [S]
+    count_chars: torch.Tensor  # int8 [max(R, 1), count_cols]: 2 * chars + closes, -1 never
+    count_entry_key: torch.Tensor  # int64 [max(E, 1)] sorted s * logits_width + t (padding: -1, never read)
+    count_entry_val: torch.Tensor  # int32 [max(E, 1)]
+    dist_entry: torch.Tensor  # int32 [S]: dist + need(0)
+    count_cols: int  # columns of count_chars (the vocabulary size)
+    count_fill: int  # characters per token towards a minimum (table.count_fill)
+    num_entries: int  # E
+    num_entry_steps: int  # binary-search iterations over count_entry_key
+    has_counts: bool
 
     @property
     def num_states(self) -> int:
@@ -68,12 +84,13 @@ class DeviceTable:
         dev = torch.device(device)
         num_states = table.num_states
         row_lens = np.diff(table.trans_ptr.astype(np.int64))
-        next_dist = table.dist[table.trans_next].astype(np.int64)
+        counts = _count_arrays(table)
+        next_dist = counts["dist_entry"][table.trans_next].astype(np.int64)
         owner = np.repeat(np.arange(num_states), row_lens)
         max_next = np.full(num_states, -1, dtype=np.int64)
         min_next = np.full(num_states, NO_NEXT, dtype=np.int64)
         np.maximum.at(max_next, owner, next_dist)
-        np.minimum.at(min_next, owner, next_dist)
+        np.minimum.at(min_next, owner, table.dist[table.trans_next].astype(np.int64))  # a lower bound
         is_stop = np.zeros(table.num_words * 32, dtype=np.int8)
         is_stop[table.stop_ids.astype(np.int64)] = 1
         stop_bits = _bits(table.mask, table.stop_ids.astype(np.int64))
@@ -107,7 +124,38 @@ class DeviceTable:
             num_search_steps=max(1, max_row.bit_length()),
             vocab_size=int(table.vocab_size),
             logits_width=int(table.logits_width),
+            count_row=put(counts["count_row"], torch.int32),
+            count_lo=put(counts["count_lo"], torch.int32),
+            count_hi=put(counts["count_hi"], torch.int32),
+            count_chars=put(counts["count_chars"], torch.int8),
+            count_entry_key=put(counts["count_entry_key"], torch.int64),
+            count_entry_val=put(counts["count_entry_val"], torch.int32),
+            dist_entry=put(counts["dist_entry"], torch.int32),
+            count_cols=int(counts["count_chars"].shape[1]),
+            count_fill=int(table.count_fill) if table.has_counts else 1,
+            num_entries=int(counts["num_entries"]),
+            num_entry_steps=max(1, int(counts["num_entries"]).bit_length()),
+            has_counts=bool(table.has_counts),
         )
+
+
+def _count_arrays(table: TokenTable) -> dict:
+    """The count arrays the kernels read, with placeholders for a table without counters."""
+    n = table.num_states
+    if not table.has_counts:
+        return {"count_row": np.full(n, -1, np.int32), "count_lo": np.zeros(n, np.int32),
+                "count_hi": np.zeros(n, np.int32), "count_chars": np.full((1, 1), -1, np.int8),
+                "count_entry_key": np.full(1, -1, np.int64), "count_entry_val": np.zeros(1, np.int32),
+                "dist_entry": table.dist, "num_entries": 0}
+    inside = table.count_row >= 0
+    need0 = np.where(inside, -(-table.count_lo.astype(np.int64) // table.count_fill), 0)
+    chars = table.count_chars if table.count_chars.shape[0] else np.full((1, table.vocab_size), -1, np.int8)
+    num_entries = int(table.count_entry_key.shape[0])
+    return {"count_row": table.count_row, "count_lo": table.count_lo, "count_hi": table.count_hi,
+            "count_chars": chars,
+            "count_entry_key": table.count_entry_key if num_entries else np.full(1, -1, np.int64),
+            "count_entry_val": table.count_entry_val if num_entries else np.zeros(1, np.int32),
+            "dist_entry": (table.dist + need0).astype(np.int32), "num_entries": num_entries}
 
 
 def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ class RequestState:
     forced: tuple[int, ...] = ()
     table_key: str | None = None  # the request's grammar (None: free decoding)
     state: int = -1  # local state in its grammar (-1: free)
+    counter: int = 0  # characters started in the current counted string (grammars/table.py)
     generated: list[int] = field(default_factory=list)  # forced ids first
     logprobs: list[float] = field(default_factory=list)
     unmasked_logprobs: list[float] = field(default_factory=list)
@@ -256,13 +257,18 @@ class EngineCore:
                                        [st.sampling.top_k for st in states], [float(st.sampling.top_p) for st in states],
                                        [st.seed for st in states], steps, device=device)
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
+        counted = dtable is not None and dtable.has_counts
+        counters = torch.tensor([st.counter for st in states], dtype=torch.int32, device=device) if counted else None
         out = sample(logits, dtable, grammar_state, params, remaining=remaining.clamp_min(1),
-                     return_unmasked_logprobs=want_unmasked, check=False)
+                     return_unmasked_logprobs=want_unmasked, check=False, counters=counters)
         tokens = out.tokens
         is_constrained = grammar_state >= 0
+        next_counters = None
         if dtable is not None:
-            nxt, fin_grammar = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1),
-                                       tokens.clamp_min(0), dtable, check=False)
+            moved = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1), tokens.clamp_min(0),
+                            dtable, check=False, counters=counters)
+            nxt, fin_grammar = moved[0], moved[1]
+            next_counters = moved[2].tolist() if counted else None
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)
         tok_h, lp_h = tokens.tolist(), out.logprobs.tolist()
@@ -294,6 +300,8 @@ class EngineCore:
             seq.token_ids.append(token)
             if cons_h[i]:
                 st.state = nxt_h[i] - offsets[st.table_key]
+                if next_counters is not None:
+                    st.counter = int(next_counters[i])
                 done_by_stop = bool(fin_h[i])
             else:
                 done_by_stop = token in st.stop_ids

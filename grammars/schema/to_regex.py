@@ -111,6 +111,51 @@ def json_literal(value: object, options: GrammarOptions) -> str:
     return "".join(lex.regex_char(ord(c)) for c in text)
 
 
+# A counted string is `"` ENTER body* `"` EXIT, where ENTER/EXIT are a control byte plus its
+# bounds as 16 nibble bytes. Raw control bytes never occur in JSON text, so the marks cannot
+# clash with anything; compile.py (grammars/counted.py) cuts them out of the byte DFA and keeps
+# the body's states as one counted region. The exit mark also keeps bodies of different bounds
+# (or an unbounded one) from being merged by DFA minimisation.
+COUNT_ENTER, COUNT_EXIT = 0x01, 0x02
+NO_MAX_LENGTH = (1 << 30) - 1  # hi of a string with minLength only
+_NIBBLE_BASE = 0x10
+
+
+def count_mark(kind: int, low: int, high: int) -> bytes:
+    """The mark bytes: `kind`, then low and high as 8 nibbles each (most significant first)."""
+    nibbles = [(v >> (4 * i)) & 15 for v in (low, high) for i in range(7, -1, -1)]
+    return bytes([kind] + [_NIBBLE_BASE + n for n in nibbles])
+
+
+def counted_string_regex(low: int, high: int | None) -> str:
+    high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
+    low = min(low, NO_MAX_LENGTH)
+
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
+
+    return f'"{mark(COUNT_ENTER)}{lex.STRING_CHAR}*"{mark(COUNT_EXIT)}'
+
+
+_COUNTED = re.compile(
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})" + re.escape(lex.STRING_CHAR) + r'\*"'
+    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}"
+)
+
+
+def expand_counts(regex: str) -> str:
+    """`regex` with each counted string spelled out as `"char{lo,hi}"`: the language the counters
+    enforce, for Python `re` (tests, references); far too large for a byte DFA at real bounds."""
+
+    def spelled(m: re.Match) -> str:
+        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
+        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        upper = "" if high == NO_MAX_LENGTH else str(high)
+        return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    return _COUNTED.sub(spelled, regex)
+
+
 def _group(regex: str) -> str:
     return f"(?:{regex})"
 
@@ -456,6 +501,8 @@ class Converter:
                 if key in schema:
                     self.relax(ptr, key)
             return f'"{_group(body)}"'
+        if self.options.counted_lengths:
+            return self.counted_string(schema)
         low, high = self.length_bounds(schema, "minLength", "maxLength", ptr)
         if high is not None and low > high:
             return None
@@ -463,6 +510,16 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    def counted_string(self, schema: dict) -> str | None:
+        """A string whose length bounds (any size) a counter enforces: marked for compile.py."""
+        low = int(schema.get("minLength", 0))
+        high = schema.get("maxLength")
+        if high is not None and low > int(high):
+            return None
+        if low == 0 and high is None:
+            return lex.STRING
+        return counted_string_regex(low, None if high is None else int(high))
 
     def pattern_body(self, pattern: str, pattern_ptr: str, ptr: str) -> str | None:
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -214,3 +212,28 @@ def test_constrained_rows_with_mixed_tools_complete_valid_calls(tiny):
         assert check.error is None, check.error
         assert st.finish_reason == "stop", st.error  # a complete call, even when the budget ended with it
     assert not core.grammars.users and core.grammars.current()[0] is None
+
+
+def test_counted_length_bounds_hold_in_the_core_as_in_generate(tiny):
+    from surecall.calls import check_call
+    from surecall.prompts import render_prompt
+
+    tool = {"name": "note", "description": "Write a note.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 49, "maxLength": 60}},
+        "required": ["text"], "additionalProperties": False}}
+    table = tiny.compile([tool])
+    assert table.meta.get("counted_fallback") is None and not table.relaxed
+    fmt = tiny._format(None)
+    key = tiny._table_key(tiny._row_tools([tool], 0, {}), fmt)
+    core = _core(tiny)
+    params = [SamplingParams(temperature=1.0, max_tokens=int(table.dist[0]) + 40, seed=i) for i in range(8)]
+    prompt = render_prompt([{"role": "user", "content": "write a note"}], tiny.tokenizer, [tool], 0)
+    seqs = [core.add_request(f"n{i}", prompt, p, table=table, table_key=key) for i, p in enumerate(params)]
+    core.run_to_completion()
+    ref = tiny.generate([[{"role": "user", "content": "write a note"}]] * 8, tools=[tool], sampling=params)
+    for seq, r in zip(seqs, ref):
+        text = tiny._text(seq.payload.generated)
+        check = check_call(text, fmt, [tool])
+        assert check.error is None, (check.error, text)
+        assert 49 <= len(check.call.arguments["text"]) <= 60
+        assert seq.payload.generated == r.token_ids

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from surecall.calls import tool_name_schema
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 pytest.importorskip("surecall.grammars.compile", reason="grammars/compile.py has not landed")
 
@@ -154,20 +154,22 @@ def _reference_logprobs(llm, prompt, result, table, temperature: float, max_toke
     seq = torch.tensor([prompt + result.token_ids])
     with torch.no_grad():
         logits = llm.runner.model(seq).logits[0, len(prompt) - 1 : -1].float()
-    state, out = 0, []
+    from surecall.grammars.walk import kept
+
+    state, counter, out = 0, 0, []
     stops = set(int(s) for s in table.stop_ids)
     for step, tok in enumerate(result.token_ids):
         remaining = max_tokens - step
         allowed = np.zeros(logits.shape[1], dtype=bool)
         lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = table.dist[table.trans_next[lo:hi]] <= remaining - 1
+        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], remaining)
         allowed[table.trans_tok[lo:hi][keep]] = True
         if table.accept[state]:
             allowed[list(stops)] = True
         masked = logits[step].masked_fill(~torch.from_numpy(allowed), float("-inf"))
         out.append(float(torch.log_softmax(masked / temperature, dim=-1)[tok]))
         if tok not in stops:
-            state = table.next_state(state, tok)
+            state, counter = table.next_state(state, tok), table.next_counter(state, counter, tok)
     return out
 
 
@@ -301,3 +303,19 @@ def test_static_step_logprobs_and_batch_independence(llama, llama_static):
                                   sampling=[_tight(llama_static, [seed_tools()[2]], 3, 1), params, params])
     assert batch[1].token_ids == alone.token_ids  # 3 rows padded to a bucket of 4
     assert llama.generate([prompt], tools=tools, sampling=params)[0].token_ids == alone.token_ids  # = dynamic cache
+
+
+def test_counted_length_bounds_hold_in_sampled_calls(llama):
+    """maxLength 60 used to be relaxed (4 of 16 calls broke it); now a counter enforces it."""
+    tools = [{"name": "note", "description": "Write a note.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 5, "maxLength": 60}},
+        "required": ["text"], "additionalProperties": False}}]
+    table = llama.compile(tools)
+    assert table.relaxed == [] and table.has_counts
+    params = [_tight(llama, tools, extra, seed, temperature=1.2) for seed, extra in enumerate([0, 1, 40, 60] * 4)]
+    lengths = []
+    for r, p in zip(llama.generate(_prompts(16), tools=tools, sampling=params), params, strict=True):
+        _assert_valid(r, tools, table)
+        assert r.num_tokens <= p.max_tokens
+        lengths.append(len(r.call.arguments["text"]))
+    assert min(lengths) >= 5 and max(lengths) <= 60 and max(lengths) > min(lengths)

@@ -94,11 +94,13 @@ def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
     seq = torch.tensor([prompt + ids])
     with torch.no_grad():
         logits = runner.model(seq).logits[0, len(prompt) - 1 : -1].float()
-    state, masked_lp, raw_lp = 0, [], []
+    from surecall.grammars.walk import kept
+
+    state, counter, masked_lp, raw_lp = 0, 0, [], []
     for step, tok in enumerate(ids):
         allowed = np.zeros(logits.shape[1], dtype=bool)
         lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = table.dist[table.trans_next[lo:hi]] <= max_tokens - step - 1
+        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], max_tokens - step)
         allowed[table.trans_tok[lo:hi][keep]] = True
         if table.accept[state]:
             allowed[sorted(stops)] = True
@@ -106,7 +108,7 @@ def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
         masked_lp.append(float(torch.log_softmax(row.masked_fill(~torch.from_numpy(allowed), float("-inf")), -1)[tok]))
         raw_lp.append(float(torch.log_softmax(row, -1)[tok]))
         if tok not in stops:
-            state = table.next_state(state, tok)
+            state, counter = table.next_state(state, tok), table.next_counter(state, counter, tok)
     return masked_lp, raw_lp
 
 

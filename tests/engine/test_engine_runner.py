@@ -164,9 +164,9 @@ def test_prompt_past_the_context_is_refused_per_row(llm):
 
 
 def test_default_model_loads_and_its_calls_validate():
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.llm import LLM
     from surecall.models import default_model_dir
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     try:
         path = default_model_dir()

@@ -17,10 +17,10 @@ import pytest
 import torch
 from test_engine_static import _trace
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError
 from surecall.models import default_model_dir
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 TINY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ASK = [{"role": "user", "content": "Show me the file src/main.py"}]

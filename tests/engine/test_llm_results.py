@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.config import SamplingParams
 from surecall.errors import ToolDefinitionError
 from surecall.prompts import render_prompt
 from surecall.tools import Tool
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 ASK = [{"role": "user", "content": "Show me the file src/main.py"}]
 PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 40}},

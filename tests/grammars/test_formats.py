@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
 from surecall.grammars.formats import FORMATS, catalog_regex, get_format, tool_schemas
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.to_regex import expand_counts
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 ALL_FORMATS = ["json", "hermes", "qwen2", "llama3", "mistral"]
 
@@ -67,13 +68,13 @@ def test_render_is_accepted_and_parses_back(fmt):
     schemas = {t["name"]: t["parameters"] for t in tools}
     for name, args in calls:
         text = tool_format.render(name, args, schemas[name])
-        assert re.fullmatch(result.regex, text), text
+        assert re.fullmatch(expand_counts(result.regex), text), text
         assert tool_format.parse(text) == (name, args)
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_catalog_regex_is_a_tagged_union(fmt):
-    regex = catalog_regex(seed_tools(), fmt).regex
+    regex = expand_counts(catalog_regex(seed_tools(), fmt).regex)
     tool_format = get_format(fmt)
     # the arguments of one tool under the name of another are rejected
     assert not re.fullmatch(regex, tool_format.render("file_view", {"command": "ls"}))
@@ -82,7 +83,8 @@ def test_catalog_regex_is_a_tagged_union(fmt):
 
 
 def test_catalog_relaxed_pointers_are_prefixed_with_the_tool_name():
-    relaxed = catalog_regex(seed_tools(), "json").relaxed
+    assert catalog_regex(seed_tools(), "json").relaxed == []  # every length bound counted
+    relaxed = catalog_regex(seed_tools(), "json", GrammarOptions(counted_lengths=False)).relaxed
     assert ("bash_execute#/properties/command", "maxLength") in relaxed
     assert ("grep_search#/properties/pattern", "maxLength") in relaxed
     assert not any(key in ("minimum", "maximum", "minLength") for _, key in relaxed)
@@ -104,7 +106,7 @@ def test_mistral_control_token_is_outside_the_grammar():
 
 
 def test_hermes_envelope_is_exact():
-    regex = catalog_regex(seed_tools(), "hermes").regex
+    regex = expand_counts(catalog_regex(seed_tools(), "hermes").regex)
     call = '{"name": "file_view", "arguments": {"path": "a"}}'
     assert re.fullmatch(regex, f"<tool_call>\n{call}\n</tool_call>")
     assert not re.fullmatch(regex, call)
@@ -115,7 +117,7 @@ def test_render_follows_whitespace_options():
     compact = GrammarOptions(whitespace="none")
     text = get_format("json").render("file_view", {"path": "a"}, options=compact)
     assert text == '{"name":"file_view","arguments":{"path":"a"}}'
-    assert re.fullmatch(catalog_regex(seed_tools(), "json", compact).regex, text)
+    assert re.fullmatch(expand_counts(catalog_regex(seed_tools(), "json", compact).regex), text)
 
 
 @pytest.mark.parametrize(

@@ -10,19 +10,21 @@ from decimal import Decimal
 
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.string_formats import STRING_FORMATS
-from surecall.grammars.schema.to_regex import schema_to_regex
+from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
+
+PLAIN = GrammarOptions(counted_lengths=False)  # for outlines-core over a 95-character vocabulary
 
 
 def accepts(schema, value_or_text, options=None) -> bool:
     options = options or GrammarOptions()
-    regex = schema_to_regex(schema, options).regex
+    regex = expand_counts(schema_to_regex(schema, options).regex)
     text = value_or_text if isinstance(value_or_text, str) else grammar_dumps(value_or_text, schema, options)
     return re.fullmatch(regex, text) is not None
 
@@ -158,8 +160,11 @@ def test_small_length_bounds_are_exact_large_ones_relaxed():
     assert [accepts(small, json.dumps("x" * n)) for n in range(5)] == [False, False, True, True, False]
     assert accepts(small, '"\\n\\u00e9"')  # escapes count as one character
     big = {"type": "string", "minLength": 1, "maxLength": 8192}
-    assert relaxed(big) == [("", "maxLength")]
-    assert not accepts(big, '""') and accepts(big, json.dumps("y" * 9000))
+    assert relaxed(big) == []  # counted (grammars/counted.py)
+    assert accepts(big, json.dumps("x" * 8192)) and not accepts(big, json.dumps("x" * 8193))
+    assert not accepts(big, '""') and accepts(big, json.dumps("\u00e9\n" * 4096))
+    assert relaxed(big, PLAIN) == [("", "maxLength")]
+    assert not accepts(big, '""', PLAIN) and accepts(big, json.dumps("y" * 9000), PLAIN)
 
 
 def test_pattern_is_enforced_with_search_semantics():
@@ -380,7 +385,7 @@ def test_refs_defs_definitions_and_recursion():
 def test_relaxed_pointer_of_a_referenced_keyword_names_its_definition():
     schema = {"$defs": {"s": {"type": "string", "maxLength": 5000}}, "type": "object",
               "properties": {"a": {"$ref": "#/$defs/s"}}}
-    assert relaxed(schema) == [("/$defs/s", "maxLength")]
+    assert relaxed(schema, PLAIN) == [("/$defs/s", "maxLength")]
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -445,16 +450,18 @@ def test_time_budget_stops_the_walk():
 def test_seed_catalog_bounds():
     tools = {t["name"]: t["parameters"] for t in seed_tools()}
     bash = schema_to_regex(tools["bash_execute"])
-    assert ("/properties/command", "maxLength") in bash.relaxed
-    grep = schema_to_regex(tools["grep_search"])
-    assert ("/properties/pattern", "maxLength") in grep.relaxed
-    assert not any(k in ("minimum", "maximum") for _, k in bash.relaxed)
+    assert bash.relaxed == []  # maxLength 8192 is counted
+    assert ("/properties/command", "maxLength") in schema_to_regex(tools["bash_execute"], PLAIN).relaxed
+    assert schema_to_regex(tools["grep_search"]).relaxed == []
+    bash_regex = expand_counts(bash.regex)
     for n, ok in [(999, False), (1000, True), (300000, True), (300001, False)]:
-        assert bool(re.fullmatch(bash.regex, f'{{"command": "ls", "timeout_ms": {n}}}')) == ok
-    view = schema_to_regex(tools["file_view"]).regex
+        assert bool(re.fullmatch(bash_regex, f'{{"command": "ls", "timeout_ms": {n}}}')) == ok
+    for n, ok in [(0, False), (1, True), (8192, True), (8193, False)]:
+        assert bool(re.fullmatch(bash_regex, f'{{"command": "{"x" * n}"}}')) == ok
+    view = expand_counts(schema_to_regex(tools["file_view"]).regex)
     for n, ok in [(0, False), (1, True), (500, True), (501, False)]:
         assert bool(re.fullmatch(view, f'{{"path": "a", "limit": {n}}}')) == ok
-    edit = schema_to_regex(tools["file_edit"]).regex
+    edit = expand_counts(schema_to_regex(tools["file_edit"]).regex)
     assert not re.fullmatch(edit, '{"path": "a", "old_str": "", "new_str": ""}')  # old_str minLength 1
 
 
@@ -463,7 +470,7 @@ def test_regexes_build_in_outlines_core():
 
     vocab = Vocabulary(200, {chr(b): [b] for b in range(32, 127)})
     for tool in seed_tools():
-        index = Index(schema_to_regex(tool["parameters"]).regex, vocab)
+        index = Index(schema_to_regex(tool["parameters"], PLAIN).regex, vocab)
         assert index.get_final_states()
 
 
@@ -497,7 +504,7 @@ def test_bench_valid_instances_are_accepted(data_dir, subset):
         result = _compile_or_none(record["schema"], options)
         if result is None:
             continue
-        compiled = re.compile(result.regex)
+        compiled = re.compile(expand_counts(result.regex))
         for test in record["tests"]:
             if test["valid"]:
                 text = grammar_dumps(test["data"], record["schema"], options)
@@ -516,7 +523,7 @@ def test_bench_valid_instances_mostly_accepted(data_dir, subset):
         result = _compile_or_none(record["schema"], options, max_length=60_000)
         if result is None:
             continue
-        compiled = re.compile(result.regex)
+        compiled = re.compile(expand_counts(result.regex))
         for test in record["tests"]:
             if test["valid"]:
                 total += 1
@@ -533,7 +540,7 @@ def test_bench_invalid_instances_rejected_when_nothing_is_relaxed(data_dir, subs
         result = _compile_or_none(record["schema"], options)
         if result is None or result.relaxed:
             continue
-        compiled = re.compile(result.regex)
+        compiled = re.compile(expand_counts(result.regex))
         for test in record["tests"]:
             if not test["valid"]:
                 text = grammar_dumps(test["data"], record["schema"], options)
@@ -555,7 +562,7 @@ def test_random_walks_through_fully_enforced_regexes_validate(data_dir):
     walked = 0
     for subset in ("Glaiveai2K", "Github_easy", "Github_medium", "Snowplow", "Kubernetes"):
         for record in _bench_records(data_dir, subset, 25, seed=3):
-            result = _compile_or_none(record["schema"], GrammarOptions())
+            result = _compile_or_none(record["schema"], PLAIN)
             if result is None or result.relaxed:
                 continue
             index = Index(result.regex, vocab)

@@ -7,9 +7,8 @@ sweeps live in test_grammar_fuzz.py.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import random
 from collections import deque
 
@@ -116,6 +115,26 @@ def reference_dist(table) -> np.ndarray:
     return out
 
 
+def counted_dist_is_consistent(table) -> bool:
+    """With counters dist is the shortest path under table.py's rule; positive weights make the
+    Bellman equations' solution unique, so checking them once per state is exact."""
+    inside = table.count_row >= 0
+    need0 = np.where(inside, -(-table.count_lo.astype(np.int64) // table.count_fill), 0)
+    for s in range(table.num_states):
+        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
+        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
+        opens = np.ones(tok.size, dtype=bool)
+        if inside[s]:
+            v = table.count_chars[table.count_row[s], tok]
+            usable = (v == 0) | (v == 1)  # tokens that start no character
+            nxt, opens = nxt[usable], (v == 1)[usable]
+        cost = 1 + table.dist[nxt] + np.where(opens & inside[nxt], need0[nxt], 0)
+        expected = 0 if table.accept[s] else int(cost.min(initial=1 << 40))
+        if int(table.dist[s]) != expected:
+            return False
+    return True
+
+
 def check_table_invariants(table, vocab) -> None:
     assert table.mask.dtype == np.int32 and table.mask.shape == (table.num_states, (vocab.logits_width + 31) // 32)
     assert np.all(np.diff(table.trans_ptr) >= 0) and table.trans_ptr[-1] == table.trans_tok.size
@@ -129,7 +148,10 @@ def check_table_invariants(table, vocab) -> None:
         assert set(table.allowed(s).tolist()) == expected, f"mask and CSR disagree in state {s}"
         assert not (set(row.tolist()) & (stops | never)), "a special id is a transition"
         assert int(row.max(initial=-1)) < vocab.vocab_size
-    assert np.array_equal(table.dist, reference_dist(table))
+    if table.has_counts:
+        assert counted_dist_is_consistent(table)
+    else:
+        assert np.array_equal(table.dist, reference_dist(table))
     assert np.all(table.dist >= 0) and np.all((table.dist == 0) == table.accept)
 
 
@@ -359,9 +381,9 @@ def test_seed_tool_tables_invariants(seed_tables, llama3):
 
 
 def test_seed_tool_rows_match_reference_on_token_sample(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.schema.to_regex import schema_to_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     schema = seed_tools()[1]["parameters"]  # file_view: strings and integer ranges
     dfa = regex_to_dfa(schema_to_regex(schema, GrammarOptions()).regex)
@@ -461,9 +483,9 @@ def test_dfas_equivalent_detects_a_difference():
 
 
 def test_seed_catalog_minimal_table_equivalent(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     regex = catalog_regex(seed_tools(), "hermes", GrammarOptions()).regex
     dfas = [regex_to_dfa(regex, minimal=False), regex_to_dfa(regex)]
@@ -533,9 +555,9 @@ def test_isolated_byte_dfa_after_fork_uses_its_own_child():
 
 
 def test_seed_catalog_table_equals_slow_reference(llama3):
-    from surecall.tools.catalog import hardened_seed_tools as seed_tools
     from surecall.grammars.formats import catalog_regex
     from surecall.grammars.tokenwalk import vocab_index
+    from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     dfa = regex_to_dfa(catalog_regex(seed_tools(), "json", GrammarOptions()).regex)
     rows = token_rows(dfa, vocab_index(llama3))

@@ -29,6 +29,9 @@ POINTERS = {
     "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_key_ptr": "*fp32", "part_idx_ptr": "*i32",
     "part_umax_ptr": "*fp32", "part_usum_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
     "unmasked_ptr": "*fp32", "next_ptr": "*i32", "finished_ptr": "*i8", "accept_ptr": "*i8", "is_stop_ptr": "*i8",
+    "counters_ptr": "*i32", "next_counters_ptr": "*i32", "count_row_ptr": "*i32", "count_lo_ptr": "*i32",
+    "count_hi_ptr": "*i32", "count_chars_ptr": "*i8", "dist_entry_ptr": "*i32", "entry_key_ptr": "*i64",
+    "entry_val_ptr": "*i32",
 }  # fmt: skip
 LOGITS = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 
@@ -51,19 +54,20 @@ def _compile(kernel, logits_type: str, constexprs: dict, options: dict) -> None:
 
 def main(quick: bool = False) -> int:
     variants = []
-    for dtype, has_rows, has_budget, mode in itertools.product(
-        LOGITS, (False, True), (False, True), (0, 1, 2)
+    for dtype, has_rows, has_budget, mode, counts in itertools.product(
+        LOGITS, (False, True), (False, True), (0, 1, 2), (False, True)
     ):
-        flags = {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "BLOCK_WORDS": 128}
+        flags = {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "HAS_COUNTS": counts, "BLOCK_WORDS": 128}
         variants.append((_apply_mask_kernel, dtype, {**flags, "STORE_MODE": mode}))
-    for dtype, has_table, has_budget, unmasked in itertools.product(
-        LOGITS, (False, True), (False, True), (False, True)
+    for dtype, has_table, has_budget, unmasked, counts in itertools.product(
+        LOGITS, (False, True), (False, True), (False, True), (False, True)
     ):
-        if has_budget and not has_table:
+        if (has_budget or counts) and not has_table:
             continue
         flags = {
             "HAS_TABLE": has_table,
             "HAS_BUDGET": has_budget,
+            "HAS_COUNTS": counts,
             "HAS_UNMASKED": unmasked,
             "BLOCK_WORDS": 32,
         }
@@ -71,14 +75,15 @@ def main(quick: bool = False) -> int:
         variants.append(
             (_sample_combine_kernel, dtype, {"HAS_UNMASKED": unmasked, "ROWS": 64, "SPLITS": 16})
         )
-    variants.append((_advance_kernel, "fp32", {"BLOCK": 128}))
+    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": False, "BLOCK": 128}))
+    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": True, "BLOCK": 128}))
     if quick:  # the richest variant of each kernel, bf16 logits
         variants = [
             v
             for v in variants
             if v[1] in ("bf16", "fp32")
             and all(
-                v[2].get(f, True) for f in ("HAS_ROWS", "HAS_TABLE", "HAS_BUDGET", "HAS_UNMASKED")
+                v[2].get(f, True) for f in ("HAS_ROWS", "HAS_TABLE", "HAS_BUDGET", "HAS_UNMASKED", "HAS_COUNTS")
             )
         ]
         variants = [v for v in variants if v[0] is _advance_kernel or v[1] == "bf16"]

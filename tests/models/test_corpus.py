@@ -7,10 +7,10 @@ import json
 import jsonschema
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.models.training.corpus import CorpusConfig, generate, render_call
 from surecall.models.training.evaluate import make_validators, parse_call, score_call
 from surecall.models.training.tokenizer import train_bpe
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 SCHEMAS = {t["name"]: t["parameters"] for t in seed_tools()}
 

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import ModelLoadError
 from surecall.models import REQUIRED_FILES, default_heldout_path, default_model_dir, model_dir
 from surecall.models.training import train as tr
 from surecall.models.training.corpus import CorpusConfig, generate, read_jsonl
 from surecall.models.training.evaluate import make_validators, parse_call
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.errors import PathOutsideWorkspace, ToolError
 from surecall.toolbox.bash import BashExecuteArgs
 from surecall.toolbox.catalog import LEVELS, coding_tools, exec_directory, published_schema
 from surecall.toolbox.files import FileEditArgs, FileViewArgs
 from surecall.toolbox.search import GrepSearchArgs
 from surecall.tools import SideEffect
+from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 MODELS = {"bash_execute": BashExecuteArgs, "file_view": FileViewArgs, "file_edit": FileEditArgs, "grep_search": GrepSearchArgs}
 

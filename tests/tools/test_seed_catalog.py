@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from surecall.tools import hardened_seed_tools, load_tools, normalise_tools, reference_file_edit, seed_tools
+from surecall.tools import (
+    hardened_seed_tools,
+    load_tools,
+    normalise_tools,
+    reference_file_edit,
+    seed_tools,
+)
 from surecall.tools.lint import lint_schema
 
 SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "000_22f89e5b96841133.txt"
