@@ -134,7 +134,6 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> 
                                     options.memory_budget_bytes)
     else:
         dfa = regex_to_dfa(regex)
-    dfa, counted = cut_marks(dfa)
     clock.check("byte DFA")
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": len(regex)}, clock)
 
@@ -144,6 +143,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
+    dfa, counted = cut_marks(dfa)  # counted-string marks (schema.to_regex) become counter regions
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)

@@ -12,6 +12,7 @@ call exactly when it starts with `{`. It builds DFAs and tables, it does not rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 
@@ -25,7 +26,10 @@ from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.to_regex import schema_to_regex
 
 SENTINEL_BASE = 0xF8  # bytes 0xF8..0xFF never occur in UTF-8
-_PLACEHOLDER_BASE = 0x01  # raw control characters: JSON strings, whitespace and glue never hold them
+# Raw control bytes that JSON strings, whitespace and glue never hold, and that the counted-string
+# marks of `schema.to_regex` (0x01, 0x02, 0x10-0x1F) do not use: placeholders 0x03-0x08, end 0x0B.
+_PLACEHOLDER_BASE = 0x03
+_MAX_CONTROLS = 6
 MODE_KINDS = ("text", "auto", "calls", "json")
 
 
@@ -146,8 +150,9 @@ def control_vocab(vocab, controls) -> object:
 
 
 def _derive(vocab, controls: tuple):
-    if len(controls) > 0x100 - SENTINEL_BASE:
-        raise ValueError(f"Invalid controls: expected at most {0x100 - SENTINEL_BASE}, got {len(controls)}")
+    if len(controls) > min(0x100 - SENTINEL_BASE, _MAX_CONTROLS):
+        raise ValueError(f"Invalid controls: expected at most {min(0x100 - SENTINEL_BASE, _MAX_CONTROLS)}, "
+                         f"got {len(controls)}")
     token_bytes = list(vocab.token_bytes)
     ids = {tid for _, tid in controls}
     blocked = {i for i, b in enumerate(token_bytes) if i not in ids and any(x >= SENTINEL_BASE for x in b)}
@@ -201,7 +206,7 @@ def calls_regex(grammar: ModeGrammar, options: GrammarOptions) -> tuple[str, lis
     return f"{start}{open_}{call}{each}{more}{close}", relaxed
 
 
-_END = 0x1F  # an end marker: outlines-core drops the edges out of an accepting state that lead
+_END = 0x0B  # an end marker: outlines-core drops the edges out of an accepting state that lead
 # to a non-accepting one (`x(?:ab)*` accepts "x" only), so every regex here ends in this byte,
 # which is then removed and the states before it made accepting.
 
@@ -225,7 +230,9 @@ def _relabel(dfa: ByteDFA, count: int) -> ByteDFA:
 
 # --- the text DFA: valid UTF-8, never holding `forbid` ---------------------------------------------
 _UTF8 = np.full((8, 256), -1, dtype=np.int32)  # 0 boundary; 1-3 continuation bytes owed; 4-7 restricted first one
-_UTF8[0, 0x00:0x80] = 0
+_UTF8[0, 0x20:0x80] = 0
+_UTF8[0, [0x09, 0x0A, 0x0D]] = 0  # C0 controls other than tab/newline/return are not text: the
+# counted-string marks (0x01, 0x02, 0x10-0x1F) and the placeholders travel on them
 _UTF8[0, 0xC2:0xE0] = 1
 _UTF8[0, 0xE1:0xED] = 2
 _UTF8[0, 0xEE:0xF0] = 2
@@ -361,8 +368,19 @@ def compile_mode(grammar: ModeGrammar, vocab, options: GrammarOptions | None = N
     key = table_cache.entry_key("mode", grammar.key(), cvocab, options)
 
     def build():
+        from surecall.grammars.counted import CountedCutError
+
+        meta = {"kind": "mode", "mode": grammar.kind, "format": grammar.format}
         dfa, relaxed = mode_dfa(grammar, options)
-        return compile_dfa(dfa, cvocab, options, [(str(p), str(k)) for p, k in relaxed],
-                           {"kind": "mode", "mode": grammar.kind, "format": grammar.format})
+        try:
+            return compile_dfa(dfa, cvocab, options, [(str(p), str(k)) for p, k in relaxed], meta)
+        except CountedCutError as exc:  # the composed automaton mixes a count mark with other text
+            if not options.counted_lengths:
+                raise
+            plain = dataclasses.replace(options, counted_lengths=False)
+            dfa, relaxed = mode_dfa(grammar, plain)
+            table = compile_dfa(dfa, cvocab, plain, [(str(p), str(k)) for p, k in relaxed], meta)
+            table.meta["counted_fallback"] = str(exc)
+            return table
 
     return _through_cache(key, use_cache, build)

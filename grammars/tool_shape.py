@@ -16,7 +16,7 @@ from typing import Any
 
 from surecall.errors import ToolDefinitionError
 
-SCHEMA_KEYS = ("parameters", "parameters_json_schema", "inputSchema", "input_schema")
+SCHEMA_KEYS = ("parameters_json_schema", "inputSchema", "input_schema", "parameters")  # BFCL: the JSON-Schema copy first
 EMPTY_OBJECT = {"type": "object", "properties": {}, "additionalProperties": False}
 
 

@@ -42,7 +42,7 @@ from surecall.tools.catalog import hardened_seed_tools
 
 TOOLS = tuple(tool_name_schema(t) for t in hardened_seed_tools())
 HERMES_CONTROLS = (("<tool_call>", 1), ("</tool_call>", 2))
-OPT = GrammarOptions()
+OPT = GrammarOptions(counted_lengths=False)  # byte-level checks: length bounds spelled out, no counter marks
 VIEW = b'{"name": "file_view", "arguments": {"path": "a.py"}}'
 BASH = b'{"name": "bash_execute", "arguments": {"command": "ls"}}'
 S0, S1 = bytes([SENTINEL_BASE]), bytes([SENTINEL_BASE + 1])
