@@ -9,6 +9,7 @@ the tool's schema, per second of wall time), TTFT and inter-chunk latency p50/p9
 of requests that returned at least one valid call (a peer's calls are read from `tool_calls`;
 calls it left as `<tool_call>` text in the content are counted separately). Correctness is
 checked on the same responses that are timed; a warm-up request goes first. Ends with one JSON line.
+The peer needs `accelerate` besides the serve extra (`transformers serve` loads with a device map).
 Usage: python benchmarks/serve.py [--loads 1,4,16] [--requests 8,16,32] [--peer/--no-peer] [--out benchmarks/results/serve_cpu]
 """
 
