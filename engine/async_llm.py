@@ -21,6 +21,7 @@ from typing import Any
 from surecall.config import EngineConfig, SamplingParams
 from surecall.core import EngineCore
 from surecall.errors import RequestError, SurecallError
+from surecall.llm import _modes_args
 
 
 @dataclass
@@ -39,6 +40,10 @@ class RequestOutput:
     error_kind: str | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
     metrics: dict = field(default_factory=dict)  # ttft_s, finish_s (seconds from submission)
+    # --- output modes (tool_choice / parallel_tool_calls / response_format given; surecall.modes) ---
+    mode: Any = None  # the request's ModeGrammar: feed token_ids to modes.OutputReader to stream deltas
+    content: str | None = None  # when finished: the text outside calls (a JSON answer's text)
+    tool_calls: list = field(default_factory=list)  # when finished: modes.ModeCall (id, name, arguments, parsed, error)
 
 
 _ids = itertools.count()
@@ -49,7 +54,8 @@ class AsyncLLM:
 
     def __init__(self, model=None, tokenizer=None, *, device=None, dtype=None, config: EngineConfig | None = None,
                  block_size: int = 16, num_blocks: int | None = None, kv_cache_bytes: int | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True):
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
+                 max_cached_grammars: int = 256):
         from surecall.llm import LLM
 
         self.llm = model if isinstance(model, LLM) else LLM(model, tokenizer, device=device, dtype=dtype, config=config)
@@ -62,25 +68,37 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}
         self._closed = False
+        self._compile_lock = threading.Lock()
+        # grammar lookups, compiles (cache misses) and their time; compiled tables kept (LRU)
+        self.num_grammar_lookups, self.num_compiles, self.compile_s = 0, 0, 0.0
+        self.max_cached_grammars = max_cached_grammars
         self._thread = threading.Thread(target=self._loop, name="surecall-engine", daemon=True)
         self._thread.start()
 
     # --- public ---------------------------------------------------------------------------
     async def generate(self, prompt, sampling_params: SamplingParams | None = None, *, request_id: str | None = None,
-                       tools=None, tool_format: str | None = None, constrained: bool | None = None
+                       tools=None, tool_format: str | None = None, constrained: bool | None = None,
+                       tool_choice=None, parallel_tool_calls=None, response_format=None
                        ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs. `constrained` defaults to True when tools are given."""
+        """Stream one request's outputs. `constrained` defaults to True when tools are given.
+
+        tool_choice, parallel_tool_calls and response_format (OpenAI shapes, as in `LLM.generate`)
+        put the request on an output mode: its final output then has `content`, `tool_calls` and a
+        finish_reason of "tool_calls" | "stop" | "length" | "error" | "abort".
+        """
         if self._closed:
             raise RequestError("Invalid request: the engine is shut down")
         request_id = request_id or f"req-{next(_ids)}"
         params = sampling_params or SamplingParams()
-        constrained = bool(tools) if constrained is None else constrained
-        row, fmt = await asyncio.to_thread(self._prepare, prompt, tools, params, constrained, tool_format)
+        modes = _modes_args(1, tool_choice, parallel_tool_calls, response_format)
+        if modes and constrained is False:
+            raise RequestError("Invalid request: tool_choice / parallel_tool_calls / response_format need constrained=True")
+        constrained = (bool(tools) or bool(modes)) if constrained is None else constrained
+        row, fmt, table = await asyncio.to_thread(self._prepare, prompt, tools, params, constrained, tool_format, modes)
         if row.error is not None:
             raise row.error
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        table = self.llm._tables[row.table_key] if row.table_key else None
         stop_ids = list(self.llm.vocab.stop_ids) if self.llm.vocab is not None else self.llm._config_stop_ids()
         with self._lock:
             if request_id in self._streams:
@@ -108,6 +126,10 @@ class AsyncLLM:
             loop, queue, (row, fmt, seq) = entry
             loop.call_soon_threadsafe(queue.put_nowait, self._output(row, fmt, seq, finished=True))
         return found
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
 
     def stats(self) -> dict:
         with self._lock:
@@ -158,17 +180,27 @@ class AsyncLLM:
                 self._wake.clear()
 
     # --- requests and outputs --------------------------------------------------------------
-    def _prepare(self, prompt, tools, params: SamplingParams, constrained: bool, tool_format: str | None):
+    def _prepare(self, prompt, tools, params: SamplingParams, constrained: bool, tool_format: str | None, modes=None):
         """Render, normalise tools and compile the grammar (in a worker thread: compiles can take a while)."""
         llm = self.llm
         try:
-            fmt = llm._format(tool_format) if tools else None
+            fmt = llm._format(tool_format) if tools or modes else None
         except SurecallError as exc:
             from surecall.llm import _Row
 
-            return _Row(0, error=exc), None
-        [row] = llm._prepare([prompt], [tools] if tools is not None else [None], [params], constrained, fmt)
-        return row, fmt
+            return _Row(0, error=exc), None, None
+        table = None
+        with self._compile_lock:  # LLM's table cache and compile timer are not thread-safe
+            [row] = llm._prepare([prompt], [tools] if tools is not None else [None], [params], constrained, fmt, modes)
+            if row.error is None and row.table_key is not None:
+                self.num_grammar_lookups += 1
+                self.num_compiles += 1 if llm._compile_s > 0 else 0
+                self.compile_s += llm._compile_s
+                table = llm._tables.pop(row.table_key)  # re-inserted last: the cache is LRU
+                llm._tables[row.table_key] = table
+                while len(llm._tables) > self.max_cached_grammars:  # live requests keep their own reference
+                    llm._tables.pop(next(iter(llm._tables)))
+        return row, fmt, table
 
     def _output(self, row, fmt, seq, finished: bool) -> RequestOutput:
         st = seq.payload
@@ -179,7 +211,7 @@ class AsyncLLM:
             finished=finished, finish_reason=st.finish_reason if finished else None,
             logprobs=list(st.logprobs) if st.sampling.logprobs else None,
             unmasked_logprobs=list(st.unmasked_logprobs) if st.sampling.unmasked_logprobs else None,
-            num_cached_tokens=seq.num_cached,
+            num_cached_tokens=seq.num_cached, mode=row.mode,
         )
         if st.first_token_s is not None:
             out.metrics["ttft_s"] = st.first_token_s - st.added_s
@@ -189,7 +221,9 @@ class AsyncLLM:
             out.metrics["finish_s"] = st.finished_s - st.added_s
         if st.error:
             out.error, out.error_kind = st.error, "decode"
-        elif row.tools and st.finish_reason != "abort":
+        if row.mode is not None:
+            self._mode_outcome(out, row, st)
+        elif row.tools and not st.error and st.finish_reason != "abort":
             from surecall.calls import check_call
 
             check = check_call(out.text, fmt, row.tools)
@@ -198,3 +232,20 @@ class AsyncLLM:
             if out.ok:
                 out.finish_reason = "stop"  # a complete, valid call
         return out
+
+    def _mode_outcome(self, out: RequestOutput, row, st) -> None:
+        """A finished mode request: content, tool_calls and finish_reason read from its tokens."""
+        from surecall.calls import ToolCall
+        from surecall.modes import read_output
+
+        outcome, _ = read_output(row.mode, self.llm.vocab, out.token_ids)
+        out.content, out.tool_calls = outcome.content, outcome.tool_calls
+        if st.finish_reason in ("abort", "error"):
+            return
+        # text that ran into the budget is cut short, even in a state where the grammar could end
+        cut = row.mode.kind in ("text", "auto") and not (out.token_ids and out.token_ids[-1] in st.stop_ids)
+        out.finish_reason = outcome.finish_reason(st.finish_reason == "stop" and not cut)
+        out.error, out.error_kind = outcome.error, ("invalid" if outcome.error else None)
+        out.ok = outcome.error is None
+        first = outcome.tool_calls[0] if outcome.tool_calls else None
+        out.call = ToolCall(first.name, first.parsed or {}) if first else None

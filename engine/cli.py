@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("breakeven", "surecall.commands.breakeven", "measure t_mask, p_err, T_repair and the break-even malformed-call rate"),
     ("catalog-cost", "surecall.commands.catalog_cost", "count what a tool catalog costs in context tokens"),
     ("rollout", "surecall.commands.rollout", "multi-turn agent episodes for RL: token ids, loss masks, logprobs, resumable"),
+    ("serve", "surecall.commands.serve", "an OpenAI-compatible server (chat completions with tool calls that always parse)"),
 ]
 
 

@@ -120,3 +120,38 @@ def test_bad_requests_fail_alone(engine):
         return good[-1]
 
     assert asyncio.run(main()).ok
+
+
+def test_output_modes_through_generate(engine):
+    async def main():
+        ask = _ask(6)
+        required = await _collect(engine, ask, SamplingParams(max_tokens=96, seed=5), tools=TOOLS, tool_choice="required")
+        named = await _collect(engine, ask, SamplingParams(max_tokens=96, seed=5), tools=TOOLS,
+                               tool_choice={"type": "function", "function": {"name": "grep_search"}})
+        none = await _collect(engine, ask, SamplingParams(max_tokens=16, seed=5), tools=TOOLS, tool_choice="none")
+        answer = await _collect(engine, ask, SamplingParams(max_tokens=48, seed=5), response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}})
+        return required[-1], named[-1], none[-1], answer[-1]
+
+    required, named, none, answer = asyncio.run(main())
+    assert required.finish_reason == "tool_calls" and required.ok and required.tool_calls
+    assert all(c.parsed is not None and c.error is None for c in required.tool_calls)
+    assert [c.name for c in named.tool_calls] == ["grep_search"] and named.call.name == "grep_search"
+    assert none.tool_calls == [] and none.finish_reason in ("stop", "length") and none.content == none.text
+    assert answer.ok and isinstance(answer.content, str) and "n" in __import__("json").loads(answer.content)
+    stats = engine.stats()
+    assert stats["free_blocks"] == stats["num_blocks"]
+    assert engine.num_grammar_lookups >= 4 and engine.num_compiles <= engine.num_grammar_lookups
+
+
+def test_mode_parameter_errors(engine):
+    async def main():
+        with pytest.raises(RequestError, match="Invalid tool_choice at row 0: tool 'nope' is not in tools"):
+            await _collect(engine, _ask(7), SamplingParams(max_tokens=64), tools=TOOLS,
+                           tool_choice={"type": "function", "function": {"name": "nope"}})
+        with pytest.raises(RequestError, match="need constrained=True"):
+            await _collect(engine, _ask(7), SamplingParams(max_tokens=64), tools=TOOLS, tool_choice="auto",
+                           constrained=False)
+
+    asyncio.run(main())
