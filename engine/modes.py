@@ -411,7 +411,9 @@ def _json_answer(content: str, schema) -> tuple[Any, str | None]:
         value = loads_strict(content)
     except MalformedCall as exc:
         return None, f"JSON answer: {exc}"
-    problem = _validate(schema, value) if isinstance(schema, dict) else None
+    from surecall.dispatch.validate import validate_document
+
+    problem = validate_document(schema, value) if isinstance(schema, dict) else None
     return value, (f"JSON answer: {problem}" if problem else None)
 
 

@@ -49,6 +49,15 @@ def validate_arguments(tool_or_schema: Any, args: Any, *, max_bytes: int = MAX_A
     raise ArgumentValidationError(_summary(f"Invalid arguments{where}", failures), failures)
 
 
+def validate_document(schema: dict, value: Any) -> str | None:
+    """Why `value` (any JSON value: a `response_format` answer, not only an object) breaks `schema`, or None."""
+    validator = compiled_validator(schema)
+    if validator.is_valid(value):
+        return None
+    failures = [(_pointer(err.instance_path), err.message) for err in validator.iter_errors(value)]
+    return _summary("Invalid document", failures)
+
+
 def compiled_validator(schema: dict) -> jsonschema_rs.Validator:
     """The cached validator of `schema` (its `$schema` draft); SchemaError if the schema itself is malformed.
     A schema object is treated as immutable once validated against (a `Tool` copies its schema

@@ -161,3 +161,16 @@ def test_a_schema_is_validated_under_the_draft_it_names():
     draft2020 = {"type": "object", "properties": {"xs": {"prefixItems": [{"type": "integer"}], "items": False}}}
     with pytest.raises(ArgumentValidationError, match="xs"):
         validate_arguments(draft2020, {"xs": [1, 2]})  # no $schema: 2020-12
+
+
+def test_validate_document_takes_any_json_value():
+    from surecall.dispatch.validate import validate_document
+    from surecall.modes import _json_answer
+
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 2}
+    assert validate_document(schema, [1, 2]) is None
+    assert "/1" in validate_document(schema, [1, "a"])
+    assert validate_document({"type": "number"}, 1.5) is None
+    assert _json_answer("[1, 2]", schema) == ([1, 2], None)  # a non-object JSON answer is valid when it is
+    value, problem = _json_answer("[1, 2, 3]", schema)
+    assert value == [1, 2, 3] and problem.startswith("JSON answer: Invalid document")
