@@ -74,15 +74,15 @@ class Episode:
     async def _generate(self, max_new: int) -> Turn | None:
         traj, index = self.traj, len(self.traj.turns)
         ids = traj.token_ids
-        tools, constrained = self._decode_tools(index)
+        tools, choice = self._decode_tools(index)
         params = SamplingParams(temperature=self.r.config.temperature, max_tokens=max_new, seed=self._seed(index),
                                 logprobs=True, unmasked_logprobs=True)
         started = time.perf_counter()
         last = None
         request_id = f"{traj.id}/t{index}/{secrets.token_hex(4)}"
+        mode = {"tool_choice": choice} if tools else {"constrained": False}
         try:
-            async for out in self.r.engine.generate(ids, params, request_id=request_id, tools=tools,
-                                                    constrained=constrained):
+            async for out in self.r.engine.generate(ids, params, request_id=request_id, tools=tools, **mode):
                 last = out
         except RequestError as exc:
             if "shortest call" in str(exc):
@@ -97,32 +97,32 @@ class Episode:
                     num_cached_tokens=last.num_cached_tokens,
                     timings={"generate_s": time.perf_counter() - started, "ttft_s": last.metrics.get("ttft_s")})
 
-    def _decode_tools(self, index: int) -> tuple[list | None, bool]:
+    def _decode_tools(self, index: int) -> tuple[list | None, str | None]:
+        """This turn's tools and the output mode (`surecall.modes`) they are decoded under."""
         task = self.task
         if task.tool_choice == "none":
-            return None, False
+            return None, None
         if task.turn_tools is not None and index < len(task.turn_tools):
-            tools = task.turn_tools[index]
-        elif task.forced_tool:
-            tools = [t for t in self.tools if t.name == task.forced_tool]
-        else:
-            tools = self.tools
-        return tools, task.tool_choice != "auto"
+            return task.turn_tools[index], "required"  # a scripted turn: its one call, exactly
+        if task.forced_tool:
+            return [t for t in self.tools if t.name == task.forced_tool], "required"
+        return self.tools, "auto" if task.tool_choice == "auto" else "required"
 
     def _seed(self, index: int) -> int:
         text = json.dumps([self.r.config.seed, self.task.seed, self.traj.id, index])
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
 
     def _calls(self, index: int, out) -> tuple[list[dict], str]:
-        found = out.call if isinstance(out.call, list) else ([out.call] if out.call is not None else [])
+        """The turn's calls (every parallel call of the mode's output) and how the turn ended."""
+        found = [c for c in (out.tool_calls or []) if c.parsed is not None]
+        if out.mode is None and out.call is not None:  # free decoding (tool_choice "none" never gets here)
+            found = [out.call]
         if out.ok and found:
-            return [{"id": f"call_{index}_{k}", "name": c.name, "arguments": c.arguments} for k, c in enumerate(found)], "call"
+            return [{"id": f"call_{index}_{k}", "name": c.name, "arguments": _arguments(c)}
+                    for k, c in enumerate(found)], "call"
         if out.finish_reason == "length":
             return [], "budget"
-        marker = (self.r.tool_format.prefix or "").strip()
-        if self.task.tool_choice == "auto" and out.error_kind and marker and marker not in out.text:
-            return [], "answer"  # free text without a call: the model answered
-        return [], "invalid_call" if out.error_kind else "answer"
+        return [], "invalid_call" if out.error_kind else "answer"  # text without a call: the model answered
 
     async def _await_previous_owner(self, turn: Turn) -> None:
         """Before re-dispatching a turn a killed run had sampled, wait until no owner may still run
@@ -214,3 +214,9 @@ def _timed_out(name: str, timeout_s: float) -> Observation:
     error = (f"timed out after {timeout_s:g} s: the rollout stopped waiting; the call may still finish in the "
              "background and record its result")
     return Observation(tool=name, decision=Verdict(True, "allowed; timed out"), error=error, idempotency_state="UNRECORDED")
+
+
+def _arguments(call) -> dict:
+    """A mode call's parsed arguments (`ModeCall.parsed`), or a free call's (`ToolCall.arguments`)."""
+    parsed = getattr(call, "parsed", None)
+    return parsed if parsed is not None else call.arguments
