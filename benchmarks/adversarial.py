@@ -1056,7 +1056,7 @@ def _(t):
 
 def _check(text: str) -> tuple[bool, str]:
     """Held when check_call rejects `text` (returns an error) without raising."""
-    from surecall.calls import check_call
+    from surecall.tools.calls import check_call
     from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     try:

@@ -184,7 +184,7 @@ def build_peers(model, vocab, regex: str) -> dict:
 
 
 def run_hf(model, vocab, prompts, max_tokens: int, processors_factory, fmt, device: str, seed: int, language=None):
-    from surecall.calls import check_call
+    from surecall.tools.calls import check_call
 
     ids = torch.tensor(prompts, device=device)
     attn = torch.ones_like(ids)

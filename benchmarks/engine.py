@@ -46,7 +46,7 @@ def prompts_and_tools(n: int):
 def offline(llm, msgs, tools, max_tokens: int, seed: int) -> dict:
     from surecall.config import SamplingParams
     from surecall.core import EngineCore
-    from surecall.prompts import render_prompt
+    from surecall.core.prompts import render_prompt
 
     params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + i) for i in range(len(msgs))]
     table = llm.compile(tools)
@@ -62,7 +62,7 @@ def offline(llm, msgs, tools, max_tokens: int, seed: int) -> dict:
             for i, (p, s) in enumerate(zip(ids, params))]
     core.run_to_completion()
     wall = time.perf_counter() - start
-    from surecall.calls import check_call
+    from surecall.tools.calls import check_call
 
     fmt = llm._format(None)
     ok = sum(check_call(llm._text(s.payload.generated), fmt, tools).error is None for s in seqs)
@@ -85,8 +85,8 @@ def hf_xgrammar(llm, ids, tools, max_tokens: int, seed: int) -> dict | None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from e2e import xgrammar_compiled, xgrammar_processors
 
-    from surecall.calls import check_call
     from surecall.grammars.formats import catalog_regex
+    from surecall.tools.calls import check_call
 
     fmt = llm._format(None)
     compiled, _ = xgrammar_compiled(llm.vocab, catalog_regex(tools, fmt.name).regex)

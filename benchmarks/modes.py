@@ -25,7 +25,6 @@ from functools import partial
 import numpy as np
 import torch
 
-from surecall.calls import tool_name_schema
 from surecall.grammars.tool_modes import (
     SYNTAX,
     ModeGrammar,
@@ -34,6 +33,7 @@ from surecall.grammars.tool_modes import (
     find_controls,
 )
 from surecall.kernels import DeviceTable, SamplingTensors, sample
+from surecall.tools.calls import tool_name_schema
 from surecall.tools.catalog import hardened_seed_tools
 
 QWEN25_CONTROLS = {"<tool_call>": 151657, "</tool_call>": 151658}

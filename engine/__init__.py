@@ -20,7 +20,7 @@ _LAZY = {
     "EngineConfig": "surecall.config",
     "SamplingParams": "surecall.config",
     "Tool": "surecall.tools",
-    "ToolCall": "surecall.calls",
+    "ToolCall": "surecall.tools.calls",
     "Runtime": "surecall.dispatch.runtime",
 }
 

@@ -224,7 +224,7 @@ class AsyncLLM:
         if row.mode is not None:
             self._mode_outcome(out, row, st)
         elif row.tools and not st.error and st.finish_reason != "abort":
-            from surecall.calls import check_call
+            from surecall.tools.calls import check_call
 
             check = check_call(out.text, fmt, row.tools)
             out.call, out.error, out.error_kind = check.call, check.error, check.error_kind
@@ -235,8 +235,8 @@ class AsyncLLM:
 
     def _mode_outcome(self, out: RequestOutput, row, st) -> None:
         """A finished mode request: content, tool_calls and finish_reason read from its tokens."""
-        from surecall.calls import ToolCall
         from surecall.modes import read_output
+        from surecall.tools.calls import ToolCall
 
         outcome, _ = read_output(row.mode, self.llm.vocab, out.token_ids)
         out.content, out.tool_calls = outcome.content, outcome.tool_calls

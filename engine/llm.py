@@ -16,17 +16,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from surecall.calls import ToolCall, check_call, tool_name_schema
 from surecall.config import EngineConfig, SamplingParams
-from surecall.decode import Decoder, DecodeRow
+from surecall.core.decode import Decoder, DecodeRow
+from surecall.core.model_runner import ModelRunner
+from surecall.core.prompts import is_single_prompt, render_prompt
 from surecall.errors import ModelLoadError, RequestError, SurecallError, ToolDefinitionError
 from surecall.grammars.compile import compile_catalog
 from surecall.grammars.formats import get_format
 from surecall.kernels import DeviceTable
-from surecall.model_runner import ModelRunner
-from surecall.prompts import is_single_prompt, render_prompt
-from surecall.tokenizer_io import load_model_tokenizer
+from surecall.models.tokenizers import load_model_tokenizer
 from surecall.tools import Tool, normalise_tool
+from surecall.tools.calls import ToolCall, check_call, tool_name_schema
 
 MAX_DEVICE_TABLES = 16  # concatenated per-batch tables kept on the device
 DEFAULT_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "llama": "llama3", "mistral": "mistral"}
@@ -159,7 +159,7 @@ class LLM:
         return [results[i] for i in range(len(prompts))]
 
     def count_tokens(self, text: str) -> list[int]:
-        from surecall.prompts import _encode
+        from surecall.core.prompts import _encode
 
         return _encode(self.tokenizer, text, add_special_tokens=False)
 

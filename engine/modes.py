@@ -401,7 +401,7 @@ def _partial_match(buf: bytearray, word: bytes) -> int:
 
 
 def _validate(schema, value) -> str | None:
-    from surecall.calls import _validate as validate_arguments
+    from surecall.tools.calls import _validate as validate_arguments
 
     return validate_arguments(schema, value)
 

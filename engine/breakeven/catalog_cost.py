@@ -3,7 +3,7 @@
 Each tool is rendered as the model would see it: through the chat template's tool block when
 the tokenizer has one (S_k is the growth of the rendered prompt; the block's fixed overhead is
 measured separately), else as the OpenAI-style JSON definition. `render` prints the report.
-Counting only; no model runs (the counting tokenizer is `surecall.tokenizer_io`'s).
+Counting only; no model runs (the counting tokenizer is `surecall.models.tokenizers`'s).
 """
 
 from __future__ import annotations

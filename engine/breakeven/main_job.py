@@ -138,9 +138,9 @@ def run_main_job(cfg: MainJobConfig, echo=print) -> dict:
 def decode_and_dispatch(llm, prompts: list[Prompt], tools: list[dict], bcfg: BreakevenConfig, ground: bool = True) -> dict:
     """Greedy constrained calls (prompt: the plain catalog; grammar: grounded unless told), each dispatched."""
     from surecall.config import SamplingParams
+    from surecall.core.prompts import render_prompt
     from surecall.dispatch.runtime import Runtime
     from surecall.dispatch.stores import SQLiteStore
-    from surecall.prompts import render_prompt
     from surecall.toolbox.catalog import coding_tools
 
     t0 = time.perf_counter()
@@ -208,7 +208,7 @@ def dispatch_summary(dispatch: dict) -> str:
 def catalog_cost(model_dir: Path) -> dict:
     from surecall.breakeven.catalog_cost import measure as measure_cost
     from surecall.breakeven.catalog_cost import render
-    from surecall.tokenizer_io import load_counting_tokenizer
+    from surecall.models.tokenizers import load_counting_tokenizer
     from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
     tok = load_counting_tokenizer(model_dir)

@@ -158,7 +158,7 @@ def load_vocab(spec: str, logits_width: int | None = None):
 
 def load_counting_tokenizer(spec: str, context_window: int | None = None):
     """A counting/rendering tokenizer for a --tokenizer (`catalog-cost`)."""
-    from surecall.tokenizer_io import load_counting_tokenizer as load
+    from surecall.models.tokenizers import load_counting_tokenizer as load
 
     path, name, _ = tokenizer_source(spec)
     tok = load(path, context_window)

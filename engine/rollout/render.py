@@ -7,15 +7,15 @@ family's own format, and the next generation prompt. It finds that text as the d
 renderings of the template (history + call, and history + call + results), so the family's
 tool-result format is whatever its template says, and tokenises only that difference. The
 sampled ids themselves are never decoded and re-encoded. Tokenizers without a chat template use
-the plain `role: content` fallback of `surecall.prompts`. It does not generate or dispatch.
+the plain `role: content` fallback of `surecall.core.prompts`. It does not generate or dispatch.
 """
 
 from __future__ import annotations
 
 import json
 
+from surecall.core.prompts import openai_tools, render_prompt
 from surecall.errors import SurecallError
-from surecall.prompts import openai_tools, render_prompt
 
 
 class RenderError(SurecallError):

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 
 from surecall.config import SamplingParams
+from surecall.core.prompts import render_prompt
 from surecall.errors import RequestError, SurecallError, ToolDefinitionError
 from surecall.modes import merge_deltas
-from surecall.prompts import render_prompt
 from surecall.server import protocol as wire
 from surecall.server.streaming import ChoiceStream, run_choices, sse
 

@@ -9,7 +9,7 @@ import pytest
 from surecall.breakeven.catalog_cost import measure, openai_tool, render
 from surecall.cli import main
 from surecall.errors import ToolDefinitionError, VocabError
-from surecall.tokenizer_io import load_counting_tokenizer
+from surecall.models.tokenizers import load_counting_tokenizer
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 from surecall.tools.loading import load_tool_dicts
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from surecall.calls import check_call
 from surecall.errors import MalformedCall
 from surecall.grammars.strict_json import MAX_JSON_DEPTH, loads_strict
+from surecall.tools.calls import check_call
 
 TOOLS = [{"name": "get", "parameters": {"type": "object", "properties": {"q": {}}, "additionalProperties": False}},
          {"name": "rm", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}]

@@ -187,8 +187,8 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny, monkeypa
 
 
 def test_constrained_rows_with_mixed_tools_complete_valid_calls(tiny):
-    from surecall.calls import check_call
     from surecall.tools import hardened_seed_tools
+    from surecall.tools.calls import check_call
 
     tools = hardened_seed_tools()
     fmt = tiny._format(None)
@@ -198,7 +198,7 @@ def test_constrained_rows_with_mixed_tools_complete_valid_calls(tiny):
     for i, cat in enumerate(catalogs * 2):
         key = tiny._table_key(cat, fmt)
         table = tiny.compile(cat)
-        from surecall.prompts import render_prompt
+        from surecall.core.prompts import render_prompt
 
         prompt = render_prompt([{"role": "user", "content": f"edit file {i}"}], tiny.tokenizer, cat, i)
         budget = int(table.dist[0]) + 3 + i  # tight budgets: the call must still complete
@@ -215,8 +215,8 @@ def test_constrained_rows_with_mixed_tools_complete_valid_calls(tiny):
 
 
 def test_counted_length_bounds_hold_in_the_core_as_in_generate(tiny):
-    from surecall.calls import check_call
-    from surecall.prompts import render_prompt
+    from surecall.core.prompts import render_prompt
+    from surecall.tools.calls import check_call
 
     tool = {"name": "note", "description": "Write a note.", "parameters": {
         "type": "object", "properties": {"text": {"type": "string", "minLength": 49, "maxLength": 60}},

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from surecall.calls import tool_name_schema
 from surecall.config import EngineConfig, SamplingParams
 from surecall.errors import ModelLoadError, RequestError, SurecallError
+from surecall.tools.calls import tool_name_schema
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 pytest.importorskip("surecall.grammars.compile", reason="grammars/compile.py has not landed")
@@ -205,7 +205,7 @@ def test_bad_row_reports_and_the_rest_decode(llama):
 
 
 def test_a_decode_failure_is_the_rows_error_not_a_call(llama, monkeypatch):
-    import surecall.decode as decode_mod
+    import surecall.core.decode as decode_mod
     from surecall.kernels import sample as kernel_sample
 
     def nothing_allowed(*args, **kwargs):  # what the sampler returns for a row whose mask is empty

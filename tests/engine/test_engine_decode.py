@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from surecall.config import EngineConfig, SamplingParams
-from surecall.decode import Decoder, DecodeRow
+from surecall.core.decode import Decoder, DecodeRow
+from surecall.core.model_runner import ModelRunner
 from surecall.kernels import DeviceTable
-from surecall.model_runner import ModelRunner
 
 SCHEMA_A = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer", "minimum": 1, "maximum": 500}},
             "required": ["path", "limit"], "additionalProperties": False}
@@ -184,7 +184,7 @@ def test_a_row_whose_mask_allows_nothing_is_an_error(runner, vocab):
 
 
 def test_a_token_the_grammar_refuses_is_an_error(runner, vocab, monkeypatch):
-    import surecall.decode as decode_mod
+    import surecall.core.decode as decode_mod
     from surecall.kernels import sample as kernel_sample
 
     def wrong_token(*args, **kwargs):  # a sampler that ignores the mask (a kernel bug)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from surecall.config import EngineConfig, SamplingParams
+from surecall.core.model_runner import ModelRunner
 from surecall.errors import ModelLoadError
-from surecall.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_different_seeds_differ(llm):
 
 def test_rows_finish_independently_on_stop_ids(stories):
     runner = ModelRunner(stories / "hf")
-    from surecall.decode import Decoder, DecodeRow
+    from surecall.core.decode import Decoder, DecodeRow
 
     expected = json.loads((stories / "expected_greedy.json").read_text())["generated_ids"]
     stop = expected[3]  # greedy row 0 emits it at step 4

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from surecall.config import EngineConfig, SamplingParams
-from surecall.decode import Decoder, DecodeRow
-from surecall.model_runner import ModelRunner
-from surecall.static_step import CACHE_LEN_STEP, batch_bucket, cache_bucket
+from surecall.core.decode import Decoder, DecodeRow
+from surecall.core.model_runner import ModelRunner
+from surecall.core.static_step import CACHE_LEN_STEP, batch_bucket, cache_bucket
 
 ON_GPU = torch.cuda.is_available()
 
@@ -219,7 +219,7 @@ def _meta_runner(kind: str, **extra) -> ModelRunner:
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 def test_the_static_step_never_reads_a_tensor_on_the_host(kind):
     """A `.item()`, `bool(tensor)` or `.tolist()` in the step would break capture; on meta tensors it raises."""
-    from surecall.static_step import StaticBucket
+    from surecall.core.static_step import StaticBucket
 
     bucket = StaticBucket(_meta_runner(kind), 4, CACHE_LEN_STEP)
     bucket.column = 3
@@ -232,7 +232,7 @@ def test_the_static_step_never_reads_a_tensor_on_the_host(kind):
 
 def test_the_meta_probe_catches_a_host_read():
     """The same probe on a forward that reads a tensor on the host (dynamic rotary scaling) fails."""
-    from surecall.static_step import StaticBucket
+    from surecall.core.static_step import StaticBucket
 
     bucket = StaticBucket(_meta_runner("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), 1,
                           CACHE_LEN_STEP)
@@ -301,7 +301,7 @@ def test_the_default_is_the_static_step_on_cpu_too():
 
 # --- a prompt beginning every row shares is prefilled once -----------------------------------
 def test_shared_prefix_length():
-    from surecall.decode import MIN_SHARED_PREFIX, _shared_prefix
+    from surecall.core.decode import MIN_SHARED_PREFIX, _shared_prefix
 
     base = list(range(100, 100 + MIN_SHARED_PREFIX + 4))
     assert _shared_prefix([base + [1, 2], base + [3]], keep_last=1) == len(base)

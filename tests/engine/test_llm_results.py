@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from surecall.config import SamplingParams
+from surecall.core.prompts import render_prompt
 from surecall.errors import ToolDefinitionError
-from surecall.prompts import render_prompt
 from surecall.tools import Tool
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 

@@ -94,9 +94,9 @@ def _run(llm, fmt, n, max_tokens, offset=0, **mode):
 
 def _shortest(llm, fmt, **mode) -> int:
     """Fewest tokens of one call in this mode (the budget a required row needs)."""
-    from surecall.calls import tool_name_schema
     from surecall.grammars.tool_modes import compile_mode
     from surecall.modes import mode_grammar, mode_spec
+    from surecall.tools.calls import tool_name_schema
 
     named = [tool_name_schema(t) for t in TOOLS]
     spec = mode_spec(mode.get("tool_choice"), mode.get("parallel_tool_calls"), None, [n for n, _ in named])

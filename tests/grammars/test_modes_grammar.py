@@ -14,7 +14,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from surecall.calls import tool_name_schema
 from surecall.errors import RequestError
 from surecall.grammars.automaton import regex_to_dfa
 from surecall.grammars.options import GrammarOptions
@@ -38,6 +37,7 @@ from surecall.modes import (
     mode_spec,
     read_output,
 )
+from surecall.tools.calls import tool_name_schema
 from surecall.tools.catalog import hardened_seed_tools
 
 TOOLS = tuple(tool_name_schema(t) for t in hardened_seed_tools())

@@ -22,8 +22,14 @@ from pathlib import Path
 
 import torch
 
+from surecall.core.static_step import (
+    BucketPool,
+    StaticBucket,
+    batch_bucket,
+    cache_bucket,
+    dynamic_cache,
+)
 from surecall.errors import ModelLoadError
-from surecall.static_step import BucketPool, StaticBucket, batch_bucket, cache_bucket, dynamic_cache
 
 _DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types that rescale from the sequence length (host logic)
 
