@@ -89,7 +89,11 @@ def hf_xgrammar(llm, ids, tools, max_tokens: int, seed: int) -> dict | None:
     from surecall.tools.calls import check_call
 
     fmt = llm._format(None)
-    compiled, _ = xgrammar_compiled(llm.vocab, catalog_regex(tools, fmt.name).regex)
+    from surecall.grammars.options import GrammarOptions
+
+    # the peer gets the same call language without our counter marks (long bounds left to validation)
+    regex = catalog_regex(tools, fmt.name, GrammarOptions(counted_lengths=False)).regex
+    compiled, _ = xgrammar_compiled(llm.vocab, regex)
     width = max(len(p) for p in ids)
     pad = llm._pad_id()
     batch = torch.tensor([[pad] * (width - len(p)) + p for p in ids])
