@@ -156,6 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tool-format", default="hermes")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-rows", action="store_true", help="only the episode turns")
+    parser.add_argument("--skip-turns", action="store_true", help="only the single-call rows")
     parser.add_argument("--episodes", type=int, default=0, help="first N held-out episodes (0 = all)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
@@ -168,8 +169,10 @@ def main(argv=None) -> int:
     episodes = episodes[: args.episodes] if args.episodes else episodes
     tools, temps = seed_tools(), (0.0, 1.0)
     # 1. episode turns (HF free decoding); 2. single calls: HF reference, then the engine
-    turn_sections = run_turns(model_dir, episodes, tools, temps, args.repeats, args.max_tokens)
-    print_turn_table(turn_sections)
+    turn_sections = {}
+    if not args.skip_turns:
+        turn_sections = run_turns(model_dir, episodes, tools, temps, args.repeats, args.max_tokens)
+        print_turn_table(turn_sections)
     sections = {}
     if not args.skip_rows:
         sections["hf"] = run_hf(model_dir, rows, tools, temps, args.repeats, args.max_tokens)

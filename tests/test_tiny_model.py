@@ -39,8 +39,11 @@ GOLDEN_EPISODE = [
     call_message([("grep_search", {"pattern": "def main"})]),
     tool_message("grep_search", "src/app/main.py:12: def main():\n[1 match(es) in 9 file(s) searched]"),
 ]
-GOLDEN_FIRST_IDS: list[int] = []
-GOLDEN_NEXT_IDS: list[int] = []
+GOLDEN_FIRST_IDS: list[int] = [32, 274, 34, 203, 271, 288, 262, 261, 420, 267, 261, 301, 262, 294, 342, 262, 261, 411,
+                               525, 318, 203, 299, 274, 34, 4]
+# (greedy, it answers in text here instead of opening the file: the recorded behaviour, not the gold)
+GOLDEN_NEXT_IDS: list[int] = [42, 83, 89, 307, 338, 943, 12, 277, 13, 31, 454, 999, 488, 370, 280, 702, 19, 386, 18,
+                              346, 68, 821, 520, 338, 18, 4]
 # tiny_eval.py's parse rate of free calls on held-out episode turns at T=1.0 (the shipped model)
 RECORDED_T1_PARSE_RATE = 0.0
 
