@@ -1,8 +1,8 @@
 """The models shipped inside the package: surecall-tiny, the embedded default.
 
 `default_model_dir()` returns the folder of surecall-tiny (config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json with its chat template, generation_config.json and the
-held-out prompts heldout.jsonl), loadable offline with transformers' `from_pretrained`. How
+tokenizer.json, tokenizer_config.json with its chat template, generation_config.json, the
+held-out single-call prompts heldout.jsonl and multi-turn episodes heldout_episodes.jsonl), loadable offline with transformers' `from_pretrained`. How
 the model was trained lives in `surecall.models.training`; this module only locates the files.
 """
 
@@ -39,6 +39,14 @@ def default_heldout_path() -> Path:
     path = default_model_dir() / "heldout.jsonl"
     if not path.is_file():
         raise ModelLoadError(f"held-out prompts missing at {path}: reinstall surecall")
+    return path
+
+
+def default_heldout_episodes_path() -> Path:
+    """The held-out multi-turn episodes of surecall-tiny (JSON lines: kind, messages)."""
+    path = default_model_dir() / "heldout_episodes.jsonl"
+    if not path.is_file():
+        raise ModelLoadError(f"held-out episodes missing at {path}: reinstall surecall")
     return path
 
 

@@ -1,4 +1,4 @@
-"""The synthetic tool-call corpus: determinism, schema validity, JSON-hard content, splits."""
+"""The synthetic corpus: determinism, schema validity, JSON-hard content, splits, episodes, scoring."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import jsonschema
 import pytest
 
 from surecall.models.training.corpus import CorpusConfig, generate, render_call
-from surecall.models.training.evaluate import make_validators, parse_call, score_call
+from surecall.models.training.episodes import KINDS, call_message, generate_episodes
+from surecall.models.training.evaluate import (
+    TURN_KINDS,
+    episode_turns,
+    make_validators,
+    parse_call,
+    parse_calls,
+    score_call,
+    score_turn,
+    summarize_turns,
+)
 from surecall.models.training.tokenizer import train_bpe
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
@@ -123,3 +133,77 @@ def test_bpe_keeps_escapes_apart_and_round_trips():
     assert pieces == ["a", "\\n", "const", "Ġuser_id", '\\"']
     for text in texts[:50]:
         assert tokenizer.decode(tokenizer.encode(text).ids) == text
+
+
+# --- multi-turn episodes ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def train_episodes():
+    return generate_episodes(CorpusConfig(1500, seed=0), seed_tools())
+
+
+def test_episodes_are_deterministic_and_cover_every_kind_and_turn_kind(train_episodes):
+    assert generate_episodes(CorpusConfig(50, seed=0), seed_tools()) == train_episodes[:50]
+    assert generate_episodes(CorpusConfig(50, seed=1), seed_tools()) != train_episodes[:50]
+    assert {e["kind"] for e in train_episodes} == set(KINDS)
+    assert {t["kind"] for t in episode_turns(train_episodes)} == set(TURN_KINDS)
+
+
+def test_episode_calls_validate_and_every_call_is_answered_by_a_tool_message(train_episodes):
+    for episode in train_episodes:
+        messages = episode["messages"]
+        assert messages[0]["role"] == "user" and messages[-1]["role"] == "assistant"
+        assert not messages[-1].get("tool_calls")  # an episode ends with a text answer
+        for i, m in enumerate(messages):
+            calls = m.get("tool_calls") or []
+            for call in calls:
+                jsonschema.validate(call["function"]["arguments"], SCHEMAS[call["function"]["name"]])
+            replies = messages[i + 1: i + 1 + len(calls)]
+            assert [r["role"] for r in replies] == ["tool"] * len(calls)
+            assert [r["name"] for r in replies] == [c["function"]["name"] for c in calls]
+
+
+def test_a_chain_opens_the_first_file_its_search_found(train_episodes):
+    chains = [e["messages"] for e in train_episodes
+              if e["kind"] == "chain" and e["messages"][1]["tool_calls"][0]["function"]["name"] == "grep_search"
+              and len(e["messages"]) > 4]
+    assert len(chains) > 20
+    for m in chains:
+        first_match = m[2]["content"].split(": ", 1)[0].rsplit(":", 1)[0]
+        assert m[3]["tool_calls"][0]["function"]["arguments"] == {"path": first_match}
+
+
+def test_heldout_episodes_have_their_own_phrasings(train_episodes):
+    held = generate_episodes(CorpusConfig(400, seed=0, split="heldout"), seed_tools())
+    train_text = " ".join(m["content"] for e in train_episodes for m in e["messages"] if m["role"] == "user")
+    held_text = " ".join(m["content"] for e in held for m in e["messages"] if m["role"] == "user")
+    for phrase in ("In parallel, please", "Describe ", "Howdy"):
+        assert phrase in held_text and phrase not in train_text
+
+
+def test_parse_calls_reads_parallel_calls_and_rejects_text_around_them():
+    two = render_call("file_view", {"path": "a"}) + "\n" + render_call("grep_search", {"pattern": "x"})
+    assert parse_calls(two) == [("file_view", {"path": "a"}), ("grep_search", {"pattern": "x"})]
+    with pytest.raises(ValueError, match="envelopes around the whole completion"):
+        parse_calls("Sure. " + two)
+
+
+def test_score_turn_counts_text_answers_right_tools_and_bad_calls():
+    validators = make_validators(seed_tools())
+    ask = [{"role": "user", "content": "q"}]
+    call_turn = {"messages": ask, "kind": "first_call",
+                 "gold": call_message([("file_view", {"path": "a.py"})])}
+    text_turn = {"messages": ask, "kind": "text_only", "gold": {"role": "assistant", "content": "hi"}}
+    good = score_turn(render_call("file_view", {"path": "a.py"}), call_turn, validators)
+    wrong_tool = score_turn(render_call("grep_search", {"pattern": "a"}), call_turn, validators)
+    broken = score_turn('<tool_call>\n{"name": "file_view"', call_turn, validators)
+    text_ok = score_turn("Hello!", text_turn, validators)
+    needless = score_turn(render_call("file_view", {"path": "a.py", "limit": 0}), text_turn, validators)
+    assert good.is_exact and wrong_tool.is_valid and not wrong_tool.is_right_tool
+    assert broken.is_call and not broken.is_parsed
+    assert text_ok.is_right_tool and not needless.is_right_tool and not needless.is_valid
+    rates = summarize_turns([good, wrong_tool, broken, text_ok, needless])
+    assert rates["all"]["right_tool_rate"] == 1 / 3 and rates["all"]["text_answer_rate"] == 0.5
+    assert rates["all"]["bad_call_rate"] == 2 / 4  # broken and needless (limit 0) of 4 tries
+    assert rates["text_only"]["num_turns"] == 2 and "call_rate" not in rates["text_only"]

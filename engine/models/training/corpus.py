@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from surecall.models.training import snippets as sn
 
 SPLITS = ("train", "heldout")
-_SPLIT_SALT = {"train": 0, "heldout": 7_919}
+SPLIT_SALT = {"train": 0, "heldout": 7_919}
 _Builder = Callable[[random.Random, str], tuple[str, dict]]
 
 
@@ -43,7 +43,7 @@ def render_call(tool: str, arguments: dict) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def _show(text: str) -> str:
+def show(text: str) -> str:
     """Quote a string for the request: inline backticks for one line, a fence otherwise."""
     if "\n" in text or "`" in text:
         return f"\n```\n{text}\n```\n"
@@ -63,14 +63,14 @@ def _offset(rng: random.Random) -> int:
 def _view_whole(rng, split):
     p = sn.path(rng, split)
     text = rng.choice(["Show me {p}", "Open {p}", "cat {p} for me", "What's in {p}?",
-                       "Let me see the file {p}", "Display {p}."]).format(p=_show(p))
+                       "Let me see the file {p}", "Display {p}."]).format(p=show(p))
     return text, {"path": p}
 
 
 def _view_from(rng, split):
     p, o = sn.path(rng, split), _offset(rng)
     text = rng.choice(["Open {p} at line {o}", "Show {p} starting from line {o}",
-                       "View {p} from line {o} on"]).format(p=_show(p), o=o)
+                       "View {p} from line {o} on"]).format(p=show(p), o=o)
     return text, {"path": p, "offset": o}
 
 
@@ -78,7 +78,7 @@ def _view_window(rng, split):
     p, o, n = sn.path(rng, split), _offset(rng), _limit(rng)
     text = rng.choice(["Show {n} lines of {p} starting at line {o}",
                        "View {p}, {n} lines from line {o}",
-                       "Read {p} from line {o}, limit {n} lines"]).format(p=_show(p), o=o, n=n)
+                       "Read {p} from line {o}, limit {n} lines"]).format(p=show(p), o=o, n=n)
     return text, {"path": p, "offset": o, "limit": n}
 
 
@@ -86,20 +86,20 @@ def _view_range(rng, split):
     p, o = sn.path(rng, split), rng.randint(1, 400)
     end = o + rng.randint(0, 60)
     text = rng.choice(["View lines {o}-{e} of {p}", "Show me lines {o} to {e} in {p}",
-                       "print lines {o} through {e} of {p}"]).format(p=_show(p), o=o, e=end)
+                       "print lines {o} through {e} of {p}"]).format(p=show(p), o=o, e=end)
     return text, {"path": p, "offset": o, "limit": end - o + 1}
 
 
 def _view_head(rng, split):
     p, n = sn.path(rng, split), _limit(rng)
     text = rng.choice(["Read the first {n} lines of {p}", "head {p}, {n} lines",
-                       "Give me the top {n} lines of {p}"]).format(p=_show(p), n=n)
+                       "Give me the top {n} lines of {p}"]).format(p=show(p), n=n)
     return text, {"path": p, "limit": n}
 
 
 def _view_heldout(rng, split):
     p, o, n = sn.path(rng, split), _offset(rng), _limit(rng)
-    text = f"Could you pull up {_show(p)}? I need {n} lines beginning at line {o}."
+    text = f"Could you pull up {show(p)}? I need {n} lines beginning at line {o}."
     return text, {"path": p, "offset": o, "limit": n}
 
 
@@ -123,7 +123,7 @@ def _edit_block(rng, split):
     old, new = _edit_pair(rng, split, rng.choice([3, 6, 9]))
     text = rng.choice(["In {p}, replace{o}with{n}", "Edit {p}: change{o}to{n}",
                        "Please swap this block in {p}:{o}for{n}"]).format(
-        p=_show(p), o=_show_block(old), n=_show_block(new))
+        p=show(p), o=_show_block(old), n=_show_block(new))
     return text, {"path": p, "old_str": old, "new_str": new}
 
 
@@ -134,7 +134,7 @@ def _show_block(text: str) -> str:
 def _edit_inline(rng, split):
     p, old, new = sn.path(rng, split), sn.code_line(rng, split), sn.code_line(rng, split)
     text = rng.choice(["Change {o} to {n} in {p}", "In {p} replace {o} with {n}",
-                       "{p}: {o} should be {n}"]).format(p=_show(p), o=_show(old), n=_show(new))
+                       "{p}: {o} should be {n}"]).format(p=show(p), o=show(old), n=show(new))
     return text, {"path": p, "old_str": old, "new_str": new}
 
 
@@ -142,21 +142,21 @@ def _edit_all(rng, split):
     p, old, new = sn.path(rng, split), sn.ident(rng, split), sn.ident(rng, split) + "_"
     text = rng.choice(["Rename every {o} to {n} in {p}",
                        "Replace all occurrences of {o} with {n} in {p}"]).format(
-        p=_show(p), o=_show(old), n=_show(new))
+        p=show(p), o=show(old), n=show(new))
     return text, {"path": p, "old_str": old, "new_str": new, "allow_multiple": True}
 
 
 def _edit_delete(rng, split):
     p, old = sn.path(rng, split), sn.code_line(rng, split)
     text = rng.choice(["Delete the line {o} from {p}", "Remove {o} in {p}"]).format(
-        p=_show(p), o=_show(old))
+        p=show(p), o=show(old))
     return text, {"path": p, "old_str": old, "new_str": ""}
 
 
 def _edit_heldout(rng, split):
     p = sn.path(rng, split)
     old, new = _edit_pair(rng, split, 6)
-    text = f"There's a bug in {_show(p)}. The code{_show_block(old)}needs to become{_show_block(new)}"
+    text = f"There's a bug in {show(p)}. The code{_show_block(old)}needs to become{_show_block(new)}"
     return text, {"path": p, "old_str": old, "new_str": new}
 
 
@@ -164,34 +164,34 @@ def _edit_heldout(rng, split):
 def _grep_todos(rng, split):
     g, marker = sn.glob(rng), rng.choice(["TODO", "FIXME", "TODO|FIXME", "XXX"])
     text = rng.choice(["Find {m}s in {g}", "find {m} comments in {g} files",
-                       "List all {m} markers in {g} files"]).format(m=marker, g=_show(g))
+                       "List all {m} markers in {g} files"]).format(m=marker, g=show(g))
     return text, {"pattern": marker, "glob": g}
 
 
 def _grep_plain(rng, split):
     pat = sn.pattern(rng, split)
     text = rng.choice(["Search for {r}", "grep {r}", "Where does {r} appear?",
-                       "Look for the regex {r}"]).format(r=_show(pat))
+                       "Look for the regex {r}"]).format(r=show(pat))
     return text, {"pattern": pat}
 
 
 def _grep_dir(rng, split):
     pat, d = sn.pattern(rng, split), sn.directory(rng)
     text = rng.choice(["Search {d} for {r}", "grep for {r} under {d}",
-                       "Find matches of {r} in {d}"]).format(r=_show(pat), d=_show(d))
+                       "Find matches of {r} in {d}"]).format(r=show(pat), d=show(d))
     return text, {"pattern": pat, "path": d}
 
 
 def _grep_full(rng, split):
     pat, d, g = sn.pattern(rng, split), sn.directory(rng), sn.glob(rng)
     text = rng.choice(["Search {g} files under {d} for {r}",
-                       "grep {r} in {d}, only {g}"]).format(r=_show(pat), d=_show(d), g=_show(g))
+                       "grep {r} in {d}, only {g}"]).format(r=show(pat), d=show(d), g=show(g))
     return text, {"pattern": pat, "path": d, "glob": g}
 
 
 def _grep_heldout(rng, split):
     pat, g = sn.pattern(rng, split), sn.glob(rng)
-    text = f"I'm looking for lines matching {_show(pat)}; restrict it to {_show(g)} please."
+    text = f"I'm looking for lines matching {show(pat)}; restrict it to {show(g)} please."
     return text, {"pattern": pat, "glob": g}
 
 
@@ -215,7 +215,7 @@ def _timeout(rng: random.Random) -> tuple[str, int]:
 def _bash_plain(rng, split):
     cmd = sn.command(rng, split)
     text = rng.choice(["Run {c}", "Execute {c}", "Please run {c} in the workspace",
-                       "shell: {c}"]).format(c=_show(cmd))
+                       "shell: {c}"]).format(c=show(cmd))
     return text, {"command": cmd}
 
 
@@ -223,7 +223,7 @@ def _bash_timeout(rng, split):
     cmd = sn.command(rng, split)
     phrase, ms = _timeout(rng)
     text = rng.choice(["Run {c} with a timeout of {t}", "Execute {c}, give it {t}",
-                       "Run {c} and kill it after {t}"]).format(c=_show(cmd), t=phrase)
+                       "Run {c} and kill it after {t}"]).format(c=show(cmd), t=phrase)
     return text, {"command": cmd, "timeout_ms": ms}
 
 
@@ -231,14 +231,14 @@ def _bash_tests(rng, split):
     cmd = rng.choice(["pytest -q", "make test", "npm test", "cargo test", "go test ./..."])
     phrase, ms = _timeout(rng)
     text = rng.choice(["Run the tests with {t} ({c})", "run the test suite via {c}, timeout {t}"]
-                      ).format(c=_show(cmd), t=phrase)
+                      ).format(c=show(cmd), t=phrase)
     return text, {"command": cmd, "timeout_ms": ms}
 
 
 def _bash_heldout(rng, split):
     cmd = sn.command(rng, split)
     phrase, ms = _timeout(rng)
-    text = f"Can you kick off {_show(cmd)}? Don't let it go longer than {phrase}."
+    text = f"Can you kick off {show(cmd)}? Don't let it go longer than {phrase}."
     return text, {"command": cmd, "timeout_ms": ms}
 
 
@@ -254,8 +254,9 @@ _BUILDERS: dict[str, tuple[list[_Builder], list[_Builder]]] = {
 TOOL_NAMES = tuple(_BUILDERS)
 
 
-def _row(rng: random.Random, split: str) -> dict:
-    tool = rng.choice(TOOL_NAMES)
+def request(rng: random.Random, split: str, tool: str | None = None) -> dict:
+    """One single-call row: a request for `tool` (a random tool when None) and its call."""
+    tool = rng.choice(TOOL_NAMES) if tool is None else tool
     shared, reserved = _BUILDERS[tool]
     use_reserved = split == "heldout" and rng.random() < 0.3
     builder = rng.choice(reserved if use_reserved else shared)
@@ -268,8 +269,8 @@ def _row(rng: random.Random, split: str) -> dict:
 
 def generate(config: CorpusConfig) -> list[dict]:
     """`config.num_rows` rows, a pure function of (seed, split)."""
-    rng = random.Random(config.seed * 1_000_003 + _SPLIT_SALT[config.split])
-    return [_row(rng, config.split) for _ in range(config.num_rows)]
+    rng = random.Random(config.seed * 1_000_003 + SPLIT_SALT[config.split])
+    return [request(rng, config.split) for _ in range(config.num_rows)]
 
 
 def code_text(seed: int, num_blocks: int) -> list[str]:

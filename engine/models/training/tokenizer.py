@@ -17,11 +17,18 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START, IM_END]
-DEFAULT_SYSTEM = "You are a coding assistant. Answer each request with exactly one tool call."
+DEFAULT_SYSTEM = ("You are a coding assistant. Call tools when a request needs them, "
+                  "otherwise answer in text.")
+TOOLS_FOOTER = ("\n</tools>\nFor each call, reply with <tool_call>\n"
+                "{\"name\": <tool name>, \"arguments\": <JSON object>}\n</tool_call>")
 
-# The system block lists each tool as one JSON line (OpenAI {"type": "function", ...}, MCP
-# {"inputSchema": ...} and bare {name, parameters} dicts all render the same), then the user
-# turn, then the assistant prefix. Jinja string literals take Python escapes ('\n').
+# Qwen2-style (Hermes) rendering. The system block lists each tool as one JSON line (OpenAI
+# {"type": "function", ...}, MCP {"inputSchema": ...} and bare {name, parameters} dicts all
+# render the same). An assistant turn is its text, or its calls one `<tool_call>` block per line
+# (after its text, if any); consecutive `tool` messages share one user turn, one
+# `<tool_response>` block each. Jinja string literals take Python escapes ('\n').
+# Adapted from the Qwen2.5 chat template (https://huggingface.co/Qwen/Qwen2.5-7B-Instruct,
+# tokenizer_config.json).
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
     "{%- if messages and messages[0].role == 'system' -%}"
@@ -36,24 +43,28 @@ CHAT_TEMPLATE = (
     "{%- set params = fn.parameters if fn.parameters is defined else fn.inputSchema -%}"
     "{{- '\\n' + ({'name': fn.name, 'description': fn.description, 'parameters': params} | tojson) -}}"
     "{%- endfor -%}"
-    "{{- '\\n</tools>\\nReply with one call: <tool_call>\\n"
-    "{\"name\": <tool name>, \"arguments\": <JSON object>}\\n</tool_call>' -}}"
+    "{{- '" + TOOLS_FOOTER.replace("\n", "\\n") + "' -}}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- for m in turns -%}"
     "{%- if m.role == 'assistant' and m.tool_calls is defined and m.tool_calls -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if m.content -%}{{- m.content + '\\n' -}}{%- endif -%}"
     "{%- for tc in m.tool_calls -%}"
     "{%- set f = tc.function if tc.function is defined else tc -%}"
     "{%- set args = f.arguments if f.arguments is string else (f.arguments | tojson) -%}"
+    "{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '<tool_call>\\n{\"name\": ' + (f.name | tojson) + ', \"arguments\": ' + args"
     " + '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- elif m.role == 'tool' -%}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{%- set body = m.content if m.content is string else (m.content | tojson) -%}"
+    "{{- '\\n<tool_response>\\n' + body + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}"
-    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
@@ -75,9 +86,7 @@ def system_block(tools: list[dict]) -> str:
         entry = {"name": tool["name"], "description": tool["description"],
                  "parameters": tool["parameters"]}
         lines.append(json.dumps(entry, ensure_ascii=False))
-    lines.append('</tools>\nReply with one call: <tool_call>\n'
-                 '{"name": <tool name>, "arguments": <JSON object>}\n</tool_call>')
-    return "\n".join(lines)
+    return "\n".join(lines) + TOOLS_FOOTER
 
 
 def train_bpe(texts: list[str], vocab_size: int = 3072, max_token_length: int = 16) -> Tokenizer:

@@ -1,9 +1,10 @@
-"""Train surecall-tiny from scratch: corpus -> BPE tokenizer -> small Llama -> checkpoints.
+"""Train surecall-tiny: corpus + episodes -> BPE tokenizer -> small Llama -> checkpoints.
 
-`python -m surecall.models.training.train --out DIR --minutes M --seed S` builds the corpus and the
-tokenizer, trains a LlamaForCausalLM (loss on the assistant completion only) and saves a
-checkpoint (model, tokenizer, held-out rows) plus a quick held-out free-decoding eval every
-`--eval-minutes`, so a run cut short still leaves a usable model. Every row shares the same
+`python -m surecall.models.training.train --out DIR --minutes M --seed S` builds the corpus
+(single-call rows and multi-turn episodes) and the tokenizer (or reuses `--init-from`'s),
+trains a LlamaForCausalLM (loss on assistant turns only) and saves a checkpoint (model,
+tokenizer, held-out rows, optimizer state) plus a quick held-out eval every `--eval-minutes`;
+`--resume` continues a stopped run from its last checkpoint. Every row shares the same
 system block (the tool list), so each step runs that prefix once and reuses its KV cache for
 the whole batch: exact (causal attention), and ~8x fewer tokens per step. It does not pick or
 ship a checkpoint: copy the chosen one to engine/models/surecall_tiny/.
@@ -33,6 +34,7 @@ from surecall.models.training.corpus import (
     render_call,
     write_jsonl,
 )
+from surecall.models.training.episodes import call_message, generate_episodes, user_texts
 from surecall.tools.catalog import hardened_seed_tools
 
 TOOL_FORMAT = "hermes"
@@ -62,6 +64,11 @@ class TrainConfig:
     num_threads: int = 1
     init_from: str | None = None  # a checkpoint to continue from (its tokenizer and weights)
     shuffle_seed: int | None = None  # data order; None = seed
+    num_train_episodes: int = 0  # multi-turn episodes mixed with the single-call rows
+    num_heldout_episodes: int = 120
+    max_row_tokens: int = 900  # longer training rows (after the shared prefix) are dropped
+    resume: bool = False  # continue from the last checkpoint in out_dir (same command otherwise)
+    checkpoint_steps: int = 0  # also checkpoint every N steps (0: only every eval_minutes)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "num_train_rows", "vocab_size", "hidden_size", "num_layers",
@@ -76,9 +83,10 @@ class TrainConfig:
                              f"{self.hidden_size}, got {self.num_heads}")
 
 
-def build_tokenizer(rows: list[dict], tools: list[dict], cfg: TrainConfig, out_dir: Path):
-    """Train the BPE on system block, user turns, calls and code text; load it back with HF."""
-    texts = [tk.system_block(tools)] * 100 + ["assistant\n"] * 100
+def build_tokenizer(rows: list[dict], tools: list[dict], cfg: TrainConfig, out_dir: Path,
+                    extra_texts: list[str] = ()):
+    """Train the BPE on system block, user turns, calls, code and `extra_texts`; load it with HF."""
+    texts = [tk.system_block(tools)] * 100 + ["assistant\n"] * 100 + list(extra_texts)
     texts += ["user\n" + r["messages"][0]["content"] for r in rows]
     texts += [render_call(r["tool"], r["arguments"]) for r in rows]
     texts += code_text(cfg.seed, len(rows) // 8)
@@ -87,10 +95,13 @@ def build_tokenizer(rows: list[dict], tools: list[dict], cfg: TrainConfig, out_d
 
 
 def copy_tokenizer(src: Path, out_dir: Path):
-    """Reuse a checkpoint's tokenizer files (continued training keeps the vocabulary)."""
+    """Reuse a checkpoint's vocabulary; the chat template is always this module's current one."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer.json", "special_tokens_map.json"):
         shutil.copy(src / name, out_dir / name)
+    old = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = tk.tokenizer_config(old.get("model_max_length", 1024))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return AutoTokenizer.from_pretrained(str(out_dir))
 
 
@@ -103,20 +114,55 @@ def shared_prefix_ids(tokenizer, tools: list[dict]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def encode_rows(tokenizer, rows: list[dict], tools: list[dict]) -> list[tuple[list[int], int]]:
-    """Per row: (ids after the shared prefix, number of those that are prompt, not completion)."""
+_ASSISTANT = tk.IM_START + "assistant\n"
+
+
+def _segments(text: str) -> list[tuple[str, int]]:
+    """(piece, 1 if it is an assistant completion incl. its <|im_end|>, else 0), in order."""
+    out, pos = [], 0
+    while (i := text.find(_ASSISTANT, pos)) >= 0:
+        start = i + len(_ASSISTANT)
+        end = text.index(tk.IM_END, start) + len(tk.IM_END)
+        out += [(text[pos:start], 0), (text[start:end], 1)]
+        pos = end
+    if pos < len(text):
+        out.append((text[pos:], 0))
+    return out
+
+
+def row_messages(row: dict) -> list[dict]:
+    """A single-call corpus row as a conversation: the request and the assistant's call."""
+    return row["messages"] + [call_message([(row["tool"], row["arguments"])])]
+
+
+def encode_conversations(tokenizer, conversations: list[list[dict]],
+                         tools: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """Per conversation: (ids after the shared prefix, 1 per id of an assistant completion)."""
     prefix = shared_prefix_ids(tokenizer, tools)
-    tails = [f"user\n{r['messages'][0]['content']}{tk.IM_END}\n{tk.IM_START}assistant\n"
-             for r in rows]
-    calls = [render_call(r["tool"], r["arguments"]) + tk.IM_END for r in rows]
-    tail_ids = tokenizer(tails, add_special_tokens=False)["input_ids"]
-    call_ids = tokenizer(calls, add_special_tokens=False)["input_ids"]
-    for row, tail in list(zip(rows, tail_ids, strict=True))[:20]:
-        full = tokenizer.apply_chat_template(row["messages"], tools=tools,
-                                             add_generation_prompt=True, tokenize=False)
-        if tokenizer(full, add_special_tokens=False)["input_ids"] != prefix + tail:
+    prefix_text = tokenizer.decode(prefix, skip_special_tokens=False)
+    texts = [tokenizer.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
+    if any(not t.startswith(prefix_text) for t in texts):
+        raise RuntimeError("a conversation does not start with the shared system prefix")
+    segments = [_segments(t[len(prefix_text):]) for t in texts]
+    flat = [piece for segs in segments for piece, _ in segs]
+    flat_ids = iter(tokenizer(flat, add_special_tokens=False)["input_ids"])
+    out = []
+    for segs in segments:
+        ids, mask = [], []
+        for _, is_completion in segs:
+            piece = next(flat_ids)
+            ids += piece
+            mask += [is_completion] * len(piece)
+        out.append((ids, mask))
+    for text, (ids, _) in list(zip(texts, out, strict=True))[:20]:
+        if tokenizer(text, add_special_tokens=False)["input_ids"] != prefix + ids:
             raise RuntimeError("chat template and training encoding disagree")
-    return [(t + c, len(t)) for t, c in zip(tail_ids, call_ids, strict=True)]
+    return out
+
+
+def encode_rows(tokenizer, rows: list[dict], tools: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """Single-call rows encoded like episodes: (ids after the shared prefix, completion mask)."""
+    return encode_conversations(tokenizer, [row_messages(r) for r in rows], tools)
 
 
 def prompt_ids(tokenizer, rows: list[dict], tools: list[dict]) -> list[list[int]]:
@@ -144,16 +190,17 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def batch_loss(model, prefix: torch.Tensor, batch: list[tuple[list[int], int]], pad_id: int):
+def batch_loss(model, prefix: torch.Tensor, batch: list[tuple[list[int], list[int]]], pad_id: int):
     """Mean completion loss of a batch that shares `prefix` (run once, its cache expanded)."""
     size, width = len(batch), max(len(ids) for ids, _ in batch)
     ids = torch.full((size, width), pad_id, dtype=torch.long)
     labels = torch.full((size, width), -100, dtype=torch.long)
     mask = torch.zeros((size, len(prefix) + width), dtype=torch.long)
     mask[:, : len(prefix)] = 1
-    for i, (row, num_prompt) in enumerate(batch):
-        ids[i, : len(row)] = torch.tensor(row)
-        labels[i, num_prompt: len(row)] = torch.tensor(row[num_prompt:])
+    for i, (row, completion) in enumerate(batch):
+        row_ids = torch.tensor(row)
+        ids[i, : len(row)] = row_ids
+        labels[i, : len(row)] = torch.where(torch.tensor(completion, dtype=torch.bool), row_ids, -100)
         mask[i, len(prefix): len(prefix) + len(row)] = 1
     cache = model.model(input_ids=prefix[None], use_cache=True).past_key_values
     for layer in cache.layers:
@@ -185,23 +232,63 @@ def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def save_checkpoint(model, tokenizer_dir: Path, heldout: list[dict], out: Path) -> None:
+STATE_FILE = "train_state.pt"
+
+
+def save_checkpoint(model, tokenizer_dir: Path, heldout: list[dict], out: Path,
+                    heldout_episodes: list[dict] | None = None, state: dict | None = None) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tokenizer_dir / name, out / name)
     write_jsonl(heldout, out / "heldout.jsonl")
+    if heldout_episodes:
+        write_jsonl(heldout_episodes, out / "heldout_episodes.jsonl")
+    if state is not None:  # optimizer, step, clock: what --resume needs (not shipped)
+        torch.save(state, out / STATE_FILE)
 
 
-def quick_eval(model, tokenizer, prompts, rows, validators, seed: int, max_new_tokens: int) -> dict:
+def last_checkpoint(out_dir: Path) -> Path | None:
+    """The newest checkpoint of a run that carries its training state, or None."""
+    found = sorted(p for p in out_dir.glob("ckpt-*") if (p / STATE_FILE).is_file())
+    return found[-1] if found else None
+
+
+def quick_eval(model, tokenizer, prompts, turns, validators, seed: int, max_new_tokens: int,
+               temperatures=(0.0, 1.0)) -> dict:
+    """Free decoding of held-out episode turns; per-kind rates (evaluate.summarize_turns)."""
     model.eval()
     result = {}
-    for temperature in (0.0, 1.0):
+    for temperature in temperatures:
         texts = ev.hf_generate(model, tokenizer, prompts, temperature, seed, max_new_tokens)
-        scores = [ev.score_call(t, r["tool"], r["arguments"], validators)
-                  for t, r in zip(texts, rows, strict=True)]
-        result[f"t{temperature:g}"] = ev.summarize(scores)
+        scores = [ev.score_turn(t, turn, validators) for t, turn in zip(texts, turns, strict=True)]
+        result[f"t{temperature:g}"] = ev.summarize_turns(scores)["all"]
     model.train()
     return result
+
+
+def eval_turns(episodes: list[dict], count: int) -> list[dict]:
+    """`count` held-out turns spread over the turn kinds (round robin), in a fixed order."""
+    by_kind = {k: [t for t in ev.episode_turns(episodes) if t["kind"] == k] for k in ev.TURN_KINDS}
+    out, i = [], 0
+    while len(out) < count and any(i < len(v) for v in by_kind.values()):
+        out += [v[i] for v in by_kind.values() if i < len(v)][: count - len(out)]
+        i += 1
+    return out
+
+
+def build_data(cfg: TrainConfig, tools: list[dict]):
+    """(held-out rows, held-out episodes, training conversations): no held-out request trains."""
+    heldout = generate(CorpusConfig(cfg.num_heldout_rows, cfg.seed, "heldout"))
+    heldout_eps = generate_episodes(CorpusConfig(cfg.num_heldout_episodes, cfg.seed, "heldout"), tools)
+    seen = {r["messages"][0]["content"] for r in heldout}
+    seen |= {text for e in heldout_eps for text in user_texts(e)}
+    rows = [r for r in generate(CorpusConfig(cfg.num_train_rows, cfg.seed, "train"))
+            if r["messages"][0]["content"] not in seen]
+    conversations = [row_messages(r) for r in rows]
+    if cfg.num_train_episodes:
+        episodes = generate_episodes(CorpusConfig(cfg.num_train_episodes, cfg.seed, "train"), tools)
+        conversations += [e["messages"] for e in episodes if not seen.intersection(user_texts(e))]
+    return heldout, heldout_eps, rows, conversations
 
 
 def train(cfg: TrainConfig) -> Path:
@@ -211,51 +298,67 @@ def train(cfg: TrainConfig) -> Path:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tools = hardened_seed_tools()
-    heldout = generate(CorpusConfig(cfg.num_heldout_rows, cfg.seed, "heldout"))
-    seen = {r["messages"][0]["content"] for r in heldout}
-    rows = [r for r in generate(CorpusConfig(cfg.num_train_rows, cfg.seed, "train"))
-            if r["messages"][0]["content"] not in seen]
+    heldout, heldout_eps, rows, conversations = build_data(cfg, tools)
     if cfg.init_from:
         tokenizer = copy_tokenizer(Path(cfg.init_from), out_dir / "tokenizer")
     else:
-        tokenizer = build_tokenizer(rows, tools, cfg, out_dir / "tokenizer")
-    encoded = encode_rows(tokenizer, rows, tools)
+        extra = [m["content"] for c in conversations[len(rows):] for m in c
+                 if m["role"] in ("tool", "assistant") and m["content"]]
+        tokenizer = build_tokenizer(rows, tools, cfg, out_dir / "tokenizer", extra)
+    encoded = [e for e in encode_conversations(tokenizer, conversations, tools)
+               if len(e[0]) <= cfg.max_row_tokens]
     prefix = torch.tensor(shared_prefix_ids(tokenizer, tools))
-    eval_rows = heldout[: cfg.num_eval_rows]
-    eval_prompts = prompt_ids(tokenizer, eval_rows, tools)
+    turns = eval_turns(heldout_eps, cfg.num_eval_rows)
+    eval_prompts = prompt_ids(tokenizer, turns, tools)
     validators = ev.make_validators(tools)
-    # 2. model and optimizer
-    if cfg.init_from:
-        model = LlamaForCausalLM.from_pretrained(cfg.init_from, local_files_only=True)
+    # 2. model and optimizer (or the last checkpoint's, with --resume)
+    resume_from = last_checkpoint(out_dir) if cfg.resume else None
+    source = str(resume_from) if resume_from else cfg.init_from
+    if source:
+        model = LlamaForCausalLM.from_pretrained(source, local_files_only=True)
     else:
         model = make_model(cfg, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(tk.EOS)])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step, running, clock = 0, None, 0.0
+    if resume_from:
+        state = torch.load(resume_from / STATE_FILE, weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step, running, clock = state["step"], state["running"], state["elapsed_s"]
+        torch.set_rng_state(state["torch_rng"])
     log = open(out_dir / "train_log.jsonl", "a", encoding="utf-8")
     log.write(json.dumps({"config": asdict(cfg), "num_params": model.num_parameters(),
-                          "num_train_rows": len(rows), "prefix_tokens": len(prefix)}) + "\n")
-    # 3. the loop: time-bounded cosine schedule, periodic checkpoint + eval
-    budget_s, start = cfg.minutes * 60, time.perf_counter()
-    next_eval, step, running = cfg.eval_minutes * 60, 0, None
+                          "num_train_rows": len(encoded), "prefix_tokens": len(prefix),
+                          "resumed_from": resume_from.name if resume_from else None}) + "\n")
+    # 3. the loop: cosine schedule over steps (and time), periodic checkpoint + eval
+    budget_s, start = cfg.minutes * 60, time.perf_counter() - clock
+    next_eval = clock + cfg.eval_minutes * 60
     batch_iter = batches(encoded, cfg.batch_size, random.Random(
         cfg.seed if cfg.shuffle_seed is None else cfg.shuffle_seed))
+    first_step = step if resume_from else -1  # a resumed run does not re-save its checkpoint
+    for _ in range(step):  # the same data order as a run that never stopped
+        next(batch_iter)
     model.train()
     while True:
         elapsed = time.perf_counter() - start
         done = step >= cfg.max_steps or elapsed >= budget_s
-        if done or elapsed >= next_eval:
+        due = elapsed >= next_eval or bool(
+            cfg.checkpoint_steps and step and step % cfg.checkpoint_steps == 0)
+        if (done or due) and step > first_step:
             ckpt = out_dir / f"ckpt-{step:06d}"
-            save_checkpoint(model, out_dir / "tokenizer", heldout, ckpt)
-            metrics = quick_eval(model, tokenizer, eval_prompts, eval_rows, validators, cfg.seed,
-                                 cfg.eval_max_new_tokens)
+            save_checkpoint(model, out_dir / "tokenizer", heldout, ckpt, heldout_eps, {
+                "step": step, "running": running, "elapsed_s": elapsed,
+                "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()})
+            metrics = quick_eval(model, tokenizer, eval_prompts, turns, validators, cfg.seed,
+                                 cfg.eval_max_new_tokens, temperatures=(1.0,))
             entry = {"step": step, "elapsed_s": round(elapsed, 1), "loss": running,
                      "checkpoint": ckpt.name, "eval": metrics}
             log.write(json.dumps(entry) + "\n")
             log.flush()
             print(json.dumps(entry), flush=True)
-            next_eval = (time.perf_counter() - start) + cfg.eval_minutes * 60
+            next_eval = elapsed + cfg.eval_minutes * 60
         if done:
             break
         progress = max(step / cfg.max_steps, elapsed / budget_s)
@@ -268,7 +371,7 @@ def train(cfg: TrainConfig) -> Path:
         opt.step()
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         step += 1
-        if step % 50 == 0:
+        if step % 25 == 0:
             print(f"step {step} loss {running:.4f} lr {opt.param_groups[0]['lr']:.2e} "
                   f"elapsed {time.perf_counter() - start:.0f}s", flush=True)
     log.close()
@@ -287,12 +390,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-from", default=None, help="continue from this checkpoint")
     parser.add_argument("--shuffle-seed", type=int, default=None, help="data order (default: --seed)")
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    parser.add_argument("--eval-rows", type=int, default=64, help="held-out rows per quick eval")
+    parser.add_argument("--eval-rows", type=int, default=64, help="held-out turns per quick eval")
+    parser.add_argument("--episodes", type=int, default=0, help="multi-turn training episodes")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--checkpoint-steps", type=int, default=0, help="also checkpoint every N steps")
     args = parser.parse_args(argv)
     cfg = TrainConfig(out_dir=args.out, minutes=args.minutes, max_steps=args.max_steps,
                       seed=args.seed, num_train_rows=args.rows, eval_minutes=args.eval_minutes,
                       num_threads=args.threads, init_from=args.init_from,
-                      shuffle_seed=args.shuffle_seed, lr=args.lr, num_eval_rows=args.eval_rows)
+                      shuffle_seed=args.shuffle_seed, lr=args.lr, num_eval_rows=args.eval_rows,
+                      num_train_episodes=args.episodes, batch_size=args.batch_size,
+                      warmup_steps=args.warmup_steps, resume=args.resume,
+                      checkpoint_steps=args.checkpoint_steps)
     print(train(cfg))
     return 0
 
