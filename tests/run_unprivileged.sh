@@ -13,13 +13,15 @@ work=$(mktemp -d /tmp/surecall-unpriv.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$PY" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q pydantic regex jsonschema-rs rfc8785 redis pytest numpy tqdm jsonschema >/dev/null
-mkdir -p "$work/pkg/surecall"
-for entry in engine/*; do ln -s "$PWD/$entry" "$work/pkg/surecall/$(basename "$entry")"; done
-ln -s "$PWD/kernels" "$work/pkg/surecall/kernels"; ln -s "$PWD/grammars" "$work/pkg/surecall/grammars"
+# a copy of the sources the user can read (the checkout may sit under a folder it cannot enter)
+mkdir -p "$work/src" "$work/pkg/surecall"
+cp -r engine grammars kernels tests "$work/src/"
+for entry in "$work"/src/engine/*; do ln -s "$entry" "$work/pkg/surecall/$(basename "$entry")"; done
+ln -s "$work/src/kernels" "$work/pkg/surecall/kernels"; ln -s "$work/src/grammars" "$work/pkg/surecall/grammars"
 chmod -R a+rX "$work"; chmod a+rwx "$work"
 tests=(test_toolbox_files test_toolbox_race test_toolbox_search test_sandbox_isolation test_sandbox_limits
        test_toolbox_sandbox test_capability_chain test_capability test_runtime_hardening test_runtime)
-paths=(); for t in "${tests[@]}"; do paths+=("$(find "$PWD/tests" -name "$t.py" | head -1)"); done
+paths=(); for t in "${tests[@]}"; do paths+=("$(find "$work/src/tests" -name "$t.py" | head -1)"); done
 cd "$work"
 setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH=/usr/bin:/bin HOME="$work" \
   PYTHONPATH="$work/pkg" SURECALL_DATA="${SURECALL_DATA:-}" \
