@@ -2,7 +2,7 @@
 # Kernel device check (issue 4), for a session that is lent the H200: under 5 minutes, run once.
 #   1. installs carried wheels from .whl/ (xgrammar and its needs; the GPU image lacks them), if present;
 #   2. makes `surecall` importable without pip (a symlink tree: engine/ + kernels/ + grammars/);
-#   3. runs the GPU tests of the kernels (pytest -m gpu tests/test_kernels_gpu.py);
+#   3. runs the GPU tests of the kernels (pytest -m gpu tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_counted.py);
 #   4. runs benchmarks/kernels.py (all shapes, plus the sweep: mask store modes x launches, whose store_mode_choice names the fastest) writing kernels_gpu.json/.md to benchmarks/results/ and $OUT.
 # Fetch the wheels here first (once; .whl/ is git-ignored), then call the device tool with carry [".whl"]:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -17,7 +17,7 @@ source benchmarks/gpu/gpu_env.sh  # OUT, PY, carried wheels and data, the sureca
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/kernels_gpu_device.txt"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
 
-timeout 120 "$PY" -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+timeout 120 "$PY" -m pytest -q -m gpu tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_counted.py -p no:cacheprovider \
   --junitxml="$OUT/kernels_gpu_pytest.xml" 2>&1 | tee "$OUT/kernels_gpu_pytest.log"
 TESTS_RC=${PIPESTATUS[0]}
 
