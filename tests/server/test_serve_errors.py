@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -167,6 +168,9 @@ def test_client_disconnect_mid_stream_aborts_and_frees(base, engine, app):
     stream.close()
     stats = wait_idle(engine)
     assert stats["num_running"] == 0 and stats["free_blocks"] == stats["num_blocks"]
+    deadline = time.monotonic() + 10  # the handler's finally runs after the engine let go (bounded wait)
+    while app.state.handlers.active and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert app.state.handlers.active == 0  # its admission slot was given back
 
 
