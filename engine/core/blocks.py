@@ -59,27 +59,28 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # --- prefix lookup and allocation ------------------------------------------------------
-    def cached_prefix(self, tokens: list[int], max_tokens: int) -> list[int]:
-        """Block ids of the longest run of leading full blocks already cached (within `max_tokens`)."""
+    def cached_prefix(self, tokens: list[int], max_tokens: int, hashes: list[bytes] | None = None) -> list[int]:
+        """Block ids of the longest run of leading full blocks already cached (within `max_tokens`);
+        `hashes`: the caller's `prompt_hashes(tokens, max_tokens)`, so they are not computed again."""
         if not self.enable_prefix_caching:
             return []
         out = []
-        for h in self.prompt_hashes(tokens, max_tokens):
+        for h in self.prompt_hashes(tokens, max_tokens) if hashes is None else hashes:
             block = self.by_hash.get(h)
             if block is None:
                 break
             out.append(block)
         return out
 
-    def can_allocate(self, tokens: list[int], num_tokens: int, compute_from: int) -> bool:
-        hits = self.cached_prefix(tokens, compute_from)
+    def can_allocate(self, tokens: list[int], num_tokens: int, compute_from: int, hashes=None) -> bool:
+        hits = self.cached_prefix(tokens, compute_from, hashes)
         hit_free = sum(1 for b in hits if self.ref[b] == 0)
         return self.num_free - hit_free >= self.blocks_for(num_tokens) - len(hits)
 
-    def allocate(self, tokens: list[int], num_tokens: int, compute_from: int) -> tuple[list[int], int]:
+    def allocate(self, tokens: list[int], num_tokens: int, compute_from: int, hashes=None) -> tuple[list[int], int]:
         """A block table for the first `num_tokens` token slots; reuse cached leading blocks below
         `compute_from` (at least one token is always computed). Returns (table, cached tokens)."""
-        hits = self.cached_prefix(tokens, compute_from)
+        hits = self.cached_prefix(tokens, compute_from, hashes)
         for b in hits:
             self._take(b)
         table = hits + [self._fresh() for _ in range(self.blocks_for(num_tokens) - len(hits))]

@@ -129,13 +129,13 @@ class Scheduler:
             seq = self.waiting[0]
             compute_from = seq.num_tokens - 1  # at least the last token is fed, for its logits
             hashes = self.blocks.prompt_hashes(seq.token_ids, compute_from) if self.blocks.enable_prefix_caching else []
-            hits = len(self.blocks.cached_prefix(seq.token_ids, compute_from))
+            hits = len(self.blocks.cached_prefix(seq.token_ids, compute_from, hashes))
             if hits < len(hashes) and hashes[hits] in computing:
                 break  # its next block is being computed right now: admitted next step, it finds it cached
-            if not self.blocks.can_allocate(seq.token_ids, seq.num_tokens, compute_from):
+            if not self.blocks.can_allocate(seq.token_ids, seq.num_tokens, compute_from, hashes):
                 break  # wait for blocks to free up (never preempt for a newcomer)
             self.waiting.popleft()
-            seq.block_table, seq.num_cached = self.blocks.allocate(seq.token_ids, seq.num_tokens, compute_from)
+            seq.block_table, seq.num_cached = self.blocks.allocate(seq.token_ids, seq.num_tokens, compute_from, hashes)
             seq.block_hashes = []
             computing.update(hashes[hits:])
             seq.num_computed = seq.num_cached
