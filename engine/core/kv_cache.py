@@ -6,15 +6,51 @@ batch) and TRASH_SLOT (written by padding queries, never read). Before a forward
 `bind`s the step's slot maps; the model's attention then calls `update` per layer, which writes
 the new K/V into their slots and returns each row's whole K/V gathered by its block table. This
 is the only module that meets transformers' cache API (a duck-typed `update`, so versions that
-pass `cache_kwargs=` or `kwargs=` both work). It does not decide which tokens go where
+pass `cache_kwargs=` or `kwargs=` both work). `paged_cache_supported` says whether the running
+transformers is one this adapter was tested with; outside that range it warns once and the engine
+runs its plain (cache-free) path instead of failing. It does not decide which tokens go where
 (`scheduler.py`) or build masks (`engine.py`).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+import warnings
 
 import torch
+
+# (major, minor) range of transformers the adapter was tested with: the GPU image has 5.17, these machines 5.24
+TESTED_TRANSFORMERS = ((5, 17), (5, 24))
+_warned_versions: set[str] = set()
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def paged_cache_supported(version: str | None = None) -> bool:
+    """True when transformers `version` (default: the installed one) is in TESTED_TRANSFORMERS.
+
+    Otherwise warn (once per version) and return False: the engine then runs without the paged
+    cache and the prefix cache, recomputing each row every step (slow, but no cache API is used).
+    """
+    if version is None:
+        import transformers
+
+        version = str(transformers.__version__)
+    parsed = _major_minor(version)
+    low, high = TESTED_TRANSFORMERS
+    if parsed is not None and low <= parsed <= high:
+        return True
+    if version not in _warned_versions:
+        _warned_versions.add(version)
+        warnings.warn(
+            f"transformers {version} is outside the versions surecall's paged KV cache was tested with "
+            f"({low[0]}.{low[1]} to {high[0]}.{high[1]}); falling back to plain decoding without a KV cache "
+            "or prefix caching (slower, same tokens)", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def cache_keyword(model) -> str:
