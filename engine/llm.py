@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -487,13 +488,15 @@ class TextStream:
         self.text = ""
         self.num_ids = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lock = threading.Lock()  # AsyncLLM feeds from its step thread and from abort
 
     def feed(self, ids: list[int], final: bool = False) -> str:
         """Decode ids[num_ids:] (ids is the cumulative list); the text so far."""
-        if self.llm.vocab is not None:
-            self.text += self._decoder.decode(self.llm._token_bytes(ids[self.num_ids :]), final=final)
-        self.num_ids = len(ids)
-        return self.text
+        with self._lock:
+            if self.llm.vocab is not None and (len(ids) > self.num_ids or final):
+                self.text += self._decoder.decode(self.llm._token_bytes(ids[self.num_ids :]), final=final)
+            self.num_ids = max(self.num_ids, len(ids))
+            return self.text
 
 
 # --- output modes (issue 17): per-row request parameters ---------------------------------------
