@@ -22,7 +22,12 @@ import torch
 
 from surecall.config import SamplingParams
 from surecall.core.blocks import BlockManager
-from surecall.core.kv_cache import PagedKVCache, bytes_per_token, cache_keyword, paged_cache_supported
+from surecall.core.kv_cache import (
+    PagedKVCache,
+    bytes_per_token,
+    cache_keyword,
+    paged_cache_supported,
+)
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
