@@ -133,3 +133,15 @@ def test_one_rows_bad_tools_leave_the_others(llm):
     assert good.ok
     assert bad.finish_reason == "error" and bad.error_kind == "request"
     assert bad.error.startswith("Invalid tool 0 in tools of row 1: expected a Tool")
+
+
+def test_text_stream_decodes_only_new_ids_and_ends_as_the_whole_text(llm):
+    ids = llm.count_tokens("café € ok") + [0xFFFF % llm.vocab.vocab_size]
+    stream = llm.text_stream()
+    texts = [stream.feed(ids[: n + 1]) for n in range(len(ids))]
+    for a, b in zip(texts, texts[1:]):
+        assert b.startswith(a)  # the text only grows: a split character waits for its last byte
+    assert "\ufffd" not in texts[-2]
+    assert stream.feed(ids, final=True) == llm._text(ids)
+    lone = llm.text_stream()  # a character cut off by the end is flushed as a replacement, as _text does
+    assert lone.feed(ids[:3]) == llm._text(ids[:2]) and lone.feed(ids[:3], final=True) == llm._text(ids[:3])
