@@ -228,6 +228,10 @@ class EngineCore:
                             if w.samples and w.seq.payload.sampling.unmasked_logprobs
                             and w.start <= w.seq.num_tokens - 1 - len(w.seq.payload.forced)), default=0)
             if self.paged:
+                if group is plan.decode:  # the order that keeps the cache's dense decode views
+                    order = self.kv.decode_order([_view_key(w) for w in group], [w.start for w in group],
+                                                 max(w.end for w in group))
+                    group = [group[i] for i in order] if order is not None else group
                 logits = self._forward(group, keep)
                 for b, work in enumerate(group):
                     work.seq.num_computed = work.end
@@ -289,12 +293,17 @@ class EngineCore:
         if not self.is_sdpa:
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-        self.kv.bind(write.reshape(-1).to(device), read.to(device))
+        decode = all(w.end - w.start == 1 for w in works)
+        self.kv.bind(write.reshape(-1).to(device), read.to(device),
+                     decode_key=[_view_key(w) for w in works] if decode else None,
+                     columns=[w.start for w in works] if decode else None)
+        failed = True
         try:
             out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=qpos.clamp_min(0).to(device),
                              logits_to_keep=keep, use_cache=True, **{self.keyword: self.kv})
+            failed = False
         finally:
-            self.kv.unbind()
+            self.kv.unbind(failed)
         return out.logits[:, -keep:, :].float()
 
     def _sample_and_advance(self, sampled) -> list[StepOutput]:
@@ -412,3 +421,8 @@ def _forced_unmasked(logits: torch.Tensor, st: RequestState) -> list[float]:
     temp = st.sampling.temperature or 1.0
     lp = torch.log_softmax(logits[-1 - n : -1] / temp, dim=-1)
     return [float(lp[i, t]) for i, t in enumerate(st.forced)]
+
+
+def _view_key(work: Work) -> tuple:
+    """Names a sequence's row in the cache's dense decode views (a recomputed one is a new row)."""
+    return (work.seq.request_id, work.seq.arrival, work.seq.num_preemptions)
