@@ -308,3 +308,31 @@ def test_device_tables_of_grammar_sets_seen_before_are_reused(tiny, monkeypatch)
     assert first >= 2  # the three grammars, then the sets left as rows finish
     run()
     assert len(built) == first  # the same sets again: nothing rebuilt
+
+
+@pytest.mark.parametrize("headroom", [64, 3])
+def test_dense_decode_views_give_the_plain_forwards_logprobs(tiny, monkeypatch, headroom):
+    """Rows of different lengths leave at different steps (the views drop them by moving rows), a
+    newcomer joins mid-decode, and a small headroom forces rebuilds: logprobs stay a plain forward's."""
+    from surecall.core import kv_cache
+
+    monkeypatch.setattr(kv_cache, "DENSE_HEADROOM", headroom)
+    core = _core(tiny)
+    prompts = [_prompt(tiny, "user: " + "list every file " * (1 + 3 * i) + "\nassistant:") for i in range(5)]
+    seqs = [core.add_request(f"d{i}", p, SamplingParams(temperature=0.9, max_tokens=6 + 5 * i, seed=i,
+                                                        unmasked_logprobs=True), stop_ids=())
+            for i, p in enumerate(prompts[:4])]
+    for _ in range(4):
+        core.step()
+    seqs.append(core.add_request("late", prompts[4], SamplingParams(temperature=0.9, max_tokens=9, seed=9,
+                                                                    unmasked_logprobs=True), stop_ids=()))
+    core.run_to_completion()
+    decode_steps = core.num_steps
+    assert 0 < core.kv.num_dense_rebuilds < decode_steps
+    for prompt, seq in zip(prompts, seqs, strict=True):
+        st = seq.payload
+        ids = torch.tensor([prompt + st.generated])
+        with torch.no_grad():
+            logits = tiny.runner.model(ids).logits[0, len(prompt) - 1 : -1].float()
+        ref = torch.log_softmax(logits / 0.9, -1).gather(1, ids[0, len(prompt):, None]).view(-1)
+        assert torch.allclose(torch.tensor(st.unmasked_logprobs), ref, atol=1e-4), seq.request_id
