@@ -55,7 +55,7 @@ class AsyncLLM:
     def __init__(self, model=None, tokenizer=None, *, device=None, dtype=None, config: EngineConfig | None = None,
                  block_size: int = 16, num_blocks: int | None = None, kv_cache_bytes: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
-                 max_cached_grammars: int = 256):
+                 max_cached_grammars: int = 256, scheduling: str = "continuous"):
         from surecall.llm import LLM
 
         self.llm = model if isinstance(model, LLM) else LLM(model, tokenizer, device=device, dtype=dtype, config=config)
@@ -64,7 +64,7 @@ class AsyncLLM:
                                max_num_batched_tokens=max_num_batched_tokens,
                                max_model_len=self.llm.config.max_seq_len or self.llm.runner.max_positions,
                                enable_prefix_caching=enable_prefix_caching, pad_id=self.llm._pad_id(),
-                               check_kernel_inputs=self.llm.config.check_kernel_inputs)
+                               check_kernel_inputs=self.llm.config.check_kernel_inputs, scheduling=scheduling)
         self._lock = threading.Lock()  # guards the core between the step thread and submitters
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}

@@ -121,7 +121,7 @@ class EngineCore:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
                  max_model_len: int | None = None, enable_prefix_caching: bool = True, pad_id: int = 0,
-                 check_kernel_inputs: bool = False):
+                 check_kernel_inputs: bool = False, scheduling: str = "continuous"):
         if max_num_batched_tokens < 2:
             raise ValueError(f"Invalid max_num_batched_tokens: expected >= 2, got {max_num_batched_tokens}")
         self.model = model
@@ -133,7 +133,7 @@ class EngineCore:
         self.paged = paged_cache_supported()  # False: plain recompute, no K/V pools (warned once)
         self.kv = PagedKVCache(model.config, num_blocks, block_size, self.device, dtype) if self.paged else None
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching and self.paged)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, scheduling)
         self.grammars = _Grammars(self.device)
         self.keyword = cache_keyword(model)
         self.is_sdpa = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"

@@ -336,3 +336,20 @@ def test_dense_decode_views_give_the_plain_forwards_logprobs(tiny, monkeypatch, 
             logits = tiny.runner.model(ids).logits[0, len(prompt) - 1 : -1].float()
         ref = torch.log_softmax(logits / 0.9, -1).gather(1, ids[0, len(prompt):, None]).view(-1)
         assert torch.allclose(torch.tensor(st.unmasked_logprobs), ref, atol=1e-4), seq.request_id
+
+
+def test_the_drain_policy_admits_a_new_batch_only_when_the_running_one_is_done(tiny):
+    with pytest.raises(ValueError, match="Invalid scheduling policy: expected one of continuous, drain, got 'fifo'"):
+        _core(tiny, scheduling="fifo")
+    core = _core(tiny, scheduling="drain")
+    greedy = SamplingParams(temperature=0, max_tokens=30)
+    first = [core.add_request(f"a{i}", _prompt(tiny, f"user: task {i}\nassistant:"), greedy, stop_ids=()) for i in range(2)]
+    core.step()
+    late = core.add_request("late", _prompt(tiny, "user: hi\nassistant:"), SamplingParams(temperature=0, max_tokens=4),
+                            stop_ids=())
+    finished = []
+    while core.has_unfinished:
+        finished += [o.request_id for o in core.step() if o.finished]
+    assert finished == ["a0", "a1", "late"]  # continuous batching would finish "late" first
+    alone = _run(_core(tiny), [("late", late.token_ids[: late.num_prompt], SamplingParams(temperature=0, max_tokens=4))])
+    assert late.payload.generated == alone["late"].generated and all(len(s.payload.generated) == 30 for s in first)
