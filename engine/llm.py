@@ -54,7 +54,8 @@ class GenerationResult:
     prompt_token_ids: list[int] = field(default_factory=list)  # the rendered prompt (forced ids excluded)
     # One dict shared by every row of a generate call: prefill_s (steps that fed prompt chunks),
     # decode_s (the other steps), sample_s (the sampling kernels, grammar mask fused in), advance_s
-    # (grammar advance), num_steps (engine steps), num_rows, step_mode ("paged" | "plain"),
+    # (grammar advance), num_steps (engine steps), num_decode_steps (those in decode_s; per-step time is
+    # decode_s / num_decode_steps), num_rows, step_mode ("paged" | "plain"),
     # prefix_hit_rate, num_preemptions, graph_capture_s and compactions (0: kept for old readers),
     # and compile_s (the whole generate call's grammar compiles)
     batch_timings: dict = field(default_factory=dict)
@@ -348,7 +349,7 @@ class LLM:
         seqs = []
         start = time.perf_counter()
         prefill_s = decode_s = 0.0
-        steps = 0
+        steps = decode_steps = 0
         try:
             for r in rows:
                 table = self._tables[r.table_key] if r.table_key is not None else None
@@ -363,11 +364,13 @@ class LLM:
                     prefill_s += took
                 else:
                     decode_s += took
+                    decode_steps += 1
         finally:  # an interrupted call leaves nothing running (no-op for finished rows)
             for seq in seqs:
                 core.abort(seq.request_id)
         hit, queried = core.blocks.stats.hit_tokens - hits[0], core.blocks.stats.queried_tokens - hits[1]
-        batch_timings = {"prefill_s": prefill_s, "decode_s": decode_s, "num_steps": steps, "num_rows": len(rows),
+        batch_timings = {"prefill_s": prefill_s, "decode_s": decode_s, "num_steps": steps, "num_decode_steps": decode_steps,
+                         "num_rows": len(rows),
                          **{k: core.timings[k] - before[k] for k in before},
                          "step_mode": "paged" if core.paged else "plain", "prefix_hit_rate": hit / queried if queried else 0.0,
                          "num_preemptions": core.num_preemptions - preemptions, "graph_capture_s": 0.0, "compactions": 0}

@@ -60,6 +60,7 @@ def test_rows_carry_their_own_prompt_and_timings(llm):
     assert short.batch_timings is full.batch_timings
     batch = full.batch_timings
     assert batch["num_rows"] == 2 and batch["num_steps"] >= full.timings["num_steps"]
+    assert 0 < batch["num_decode_steps"] < batch["num_steps"] and batch["step_mode"] == "paged"
     assert {"prefill_s", "decode_s", "sample_s", "advance_s", "compile_s", "step_mode"} <= set(batch)
     assert "mask_s" not in batch and batch["advance_s"] == 0.0  # free rows advance no grammar
 
