@@ -132,6 +132,7 @@ class LLM:
         self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable
         self._engine: EngineCore | None = None  # built on first generate, grown when a request needs more
         self._calls = itertools.count()
+        self._engine_lock = threading.Lock()
         self._stops: frozenset[int] | None = None  # vocab stop ids and special-token names, for _token_bytes
         self._names: dict[int, bytes] = {}
 
@@ -339,7 +340,13 @@ class LLM:
         return self.config.max_seq_len or self.runner.max_positions
 
     def _decode(self, rows: list[_Row], fmt) -> list[GenerationResult]:
-        """Submit every row to the engine core, step it until all are done, read each row's outcome."""
+        """Submit every row to the engine core, step it until all are done, read each row's outcome.
+
+        Calls from several threads take turns (one engine core per LLM)."""
+        with self._engine_lock:
+            return self._decode_locked(rows, fmt)
+
+    def _decode_locked(self, rows: list[_Row], fmt) -> list[GenerationResult]:
         core = self.engine(len(rows), max(len(r.ids) + r.sampling.max_tokens for r in rows))
         stop_ids = list(self.vocab.stop_ids) if self.vocab is not None else self._config_stop_ids()
         call = next(self._calls)
