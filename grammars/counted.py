@@ -359,15 +359,18 @@ def counted_dist(table: TokenTable) -> np.ndarray:
     need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
     pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for s in range(n):
-        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
         if table.count_row[s] >= 0:
+            tok, nxt = table.transitions(s)
+            nxt = nxt.astype(np.int64)
             v = table.count_chars[table.count_row[s], tok]
             stays, closes = v == 0, v == 1
             weight = np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1)
             usable = stays | closes
             nxt, weight = nxt[usable], weight[usable]
-        else:
+        else:  # only the distinct next states matter here: the default and the exceptions
+            lo, hi = int(table.exc_ptr[s]), int(table.exc_ptr[s + 1])
+            nxt = np.unique(np.append(table.exc_next[lo:hi], table.trans_default[s])).astype(np.int64)
+            nxt = nxt[nxt >= 0]
             weight = np.where(table.count_row[nxt] >= 0, 1 + need0[nxt], 1)
         heavy = weight != 1  # few: tokens that open a body with a minimum
         best = dict.fromkeys(np.flatnonzero(np.bincount(nxt[~heavy], minlength=n)).tolist(), 1)

@@ -73,8 +73,7 @@ def extreme_walk(table: TokenTable, rng, early: bool, max_tokens: int = 20000) -
     state, counter, out = 0, 0, []
     while True:
         remaining = max_tokens - len(out)
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+        toks, nexts = table.transitions(state)
         ok = kept(table, state, counter, toks, nexts, remaining)
         if table.accept[state]:
             return out

@@ -65,8 +65,7 @@ def _rows(table: TokenTable, rng, num: int):
         while not table.accept[state] and len(out) < num:
             remaining = budget - used
             out.append((state, counter, remaining))
-            lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-            toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+            toks, nexts = table.transitions(state)
             ok = np.flatnonzero(kept(table, state, counter, toks, nexts, remaining))
             i = int(rng.choice(ok))
             state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
@@ -76,8 +75,7 @@ def _rows(table: TokenTable, rng, num: int):
 
 def _host_allowed(table: TokenTable, state: int, counter: int, remaining: int, width: int) -> np.ndarray:
     allowed = np.zeros(width, dtype=bool)
-    lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-    toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+    toks, nexts = table.transitions(state)
     allowed[toks[kept(table, state, counter, toks, nexts, remaining)]] = True
     if table.accept[state] and remaining >= 1:
         allowed[table.stop_ids] = True
