@@ -182,7 +182,7 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable
     """
     n = dfa.num_states
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
-    _drop_stop_tokens_inplace(rows, stop_ids)
+    _drop_stop_tokens_inplace(rows, _spelled(stop_ids, vocab))
     succ = [_successors(row, n) for row in rows]
     order = _live_states(succ, dfa.accept)
     new_id = np.full(n + 1, -1, dtype=np.int32)
@@ -212,6 +212,13 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable
     return table
 
 
+def _spelled(ids: np.ndarray, vocab) -> np.ndarray:
+    """The ids among `ids` the token walk can take (normal tokens with bytes; specials never are)."""
+    special = set(vocab.special_ids)
+    keep = [i for i in ids.tolist() if i < vocab.vocab_size and i not in special and vocab.token_bytes[i]]
+    return np.asarray(keep, dtype=np.int32)
+
+
 def _drop_stop_tokens_inplace(rows: list[Row], stop_ids: np.ndarray) -> None:
     """A stop id is never a transition (table.py): drop one a vocabulary spells as text."""
     if not stop_ids.size:
@@ -235,17 +242,19 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
     base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> its exceptions
     for q, (base, m, tok, nxt) in enumerate(parts):
-        cand, cnt = _next_counts(nxt)
-        if base is not None:
-            local = ends_count.get(id(base))
-            if local is None:
-                local = ends_count[id(base)] = np.bincount(base.end, minlength=m.size)[base.ends]
-            cand, cnt = _sum_by_key(np.concatenate([m[base.ends], cand]), np.concatenate([local, cnt]))
-        if not cand.size:
+        targets = _NO_TOKENS if base is None else m[base.ends]
+        size = max(int(nxt.max()) + 1 if nxt.size else 0, int(targets.max()) + 1 if targets.size else 0)
+        if size == 0:
             rows_tok.append(_NO_TOKENS)
             rows_next.append(_NO_TOKENS)
             continue
-        d = int(cand[int(np.argmax(cnt))])
+        counts = np.bincount(nxt, minlength=size)
+        if targets.size:
+            local = ends_count.get(id(base))
+            if local is None:
+                local = ends_count[id(base)] = np.bincount(base.end, minlength=m.size)[base.ends]
+            counts[targets] += local
+        d = int(np.argmax(counts))
         default[q] = d
         own = nxt != d
         e_tok, e_next = tok[own], nxt[own]
@@ -266,22 +275,6 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
-
-
-def _next_counts(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct next states, tokens leading to each) of one row's extras."""
-    if not nxt.size:
-        return nxt.astype(np.int64), np.zeros(0, dtype=np.int64)
-    if nxt.size > 64:
-        counts = np.bincount(nxt)
-        cand = np.flatnonzero(counts)
-        return cand, counts[cand]
-    return np.unique(nxt.astype(np.int64), return_counts=True)
-
-
-def _sum_by_key(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    return uniq, np.bincount(inverse, weights=counts).astype(np.int64)
 
 
 def _successors(row: Row, n: int) -> np.ndarray:

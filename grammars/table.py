@@ -133,6 +133,24 @@ class TokenTable:
             nexts[np.searchsorted(toks, self.exc_tok[lo:hi])] = self.exc_next[lo:hi]
         return toks, nexts
 
+    def next_states(self, state: int, tokens: np.ndarray) -> np.ndarray:
+        """int32 per token of `tokens`: the state it leads to from `state`, -1 where it is no transition."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        ok = (tokens >= 0) & (tokens < 32 * self.num_words)
+        safe = np.where(ok, tokens, 0)
+        words = self.mask_words(state).view(np.uint32)[safe >> 5]
+        ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
+        if self.stop_ids.size:
+            ok &= ~np.isin(tokens, self.stop_ids)
+        out = np.where(ok, self.trans_default[state], -1).astype(np.int32)
+        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        if hi > lo:
+            row = self.exc_tok[lo:hi]
+            at = np.minimum(np.searchsorted(row, tokens), row.shape[0] - 1)
+            hit = ok & (row[at] == tokens)
+            out[hit] = self.exc_next[lo:hi][at[hit]]
+        return out
+
     def next_state(self, state: int, token: int) -> int | None:
         """The state `token` leads to from `state`, or None when the token is not a transition."""
         if not 0 <= token < self.logits_width or bool((self.stop_ids == token).any()):
@@ -244,7 +262,7 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _popcount_rows(mask: np.ndarray) -> np.ndarray:
-    return np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), axis=1).sum(axis=1).astype(np.int64)
+    return np.bitwise_count(np.ascontiguousarray(mask).view(np.uint32)).sum(axis=1, dtype=np.int64)
 
 
 def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -232,7 +232,7 @@ def test_seed_catalog_enforces_every_length_bound(llama3):
     table = compile_catalog(tools, llama3)
     plain = compile_catalog(tools, llama3, options=GrammarOptions(counted_lengths=False))
     assert table.relaxed == [] and ("bash_execute#/properties/command", "maxLength") in plain.relaxed
-    assert table.nbytes < plain.nbytes
+    assert table.num_states < plain.num_states  # bytes: both store their repeated mask rows once
     schemas = {t["name"]: t["parameters"] for t in tools}
     rng = np.random.default_rng(3)
     for i in range(12):
