@@ -241,7 +241,19 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     rows_tok, rows_next = [], []
     ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
     base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> its exceptions
+    pure: dict[int, tuple] = {}  # id(class walk) -> (local default, its exceptions) of a row without extras
     for q, (base, m, tok, nxt) in enumerate(parts):
+        if base is not None and not tok.size and base.ends.size:  # a class part alone: shared
+            hit = pure.get(id(base))
+            if hit is None:
+                local = np.bincount(base.end, minlength=m.size)
+                star = int(np.argmax(local))
+                keep = base.end != star
+                hit = pure[id(base)] = (star, base.tok[keep], base.end[keep])
+            default[q] = m[hit[0]]
+            rows_tok.append(hit[1])
+            rows_next.append(m[hit[2]])
+            continue
         targets = _NO_TOKENS if base is None else m[base.ends]
         size = max(int(nxt.max()) + 1 if nxt.size else 0, int(targets.max()) + 1 if targets.size else 0)
         if size == 0:
