@@ -77,7 +77,14 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-schemas", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/compile_seed")
+    parser.add_argument("--render", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"),
+                        help="only write --out.md (and --out.json: both runs) from two earlier runs")
     args = parser.parse_args(argv)
+    if args.render:
+        before, after = (json.loads(Path(p).read_text()) for p in args.render)
+        Path(args.out + ".json").write_text(json.dumps({"before": before, "after": after}, indent=1, default=str))
+        Path(args.out + ".md").write_text(render(before, after))
+        return 0
     import surecall
 
     cache_dir = tempfile.mkdtemp(prefix="surecall-tables-cache-")
@@ -91,6 +98,46 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "schemas"} | {"schemas": {
         k: v for k, v in report.get("schemas", {}).items() if k != "rows"}}, default=str))
     return 0
+
+
+def render(before: dict, after: dict) -> str:
+    """A markdown before/after table of two runs."""
+    def seed(run, key, digits=1):
+        value = run["seed_catalog"].get(key, run["seed_catalog"]["layout"].get(key))
+        return "-" if value is None else f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+    def mb(x):
+        return "-" if x is None else f"{x / 1e6:.2f} MB"
+
+    lines = ["# Seed catalog compile and table size: compact TokenTable layout (issue 15, item 2)", "",
+             "Command: `.venv/bin/python benchmarks/table_bytes.py --out /tmp/after` (before: the same script "
+             "run by main's interpreter), then `--render before.json after.json`. Llama-3 vocabulary.",
+             f"Machine: {after['machine']} (2 cores shared with other jobs: the ms are loaded; compare "
+             "ours with xgrammar inside one run).", "",
+             "| seed catalog | before | after |", "|---|---|---|"]
+    for label, key, digits in (("cold ms (median of repeats)", "cold_ms", 1), ("first cold ms (fresh process)", "first_cold_ms", 1),
+                               ("warm ms (disk cache)", "warm_ms", 2), ("xgrammar ms, same run", "xgrammar_ms", 1),
+                               ("states", "states", 0), ("distinct mask rows", "mask_rows", 0),
+                               ("transitions (full CSR entries)", "transitions", 0), ("exceptions stored", "exceptions", 0)):
+        lines.append(f"| {label} | {seed(before, key, digits)} | {seed(after, key, digits)} |")
+    lines.append(f"| table bytes | {mb(before['seed_catalog']['table_bytes'])} | {mb(after['seed_catalog']['table_bytes'])} |")
+    for run_name, run in (("before", before), ("after", after)):
+        ratio = run["seed_catalog"]["cold_ms"] / run["seed_catalog"]["xgrammar_ms"]
+        lines.append(f"\n{run_name}: cold / xgrammar = {ratio:.2f}x")
+    lines += ["", "Arrays after (bytes): " + json.dumps(after["seed_catalog"]["layout"]["arrays"]), "",
+              "## Table bytes over JSONSchemaBench (4 schemas per subset, seed 0, 30 s per schema)", "",
+              "| | before | after |", "|---|---|---|"]
+    for label, key in (("compiled / sampled", None), ("p50", "p50_bytes"), ("p99", "p99_bytes"), ("max", "max_bytes"),
+                       ("tables over 32 MB", "over_32mb")):
+        cells = []
+        for run in (before, after):
+            s = run.get("schemas", {})
+            cells.append(f"{s.get('compiled')}/{s.get('n')}" if key is None else
+                         str(s.get(key)) if key == "over_32mb" else mb(s.get(key)))
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    rows = sorted((r for r in after.get("schemas", {}).get("rows", []) if r["ok"]), key=lambda r: -r["table_bytes"])
+    lines += ["", "Largest after: " + "; ".join(f"{r['id']} {mb(r['table_bytes'])} ({r['states']} states)" for r in rows[:3]), ""]
+    return "\n".join(lines)
 
 
 def _machine() -> dict:

@@ -8,8 +8,10 @@ allowed by s's mask row leads to exc_next[i] if t == exc_tok[i] for some i in
 exc_ptr[s]:exc_ptr[s+1], else to trans_default[s] (-1 only when s allows no non-stop token).
 Stop ids are set only in accepting rows and are never transitions (a stop token ends the row,
 it does not move it). Every state can reach an accepting state (`dist` is finite): the
-compiler prunes dead states. `transitions(s)` gives a state's full (tokens, next states) for
-CPU tools; `from_dense` builds the layout from full CSR rows (tests, synthetic tables). This
+compiler prunes dead states. The compiler picks each state's most common next state as its
+default, but any choice is valid and the kernels must give the same results for every one.
+`transitions(s)` gives a state's full (tokens, next states) and `next_states(s, tokens)` looks
+many up, for CPU tools; `from_dense` builds the layout from full CSR rows (tests). This
 module holds data and cheap checks only; compiling is `compile.py`'s job and moving tables
 to a device is the kernels' job.
 
