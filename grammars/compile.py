@@ -2,8 +2,8 @@
 
 Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
 marks cut out (counted.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
-renumbering, `dist` (counted: Dijkstra with the unmet minimums), CSR, bitmask and count rows
-(here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
+renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
+bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
 machine. This module does not generate regexes and does not touch devices (just past 400
 lines: the pipeline, its budgets and the cache front are one concern).
