@@ -135,6 +135,30 @@ class TokenTable:
             nexts[np.searchsorted(toks, self.exc_tok[lo:hi])] = self.exc_next[lo:hi]
         return toks, nexts
 
+    def dense_transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr int64 [S + 1], tok int32 [T], next int32 [T]): every transition as one full CSR.
+
+        For host code that keys data by (state, token) pair; O(transitions) memory (the seed
+        catalog: 1.08M entries), each distinct mask row unpacked once.
+        """
+        stops = np.zeros(32 * self.num_words, dtype=bool)
+        stops[self.stop_ids] = True
+        bits = np.unpackbits(np.ascontiguousarray(self.mask).view(np.uint8), axis=1, bitorder="little")
+        row_toks = [np.flatnonzero(b[: self.logits_width] & ~stops[: self.logits_width]).astype(np.int32)
+                    for b in bits.astype(bool)]
+        sizes = np.array([row_toks[r].size for r in self.mask_row.tolist()], dtype=np.int64)
+        ptr = np.zeros(self.num_states + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(sizes)
+        tok = np.concatenate([row_toks[r] for r in self.mask_row.tolist()] or [np.zeros(0, np.int32)])
+        nxt = np.repeat(self.trans_default.astype(np.int32), sizes)
+        owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
+        # Each exception's slot: its state's first slot + its rank among that state's tokens.
+        for s in np.unique(owner).tolist():
+            lo, hi = int(self.exc_ptr[s]), int(self.exc_ptr[s + 1])
+            at = ptr[s] + np.searchsorted(tok[ptr[s] : ptr[s + 1]], self.exc_tok[lo:hi])
+            nxt[at] = self.exc_next[lo:hi]
+        return ptr, tok, nxt
+
     def next_states(self, state: int, tokens: np.ndarray) -> np.ndarray:
         """int32 per token of `tokens`: the state it leads to from `state`, -1 where it is no transition."""
         tokens = np.asarray(tokens, dtype=np.int64)

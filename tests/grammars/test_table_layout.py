@@ -112,3 +112,10 @@ def test_cache_entry_of_an_older_format_is_not_read():
     header["format"] = 2
     (entry / "header.json").write_text(json.dumps(header))
     assert table_cache.load(key) is None and not entry.exists()
+
+
+def test_dense_transitions_is_the_full_csr():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(3))
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    got_ptr, got_tok, got_next = table.dense_transitions()
+    assert np.array_equal(got_ptr, ptr) and np.array_equal(got_tok, tok) and np.array_equal(got_next, nxt)
