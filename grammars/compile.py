@@ -109,13 +109,13 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     result = to_regex(options)
     meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
     try:
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
         plain = dataclasses.replace(options, counted_lengths=False)
         result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), meta)
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
         table.meta["counted_fallback"] = str(exc)
         return table
 
@@ -411,6 +411,12 @@ class _Clock:
 
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _with_reasons(meta: dict, result) -> dict:
+    """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
+    reasons = getattr(result, "reasons", {})
+    return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
 
 
 def _pairs(relaxed) -> list[tuple[str, str]]:

@@ -180,9 +180,15 @@ def test_pattern_is_enforced_with_search_semantics():
 
 
 def test_pattern_with_length_keeps_pattern_and_relaxes_length():
-    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    schema = {"type": "string", "pattern": "^[a-z]+-x$", "maxLength": 4}
     assert relaxed(schema) == [("", "maxLength")]
-    assert not accepts(schema, '"ABC"')
+    assert not accepts(schema, '"ABC-x"')
+
+
+def test_one_quantified_set_pattern_enforces_the_length_too():
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    assert relaxed(schema) == []
+    assert accepts(schema, '"abcd"') and not accepts(schema, '"abcde"') and not accepts(schema, '"ABC"')
 
 
 @pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+", "^x{,2}$", "^[]a]$",
@@ -195,9 +201,11 @@ def test_untranslatable_pattern_is_relaxed_never_dropped(pattern):
 
 
 def test_long_repetition_in_pattern_is_widened_and_listed():
-    schema = {"type": "string", "pattern": "^[a-z]{1,500}$"}
+    schema = {"type": "string", "pattern": "^[a-z]{1,500}-$"}  # one quantified set alone is counted instead
     assert relaxed(schema) == [("", "pattern")]
-    assert accepts(schema, json.dumps("a" * 600)) and not accepts(schema, '"A"')
+    assert accepts(schema, json.dumps("a" * 600 + "-")) and not accepts(schema, '"A-"')
+    whole = {"type": "string", "pattern": "^[a-z]{1,500}$"}
+    assert relaxed(whole) == [] and accepts(whole, json.dumps("a" * 500)) and not accepts(whole, json.dumps("a" * 501))
 
 
 @pytest.mark.parametrize(
