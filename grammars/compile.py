@@ -33,8 +33,8 @@ from surecall.grammars.counted import (
     add_counts_inplace,
     char_rows,
     check_entries,
-    cut_marks,
 )
+from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.table import TokenTable
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -143,7 +143,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
-    dfa, counted = cut_marks(dfa)  # counted-string marks (schema.to_regex) become counter regions
+    dfa, counted, item_regions = cut_all_marks(dfa)  # count marks (schema.to_regex) become counter regions
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
@@ -154,9 +154,10 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
         counts = (counted, *char_rows(dfa, counted, vi), entries)
+    items = None if item_regions is None else (item_regions, item_entries(rows, dfa, item_regions, vi))
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab, counts)
+    table = build_table(dfa, rows, vocab, counts, items)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -171,7 +172,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     A row's shared class part is copied once into the CSR (its next states renumbered through
@@ -211,6 +212,8 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable
         table.dist = _dist([e[e >= 0] for e in edges], accept)
     else:
         add_counts_inplace(table, counts, order, new_id)
+    if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
+        add_items_inplace(table, *items, order, new_id)
     return table
 
 

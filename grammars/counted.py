@@ -57,6 +57,12 @@ class Regions:
 
 def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     """The DFA without count marks, and its counted regions (none when the regex had no marks)."""
+    cut, regions, _ = cut_marks_renumbered(dfa)
+    return cut, regions
+
+
+def cut_marks_renumbered(dfa: ByteDFA) -> tuple[ByteDFA, Regions, np.ndarray]:
+    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned)."""
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
     for kind in (COUNT_ENTER, COUNT_EXIT):
@@ -79,7 +85,7 @@ def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
-    return cut, _regions(cut, live_heads)
+    return cut, _regions(cut, live_heads), new_id
 
 
 def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:
@@ -347,28 +353,33 @@ def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> 
         raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
 
 
-def counted_dist(table: TokenTable) -> np.ndarray:
+def counted_dist(table: TokenTable, extra: np.ndarray | None = None) -> np.ndarray:
     """Fewest tokens to acceptance with counters (table.py): Dijkstra from the accepting states.
 
     Inside a counted body only tokens that start no character are edges (1 token each); a token
     that opens a body costs 1 + need(0) of it. A state's unmet minimum (need) is then added by
     the kernels from the row's counter, so dist + need is exact enough to always leave a token
     that completes in time: a filler of min(fill, lo - c) characters, or the dist path.
+    `extra` (int64 per CSR slot, grammars/items.py) adds the unmet minItems of tokens that open
+    a counted array; a table without counted strings then gets plain weighted edges.
     """
     n = table.num_states
-    need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
+    counted = table.count_row is not None
+    count_row = table.count_row if counted else np.full(n, -1, dtype=np.int32)
+    need0 = -(-table.count_lo.astype(np.int64) // table.count_fill) if counted else np.zeros(n, dtype=np.int64)
     pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for s in range(n):
         lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
         tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
-        if table.count_row[s] >= 0:
-            v = table.count_chars[table.count_row[s], tok]
+        more = 0 if extra is None else extra[lo:hi]
+        if count_row[s] >= 0:
+            v = table.count_chars[count_row[s], tok]
             stays, closes = v == 0, v == 1
-            weight = np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1)
+            weight = np.where(closes & (count_row[nxt] >= 0), 1 + need0[nxt], 1) + more
             usable = stays | closes
             nxt, weight = nxt[usable], weight[usable]
         else:
-            weight = np.where(table.count_row[nxt] >= 0, 1 + need0[nxt], 1)
+            weight = np.where(count_row[nxt] >= 0, 1 + need0[nxt], 1) + more
         heavy = weight != 1  # few: tokens that open a body with a minimum
         best = dict.fromkeys(np.flatnonzero(np.bincount(nxt[~heavy], minlength=n)).tolist(), 1)
         for t, w in zip(nxt[heavy].tolist(), weight[heavy].tolist(), strict=True):

@@ -178,6 +178,56 @@ def relax_reason(keyword: str) -> str:
     return _REASONS.get(keyword, f"{keyword!r} is not enforced by the grammar (the validator checks it)")
 
 
+# A counted array is `[` IENTER ws (item (ws `,` ISEP ws item)*)? ws `]` IEXIT: IENTER and IEXIT
+# carry minItems/maxItems as 16 nibbles, ISEP is one byte after each item separator. compile.py
+# (grammars/counted.py: cut_item_marks) cuts them out like the string marks; a per-row item
+# counter then counts the separators crossed. Items holding another counted array are not
+# counted (one item counter per row): such an outer array is materialised or relaxed.
+ITEM_ENTER, ITEM_SEP, ITEM_EXIT = 0x03, 0x04, 0x05
+_ITEM_ENTER_TEXT = f"\\x{ITEM_ENTER:02x}"
+
+
+def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
+    """The marked regex of an array of `low..high` items that each match `item`."""
+    high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
+
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
+
+    body = f"{_group(item)}(?:{ws},\\x{ITEM_SEP:02x}{ws}{_group(item)})*{ws}"
+    return f"\\[{mark(ITEM_ENTER)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_EXIT)}"
+
+
+_COUNTED_ARRAY = re.compile(
+    re.escape("\\[" + _ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]")
+    + re.escape(f"\\x{ITEM_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+    re.DOTALL,
+)
+
+
+def expand_items(regex: str, ws: str | None = None) -> str:
+    """`regex` with each counted array spelled out as `[item(,item){lo-1,hi-1}]` for Python `re`
+    (`ws`: the whitespace regex it was written with, GrammarOptions' default when None)."""
+    ws = GrammarOptions().whitespace_regex() if ws is None else ws
+    sep = f",\\x{ITEM_SEP:02x}"
+
+    def spelled(m: re.Match) -> str:
+        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
+        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        left = m.group(2).split(sep, 1)[0]  # ws, "(?:" when optional, "(?:item)", "(?:", ws
+        item = left[len(ws) + (0 if low >= 1 else 3) + 3 : len(left) - len(ws) - 4]
+        upper = "" if high == NO_MAX_LENGTH else str(high - 1)
+        body = f"(?:{item})(?:{ws},{ws}(?:{item})){{{max(low - 1, 0)},{upper}}}{ws}"
+        return f"\\[{ws}{body if low >= 1 else _group(body) + '?'}\\]"
+
+    return _COUNTED_ARRAY.sub(spelled, regex)
+
+
+def expand_marks(regex: str, ws: str | None = None) -> str:
+    """Both kinds of counted regions spelled out (expand_counts after expand_items)."""
+    return expand_counts(expand_items(regex, ws))
+
+
 def _group(regex: str) -> str:
     return f"(?:{regex})"
 
@@ -588,13 +638,17 @@ class Converter:
                        "inside a larger pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)")
         return translated.regex
 
-    def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str) -> tuple[int, int | None]:
+    def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str,
+                      why: str | None = None) -> tuple[int, int | None]:
         """(low, high) as materialised; bounds above max_bounded_length are relaxed and listed."""
         limit = self.options.max_bounded_length
         low = int(schema.get(min_key, 0))
         high = schema.get(max_key)
         high = None if high is None else int(high)
-        why = f"above max_bounded_length={limit} and not counted (widened: the validator checks it)"
+        if why is None and min_key == "minItems" and self.options.counted_lengths:
+            why = (f"above max_bounded_length={limit} with prefixItems (only a plain item list is counted; "
+                   "widened: the validator checks it)")
+        why = why or f"above max_bounded_length={limit} and not counted (widened: the validator checks it)"
         if low > limit:
             self.relax(ptr, min_key, why)
             low = 0
@@ -638,9 +692,32 @@ class Converter:
         return lex.NUMBER
 
     # -- arrays --------------------------------------------------------------------------
+    def wants_item_counter(self, schema: dict) -> bool:
+        """Whether min/maxItems are above what is spelled out (and counters are on)."""
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        return self.options.counted_lengths and (low > _MATERIALISED_RUN or (
+            high is not None and int(high) > _MATERIALISED_RUN))
+
+    def counted_array(self, schema: dict, rest: str, ptr: str) -> str | None:
+        """An array of `rest` items whose minItems/maxItems (any size) an item counter enforces; items
+        holding a counted array of their own fall back (spelled out up to max_bounded_length, else relaxed)."""
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        high = None if high is None else int(high)
+        if high is not None and low > high:
+            return None
+        if _ITEM_ENTER_TEXT in rest:
+            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold a counted "
+                   "array (one item counter per row; widened: the validator checks it)")
+            low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)
+            return self.array_regex([], rest, low, high)
+        return counted_array_regex(rest, low, high, self.ws)
+
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
-        low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
+        if self.wants_item_counter(schema) and not prefix:
+            low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        else:
+            low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
         if schema.get("uniqueItems") is True and (high is None or high > 1):
             self.relax(ptr, "uniqueItems")
         for key in _RELAXED_ARRAY:
@@ -652,6 +729,8 @@ class Converter:
             items, rest, high = items[:cut], None, cut if high is None else min(high, cut)
         else:
             rest = self.convert(rest_schema, rest_ptr)
+            if not items and rest is not None and self.wants_item_counter(schema):
+                return self.counted_array(schema, rest, ptr)
         if rest is None:
             high = len(items) if high is None else min(high, len(items))
         if high is not None and low > high:
