@@ -236,6 +236,17 @@ def sample_remaining(items: ItemTable, states: torch.Tensor, remaining: torch.Te
     return torch.where(inside, torch.full_like(remaining, UNBOUNDED), remaining)
 
 
+def constrain_items(logits: torch.Tensor, table: DeviceTable | None, items: ItemTable | None,
+                    states: torch.Tensor, counters: torch.Tensor | None, item_counters: torch.Tensor | None,
+                    remaining: torch.Tensor) -> torch.Tensor:
+    """The decode loops' one call before sampling: the item mask (when the batch's table has counted
+    arrays) applied in place; returns the remaining to hand the sampler."""
+    if items is None or table is None:
+        return remaining
+    apply_item_mask_inplace(logits, table, items, states, item_counters, remaining, counters=counters)
+    return sample_remaining(items, states, remaining)
+
+
 def advance_items(items: ItemTable, states: torch.Tensor, tokens: torch.Tensor,
                   item_counters: torch.Tensor) -> torch.Tensor:
     """int32 [B]: each row's item counter after `tokens` (rows with state < 0 keep theirs)."""

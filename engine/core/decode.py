@@ -23,6 +23,7 @@ import torch
 
 from surecall.config import EngineConfig, SamplingParams
 from surecall.kernels import DEAD_STATE, SamplingTensors, advance, sample
+from surecall.kernels.items import advance_items, constrain_items
 
 EMPTY_MASK, REFUSED_TOKEN = 1, 2  # why a row failed (fail codes inside the loop)
 
@@ -168,6 +169,7 @@ class _Live:
     idx: torch.Tensor  # int64: each row's index in the request
     state: torch.Tensor
     counter: torch.Tensor  # int32: characters started in the row's counted string (grammars/table.py)
+    item_counter: torch.Tensor  # int32: item separators crossed in the row's counted array
     is_constrained: torch.Tensor
     budget: torch.Tensor
     temperature: torch.Tensor
@@ -191,6 +193,7 @@ class _Live:
 
         return cls(
             idx=torch.arange(n, device=device), state=state, counter=torch.zeros_like(state),
+            item_counter=torch.zeros_like(state),
             is_constrained=state >= 0,
             budget=vec(budgets, torch.int32),
             temperature=vec([float(r.sampling.temperature) for r in rows], torch.float32),
@@ -237,6 +240,7 @@ class Decoder:
         stop_ids: list[int],  # ids that end a free row (constrained rows: the table's stop ids)
         table=None,  # the batch's concatenated table as a kernels DeviceTable on the runner's device, or None
         pad_id: int = 0,
+        items=None,  # kernels.items.ItemTable of the same table when it has counted arrays, or None
     ) -> DecodeOutput:
         device = self.runner.device
         clock = _Clock(device)
@@ -277,7 +281,10 @@ class Decoder:
             step_t = torch.full_like(rw.seed, step)
             params = SamplingTensors(rw.temperature, rw.top_k, rw.top_p, rw.seed, step_t, use_top_k_top_p=use_sort)
             mark = clock.start("sample_s")  # constrained rows: the mask is fused into the sampler
-            out = sample(logits, dtable, torch.where(rw.done, -1, rw.state), params, remaining=remaining,
+            grammar = torch.where(rw.done, -1, rw.state)
+            remaining = constrain_items(logits, dtable, items, grammar, rw.counter if counted else None,
+                                        rw.item_counter, remaining)
+            out = sample(logits, dtable, grammar, params, remaining=remaining,
                          return_unmasked_logprobs=want_unmasked, check=self.config.check_kernel_inputs,
                          counters=rw.counter if counted else None)
             clock.stop(mark)
@@ -301,6 +308,9 @@ class Decoder:
                 next_state, fin_grammar = moved[0], moved[1]
                 refused = going & (next_state == DEAD_STATE)  # the grammar does not allow the token
                 _record(rw.fail, rw.fail_at, refused, REFUSED_TOKEN, step, rw.state, tok)
+                if items is not None:  # from the state before the token
+                    stepped = advance_items(items, torch.where(going, rw.state, -1), tok, rw.item_counter)
+                    rw.item_counter = torch.where(going & ~refused, stepped, rw.item_counter)
                 rw.state = torch.where(going & ~refused, next_state, rw.state)
                 if counted:
                     rw.counter = torch.where(going & ~refused, moved[2], rw.counter)
