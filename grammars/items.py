@@ -230,9 +230,9 @@ def add_items_inplace(table: TokenTable, items: ItemRegions, entries: ItemEntrie
     src = new_id[entries.src]
     live = src >= 0
     key = src[live].astype(np.int64) * table.logits_width + entries.tok[live]
-    nxt = np.asarray([table.next_state(int(s), int(t)) if table.next_state(int(s), int(t)) is not None else -1
-                      for s, t in zip(src[live].tolist(), entries.tok[live].tolist(), strict=True)], dtype=np.int64)
-    present = nxt >= 0  # transitions pruned at token level are gone
+    slot = _csr_slots(table, key)
+    present = slot >= 0  # transitions pruned at token level are gone
+    nxt = np.where(present, table.trans_next[np.maximum(slot, 0)], -1)
     at = np.argsort(key[present], kind="stable")
     table.item_key = key[present][at]
     table.item_inc = entries.inc[live][present][at].astype(np.int32)
@@ -268,78 +268,94 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     raise CountedCutError("the per-item token cost of a counted array did not settle")
 
 
+def _csr_keys(table: TokenTable) -> np.ndarray:
+    """s * logits_width + t of every CSR slot, ascending (rows in state order, sorted inside)."""
+    owner = np.repeat(np.arange(table.num_states, dtype=np.int64), np.diff(table.trans_ptr.astype(np.int64)))
+    return owner * table.logits_width + table.trans_tok
+
+
+def _csr_slots(table: TokenTable, key: np.ndarray, csr_key: np.ndarray | None = None) -> np.ndarray:
+    """The CSR slot of each (state, token) key, -1 where it is not a transition."""
+    csr_key = _csr_keys(table) if csr_key is None else csr_key
+    if not csr_key.size:
+        return np.full(key.shape[0], -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(csr_key, key), csr_key.size - 1)
+    return np.where(csr_key[at] == key, at, -1)
+
+
 def _slot_entries(table: TokenTable) -> tuple[np.ndarray, np.ndarray]:
-    """(CSR slots of opening entries, their entry index; -1 for those that do not open)."""
-    width = table.logits_width
-    src = (table.item_key // width).astype(np.int64)
-    tok = (table.item_key % width).astype(np.int64)
-    slot = np.asarray([_slot(table, int(s), int(t)) for s, t in zip(src.tolist(), tok.tolist(), strict=True)],
-                      dtype=np.int64)
-    opens = (table.item_flag & FLAG_OPENS) != 0
-    return slot[opens], np.flatnonzero(opens)
-
-
-def _slot(table: TokenTable, s: int, t: int) -> int:
-    lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-    return lo + int(np.searchsorted(table.trans_tok[lo:hi], t))
+    """(CSR slots of opening entries, their entry index)."""
+    opens = np.flatnonzero((table.item_flag & FLAG_OPENS) != 0)
+    return _csr_slots(table, table.item_key[opens]), opens
 
 
 def _required_costs(table: TokenTable, region: np.ndarray, slots, extra: np.ndarray) -> np.ndarray:
     """Per state, the cost its array needs so the dist rule above holds there (max over the array)."""
-    per_region = np.zeros(int(region.max()) + 1, dtype=np.int64)
+    states = np.flatnonzero((region >= 0) & (table.item_lo > 0))  # an array without a minimum needs none
+    ptr = table.trans_ptr.astype(np.int64)
+    lens = ptr[states + 1] - ptr[states]
+    owner = np.repeat(states, lens)
+    slot = np.repeat(ptr[states], lens) + np.arange(owner.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    tok, nxt = table.trans_tok[slot].astype(np.int64), table.trans_next[slot].astype(np.int64)
     dist = table.dist.astype(np.int64)
-    for s in np.flatnonzero((region >= 0) & (table.item_lo > 0)).tolist():  # no minimum: no need
-        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-        tok, nxt = table.trans_tok[lo:hi].astype(np.int64), table.trans_next[lo:hi].astype(np.int64)
-        weight = 1 + extra[lo:hi] + _body_entry(table, s, tok, nxt)
-        usable = _usable(table, s, tok)
-        _, inc, flag, _ = _lookup(table, s, tok)
-        closes = (flag & FLAG_CLOSES) != 0
-        stay = usable & ~closes
-        gain = weight + dist[nxt] - dist[s]
-        if (stay & (inc == 0) & (gain <= 0)).any():
-            continue
-        one = stay & (inc == 1)
-        if not one.any():
-            raise CountedCutError(f"state {s}: no token adds one item to a counted array with a minimum")
-        r = int(region[s])
-        per_region[r] = max(per_region[r], int(gain[one].min()))
+    weight = 1 + extra[slot] + _body_entry(table, owner, tok, nxt)
+    hit, inc, flag, _ = _lookup_many(table, owner, tok)
+    stay = _usable(table, owner, tok) & ((flag & FLAG_CLOSES) == 0)
+    gain = weight + dist[nxt] - dist[owner]
+    n = table.num_states
+    settled = np.zeros(n, dtype=bool)
+    np.logical_or.at(settled, owner[stay & (inc == 0) & (gain <= 0)], True)
+    best = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    one = stay & (inc == 1)
+    np.minimum.at(best, owner[one], gain[one])
+    need = np.where(settled, 0, best)[states]
+    if (need == np.iinfo(np.int64).max).any():
+        s = int(states[np.flatnonzero(need == np.iinfo(np.int64).max)[0]])
+        raise CountedCutError(f"state {s}: no token adds one item to a counted array with a minimum")
+    per_region = np.zeros(int(region.max()) + 1, dtype=np.int64)
+    np.maximum.at(per_region, region[states], need)
     return np.where(region >= 0, per_region[np.maximum(region, 0)], 0)
 
 
-def _usable(table: TokenTable, s: int, tok: np.ndarray) -> np.ndarray:
+def _usable(table: TokenTable, s: np.ndarray, tok: np.ndarray) -> np.ndarray:
     """Transitions counted_dist uses from `s` (in a counted string body: those starting no character)."""
-    if table.count_row is None or table.count_row[s] < 0:
+    if table.count_row is None:
         return np.ones(tok.size, dtype=bool)
-    v = table.count_chars[table.count_row[s], tok]
-    return (v == 0) | (v == 1)
+    r = table.count_row[s]
+    v = table.count_chars[np.maximum(r, 0), tok]
+    return (r < 0) | (v == 0) | (v == 1)
 
 
-def _body_entry(table: TokenTable, s: int, tok: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+def _body_entry(table: TokenTable, s: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     """The unmet string minimum counted_dist charges a token that opens a counted string body."""
     if table.count_row is None:
         return np.zeros(tok.size, dtype=np.int64)
     need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
-    if table.count_row[s] >= 0:
-        v = table.count_chars[table.count_row[s], tok]
-        return np.where((v == 1) & (table.count_row[nxt] >= 0), need0[nxt], 0)
-    return np.where(table.count_row[nxt] >= 0, need0[nxt], 0)
+    r = table.count_row[s]
+    v = table.count_chars[np.maximum(r, 0), tok]
+    opens = (table.count_row[nxt] >= 0) & ((r < 0) | (v == 1))
+    return np.where(opens, need0[nxt], 0)
 
 
 # -- the host side of the contract (grammars/table.py "Item counters"; kernels/items.py on devices) --
 
 
-def _lookup(table: TokenTable, state: int, tokens: np.ndarray):
-    """(hit, inc, flag, set) of each token's entry from `state` (zeros where it has none)."""
-    key = state * table.logits_width + tokens.astype(np.int64)
+def _lookup_many(table: TokenTable, states: np.ndarray, tokens: np.ndarray):
+    """(hit, inc, flag, set) of each (state, token)'s entry (zeros and -1 where it has none)."""
+    key = np.asarray(states, dtype=np.int64) * table.logits_width + tokens.astype(np.int64)
     n = table.item_key.shape[0]
     if n == 0:
-        z = np.zeros(tokens.shape[0], dtype=np.int64)
+        z = np.zeros(key.shape[0], dtype=np.int64)
         return z.astype(bool), z, z, z - 1
     i = np.minimum(np.searchsorted(table.item_key, key), n - 1)
     hit = table.item_key[i] == key
     return (hit, np.where(hit, table.item_inc[i], 0).astype(np.int64), np.where(hit, table.item_flag[i], 0),
             np.where(hit, table.item_set[i], -1).astype(np.int64))
+
+
+def _lookup(table: TokenTable, state: int, tokens: np.ndarray):
+    """(hit, inc, flag, set) of each token's entry from `state` (zeros where it has none)."""
+    return _lookup_many(table, np.full(tokens.shape[0], state, dtype=np.int64), tokens)
 
 
 def item_allows(table: TokenTable, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:

@@ -171,7 +171,8 @@ class TokenTable:
                 logits_width=first.logits_width,
                 stop_ids=stop_ids,
                 relaxed=[r for t in tables for r in t.relaxed],
-                meta={"concat_of": len(tables)},
+                meta={"concat_of": len(tables), "relaxed_reasons": [
+                    why for t in tables for why in t.meta.get("relaxed_reasons", [""] * len(t.relaxed))]},
                 **counts,
             ),
             offsets,
