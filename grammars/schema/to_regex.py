@@ -576,7 +576,8 @@ class Converter:
         if body is not None:
             for key in ("minLength", "maxLength"):
                 if key in schema:
-                    self.relax(ptr, key)
+                    self.relax(ptr, key, "the string also has a pattern or format that is not one quantified "
+                               "character set (`^[set]{n,m}$`): its length is left to the validator")
             return f'"{_group(body)}"'
         if self.options.counted_lengths:
             return self.counted_string(schema)
