@@ -3,7 +3,8 @@
 `schema_to_regex(schema, options)` validates the schema (JSON Schema metaschema, by its
 `$schema` or 2020-12), then walks it: objects list their declared properties in declared order
 (required ones always, optional ones maybe, closed unless options allow more), arrays honour
-prefixItems/items and small min/maxItems, strings small min/maxLength, `pattern` and known
+prefixItems/items and min/maxItems (any size: counted arrays, marked for compile.py), strings
+min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
 enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. It
 does not build automata: the regex dialect is the common subset of Python `re` and
