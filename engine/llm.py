@@ -318,7 +318,8 @@ class LLM:
             tables = [self._tables[k] for k in keys]
             table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
             self._device_tables[keys] = (DeviceTable.from_table(table, self.runner.device), [int(o) for o in offsets])
-        return self._device_tables[keys]
+            self._device_tables[keys] += (_item_table(table, self.runner.device),)  # counted arrays (or None)
+        return self._device_tables[keys][:2]
 
     def _decode_chunk(self, chunk: list[_Row], constrained: bool, fmt) -> list[GenerationResult]:
         dtable, start_of = None, {}
@@ -328,7 +329,8 @@ class LLM:
             start_of = dict(zip(keys, offsets, strict=True))
         rows = [DecodeRow(r.ids, r.sampling, start_of.get(r.table_key, -1), r.forced) for r in chunk]
         stop_ids = list(self.vocab.stop_ids) if self.vocab is not None else self._config_stop_ids()
-        out = self.decoder.run(rows, stop_ids=stop_ids, table=dtable, pad_id=self._pad_id())
+        items = self._device_tables[keys][2] if constrained else None
+        out = self.decoder.run(rows, stop_ids=stop_ids, table=dtable, pad_id=self._pad_id(), items=items)
         batch_timings = {**out.timings, "num_rows": len(chunk)}  # one dict for the whole batch
         return [self._result(r, o, batch_timings, fmt) for r, o in zip(chunk, out.rows, strict=True)]
 
@@ -438,3 +440,10 @@ def _normalise_tools(tools, where: str) -> list[Tool]:
             f"its own 'title', or pass {{'name': ..., 'parameters': schema}})"
         )
     return out
+
+
+def _item_table(table, device):
+    """The item counters of a table with counted arrays on `device` (kernels/items.py), else None."""
+    from surecall.kernels.items import ItemTable
+
+    return ItemTable.from_table(table, device) if table.has_items else None

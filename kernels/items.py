@@ -59,7 +59,7 @@ class ItemTable:
             a = np.asarray(a)
             if a.shape[0] == 0:
                 a = np.full(1, pad)
-            return torch.as_tensor(np.ascontiguousarray(a)).to(device=dev, dtype=dtype)
+            return torch.as_tensor(np.array(a, copy=True)).to(device=dev, dtype=dtype)  # cached tables are read-only
 
         return cls(
             item_lo=put(table.item_lo, torch.int32), item_hi=put(table.item_hi, torch.int32),

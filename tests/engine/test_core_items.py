@@ -42,3 +42,19 @@ def test_item_bounds_hold_in_sampled_calls_of_the_core(tiny, low, high):
         assert check.error is None, (check.error, text, seq.payload.error)
         assert low <= len(check.call.arguments["n"]) <= high
         assert seq.payload.finish_reason == "stop", seq.payload.error
+
+
+def test_item_bounds_hold_in_llm_generate(tiny):
+    from surecall.tools.calls import check_call
+
+    tool = {"name": "pick", "description": "Pick numbers.", "parameters": {
+        "type": "object", "properties": {"n": {"type": "array", "items": {"type": "boolean"}, "minItems": 20,
+                                               "maxItems": 25}},
+        "required": ["n"], "additionalProperties": False}}
+    table = tiny.compile([tool])
+    params = [SamplingParams(temperature=1.0, max_tokens=int(table.dist[0]) + 10 * i, seed=i) for i in range(4)]
+    out = tiny.generate([[{"role": "user", "content": "pick"}]] * 4, tools=[tool], sampling=params)
+    for r in out:
+        check = check_call(r.text, tiny._format(None), [tool])
+        assert check.error is None, (check.error, r.text)
+        assert 20 <= len(check.call.arguments["n"]) <= 25
