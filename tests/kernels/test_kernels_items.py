@@ -175,3 +175,22 @@ def test_bad_inputs_are_refused(compiled):
     plain = compile_schema({"type": "object", "properties": {"b": {"type": "boolean"}}}, vocab, use_cache=False)
     with pytest.raises(KernelInputError, match="item counters"):
         ItemTable.from_table(plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_item_mask_on_cuda_equals_torch(compiled, dtype):
+    vocab, table = compiled
+    rows = _rows(table, np.random.default_rng(3), 200)
+    cpu = _tensors(rows)
+    dev = torch.device("cuda")
+    dt, it = DeviceTable.from_table(table, dev), ItemTable.from_table(table, dev)
+    base = torch.randn(len(rows), vocab.logits_width).to(dtype)
+    want = base.clone()
+    apply_item_mask_inplace(want, DeviceTable.from_table(table), ItemTable.from_table(table), cpu[0], cpu[2], cpu[3],
+                            counters=cpu[1], backend="torch")
+    got = base.to(dev)
+    states, counters, items, remaining = (t.to(dev) for t in cpu)
+    apply_item_mask_inplace(got, dt, it, states, items, remaining, counters=counters, backend="triton")
+    assert torch.equal(got.cpu(), want)
