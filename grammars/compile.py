@@ -1,7 +1,7 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
 Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
-marks cut out (counted.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
+marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
 renumbering, `dist` (counted: Dijkstra with the unmet minimums), CSR, bitmask and count rows
 (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
