@@ -15,6 +15,7 @@ builds no CSR and runs no kernels; the kernels' side is kernels/items.py.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,6 @@ from surecall.grammars.counted import (
     Regions,
     _drop_inplace,
     _follow_mark,
-    counted_dist,
     cut_marks_renumbered,
 )
 from surecall.grammars.schema.to_regex import ITEM_ENTER, ITEM_EXIT, ITEM_SEP
@@ -227,23 +227,44 @@ def add_items_inplace(table: TokenTable, items: ItemRegions, entries: ItemEntrie
     sep_lo, sep_hi = items.sep_bounds()
     table.item_lo = np.where(inside, sep_lo[np.maximum(region, 0)], 0).astype(np.int32)
     table.item_hi = np.where(inside, sep_hi[np.maximum(region, 0)], -1).astype(np.int32)
+    csr = _Csr(*table.dense_transitions(), table.logits_width)
     src = new_id[entries.src]
     live = src >= 0
     key = src[live].astype(np.int64) * table.logits_width + entries.tok[live]
-    slot = _csr_slots(table, key)
+    slot = csr.slots(key)
     present = slot >= 0  # transitions pruned at token level are gone
-    nxt = np.where(present, table.trans_next[np.maximum(slot, 0)], -1)
     at = np.argsort(key[present], kind="stable")
     table.item_key = key[present][at]
     table.item_inc = entries.inc[live][present][at].astype(np.int32)
     table.item_flag = entries.flag[live][present][at].astype(np.int8)
     table.item_set = entries.set[live][present][at].astype(np.int32)
-    table.item_next = nxt[present][at].astype(np.int32)
+    table.item_next = csr.nxt[slot[present][at]].astype(np.int32)
     table.item_cost = np.where(inside, 1, 0).astype(np.int32)
-    _settle_costs_inplace(table, region)
+    _settle_costs_inplace(table, region, csr)
 
 
-def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
+@dataclass
+class _Csr:
+    """Every transition of a built table as one CSR (TokenTable.dense_transitions), keyed by pair."""
+
+    ptr: np.ndarray
+    tok: np.ndarray
+    nxt: np.ndarray
+    width: int
+
+    def __post_init__(self):
+        self.owner = np.repeat(np.arange(self.ptr.size - 1, dtype=np.int64), np.diff(self.ptr.astype(np.int64)))
+        self.key = self.owner * self.width + self.tok  # ascending: rows in state order, sorted inside
+
+    def slots(self, key: np.ndarray) -> np.ndarray:
+        """The slot of each (state, token) key, -1 where it is not a transition."""
+        if not self.key.size:
+            return np.full(key.shape[0], -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.key, key), self.key.size - 1)
+        return np.where(self.key[at] == key, at, -1)
+
+
+def _settle_costs_inplace(table: TokenTable, region: np.ndarray, csr: _Csr) -> None:
     """item_cost (tokens per unmet separator, per array) and dist, each from the other, to a fixed point.
 
     A row in array state s with counter c below item_lo needs at most dist[s] + item_cost[s] *
@@ -251,66 +272,73 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     lowers dist (1 + dist[t] <= dist[s]) or one that crosses exactly one keeps the sum
     (1 + dist[t] <= dist[s] + cost). A token that opens an array is charged its unmet minimum.
     """
-    slots = _slot_entries(table)
+    opens = np.flatnonzero((table.item_flag & FLAG_OPENS) != 0)
+    open_slots = csr.slots(table.item_key[opens])
     for _ in range(_MAX_ROUNDS):
-        extra = np.zeros(table.trans_tok.shape[0], dtype=np.int64)
-        opens = slots[1] >= 0
-        at, nxt = slots[0][opens], table.trans_next[slots[0][opens]]
-        start = np.maximum(table.item_set[slots[1][opens]], 0)
-        extra[at] = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
-        table.dist = counted_dist(table, extra)
+        extra = np.zeros(csr.tok.shape[0], dtype=np.int64)
+        nxt = csr.nxt[open_slots]
+        start = np.maximum(table.item_set[opens], 0)
+        extra[open_slots] = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
+        table.dist = _weighted_dist(table, csr, extra)
         if (table.dist < 0).any():
             raise CountedCutError("a counted array cannot be closed with this vocabulary's tokens")
-        need = _required_costs(table, region, slots, extra)
+        need = _required_costs(table, region, csr, extra)
         if (need <= table.item_cost).all():
             return
         table.item_cost = np.maximum(table.item_cost, need).astype(np.int32)
     raise CountedCutError("the per-item token cost of a counted array did not settle")
 
 
-def _csr_keys(table: TokenTable) -> np.ndarray:
-    """s * logits_width + t of every CSR slot, ascending (rows in state order, sorted inside)."""
-    owner = np.repeat(np.arange(table.num_states, dtype=np.int64), np.diff(table.trans_ptr.astype(np.int64)))
-    return owner * table.logits_width + table.trans_tok
+def _weighted_dist(table: TokenTable, csr: _Csr, extra: np.ndarray) -> np.ndarray:
+    """counted.counted_dist's Dijkstra over every transition, each edge charged `extra` more."""
+    weight = 1 + extra + _body_entry(table, csr.owner, csr.tok, csr.nxt)
+    usable = _usable(table, csr.owner, csr.tok)
+    src, dst, weight = csr.owner[usable], csr.nxt[usable].astype(np.int64), weight[usable]
+    order = np.lexsort((weight, dst, src))
+    src, dst, weight = src[order], dst[order], weight[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    n = table.num_states
+    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
+        pred[t].append((s, w))
+    dist = np.full(n, -1, dtype=np.int64)
+    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
+    heapq.heapify(heap)
+    while heap:
+        d, t = heapq.heappop(heap)
+        if dist[t] >= 0:
+            continue
+        dist[t] = d
+        for s, w in pred[t]:
+            if dist[s] < 0:
+                heapq.heappush(heap, (d + w, s))
+    return dist.astype(np.int32)
 
 
-def _csr_slots(table: TokenTable, key: np.ndarray, csr_key: np.ndarray | None = None) -> np.ndarray:
-    """The CSR slot of each (state, token) key, -1 where it is not a transition."""
-    csr_key = _csr_keys(table) if csr_key is None else csr_key
-    if not csr_key.size:
-        return np.full(key.shape[0], -1, dtype=np.int64)
-    at = np.minimum(np.searchsorted(csr_key, key), csr_key.size - 1)
-    return np.where(csr_key[at] == key, at, -1)
-
-
-def _slot_entries(table: TokenTable) -> tuple[np.ndarray, np.ndarray]:
-    """(CSR slots of opening entries, their entry index)."""
-    opens = np.flatnonzero((table.item_flag & FLAG_OPENS) != 0)
-    return _csr_slots(table, table.item_key[opens]), opens
-
-
-def _required_costs(table: TokenTable, region: np.ndarray, slots, extra: np.ndarray) -> np.ndarray:
+def _required_costs(table: TokenTable, region: np.ndarray, csr: _Csr, extra: np.ndarray) -> np.ndarray:
     """Per state, the cost its array needs so the dist rule above holds there (max over the array)."""
     states = np.flatnonzero((region >= 0) & (table.item_lo > 0))  # an array without a minimum needs none
-    ptr = table.trans_ptr.astype(np.int64)
+    ptr = csr.ptr.astype(np.int64)
     lens = ptr[states + 1] - ptr[states]
     owner = np.repeat(states, lens)
     slot = np.repeat(ptr[states], lens) + np.arange(owner.size) - np.repeat(np.cumsum(lens) - lens, lens)
-    tok, nxt = table.trans_tok[slot].astype(np.int64), table.trans_next[slot].astype(np.int64)
+    tok, nxt = csr.tok[slot].astype(np.int64), csr.nxt[slot].astype(np.int64)
     dist = table.dist.astype(np.int64)
     weight = 1 + extra[slot] + _body_entry(table, owner, tok, nxt)
-    hit, inc, flag, _ = _lookup_many(table, owner, tok)
+    _, inc, flag, _ = _lookup_many(table, owner, tok)
     stay = _usable(table, owner, tok) & ((flag & FLAG_CLOSES) == 0)
     gain = weight + dist[nxt] - dist[owner]
     n = table.num_states
     settled = np.zeros(n, dtype=bool)
-    np.logical_or.at(settled, owner[stay & (inc == 0) & (gain <= 0)], True)
-    best = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    settled[owner[stay & (inc == 0) & (gain <= 0)]] = True
+    never = np.iinfo(np.int64).max
+    best = np.full(n, never, dtype=np.int64)
     one = stay & (inc == 1)
     np.minimum.at(best, owner[one], gain[one])
     need = np.where(settled, 0, best)[states]
-    if (need == np.iinfo(np.int64).max).any():
-        s = int(states[np.flatnonzero(need == np.iinfo(np.int64).max)[0]])
+    if (need == never).any():
+        s = int(states[np.flatnonzero(need == never)[0]])
         raise CountedCutError(f"state {s}: no token adds one item to a counted array with a minimum")
     per_region = np.zeros(int(region.max()) + 1, dtype=np.int64)
     np.maximum.at(per_region, region[states], need)

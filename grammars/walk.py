@@ -33,8 +33,7 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
     item = 0  # the item counter of a table with counted arrays (grammars/items.py)
     while True:
         remaining = budget - len(out)
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+        toks, nexts = table.transitions(state)
         if table.has_items:
             ok = items.kept(table, state, counter, item, toks, nexts, remaining)
         else:

@@ -21,7 +21,7 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.grammars.table import TokenTable
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.budget import count_keep_torch, count_keep_triton
+from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
 from surecall.kernels.table import DeviceTable
 
 FLAG_CLOSES, FLAG_OPENS = 1, 2  # grammars/items.py
@@ -72,6 +72,35 @@ class ItemTable:
 
 
 @triton.jit
+def _refuse(
+    out_ptr, tok, nxt, live, hit, entry, state, k, rem, counter, inside, lo, hi,
+    dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
+    item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr, item_flag_ptr, item_set_ptr,
+    HAS_COUNTS: tl.constexpr,
+):  # fmt: skip
+    """-inf at the tokens (any shape) the item bounds or the budget with unmet minItems refuse."""
+    inc = tl.load(item_inc_ptr + entry, mask=live & hit, other=0)
+    flag = tl.load(item_flag_ptr + entry, mask=live & hit, other=0)
+    after = tl.load(item_set_ptr + entry, mask=live & hit, other=-1)
+    total = k + inc
+    closes = (flag & 1) != 0
+    bound_ok = (inside == 0) | ((total <= hi) & ((closes == 0) | (total >= lo)))
+    k_next = tl.where(after >= 0, after, tl.where(inside, total, 0))
+    short = tl.maximum(tl.load(item_lo_ptr + nxt, mask=live, other=0) - k_next, 0)
+    need = tl.where(tl.load(item_hi_ptr + nxt, mask=live, other=-1) >= 0,
+                    tl.load(item_cost_ptr + nxt, mask=live, other=0) * short, 0)
+    stay_need = tl.full(tok.shape, -1, tl.int32)
+    if HAS_COUNTS:
+        _, stay_need = count_keep_triton(
+            tok, state, counter, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols,
+            count_fill)  # fmt: skip
+    d = tl.where(stay_need >= 0, tl.load(dist_ptr + nxt, mask=live, other=0) + stay_need,
+                 tl.load(dist_entry_ptr + nxt, mask=live, other=0))
+    drop = live & ((bound_ok == 0) | (d + need > rem - 1))
+    tl.store(out_ptr + tok, float("-inf"), mask=drop)
+
+
+@triton.jit
 def _item_mask_kernel(
     logits_ptr,  # float [B, L], masked in place
     logits_stride,
@@ -79,13 +108,16 @@ def _item_mask_kernel(
     counters_ptr,  # int32 [B] string counters (HAS_COUNTS)
     items_ptr,  # int32 [B] item counters
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included
-    trans_ptr_ptr, trans_tok_ptr, trans_next_ptr, dist_ptr, dist_entry_ptr,
+    mask_ptr, mask_row_ptr, num_words, is_stop_ptr,  # the compact layout (grammars/table.py)
+    trans_default_ptr, exc_ptr_ptr, exc_tok_ptr, exc_next_ptr, num_search_steps,
+    dist_ptr, dist_entry_ptr,
     count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
     item_lo_ptr, item_hi_ptr, item_cost_ptr, item_ptr_ptr, item_tok_ptr, item_inc_ptr, item_flag_ptr,
     item_set_ptr, item_next_ptr,
     num_item_steps,
     HAS_COUNTS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_WORDS: tl.constexpr,  # mask words per step inside an array (32 * BLOCK_WORDS tokens)
+    BLOCK: tl.constexpr,  # entries per step outside
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     state = tl.load(states_ptr + row)
@@ -99,52 +131,54 @@ def _item_mask_kernel(
         lo = tl.load(item_lo_ptr + state)
         e0 = tl.load(item_ptr_ptr + state)
         e1 = tl.load(item_ptr_ptr + state + 1)
-        inside = hi >= 0
-        # inside an array every transition is checked (the budget is this kernel's there); outside
-        # only the entries (tokens that open an array)
-        start = tl.where(inside, tl.load(trans_ptr_ptr + state), e0)
-        end = tl.where(inside, tl.load(trans_ptr_ptr + state + 1), e1)
-        for base in range(start, end, BLOCK):
-            slot = base + tl.arange(0, BLOCK)
-            live = slot < end
-            if inside:
-                tok = tl.load(trans_tok_ptr + slot, mask=live, other=0)
-                nxt = tl.load(trans_next_ptr + slot, mask=live, other=0)
-                # fixed-step binary search of tok in the state's entries
-                lo_i = tl.zeros_like(tok) + e0
-                hi_i = tl.zeros_like(tok) + e1
+        out_ptr = logits_ptr + row * logits_stride
+        if hi >= 0:  # inside an array: every allowed token (the budget is this kernel's there)
+            mrow = tl.load(mask_row_ptr + state).to(tl.int64)
+            x0 = tl.load(exc_ptr_ptr + state)
+            x1 = tl.load(exc_ptr_ptr + state + 1)
+            default = tl.load(trans_default_ptr + state)
+            bits = tl.arange(0, 32)
+            for wbase in range(0, num_words, BLOCK_WORDS):
+                words = wbase + tl.arange(0, BLOCK_WORDS)
+                packed = tl.load(mask_ptr + mrow * num_words + words, mask=words < num_words, other=0)
+                tok = words[:, None] * 32 + bits[None, :]
+                live = ((packed[:, None] >> bits[None, :]) & 1) != 0
+                live = live & (tl.load(is_stop_ptr + tok, mask=live, other=0) == 0)
+                # the next state: the state's exceptions (fixed-step binary search), else its default
+                a = tl.zeros_like(tok) + x0
+                b = tl.zeros_like(tok) + x1
+                for _ in range(num_search_steps):
+                    act = a < b
+                    mid = a + (b - a) // 2
+                    right = tl.load(exc_tok_ptr + mid, mask=act, other=0) < tok
+                    a = tl.where(act & right, mid + 1, a)
+                    b = tl.where(act & (right == 0), mid, b)
+                found = live & (a < x1) & (tl.load(exc_tok_ptr + a, mask=live & (a < x1), other=-1) == tok)
+                nxt = tl.where(found, tl.load(exc_next_ptr + a, mask=found, other=0), tl.maximum(default, 0))
+                # the token's item entry, if any
+                a = tl.zeros_like(tok) + e0
+                b = tl.zeros_like(tok) + e1
                 for _ in range(num_item_steps):
-                    act = lo_i < hi_i
-                    mid = lo_i + (hi_i - lo_i) // 2
+                    act = a < b
+                    mid = a + (b - a) // 2
                     right = tl.load(item_tok_ptr + mid, mask=act, other=0) < tok
-                    lo_i = tl.where(act & right, mid + 1, lo_i)
-                    hi_i = tl.where(act & (right == 0), mid, hi_i)
-                hit = (lo_i < e1) & (tl.load(item_tok_ptr + lo_i, mask=live & (lo_i < e1), other=-1) == tok)
-                entry = lo_i
-            else:
-                entry = slot
-                hit = live
+                    a = tl.where(act & right, mid + 1, a)
+                    b = tl.where(act & (right == 0), mid, b)
+                hit = live & (a < e1) & (tl.load(item_tok_ptr + a, mask=live & (a < e1), other=-1) == tok)
+                _refuse(out_ptr, tok, nxt, live, hit, a, state, k, rem, counter, hi >= 0, lo, hi,
+                        dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr,
+                        count_cols, count_fill, item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr,
+                        item_flag_ptr, item_set_ptr, HAS_COUNTS)  # fmt: skip
+        else:  # outside: only the tokens that open an array (its entries)
+            for base in range(e0, e1, BLOCK):
+                slot = base + tl.arange(0, BLOCK)
+                live = slot < e1
                 tok = tl.load(item_tok_ptr + slot, mask=live, other=0)
                 nxt = tl.load(item_next_ptr + slot, mask=live, other=0)
-            inc = tl.load(item_inc_ptr + entry, mask=hit, other=0)
-            flag = tl.load(item_flag_ptr + entry, mask=hit, other=0)
-            after = tl.load(item_set_ptr + entry, mask=hit, other=-1)
-            total = k + inc
-            closes = (flag & 1) != 0
-            bound_ok = (inside == 0) | ((total <= hi) & ((closes == 0) | (total >= lo)))
-            k_next = tl.where(after >= 0, after, tl.where(inside, total, 0))
-            short = tl.maximum(tl.load(item_lo_ptr + nxt, mask=live, other=0) - k_next, 0)
-            need = tl.where(tl.load(item_hi_ptr + nxt, mask=live, other=-1) >= 0,
-                            tl.load(item_cost_ptr + nxt, mask=live, other=0) * short, 0)
-            stay_need = tl.full(tok.shape, -1, tl.int32)
-            if HAS_COUNTS:
-                _, stay_need = count_keep_triton(
-                    tok, state, counter, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols,
-                    count_fill)  # fmt: skip
-            d = tl.where(stay_need >= 0, tl.load(dist_ptr + nxt, mask=live, other=0) + stay_need,
-                         tl.load(dist_entry_ptr + nxt, mask=live, other=0))
-            drop = live & ((bound_ok == 0) | (d + need > rem - 1))
-            tl.store(logits_ptr + row * logits_stride + tok, float("-inf"), mask=drop)
+                _refuse(out_ptr, tok, nxt, live, live, slot, state, k, rem, counter, hi >= 0, lo, hi,
+                        dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr,
+                        count_cols, count_fill, item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr,
+                        item_flag_ptr, item_set_ptr, HAS_COUNTS)  # fmt: skip
 
 
 def apply_item_mask_inplace(
@@ -165,39 +199,51 @@ def apply_item_mask_inplace(
     if logits.shape[0] == 0:
         return
     has_counts = counters is not None and table.has_counts
-    block = 1024 if logits.device.type == "cuda" else 256
+    on_gpu = logits.device.type == "cuda"
     _item_mask_kernel[(logits.shape[0],)](
         logits, logits.stride(0), states, counters if has_counts else states, item_counters, remaining,
-        table.trans_ptr, table.trans_tok, table.trans_next, table.dist, table.dist_entry,
+        table.mask, table.mask_row, table.num_words, table.is_stop,
+        table.trans_default, table.exc_ptr, table.exc_tok, table.exc_next, table.num_search_steps,
+        table.dist, table.dist_entry,
         table.count_row, table.count_lo, table.count_hi, table.count_chars, table.count_cols, table.count_fill,
         items.item_lo, items.item_hi, items.item_cost, items.item_ptr, items.item_tok, items.item_inc,
         items.item_flag, items.item_set, items.item_next, items.num_item_steps,
-        HAS_COUNTS=has_counts, BLOCK=block, num_warps=4, **launch_options(logits.device),
+        HAS_COUNTS=has_counts, BLOCK_WORDS=32 if on_gpu else 16, BLOCK=1024 if on_gpu else 256, num_warps=4,
+        **launch_options(logits.device),
     )  # fmt: skip
 
 
 def _candidates(table: DeviceTable, items: ItemTable, states: torch.Tensor):
-    """(row, token, next state, entry index or -1) of every (row, token) the item rule looks at."""
-    st = states.long()
-    rows = torch.nonzero(st >= 0).flatten()
-    st = st[rows]
+    """(row, token, next state, entry index or -1) of every (row, token) the item rule looks at:
+    every allowed token of a row inside an array, the entries (opening tokens) of one outside."""
+    st_all = states.long()
+    rows = torch.nonzero(st_all >= 0).flatten()
+    st = st_all[rows]
     inside = items.item_hi[st] >= 0
-    starts = torch.where(inside, table.trans_ptr[st], items.item_ptr[st]).long()
-    ends = torch.where(inside, table.trans_ptr[st + 1], items.item_ptr[st + 1]).long()
-    lens = ends - starts
-    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=st.device), lens)
-    slot = torch.repeat_interleave(starts, lens) + torch.arange(owner.numel(), device=st.device) - \
-        torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    row_inside = inside[owner]
-    nnz = max(table.trans_tok.numel() - 1, 0)
-    ne = max(items.item_tok.numel() - 1, 0)
-    tok = torch.where(row_inside, table.trans_tok[slot.clamp(max=nnz)], items.item_tok[slot.clamp(max=ne)]).long()
-    nxt = torch.where(row_inside, table.trans_next[slot.clamp(max=nnz)], items.item_next[slot.clamp(max=ne)]).long()
-    key = st[owner] * items.logits_width + tok
+    dev = st.device
+    # inside: the mask row's bits
+    r_in = rows[inside]
+    words = table.mask[table.mask_row[st[inside]].long()].long() & 0xFFFFFFFF  # [n, W]
+    bits = ((words[:, :, None] >> torch.arange(32, device=dev)) & 1).bool().flatten(1)  # [n, 32 W]
+    bits &= (table.is_stop[: bits.shape[1]] == 0)[None, :]
+    at_row, tok_in = torch.nonzero(bits, as_tuple=True)
+    row_in = r_in[at_row]
+    _, nxt_in = next_state_torch(table, st_all[row_in], tok_in)
+    key = st_all[row_in] * items.logits_width + tok_in
+    ne = items.item_key.numel() - 1
     at = torch.searchsorted(items.item_key[: max(items.num_entries, 1)], key).clamp(max=ne)
-    hit = items.item_key[at] == key
-    entry = torch.where(row_inside, torch.where(hit, at, torch.full_like(at, -1)), slot)
-    return rows[owner], tok, nxt, entry
+    entry_in = torch.where(items.item_key[at] == key, at, torch.full_like(at, -1))
+    # outside: the state's entries
+    st_out, r_out = st[~inside], rows[~inside]
+    starts, ends = items.item_ptr[st_out].long(), items.item_ptr[st_out + 1].long()
+    lens = ends - starts
+    row_out = torch.repeat_interleave(r_out, lens)
+    entry_out = torch.repeat_interleave(starts, lens) + torch.arange(row_out.numel(), device=dev) - \
+        torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    tok_out = items.item_tok[entry_out.clamp(max=ne)].long()
+    nxt_out = items.item_next[entry_out.clamp(max=ne)].long()
+    return (torch.cat([row_in, row_out]), torch.cat([tok_in, tok_out]), torch.cat([nxt_in.long(), nxt_out]),
+            torch.cat([entry_in, entry_out]))
 
 
 def apply_item_mask_torch(logits, table, items, states, item_counters, remaining, counters=None) -> None:

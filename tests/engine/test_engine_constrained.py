@@ -161,9 +161,9 @@ def _reference_logprobs(llm, prompt, result, table, temperature: float, max_toke
     for step, tok in enumerate(result.token_ids):
         remaining = max_tokens - step
         allowed = np.zeros(logits.shape[1], dtype=bool)
-        lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], remaining)
-        allowed[table.trans_tok[lo:hi][keep]] = True
+        toks, nexts = table.transitions(state)
+        keep = kept(table, state, counter, toks, nexts, remaining)
+        allowed[toks[keep]] = True
         if table.accept[state]:
             allowed[list(stops)] = True
         masked = logits[step].masked_fill(~torch.from_numpy(allowed), float("-inf"))

@@ -99,9 +99,9 @@ def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
     state, counter, masked_lp, raw_lp = 0, 0, [], []
     for step, tok in enumerate(ids):
         allowed = np.zeros(logits.shape[1], dtype=bool)
-        lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], max_tokens - step)
-        allowed[table.trans_tok[lo:hi][keep]] = True
+        toks, nexts = table.transitions(state)
+        keep = kept(table, state, counter, toks, nexts, max_tokens - step)
+        allowed[toks[keep]] = True
         if table.accept[state]:
             allowed[sorted(stops)] = True
         row = logits[step] / temperature
@@ -163,7 +163,7 @@ def _one_state_table(vocab, allowed_tok: int):
     words = (vocab.logits_width + 31) // 32
     mask = np.zeros((2, words), dtype=np.int32)
     mask[0, allowed_tok // 32] = 1 << (allowed_tok % 32)  # allowed_tok % 32 < 31: no sign bit
-    return TokenTable(
+    return TokenTable.from_dense(
         mask=mask, accept=np.array([False, True]), dist=np.array([1, 0], dtype=np.int32),
         trans_ptr=np.array([0, 1, 1], dtype=np.int32), trans_tok=np.array([allowed_tok], dtype=np.int32),
         trans_next=np.array([1], dtype=np.int32), stop_ids=np.array(sorted(vocab.stop_ids), dtype=np.int32),

@@ -73,8 +73,7 @@ def walk(table: TokenTable, rng, max_tokens: int, prefer: str | None = None) -> 
     state, c, k, out = 0, 0, 0, []
     while True:
         remaining = max_tokens - len(out)
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+        toks, nexts = table.transitions(state)
         ok = I.kept(table, state, c, k, toks, nexts, remaining)
         if table.accept[state] and (not ok.any() or rng.random() < 0.5 or prefer is not None):
             return out

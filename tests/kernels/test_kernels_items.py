@@ -73,8 +73,7 @@ def _rows(table: TokenTable, rng, num: int):
         while not table.accept[state] and len(out) < num:
             remaining = budget - used
             out.append((state, c, k, remaining))
-            lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-            toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+            toks, nexts = table.transitions(state)
             ok = np.flatnonzero(host.kept(table, state, c, k, toks, nexts, remaining))
             assert ok.size, (state, c, k, remaining)  # the budget always leaves a way to finish
             t = int(toks[int(rng.choice(ok))])
@@ -86,8 +85,7 @@ def _rows(table: TokenTable, rng, num: int):
 
 def _host_allowed(table: TokenTable, s: int, c: int, k: int, rem: int, width: int) -> np.ndarray:
     allowed = np.zeros(width, dtype=bool)
-    lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-    toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+    toks, nexts = table.transitions(s)
     allowed[toks[host.kept(table, s, c, k, toks, nexts, rem)]] = True
     if table.accept[s] and rem >= 1:
         allowed[table.stop_ids] = True
@@ -113,7 +111,7 @@ def test_mask_then_item_mask_equals_the_host_rule(compiled, backend):
         expected = _host_allowed(table, s, c, k, rem, logits.shape[1])
         assert np.array_equal(torch.isfinite(logits[b]).numpy(), expected), (s, c, k, rem)
         refused += int(table.item_hi[s] >= 0 and not host.item_allows(
-            table, s, k, table.trans_tok[table.trans_ptr[s]:table.trans_ptr[s + 1]]).all())
+            table, s, k, table.transitions(s)[0]).all())
     assert refused > 0  # the item bounds bind on some rows: the check is not vacuous
 
 
@@ -143,8 +141,7 @@ def test_advance_items_equals_the_host_counter(compiled):
     states, _, items, _ = _tensors(rows)
     tokens = []
     for s, _, _, _ in rows:
-        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-        tokens.append(int(rng.choice(table.trans_tok[lo:hi])))
+        tokens.append(int(rng.choice(table.transitions(s)[0])))
     got = advance_items(ItemTable.from_table(table), states, torch.tensor(tokens, dtype=torch.int32), items)
     want = [int(host.next_item_counter(table, s, k, np.asarray([t]))[0]) for (s, _, k, _), t in zip(rows, tokens)]
     assert got.tolist() == want
