@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from surecall.grammars.table import COUNT_ARRAYS, TABLE_ARRAYS, TokenTable
+from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
 CACHE_FORMAT = 3  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows, default + exceptions)
 _ARRAYS = TABLE_ARRAYS
@@ -131,7 +131,7 @@ def save(key: str, table: TokenTable) -> Path | None:
         header = {"format": CACHE_FORMAT, "arrays": {}, "relaxed": table.relaxed, "meta": table.meta,
                   "vocab_size": table.vocab_size, "logits_width": table.logits_width}
         header["count_fill"] = table.count_fill
-        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()):
+        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()) + (ITEM_ARRAYS if table.has_items else ()):
             arr = np.ascontiguousarray(getattr(table, name))
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
             header["arrays"][name] = {"dtype": arr.dtype.str, "shape": list(arr.shape),
@@ -171,7 +171,8 @@ def _read(path: Path, full_check: bool) -> TokenTable | None:
     if header.get("format") != CACHE_FORMAT:
         return None
     arrays = {}
-    for name in _ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ()):
+    for name in (_ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ())
+                 + (ITEM_ARRAYS if "item_hi" in header["arrays"] else ())):
         spec = header["arrays"][name]
         arr = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:

@@ -1,7 +1,7 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
 Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
-marks cut out (counted.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
+marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
 renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
 bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
@@ -33,8 +33,8 @@ from surecall.grammars.counted import (
     add_counts_inplace,
     char_rows,
     check_entries,
-    cut_marks,
 )
+from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -109,13 +109,13 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     result = to_regex(options)
     meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
     try:
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
         plain = dataclasses.replace(options, counted_lengths=False)
         result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), meta)
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
         table.meta["counted_fallback"] = str(exc)
         return table
 
@@ -143,7 +143,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
-    dfa, counted = cut_marks(dfa)  # counted-string marks (schema.to_regex) become counter regions
+    dfa, counted, item_regions = cut_all_marks(dfa)  # count marks (schema.to_regex) become counter regions
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
@@ -154,9 +154,10 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
         counts = (counted, *char_rows(dfa, counted, vi), entries)
+    items = None if item_regions is None else (item_regions, item_entries(rows, dfa, item_regions, vi))
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab, counts)
+    table = build_table(dfa, rows, vocab, counts, items)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -173,7 +174,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     Builds the compact layout (table.py) directly: a row's shared class part contributes its
@@ -209,6 +210,8 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable
         table.dist = _dist([e[e >= 0] for e in edges], accept)
     else:
         add_counts_inplace(table, counts, order, new_id)
+    if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
+        add_items_inplace(table, *items, order, new_id)
     return table
 
 
@@ -470,6 +473,12 @@ class _Clock:
 
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _with_reasons(meta: dict, result) -> dict:
+    """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
+    reasons = getattr(result, "reasons", {})
+    return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
 
 
 def _pairs(relaxed) -> list[tuple[str, str]]:

@@ -57,6 +57,12 @@ class Regions:
 
 def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     """The DFA without count marks, and its counted regions (none when the regex had no marks)."""
+    cut, regions, _ = cut_marks_renumbered(dfa)
+    return cut, regions
+
+
+def cut_marks_renumbered(dfa: ByteDFA) -> tuple[ByteDFA, Regions, np.ndarray]:
+    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned)."""
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
     for kind in (COUNT_ENTER, COUNT_EXIT):
@@ -79,7 +85,7 @@ def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
-    return cut, _regions(cut, live_heads)
+    return cut, _regions(cut, live_heads), new_id
 
 
 def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:

@@ -24,8 +24,18 @@ counter is c + v//2 if t stays in the body, else count_entry_val at key s * logi
 (0 when absent: the characters t starts in the body it opens). `dist` of a counted state
 excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c), need_s(c) =
 ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged need(0).
-One counter per row suffices: a counted body holds no other counted value (nested item
-counts are not counted yet).
+One counter per row suffices: a counted body holds no other counted value.
+
+Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
+inside a counted array has `item_hi[s] >= 0`; each batch row carries a second int32 counter
+k: the item separators crossed in that array. Entries, sorted by key s * logits_width + t, hold
+the tokens that cross a separator (item_inc), close the state's array (item_flag & 1) or open one
+(item_flag & 2); any other token crosses none. t is kept iff k + inc <= item_hi[s] and, when it
+closes, k + inc >= item_lo[s] (item_lo = max(minItems - 1, 0), item_hi = maxItems - 1). After t
+the counter is item_set when >= 0, else k + inc. `dist` excludes the unmet minimum: the fewest
+tokens are dist[s] + string need + item_cost[s] * max(0, item_lo[s] - k) (a token that opens an
+array is charged that of its item_set). One item counter per row: arrays inside a counted
+array's items are not counted.
 """
 
 from __future__ import annotations
@@ -57,6 +67,18 @@ class TokenTable:
     count_entry_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of opening tokens
     count_entry_val: np.ndarray | None = None  # int32 [E]; the counter such a token sets (non-zero only)
     count_fill: int = 1  # characters per token the counted dist assumes towards a minimum
+    item_lo: np.ndarray | None = None  # int32 [S]; max(minItems - 1, 0) of the state's counted array (0 elsewhere)
+    item_hi: np.ndarray | None = None  # int32 [S]; maxItems - 1 there, -1 outside counted arrays
+    item_cost: np.ndarray | None = None  # int32 [S]; tokens dist assumes per unmet separator (0 outside)
+    item_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of tokens with an item event
+    item_inc: np.ndarray | None = None  # int32 [E]; separators t crosses in s's array before it closes
+    item_flag: np.ndarray | None = None  # int8 [E]; 1: closes s's array, 2: opens an array
+    item_set: np.ndarray | None = None  # int32 [E]; the item counter after t, -1: counter + inc
+    item_next: np.ndarray | None = None  # int32 [E]; the state t leads to
+
+    @property
+    def has_items(self) -> bool:
+        return self.item_hi is not None
 
     @property
     def has_counts(self) -> bool:
@@ -113,6 +135,7 @@ class TokenTable:
     def nbytes(self) -> int:
         arrays = tuple(getattr(self, n) for n in TABLE_ARRAYS)
         counts = tuple(getattr(self, n) for n in COUNT_ARRAYS) if self.has_counts else ()
+        counts += tuple(getattr(self, n) for n in ITEM_ARRAYS) if self.has_items else ()
         return int(sum(a.nbytes for a in arrays + counts))
 
     def mask_words(self, state: int) -> np.ndarray:
@@ -243,6 +266,10 @@ class TokenTable:
         mask_row = remap[np.concatenate([t.mask_row.astype(np.int64) + o for t, o in zip(tables, row_offsets)])]
         stop_ids = np.unique(np.concatenate([t.stop_ids for t in tables])).astype(np.int32)
         counts = _concat_counts(tables, offsets) if any(t.has_counts for t in tables) else {}
+        if any(t.has_items for t in tables):
+            from surecall.grammars.items import concat_items
+
+            counts.update(concat_items(tables, offsets))
         return (
             TokenTable(
                 mask=mask,
@@ -259,7 +286,8 @@ class TokenTable:
                 logits_width=first.logits_width,
                 stop_ids=stop_ids,
                 relaxed=[r for t in tables for r in t.relaxed],
-                meta={"concat_of": len(tables)},
+                meta={"concat_of": len(tables), "relaxed_reasons": [
+                    why for t in tables for why in t.meta.get("relaxed_reasons", [""] * len(t.relaxed))]},
                 **counts,
             ),
             offsets,
@@ -299,6 +327,7 @@ def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")
+ITEM_ARRAYS = ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next")
 
 
 def _concat_counts(tables: list[TokenTable], offsets: np.ndarray) -> dict:

@@ -31,6 +31,7 @@ from surecall.core.kv_cache import (
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
+from surecall.kernels.items import ItemTable, advance_items, constrain_items
 
 
 @dataclass
@@ -44,6 +45,7 @@ class RequestState:
     table_key: str | None = None  # the request's grammar (None: free decoding)
     state: int = -1  # local state in its grammar (-1: free)
     counter: int = 0  # characters started in the current counted string (grammars/table.py)
+    item_counter: int = 0  # item separators crossed in the current counted array (grammars/table.py)
     generated: list[int] = field(default_factory=list)  # forced ids first
     logprobs: list[float] = field(default_factory=list)
     unmasked_logprobs: list[float] = field(default_factory=list)
@@ -80,6 +82,7 @@ class _Grammars:
         self.users: dict[str, int] = {}
         self._live_keys: tuple[str, ...] = ()
         self.device_table: DeviceTable | None = None
+        self.item_table = None  # kernels.items.ItemTable of the concatenation when it has counted arrays
         self.offsets: dict[str, int] = {}
         self._built: dict[tuple[str, ...], tuple] = {}  # keys -> (device table, offsets, source tables)
 
@@ -100,18 +103,19 @@ class _Grammars:
 
             self._live_keys = keys
             if not keys:
-                self.device_table, self.offsets = None, {}
+                self.device_table, self.offsets, self.item_table = None, {}, None
                 return self.device_table, self.offsets
             tables = [self.tables[k] for k in keys]
             built = self._built.pop(keys, None)
             if built is None or any(a is not b for a, b in zip(built[2], tables, strict=True)):
                 table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
                 built = (DeviceTable.from_table(table, self.device),
-                         {k: int(o) for k, o in zip(keys, offsets, strict=True)}, tuple(tables))
+                         {k: int(o) for k, o in zip(keys, offsets, strict=True)}, tuple(tables),
+                         ItemTable.from_table(table, self.device) if table.has_items else None)
             self._built[keys] = built  # most recently used last
             while len(self._built) > MAX_DEVICE_TABLES:
                 self._built.pop(next(iter(self._built)))
-            self.device_table, self.offsets = built[0], built[1]
+            self.device_table, self.offsets, self.item_table = built[0], built[1], built[3]
         return self.device_table, self.offsets
 
 
@@ -325,18 +329,22 @@ class EngineCore:
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
         counted = dtable is not None and dtable.has_counts
         counters = torch.tensor([st.counter for st in states], dtype=torch.int32, device=device) if counted else None
+        itable = self.grammars.item_table
+        items = torch.tensor([st.item_counter for st in states], dtype=torch.int32, device=device) if itable else None
         mark = self._clock()
-        out = sample(logits, dtable, grammar_state, params, remaining=remaining.clamp_min(1),
+        budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, remaining.clamp_min(1))
+        out = sample(logits, dtable, grammar_state, params, remaining=budget,
                      return_unmasked_logprobs=want_unmasked, check=self.check_kernel_inputs, counters=counters)
         tokens = out.tokens
         mark = self._lap("sample_s", mark)
         is_constrained = grammar_state >= 0
-        next_counters = None
+        next_counters = next_items = None
         if dtable is not None:
             moved = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1), tokens.clamp_min(0),
                             dtable, check=False, counters=counters)
             nxt, fin_grammar = moved[0], moved[1]
             next_counters = moved[2].tolist() if counted else None
+            next_items = advance_items(itable, grammar_state, tokens, items).tolist() if itable else None
             self._lap("advance_s", mark)
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)
@@ -371,6 +379,8 @@ class EngineCore:
                 st.state = nxt_h[i] - offsets[st.table_key]
                 if next_counters is not None:
                     st.counter = int(next_counters[i])
+                if next_items is not None:
+                    st.item_counter = int(next_items[i])
                 done_by_stop = bool(fin_h[i])
             else:
                 done_by_stop = token in st.stop_ids
