@@ -28,6 +28,7 @@ from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
+from surecall.kernels.sample_cpu import draw_dense, draw_sparse, row_sets
 from surecall.kernels.table import DeviceTable
 
 
@@ -282,7 +283,8 @@ def sample(
             logits, table, states, params, remaining, return_unmasked_logprobs, path, counters
         )
     if path == "torch":
-        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
+        fn = sample_cpu if logits.device.type == "cpu" else sample_torch
+        return fn(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
     return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size,
                    counters=counters)
 
@@ -421,6 +423,47 @@ def sample_torch(
         _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
     )
     return SampleOutput(tokens, _logprob_of(xm, tokens), unmasked)
+
+
+# A grammar row allowing at most width / SPARSE_FRACTION tokens is drawn on its allowed ids alone.
+SPARSE_FRACTION = 8
+
+
+def sample_cpu(
+    logits, table, states, params, remaining=None, return_unmasked_logprobs=False, counters=None,
+    sparse_max: int | None = None,  # allowed ids up to which a row takes the sparse draw (tests vary it)
+) -> SampleOutput:
+    """sample_torch's tokens on CPU tensors without its full-vocabulary temporaries (sample_cpu.py)."""
+    batch, width = logits.shape
+    inv_t = _inverse_temperature(params.temperature)
+    key_a, key_b = row_keys(params.seed, params.step)
+    tokens = torch.empty(batch, dtype=torch.int64)
+    logprobs = torch.empty(batch, dtype=torch.float32)
+    # 1. each row's allowed set: none (free), a few ids (sparse) or a cached mask (dense)
+    if table is None:
+        sets = [("free", None)] * batch
+    else:
+        sparse_max = width // SPARSE_FRACTION if sparse_max is None else sparse_max
+        sets = row_sets(logits, table, states, remaining, counters, sparse_max)
+    sparse = [b for b, (kind, _) in enumerate(sets) if kind == "sparse"]
+    dense = [b for b, (kind, _) in enumerate(sets) if kind != "sparse"]
+    # 2. sparse rows: noise, max and logsumexp over the allowed ids only
+    if sparse:
+        tok, lp = draw_sparse(logits, sparse, [sets[b][1] for b in sparse], inv_t, params.temperature, key_a, key_b)
+        tokens[sparse], logprobs[sparse] = tok, lp
+    # 3. dense rows: the masked, tempered logits (as _masked_scaled), noise near each row's top
+    if dense:
+        idx = torch.tensor(dense, dtype=torch.int64)
+        x = (logits if len(dense) == batch else logits[idx]).float() * inv_t[idx, None]
+        for i, b in enumerate(dense):
+            if sets[b][0] == "dense":
+                x[i].masked_fill_(sets[b][1], float("-inf"))
+        tok, lp = draw_dense(x, params.temperature[idx], key_a[idx], key_b[idx])
+        tokens[idx], logprobs[idx] = tok, lp
+    unmasked = (
+        _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
+    )
+    return SampleOutput(tokens, logprobs, unmasked)
 
 
 def _sample_sorted(

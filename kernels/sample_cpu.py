@@ -1,0 +1,222 @@
+"""The CPU sampler: `sample_torch`'s draws, token for token, without full-vocabulary work per grammar row.
+
+A grammar row's allowed set is a function of its state, its counter bounds and its budget. Per
+(state, counter bounds) it is computed once (through the mask/CSR accessors of mask.py and
+budget.py) and kept in a bounded LRU: the allowed ids sorted by the budget distance each is
+charged, so a binding budget keeps a prefix (a bisect, not a pass over the vocabulary). Rows that
+allow few tokens are drawn on those ids alone (noise, max and logsumexp over them only, batched
+as ragged segments); rows that allow many take the dense path with a cached bool mask. Tokens are
+identical to the reference (same keys, same exact noise pruning, lowest id on ties); logprobs
+agree up to float summation order. No top-k/top-p draw here (sample.py's sort path) and no GPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from surecall.kernels.budget import csr_find_torch
+from surecall.kernels.mask import allowed_columns
+from surecall.kernels.rng import PRUNE_MARGIN, gumbel_torch
+from surecall.kernels.table import DeviceTable
+
+NEG_INF = float("-inf")
+NO_TOKEN = 1 << 62  # larger than any token id (amin identity)
+MAX_HALF = 63  # largest character count an int8 count_chars entry (2 * chars + closes) holds
+CACHE_BYTES = 64 << 20  # per table: allowed-set entries beyond this are evicted, least recent first
+MAX_TABLES = 4  # tables whose caches are kept (the engine uses one concatenated table at a time)
+
+
+@dataclass
+class AllowedSet:
+    """One (state, counter bounds) key's allowed tokens, ordered by budget distance then id."""
+
+    ids: torch.Tensor  # int64 [n] allowed token ids, sorted by (dist, id)
+    dist: np.ndarray  # int64 [n] tokens to acceptance the budget charges each id (0: not in the CSR)
+    forbidden: dict = field(default_factory=dict)  # kept count -> bool [width] True where not kept
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.numel() * 8 + self.dist.nbytes + sum(f.numel() for f in self.forbidden.values()))
+
+    def kept(self, remaining: int | None, binding: bool) -> int:
+        """How many ids (a prefix) the budget keeps: dist <= remaining - 1 on binding rows."""
+        if remaining is None or not binding:
+            return int(self.ids.numel())
+        return int(np.searchsorted(self.dist, remaining - 1, side="right"))
+
+
+class TableCache:
+    """Allowed sets of one DeviceTable at one logits width, LRU-bounded by bytes."""
+
+    def __init__(self, table: DeviceTable, width: int, max_bytes: int = CACHE_BYTES):
+        self.table, self.width, self.max_bytes = table, width, max_bytes
+        self.entries: OrderedDict = OrderedDict()
+        self.nbytes = 0
+        # Host copies of the per-state scalars the per-row keys need (small: [S] each).
+        self.count_row = table.count_row.tolist()
+        self.count_lo = table.count_lo.tolist()
+        self.count_hi = table.count_hi.tolist()
+        self.max_next_dist = table.max_next_dist.tolist()
+
+    def key(self, state: int, counter: int | None) -> tuple:
+        """(state, p, q): p = hi - counter clamped to [-1, MAX_HALF], q = max(lo - counter, 0).
+
+        count_keep's rule depends on the counter only through these: a token of `half` characters
+        stays within the maximum iff half <= p, a closing one reaches the minimum iff half >= q, and
+        the need after a staying one is ceil(max(q - half, 0) / fill).
+        """
+        if counter is None or self.count_row[state] < 0:
+            return (state, None, None)
+        p = min(max(self.count_hi[state] - counter, -1), MAX_HALF)
+        return (state, p, max(self.count_lo[state] - counter, 0))
+
+    def binding(self, state: int, remaining: int | None) -> bool:
+        return remaining is not None and remaining - 1 < self.max_next_dist[state]
+
+    def get(self, key: tuple) -> AllowedSet:
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._build(*key)
+            self.entries[key] = entry
+            self.nbytes += entry.nbytes
+            self._evict()
+        else:
+            self.entries.move_to_end(key)
+        return entry
+
+    def forbidden(self, key: tuple, entry: AllowedSet, kept: int) -> torch.Tensor:
+        """bool [width]: True where the row's first `kept` ids do not reach (the dense path)."""
+        mask = entry.forbidden.get(kept)
+        if mask is None:
+            if len(entry.forbidden) >= 2:  # a binding budget moves `kept` each step: keep the newest
+                self.nbytes -= entry.forbidden.pop(next(iter(entry.forbidden))).numel()
+            mask = torch.ones(self.width, dtype=torch.bool)
+            mask[entry.ids[:kept]] = False
+            entry.forbidden[kept] = mask
+            self.nbytes += mask.numel()
+            self._evict()
+        return mask
+
+    def _evict(self) -> None:
+        while self.nbytes > self.max_bytes and len(self.entries) > 1:
+            _, old = self.entries.popitem(last=False)
+            self.nbytes -= old.nbytes
+
+    def _build(self, state: int, p: int | None, q: int | None) -> AllowedSet:
+        """The reference rule (allowed_columns, count_keep_torch, budget_drop_torch) for one key."""
+        t = self.table
+        st = torch.tensor([state], dtype=torch.int64)
+        ids = torch.nonzero(allowed_columns(t, st, self.width)[0]).flatten()
+        stay_need = torch.full_like(ids, -1)
+        if p is not None:  # inside a counted body (count_keep_torch with counter folded into p, q)
+            r = self.count_row[state]
+            in_cols = ids < t.count_cols
+            v = t.count_chars[r, ids.clamp(max=t.count_cols - 1)].long()
+            v = torch.where(in_cols, v, torch.full_like(v, -1))
+            half, closes = torch.div(v, 2, rounding_mode="floor"), (v >= 0) & (v % 2 == 1)
+            ok = (v >= 0) & (half <= p) & (~closes | (half >= q))
+            need = torch.div((q - half).clamp(min=0) + t.count_fill - 1, t.count_fill, rounding_mode="floor")
+            ids, stay_need = ids[ok], torch.where(~closes[ok], need[ok], torch.full_like(need[ok], -1))
+        found, slot = csr_find_torch(t, st.expand(ids.numel()), ids)
+        nxt = t.trans_next[slot.clamp(max=t.trans_next.numel() - 1)].long()
+        charged = torch.where(stay_need >= 0, t.dist[nxt].long() + stay_need, t.dist_entry[nxt].long())
+        dist = torch.where(found, charged, torch.zeros_like(charged))  # a stop id: kept iff remaining >= 1
+        dist, order = torch.sort(dist, stable=True)  # ids are ascending: ties stay in id order
+        return AllowedSet(ids[order].contiguous(), dist.numpy())
+
+
+_CACHES: OrderedDict = OrderedDict()  # id(table) -> (weakref to the table, width, TableCache)
+
+
+def table_cache(table: DeviceTable, width: int) -> TableCache:
+    """The TableCache of (table, width), made on first use; a few tables are kept, newest last."""
+    key = (id(table), width)
+    hit = _CACHES.get(key)
+    if hit is not None and hit[0]() is table:
+        _CACHES.move_to_end(key)
+        return hit[1]
+    cache = TableCache(table, width)
+    _CACHES[key] = (weakref.ref(table), cache)
+    while len(_CACHES) > MAX_TABLES:
+        _CACHES.popitem(last=False)
+    return cache
+
+
+def row_sets(logits, table, states, remaining, counters, sparse_max: int):
+    """Per row: ("free", None) | ("sparse", ids int64) | ("dense", forbidden bool [width])."""
+    cache = table_cache(table, logits.shape[1])
+    st = states.tolist()
+    rem = remaining.tolist() if remaining is not None else [None] * len(st)
+    cnt = counters.tolist() if counters is not None and table.has_counts else [None] * len(st)
+    out = []
+    for s, r, c in zip(st, rem, cnt, strict=True):
+        if s < 0:
+            out.append(("free", None))
+            continue
+        key = cache.key(s, c)
+        entry = cache.get(key)
+        kept = entry.kept(r, cache.binding(s, r))
+        if kept <= sparse_max:
+            out.append(("sparse", entry.ids[:kept]))
+        else:
+            out.append(("dense", cache.forbidden(key, entry, kept)))
+    return out
+
+
+def draw_sparse(logits, rows: list[int], ids: list[torch.Tensor], inv_t, temperature, key_a, key_b):
+    """(tokens int64 [R], logprobs float32 [R]) for `rows` drawn over their allowed `ids` only.
+
+    The ids of all rows are one flat ragged array (segment = row); max, Gumbel argmax and
+    logsumexp are segment reductions, so the cost is the number of allowed ids, not the vocabulary.
+    """
+    num = len(rows)
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    lens = torch.tensor([i.numel() for i in ids], dtype=torch.int64)
+    flat = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
+    seg = torch.repeat_interleave(torch.arange(num), lens)
+    at = rows_t[seg]
+    x = logits[at, flat].float() * inv_t[at]
+    top = torch.full((num,), NEG_INF).scatter_reduce_(0, seg, x, "amax")
+    # 1. keys: x + noise where a token can still win (rng.PRUNE_MARGIN), -inf elsewhere; x on greedy rows
+    is_random = (temperature[rows_t] != 0)[seg]
+    near = is_random & (x > NEG_INF) & (x >= top[seg] - PRUNE_MARGIN)
+    key = torch.where(is_random, torch.full_like(x, NEG_INF), x)
+    pick = torch.nonzero(near).flatten()
+    key[pick] = x[pick] + gumbel_torch(flat[pick], key_a[at[pick]], key_b[at[pick]])
+    # 2. argmax per row, lowest id on ties; -1 where nothing is allowed
+    best = torch.full((num,), NEG_INF).scatter_reduce_(0, seg, key, "amax")
+    cand = torch.where(key == best[seg], flat, torch.full_like(flat, NO_TOKEN))
+    tokens = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, seg, cand, "amin")
+    tokens = torch.where(best == NEG_INF, torch.full_like(tokens, -1), tokens)
+    # 3. logprob under the masked, tempered distribution: x_token - logsumexp over the allowed ids
+    safe = torch.where(top == NEG_INF, torch.zeros_like(top), top)
+    total = torch.zeros(num).index_add_(0, seg, torch.exp(x - safe[seg]))
+    x_tok = logits[rows_t, tokens.clamp(min=0)].float() * inv_t[rows_t]
+    logprobs = torch.where(tokens >= 0, x_tok - (safe + torch.log(total)), torch.full_like(x_tok, NEG_INF))
+    return tokens, logprobs
+
+
+def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
+    """(tokens int64 [R], logprobs float32 [R]) for the rows of `x` (float32 [R, width], -inf where
+    forbidden): noise only where a token can still win, gathered, then a segment argmax."""
+    top, greedy_tok = x.max(dim=1)
+    is_random = temperature != 0
+    # Rows with nothing allowed (top = -inf) or greedy get an unreachable threshold: no noise.
+    limit = torch.where(is_random & (top > NEG_INF), top - PRUNE_MARGIN, torch.full_like(top, float("inf")))
+    rows, cols = torch.nonzero(x >= limit[:, None], as_tuple=True)  # row-major: ids ascend per row
+    key = x[rows, cols] + gumbel_torch(cols, key_a[rows], key_b[rows])
+    num = x.shape[0]
+    best = torch.full((num,), NEG_INF).scatter_reduce_(0, rows, key, "amax")
+    cand = torch.where(key == best[rows], cols, torch.full_like(cols, NO_TOKEN))
+    noisy_tok = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
+    tokens = torch.where(is_random, noisy_tok, greedy_tok)
+    tokens = torch.where(top == NEG_INF, torch.full_like(tokens, -1), tokens)
+    lse = torch.logsumexp(x, dim=1)
+    x_tok = x.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
+    logprobs = torch.where(tokens >= 0, x_tok - lse, torch.full_like(x_tok, NEG_INF))
+    return tokens, logprobs
