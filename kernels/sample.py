@@ -457,7 +457,7 @@ def sample_cpu(
         x = (logits if len(dense) == batch else logits[idx]).float() * inv_t[idx, None]
         for i, b in enumerate(dense):
             if sets[b][0] == "dense":
-                x[i].masked_fill_(sets[b][1], float("-inf"))
+                x[i].index_fill_(0, sets[b][1], float("-inf"))
         tok, lp = draw_dense(x, params.temperature[idx], key_a[idx], key_b[idx])
         tokens[idx], logprobs[idx] = tok, lp
     unmasked = (

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,11 +37,11 @@ class AllowedSet:
 
     ids: torch.Tensor  # int64 [n] allowed token ids, sorted by (dist, id)
     dist: np.ndarray  # int64 [n] tokens to acceptance the budget charges each id (0: not in the CSR)
-    forbidden: dict = field(default_factory=dict)  # kept count -> bool [width] True where not kept
+    outside: torch.Tensor | None = None  # int64 ids of the columns not allowed (made on first dense use)
 
     @property
     def nbytes(self) -> int:
-        return int(self.ids.numel() * 8 + self.dist.nbytes + sum(f.numel() for f in self.forbidden.values()))
+        return int(8 * self.ids.numel() + self.dist.nbytes + (0 if self.outside is None else 8 * self.outside.numel()))
 
     def kept(self, remaining: int | None, binding: bool) -> int:
         """How many ids (a prefix) the budget keeps: dist <= remaining - 1 on binding rows."""
@@ -89,18 +89,18 @@ class TableCache:
             self.entries.move_to_end(key)
         return entry
 
-    def forbidden(self, key: tuple, entry: AllowedSet, kept: int) -> torch.Tensor:
-        """bool [width]: True where the row's first `kept` ids do not reach (the dense path)."""
-        mask = entry.forbidden.get(kept)
-        if mask is None:
-            if len(entry.forbidden) >= 2:  # a binding budget moves `kept` each step: keep the newest
-                self.nbytes -= entry.forbidden.pop(next(iter(entry.forbidden))).numel()
+    def forbidden(self, entry: AllowedSet, kept: int) -> torch.Tensor:
+        """int64 ids of the columns the row's first `kept` ids leave out (the dense path fills them):
+        those outside the allowed set (made once per entry) and the budget's cut-off tail."""
+        if entry.outside is None:
             mask = torch.ones(self.width, dtype=torch.bool)
-            mask[entry.ids[:kept]] = False
-            entry.forbidden[kept] = mask
-            self.nbytes += mask.numel()
+            mask[entry.ids] = False
+            entry.outside = torch.nonzero(mask).flatten()
+            self.nbytes += 8 * entry.outside.numel()
             self._evict()
-        return mask
+        if kept == entry.ids.numel():
+            return entry.outside
+        return torch.cat([entry.outside, entry.ids[kept:]])
 
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes and len(self.entries) > 1:
@@ -148,7 +148,7 @@ def table_cache(table: DeviceTable, width: int) -> TableCache:
 
 
 def row_sets(logits, table, states, remaining, counters, sparse_max: int):
-    """Per row: ("free", None) | ("sparse", ids int64) | ("dense", forbidden bool [width])."""
+    """Per row: ("free", None) | ("sparse", allowed ids int64) | ("dense", forbidden ids int64)."""
     cache = table_cache(table, logits.shape[1])
     st = states.tolist()
     rem = remaining.tolist() if remaining is not None else [None] * len(st)
@@ -164,7 +164,7 @@ def row_sets(logits, table, states, remaining, counters, sparse_max: int):
         if kept <= sparse_max:
             out.append(("sparse", entry.ids[:kept]))
         else:
-            out.append(("dense", cache.forbidden(key, entry, kept)))
+            out.append(("dense", cache.forbidden(entry, kept)))
     return out
 
 
@@ -204,7 +204,7 @@ def draw_sparse(logits, rows: list[int], ids: list[torch.Tensor], inv_t, tempera
 def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
     """(tokens int64 [R], logprobs float32 [R]) for the rows of `x` (float32 [R, width], -inf where
     forbidden): noise only where a token can still win, gathered, then a segment argmax."""
-    top, greedy_tok = x.max(dim=1)
+    top = x.amax(dim=1)
     is_random = temperature != 0
     # Rows with nothing allowed (top = -inf) or greedy get an unreachable threshold: no noise.
     limit = torch.where(is_random & (top > NEG_INF), top - PRUNE_MARGIN, torch.full_like(top, float("inf")))
@@ -213,10 +213,10 @@ def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
     num = x.shape[0]
     best = torch.full((num,), NEG_INF).scatter_reduce_(0, rows, key, "amax")
     cand = torch.where(key == best[rows], cols, torch.full_like(cols, NO_TOKEN))
-    noisy_tok = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
-    tokens = torch.where(is_random, noisy_tok, greedy_tok)
+    tokens = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
+    greedy = torch.nonzero(~is_random).flatten()
+    if greedy.numel():  # the reference's argmax (same op on the same row: same tie rule)
+        tokens[greedy] = x[greedy].max(dim=1).indices
     tokens = torch.where(top == NEG_INF, torch.full_like(tokens, -1), tokens)
-    lse = torch.logsumexp(x, dim=1)
-    x_tok = x.gather(1, tokens.clamp(min=0)[:, None])[:, 0]
-    logprobs = torch.where(tokens >= 0, x_tok - lse, torch.full_like(x_tok, NEG_INF))
-    return tokens, logprobs
+    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens.clamp(min=0)[:, None])[:, 0]
+    return tokens, torch.where(tokens >= 0, logprobs, torch.full_like(logprobs, NEG_INF))
