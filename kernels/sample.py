@@ -13,7 +13,9 @@ On a table with counted strings the per-row `counters` join the mask (kernels/ma
 Paths. Without top-k/top-p, two Triton kernels and no host sync: a split pass (each program
 reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax) and a combine pass. The
 slice size depends on the vocabulary width only, never on the batch, so results are batch
-invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors use torch.
+invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors take
+`sample_cpu` (sample_cpu.py): `sample_torch`'s tokens without its full-vocabulary temporaries;
+`sample_torch` stays the reference. The file passes 400 lines to keep kernel, launcher and refs together.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
-from surecall.kernels.sample_cpu import draw_dense, draw_sparse, row_sets
+from surecall.kernels.sample_cpu import draw_dense, draw_sparse, masked_scaled, row_sets
 from surecall.kernels.table import DeviceTable
 
 
@@ -471,7 +473,10 @@ def _sample_sorted(
 ) -> SampleOutput:
     """Top-k then top-p on the masked, tempered logits (sort path); greedy rows skip both."""
     inv_t = _inverse_temperature(params.temperature)
-    xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
+    if backend == "torch" and logits.device.type == "cpu" and table is not None:  # the same xm, cached sets
+        xm = masked_scaled(logits, table, states, remaining, counters, inv_t)
+    else:
+        xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
     greedy = params.temperature == 0
     top_k = torch.where(greedy, torch.zeros_like(params.top_k), params.top_k).long()
     top_p = torch.where(greedy, torch.ones_like(params.top_p), params.top_p)

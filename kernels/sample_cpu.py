@@ -220,3 +220,15 @@ def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
     tokens = torch.where(top == NEG_INF, torch.full_like(tokens, -1), tokens)
     logprobs = torch.log_softmax(x, dim=1).gather(1, tokens.clamp(min=0)[:, None])[:, 0]
     return tokens, torch.where(tokens >= 0, logprobs, torch.full_like(logprobs, NEG_INF))
+
+
+def masked_scaled(logits, table, states, remaining, counters, inv_t) -> torch.Tensor:
+    """float32 [B, width]: sample.py's _masked_scaled (mask(logits) / T, -inf where forbidden) from
+    the cached allowed sets; for the sort path (top-k/top-p), which needs the whole row."""
+    x = logits.float() * inv_t[:, None]
+    for b, (kind, ids) in enumerate(row_sets(logits, table, states, remaining, counters, logits.shape[1])):
+        if kind == "sparse":  # every grammar row: sparse_max is the width
+            kept = x[b, ids]
+            x[b].fill_(NEG_INF)
+            x[b, ids] = kept
+    return x

@@ -198,3 +198,21 @@ def test_sample_routes_cpu_tensors_to_the_fast_path(monkeypatch):
     params = _params(rng, 6)
     monkeypatch.setattr(sample_mod, "sample_cpu", lambda *a, **k: "fast")
     assert sample(logits, dt, states, params, backend="torch") == "fast"
+
+
+def test_sort_path_mask_equals_the_reference_bit_for_bit(counted):
+    vocab, table = counted
+    dt = DeviceTable.from_table(table)
+    rng = np.random.default_rng(4)
+    states = torch.from_numpy(rng.integers(-1, table.num_states, size=12).astype(np.int32))
+    counters = torch.from_numpy(rng.integers(0, 12, size=12).astype(np.int32))
+    remaining = torch.from_numpy(rng.integers(0, 6, size=12).astype(np.int32))
+    logits = torch.from_numpy((3 * rng.normal(size=(12, vocab.logits_width))).astype(np.float32))
+    inv_t = torch.from_numpy(rng.uniform(0.5, 2.0, size=12).astype(np.float32))
+    from surecall.kernels.sample import _masked_scaled
+
+    ref = _masked_scaled(logits, dt, states, remaining, inv_t, "torch", counters)
+    assert torch.equal(cpu.masked_scaled(logits, dt, states, remaining, counters, inv_t), ref)
+    params = SamplingTensors.build([1.0] * 12, [5] * 12, [0.9] * 12, list(range(12)), [3] * 12)
+    out = sample(logits, dt, states, params, remaining=remaining, counters=counters, check=False)
+    assert all(t == -1 or bool(torch.isfinite(ref[b, t])) for b, t in enumerate(out.tokens.tolist()))
