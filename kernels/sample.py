@@ -456,7 +456,11 @@ def sample_cpu(
     # 3. dense rows: the masked, tempered logits (as _masked_scaled), noise near each row's top
     if dense:
         idx = torch.tensor(dense, dtype=torch.int64)
-        x = (logits if len(dense) == batch else logits[idx]).float() * inv_t[idx, None]
+        x = (logits if len(dense) == batch else logits[idx]).float()
+        masked = any(sets[b][0] == "dense" for b in dense)
+        # x * 1 == x: skip the pass, unless the masking below would write into `logits` itself
+        if (masked and x is logits) or not bool((inv_t[idx] == 1).all()):
+            x = x * inv_t[idx, None]
         for i, b in enumerate(dense):
             if sets[b][0] == "dense":
                 x[i].index_fill_(0, sets[b][1], float("-inf"))

@@ -216,3 +216,19 @@ def test_sort_path_mask_equals_the_reference_bit_for_bit(counted):
     params = SamplingTensors.build([1.0] * 12, [5] * 12, [0.9] * 12, list(range(12)), [3] * 12)
     out = sample(logits, dt, states, params, remaining=remaining, counters=counters, check=False)
     assert all(t == -1 or bool(torch.isfinite(ref[b, t])) for b, t in enumerate(out.tokens.tolist()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temps", [(1.0,), (0.0, 1.0), (0.5, 1.0)])
+def test_logits_are_never_written(dtype, temps):
+    rng = np.random.default_rng(13)
+    table = random_table(rng, num_states=6, vocab_size=800)
+    dt = DeviceTable.from_table(table)
+    logits = torch.from_numpy((3 * rng.normal(size=(10, 800))).astype(np.float32)).to(dtype)
+    before = logits.clone()
+    params = _params(rng, 10, temps=temps)
+    for tab, states in ((None, None), (dt, torch.from_numpy(random_states(rng, 10, 6)))):
+        for sparse_max in SPARSE_MAX:
+            out = sample_cpu(logits, tab, states, params, sparse_max=sparse_max)
+            assert torch.equal(logits, before)
+            _same(out, sample_torch(logits, tab, states, params))
