@@ -45,9 +45,16 @@ def fmix32_torch(h: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two uint32 keys (as int64 [B]) per row from int64 seed and step; device-side, no sync."""
+    """Two uint32 keys (as int64 [B]) per row from int64 seed and step; device-side, no sync.
+
+    CPU tensors take the numpy uint32 path (same bits; ~20 tensor ops on a few rows cost more
+    than the rest of a small sampling step).
+    """
     seed = seed.to(torch.int64)
     step = step.to(torch.int64)
+    if seed.device.type == "cpu" and step.device.type == "cpu":
+        key_a, key_b = row_keys_numpy(seed.numpy(), step.numpy())
+        return torch.from_numpy(key_a.astype(np.int64)), torch.from_numpy(key_b.astype(np.int64))
     key_a = fmix32_torch((seed & MASK32) ^ fmix32_torch(((seed >> 32) & MASK32) ^ SEED_SALT))
     key_b = fmix32_torch(
         key_a ^ (step & MASK32) ^ fmix32_torch(((step >> 32) & MASK32) ^ STEP_SALT)
@@ -81,6 +88,17 @@ def _fmix32_numpy(h: np.ndarray) -> np.ndarray:
     h *= np.uint32(C2)
     h ^= h >> np.uint32(16)
     return h
+
+
+def row_keys_numpy(seed: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """row_keys's bits with numpy uint32: the low and high halves of the int64 seed and step."""
+    seed, step = np.asarray(seed, dtype=np.int64).view(np.uint64), np.asarray(step, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        high = _fmix32_numpy((seed >> np.uint64(32)).astype(np.uint32) ^ np.uint32(SEED_SALT))
+        key_a = _fmix32_numpy(seed.astype(np.uint32) ^ high)  # astype keeps the low 32 bits
+        high = _fmix32_numpy((step >> np.uint64(32)).astype(np.uint32) ^ np.uint32(STEP_SALT))
+        key_b = _fmix32_numpy(key_a ^ step.astype(np.uint32) ^ high)
+    return key_a, key_b
 
 
 def gumbel_numpy(tokens: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:

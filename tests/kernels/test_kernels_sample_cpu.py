@@ -232,3 +232,17 @@ def test_logits_are_never_written(dtype, temps):
             out = sample_cpu(logits, tab, states, params, sparse_max=sparse_max)
             assert torch.equal(logits, before)
             _same(out, sample_torch(logits, tab, states, params))
+
+
+def test_row_keys_numpy_path_equals_the_int64_arithmetic():
+    from surecall.kernels import rng as rng_mod
+
+    gen = np.random.default_rng(0)
+    seed = torch.from_numpy(gen.integers(-(2**63), 2**63 - 1, size=2000, dtype=np.int64))
+    step = torch.from_numpy(gen.integers(0, 2**40, size=2000))
+    seed[:3], step[:3] = torch.tensor([0, -1, 2**63 - 1]), torch.tensor([0, -1, 2**33 + 5])
+    key_a, key_b = rng_mod.row_keys(seed, step)  # CPU: numpy uint32
+    f, m = rng_mod.fmix32_torch, rng_mod.MASK32
+    ref_a = f((seed & m) ^ f(((seed >> 32) & m) ^ rng_mod.SEED_SALT))
+    ref_b = f(ref_a ^ (step & m) ^ f(((step >> 32) & m) ^ rng_mod.STEP_SALT))
+    assert torch.equal(key_a, ref_a) and torch.equal(key_b, ref_b) and key_a.dtype == torch.int64
