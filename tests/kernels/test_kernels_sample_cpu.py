@@ -246,3 +246,14 @@ def test_row_keys_numpy_path_equals_the_int64_arithmetic():
     ref_a = f((seed & m) ^ f(((seed >> 32) & m) ^ rng_mod.SEED_SALT))
     ref_b = f(ref_a ^ (step & m) ^ f(((step >> 32) & m) ^ rng_mod.STEP_SALT))
     assert torch.equal(key_a, ref_a) and torch.equal(key_b, ref_b) and key_a.dtype == torch.int64
+
+
+def test_gumbel_numpy_equals_the_int64_form():
+    from surecall.kernels.rng import gumbel_int64, gumbel_numpy, row_keys
+
+    gen = np.random.default_rng(1)
+    key_a, key_b = row_keys(torch.from_numpy(gen.integers(-(2**62), 2**62, size=6)), torch.arange(6))
+    tokens = torch.from_numpy(gen.integers(0, 2**31 - 1, size=(6, 3000)))
+    tokens[0, :3] = torch.tensor([0, 1, 2**31 - 1])
+    fast = torch.from_numpy(gumbel_numpy(tokens.numpy(), key_a[:, None].numpy(), key_b[:, None].numpy()))
+    assert torch.equal(fast, gumbel_int64(tokens, key_a[:, None], key_b[:, None]))
