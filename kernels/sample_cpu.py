@@ -5,7 +5,8 @@ A grammar row's allowed set is a function of its state, its counter bounds and i
 budget.py) and kept in a bounded LRU: the allowed ids sorted by the budget distance each is
 charged, so a binding budget keeps a prefix (a bisect, not a pass over the vocabulary). Rows that
 allow few tokens are drawn on those ids alone (noise, max and logsumexp over them only, batched
-as ragged segments); rows that allow many take the dense path with a cached bool mask. Tokens are
+as ragged segments); rows that allow many take the dense path (the cached ids of the columns
+they forbid are filled with -inf, noise only near each row's top). Tokens are
 identical to the reference (same keys, same exact noise pruning, lowest id on ties); logprobs
 agree up to float summation order. No top-k/top-p draw here (sample.py's sort path) and no GPU.
 """
@@ -51,10 +52,11 @@ class AllowedSet:
 
 
 class TableCache:
-    """Allowed sets of one DeviceTable at one logits width, LRU-bounded by bytes."""
+    """Allowed sets of one DeviceTable at one logits width, LRU-bounded by bytes (it keeps no
+    reference to the table: the module's cache list must not keep dropped tables alive)."""
 
     def __init__(self, table: DeviceTable, width: int, max_bytes: int = CACHE_BYTES):
-        self.table, self.width, self.max_bytes = table, width, max_bytes
+        self.width, self.max_bytes = width, max_bytes
         self.entries: OrderedDict = OrderedDict()
         self.nbytes = 0
         # Host copies of the per-state scalars the per-row keys need (small: [S] each).
@@ -78,10 +80,10 @@ class TableCache:
     def binding(self, state: int, remaining: int | None) -> bool:
         return remaining is not None and remaining - 1 < self.max_next_dist[state]
 
-    def get(self, key: tuple) -> AllowedSet:
+    def get(self, table: DeviceTable, key: tuple) -> AllowedSet:
         entry = self.entries.get(key)
         if entry is None:
-            entry = self._build(*key)
+            entry = self._build(table, *key)
             self.entries[key] = entry
             self.nbytes += entry.nbytes
             self._evict()
@@ -107,9 +109,8 @@ class TableCache:
             _, old = self.entries.popitem(last=False)
             self.nbytes -= old.nbytes
 
-    def _build(self, state: int, p: int | None, q: int | None) -> AllowedSet:
+    def _build(self, t: DeviceTable, state: int, p: int | None, q: int | None) -> AllowedSet:
         """The reference rule (allowed_columns, count_keep_torch, budget_drop_torch) for one key."""
-        t = self.table
         st = torch.tensor([state], dtype=torch.int64)
         ids = torch.nonzero(allowed_columns(t, st, self.width)[0]).flatten()
         stay_need = torch.full_like(ids, -1)
@@ -141,7 +142,7 @@ def table_cache(table: DeviceTable, width: int) -> TableCache:
         _CACHES.move_to_end(key)
         return hit[1]
     cache = TableCache(table, width)
-    _CACHES[key] = (weakref.ref(table), cache)
+    _CACHES[key] = (weakref.ref(table, lambda _ref, key=key: _CACHES.pop(key, None)), cache)  # dropped with it
     while len(_CACHES) > MAX_TABLES:
         _CACHES.popitem(last=False)
     return cache
@@ -159,7 +160,7 @@ def row_sets(logits, table, states, remaining, counters, sparse_max: int):
             out.append(("free", None))
             continue
         key = cache.key(s, c)
-        entry = cache.get(key)
+        entry = cache.get(table, key)
         kept = entry.kept(r, cache.binding(s, r))
         if kept <= sparse_max:
             out.append(("sparse", entry.ids[:kept]))

@@ -257,3 +257,17 @@ def test_gumbel_numpy_equals_the_int64_form():
     tokens[0, :3] = torch.tensor([0, 1, 2**31 - 1])
     fast = torch.from_numpy(gumbel_numpy(tokens.numpy(), key_a[:, None].numpy(), key_b[:, None].numpy()))
     assert torch.equal(fast, gumbel_int64(tokens, key_a[:, None], key_b[:, None]))
+
+
+def test_a_dropped_table_takes_its_cache_with_it():
+    import gc
+
+    rng = np.random.default_rng(6)
+    dt = DeviceTable.from_table(random_table(rng, num_states=4, vocab_size=100))
+    params = _params(rng, 3)
+    sample_cpu(torch.randn(3, 100), dt, torch.zeros(3, dtype=torch.int32), params)
+    key = (id(dt), 100)
+    assert key in cpu._CACHES
+    del dt
+    gc.collect()
+    assert key not in cpu._CACHES
