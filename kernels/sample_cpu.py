@@ -1,8 +1,8 @@
 """The CPU sampler: `sample_torch`'s draws, token for token, without full-vocabulary work per grammar row.
 
 A grammar row's allowed set is a function of its state, its counter bounds and its budget. Per
-(state, counter bounds) it is computed once (through the mask/CSR accessors of mask.py and
-budget.py) and kept in a bounded LRU: the allowed ids sorted by the budget distance each is
+(state, counter bounds) it is computed once (the mask bits through mask.py's accessor, the
+state's CSR slice searched once) and kept in a bounded LRU: the allowed ids sorted by the budget distance each is
 charged, so a binding budget keeps a prefix (a bisect, not a pass over the vocabulary). Rows that
 allow few tokens are drawn on those ids alone (noise, max and logsumexp over them only, batched
 as ragged segments); rows that allow many take the dense path (the cached ids of the columns
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from surecall.kernels.budget import csr_find_torch
 from surecall.kernels.mask import allowed_columns
 from surecall.kernels.rng import PRUNE_MARGIN, gumbel_torch
 from surecall.kernels.table import DeviceTable
@@ -29,6 +28,7 @@ NEG_INF = float("-inf")
 NO_TOKEN = 1 << 62  # larger than any token id (amin identity)
 MAX_HALF = 63  # largest character count an int8 count_chars entry (2 * chars + closes) holds
 CACHE_BYTES = 64 << 20  # per table: allowed-set entries beyond this are evicted, least recent first
+MAX_STATE_ROWS = 16  # states whose allowed ids and CSR targets are kept for their counter keys
 MAX_TABLES = 4  # tables whose caches are kept (the engine uses one concatenated table at a time)
 
 
@@ -58,6 +58,7 @@ class TableCache:
     def __init__(self, table: DeviceTable, width: int, max_bytes: int = CACHE_BYTES):
         self.width, self.max_bytes = width, max_bytes
         self.entries: OrderedDict = OrderedDict()
+        self.rows: OrderedDict = OrderedDict()  # state -> _state_row's tensors
         self.nbytes = 0
         # Host copies of the per-state scalars the per-row keys need (small: [S] each).
         self.count_row = table.count_row.tolist()
@@ -111,8 +112,7 @@ class TableCache:
 
     def _build(self, t: DeviceTable, state: int, p: int | None, q: int | None) -> AllowedSet:
         """The reference rule (allowed_columns, count_keep_torch, budget_drop_torch) for one key."""
-        st = torch.tensor([state], dtype=torch.int64)
-        ids = torch.nonzero(allowed_columns(t, st, self.width)[0]).flatten()
+        ids, found, nxt = self._state_row(t, state)
         stay_need = torch.full_like(ids, -1)
         if p is not None:  # inside a counted body (count_keep_torch with counter folded into p, q)
             r = self.count_row[state]
@@ -122,13 +122,32 @@ class TableCache:
             half, closes = torch.div(v, 2, rounding_mode="floor"), (v >= 0) & (v % 2 == 1)
             ok = (v >= 0) & (half <= p) & (~closes | (half >= q))
             need = torch.div((q - half).clamp(min=0) + t.count_fill - 1, t.count_fill, rounding_mode="floor")
-            ids, stay_need = ids[ok], torch.where(~closes[ok], need[ok], torch.full_like(need[ok], -1))
-        found, slot = csr_find_torch(t, st.expand(ids.numel()), ids)
-        nxt = t.trans_next[slot.clamp(max=t.trans_next.numel() - 1)].long()
+            ids, found, nxt = ids[ok], found[ok], nxt[ok]
+            stay_need = torch.where(~closes[ok], need[ok], torch.full_like(need[ok], -1))
         charged = torch.where(stay_need >= 0, t.dist[nxt].long() + stay_need, t.dist_entry[nxt].long())
         dist = torch.where(found, charged, torch.zeros_like(charged))  # a stop id: kept iff remaining >= 1
         dist, order = torch.sort(dist, stable=True)  # ids are ascending: ties stay in id order
         return AllowedSet(ids[order].contiguous(), dist.numpy())
+
+    def _state_row(self, t: DeviceTable, state: int):
+        """(allowed ids int64, in the CSR bool, next state int64 (0 where not)) of one state, shared
+        by its counter keys; a few states are kept."""
+        hit = self.rows.get(state)
+        if hit is not None:
+            self.rows.move_to_end(state)
+            return hit
+        ids = torch.nonzero(allowed_columns(t, torch.tensor([state]), self.width)[0]).flatten()
+        # The state's CSR slice is sorted: one searchsorted, where csr_find_torch loops ~20 steps over
+        # every id (same answer; it reads the same trans_ptr / trans_tok / trans_next fields).
+        lo, end = int(t.trans_ptr[state]), int(t.trans_ptr[state + 1])
+        row = t.trans_tok[lo:end].long()
+        pos = torch.searchsorted(row, ids).clamp(max=max(end - lo - 1, 0))
+        found = (row[pos] == ids) if end > lo else torch.zeros(ids.shape, dtype=torch.bool)
+        nxt = torch.where(found, t.trans_next[lo + pos].long(), torch.zeros_like(ids)) if end > lo else torch.zeros_like(ids)
+        self.rows[state] = (ids, found, nxt)
+        while len(self.rows) > MAX_STATE_ROWS:
+            self.rows.popitem(last=False)
+        return ids, found, nxt
 
 
 _CACHES: OrderedDict = OrderedDict()  # id(table) -> (weakref to the table, width, TableCache)
