@@ -229,17 +229,27 @@ def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
     # Rows with nothing allowed (top = -inf) or greedy get an unreachable threshold: no noise.
     limit = torch.where(is_random & (top > NEG_INF), top - PRUNE_MARGIN, torch.full_like(top, float("inf")))
     rows, cols = torch.nonzero(x >= limit[:, None], as_tuple=True)  # row-major: ids ascend per row
-    key = x[rows, cols] + gumbel_torch(cols, key_a[rows], key_b[rows])
-    num = x.shape[0]
-    best = torch.full((num,), NEG_INF).scatter_reduce_(0, rows, key, "amax")
-    cand = torch.where(key == best[rows], cols, torch.full_like(cols, NO_TOKEN))
-    tokens = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
+    if rows.numel() * 4 > x.numel():  # flat rows: noise for every column beats gathering most of them
+        every = torch.arange(x.shape[1])[None, :]
+        key = torch.where(is_random[:, None], x + gumbel_torch(every, key_a[:, None], key_b[:, None]), x)
+        tokens = key.max(dim=1).indices  # the reference's dense form: the same op on the same keys
+    else:
+        tokens = _segment_argmax(x, rows, cols, key_a, key_b)
     greedy = torch.nonzero(~is_random).flatten()
     if greedy.numel():  # the reference's argmax (same op on the same row: same tie rule)
         tokens[greedy] = x[greedy].max(dim=1).indices
     tokens = torch.where(top == NEG_INF, torch.full_like(tokens, -1), tokens)
     logprobs = torch.log_softmax(x, dim=1).gather(1, tokens.clamp(min=0)[:, None])[:, 0]
     return tokens, torch.where(tokens >= 0, logprobs, torch.full_like(logprobs, NEG_INF))
+
+
+def _segment_argmax(x, rows, cols, key_a, key_b) -> torch.Tensor:
+    """int64 [R]: per row, the lowest column of the best x + noise among the (rows, cols) gathered."""
+    key = x[rows, cols] + gumbel_torch(cols, key_a[rows], key_b[rows])
+    num = x.shape[0]
+    best = torch.full((num,), NEG_INF).scatter_reduce_(0, rows, key, "amax")
+    cand = torch.where(key == best[rows], cols, torch.full_like(cols, NO_TOKEN))
+    return torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
 
 
 def masked_scaled(logits, table, states, remaining, counters, inv_t) -> torch.Tensor:

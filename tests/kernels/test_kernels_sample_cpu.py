@@ -271,3 +271,19 @@ def test_a_dropped_table_takes_its_cache_with_it():
     del dt
     gc.collect()
     assert key not in cpu._CACHES
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])  # flat rows: noise everywhere; peaked: noise near the top
+def test_dense_draw_both_noise_forms_equal_the_reference(scale, monkeypatch):
+    rng = np.random.default_rng(21)
+    table = random_table(rng, num_states=6, vocab_size=6000)
+    dt = DeviceTable.from_table(table)
+    logits = torch.from_numpy((scale * rng.normal(size=(8, 6000))).astype(np.float32))
+    params = _params(rng, 8, temps=(0.0, 1.0))
+    gathered = []
+    real = cpu._segment_argmax
+    monkeypatch.setattr(cpu, "_segment_argmax", lambda *a: gathered.append(1) or real(*a))
+    _same(sample_cpu(logits, None, None, params), sample_torch(logits, None, None, params))
+    assert bool(gathered) == (scale == 10.0)  # free rows: all of a flat row is near its top
+    states = torch.from_numpy(random_states(rng, 8, 6))
+    _same(sample_cpu(logits, dt, states, params, sparse_max=0), sample_torch(logits, dt, states, params))
