@@ -284,10 +284,12 @@ def machine(device: torch.device) -> dict:
 
 
 CPU_NOTE = (
-    "CPU smoke test: the torch reference path, one thread, on a shared 2-core machine under other "
-    "jobs' load, so timings are noisy. xgrammar runs its C++ CPU kernel. t_mask is negative here "
-    "because the CPU sampler draws Gumbel noise only for tokens that can still win, and the mask "
-    "removes most of them. GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu/gpu_check.sh."
+    "CPU smoke test, one thread, on a shared 2-core machine under other jobs' load, so timings are "
+    "noisy: the mask is the torch reference, `sample` the CPU sampler (kernels/sample_cpu.py: cached "
+    "allowed sets, rows with few allowed tokens drawn on those alone). xgrammar runs its C++ CPU kernel. "
+    "t_mask is negative here because the sampler draws Gumbel noise only for allowed tokens that can "
+    "still win, and the mask removes most of them (these random logits are flat: a free row needs noise "
+    "for every token). GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu/gpu_check.sh."
 )
 
 

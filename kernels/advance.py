@@ -14,6 +14,7 @@ next counter: counter + characters for a token that stays in a counted body, the
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from surecall.errors import KernelInputError
@@ -126,7 +127,8 @@ def advance(
     if check:
         _check_inputs(states, tokens, table, counters)
     if resolve_backend(backend, states.device) == "torch":
-        return advance_torch(states, tokens, table, counters)
+        few = states.device.type == "cpu" and states.numel() <= HOST_MAX_ROWS
+        return (_advance_host if few else advance_torch)(states, tokens, table, counters)
     batch = states.shape[0]
     nxt = torch.empty_like(states)
     finished = torch.empty(batch, dtype=torch.int8, device=states.device)
@@ -168,6 +170,54 @@ def advance_torch(
     if counters is None:
         return nxt, finished
     return nxt, finished, _next_counters_torch(table, st, safe, found, counters)
+
+
+HOST_MAX_ROWS = 64  # up to this many CPU rows, a Python step per row beats ~60 tensor ops
+
+
+def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable, counters=None):
+    """advance_torch for a few CPU rows, row by row on the host (perf: same results, no op overheads)."""
+    ptr, etok, enext = table.exc_ptr.numpy(), table.exc_tok.numpy(), table.exc_next.numpy()
+    mask, mask_row, default = table.mask.numpy(), table.mask_row.numpy(), table.trans_default.numpy()
+    accept, is_stop = table.accept.numpy(), table.is_stop.numpy()
+    num_bits = 32 * table.num_words
+    cnt = counters.tolist() if counters is not None else None
+    nxt, fin, moved = [], [], []
+    for i, (s, t) in enumerate(zip(states.tolist(), tokens.tolist(), strict=True)):
+        tok_ok = 0 <= t < num_bits
+        found = False
+        if s < 0:
+            nxt.append(s)
+            fin.append(t < 0 or (tok_ok and bool(is_stop[t])))
+        else:
+            lo, end = int(ptr[s]), int(ptr[s + 1])
+            j = lo + int(np.searchsorted(etok[lo:end], t)) if tok_ok else lo
+            in_exc = tok_ok and j < end and int(etok[j]) == t
+            bit = tok_ok and (int(mask[mask_row[s], t // 32]) >> (t % 32)) & 1 == 1
+            stop = tok_ok and bool(is_stop[t])
+            plain = bit and not stop and int(default[s]) >= 0
+            found = in_exc or plain
+            stops_here = bit and bool(accept[s]) and stop
+            nxt.append(int(enext[j]) if in_exc else int(default[s]) if plain else (s if stops_here else DEAD_STATE))
+            fin.append(not found)
+        if cnt is not None:
+            moved.append(_next_counter_host(table, s, t, cnt[i]) if found else cnt[i])
+    out = (torch.tensor(nxt, dtype=torch.int32), torch.tensor(fin, dtype=torch.bool))
+    return out if cnt is None else (*out, torch.tensor(moved, dtype=torch.int32))
+
+
+def _next_counter_host(table: DeviceTable, state: int, token: int, counter: int) -> int:
+    """_next_counters_torch for one row whose token is a transition of its state."""
+    r = int(table.count_row.numpy()[state])
+    v = int(table.count_chars.numpy()[r, token]) if r >= 0 and token < table.count_cols else -1
+    if v >= 0 and v % 2 == 0:
+        return counter + v // 2
+    if table.num_entries == 0:
+        return 0
+    keys = table.count_entry_key.numpy()[: table.num_entries]
+    key = state * table.logits_width + token
+    at = int(np.searchsorted(keys, key))
+    return int(table.count_entry_val.numpy()[at]) if at < keys.shape[0] and int(keys[at]) == key else 0
 
 
 def _next_counters_torch(table, st, tok, found, counters) -> torch.Tensor:

@@ -14,6 +14,7 @@ then charges dist[next] + stay_need to those and dist_entry[next] to the rest.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from surecall.kernels._triton import tl, triton
@@ -94,6 +95,8 @@ def exc_find_torch(
     table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(found bool, slot int64): each token among its state's exceptions (1-D, states >= 0)."""
+    if states.device.type == "cpu" and states.numel() <= HOST_SEARCH_MAX_ROWS:
+        return _exc_find_host(table, states, tokens)
     # Index the int32 arrays first and widen only what was read: widening whole arrays every
     # step cost milliseconds on CPU.
     ptr = table.exc_ptr
@@ -111,6 +114,22 @@ def exc_find_torch(
     in_row = lo < end
     found = in_row & (tok[lo.clamp(max=last)].long() == tokens)
     return found, lo
+
+
+HOST_SEARCH_MAX_ROWS = 64  # up to this many CPU lookups, one numpy searchsorted each beats the loop
+
+
+def _exc_find_host(table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor):
+    """exc_find_torch for a few CPU rows: numpy's searchsorted on each row's slice (perf, same result)."""
+    ptr, tok = table.exc_ptr.numpy(), table.exc_tok.numpy()
+    num = states.numel()
+    slot = np.zeros(num, dtype=np.int64)
+    found = np.zeros(num, dtype=bool)
+    for i, (s, t) in enumerate(zip(states.tolist(), tokens.tolist(), strict=True)):
+        lo, end = int(ptr[s]), int(ptr[s + 1])
+        j = lo + int(np.searchsorted(tok[lo:end], t)) if -(2**31) <= t < 2**31 else (lo if t < 0 else end)
+        slot[i], found[i] = j, j < end and int(tok[j]) == t
+    return torch.from_numpy(found), torch.from_numpy(slot)
 
 
 def next_state_torch(
