@@ -23,8 +23,10 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import signal
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -210,11 +212,16 @@ def _schema_of(row: dict):
     return None
 
 
-def confirmed_tests(schema, tests: list) -> tuple[list, int]:
-    """(data, is_valid) for the instances whose label jsonschema confirms; and how many disagreed."""
+def confirmed_tests(schema, tests: list, render_budget_s: float = 3.0) -> tuple[list, int]:
+    """(data, is_valid, spellings) for the instances whose label jsonschema confirms, and how
+    many disagreed. Our grammar-order spelling gets `render_budget_s` per schema (the renderer
+    can take minutes on the largest schemas); past it, instances keep the two plain spellings."""
+    from compile_engines import styles
+
     from surecall.grammars.walk import schema_violations
 
     out, disagreed = [], 0
+    deadline = time.perf_counter() + render_budget_s
     for case in tests:
         try:
             bad, soft = schema_violations(schema, case["data"], [])
@@ -224,8 +231,27 @@ def confirmed_tests(schema, tests: list) -> tuple[list, int]:
         if is_valid != bool(case.get("valid")):
             disagreed += 1
             continue
-        out.append((case["data"], is_valid))
+        out.append((case["data"], is_valid, _spellings(case["data"], schema, deadline, styles)))
     return out, disagreed
+
+
+def _spellings(data, schema, deadline: float, styles) -> list[str]:
+    left = deadline - time.perf_counter()
+    if left <= 0 or threading.current_thread() is not threading.main_thread():
+        return styles(data, schema, with_grammar_order=False)
+
+    def expire(signum, frame):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    try:
+        return styles(data, schema)
+    except TimeoutError:
+        return styles(data, schema, with_grammar_order=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # --- the seed catalog ------------------------------------------------------------------------
@@ -284,11 +310,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {','.join(ENGINES)}")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 2 schemas per subset, 5 s timeout, 2 walks, 1 repeat, out to /tmp")
-    parser.add_argument("--timeout-s", type=float, default=12.0, help="per-schema compile limit per engine")
+    parser.add_argument("--timeout-s", type=float, default=10.0, help="per-schema compile limit per engine")
     parser.add_argument("--check-timeout-s", type=float, default=30.0, help="per-schema limit on the checks")
     parser.add_argument("--rss-gib", type=float, default=4.0, help="address-space cap of each worker")
     parser.add_argument("--walks", type=int, default=4, help="random walks per compiled schema (ours)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats for the seed catalog timings")
+    parser.add_argument("--max-minutes", type=float, default=24.0,
+                        help="stop starting schemas after this long (round-robin order keeps the subsets even)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default="", help="the shared data folder (default: surecall's shared_data_dir)")
     parser.add_argument("--out", default="", help="output base (default benchmarks/results/compile)")
@@ -314,10 +342,11 @@ def main(argv=None) -> int:
     cache_dir = tempfile.mkdtemp(prefix="surecall-bench-cache-")
     subsets = load_subsets(args.data, args.per_subset, args.seed, {s for s in args.subsets.split(",") if s})
     engines = [e for e in args.engines.split(",") if e]
-    rows, started = sweep(args, subsets, engines, cache_dir)
+    rows, started, num_cut = sweep(args, subsets, engines, cache_dir)
     sweep_s = time.perf_counter() - started
     catalog = seed_catalog_figures(cache_dir, args.repeats) if "ours" in engines else {}
     report = build_report(args, rows, list(subsets), engines, catalog, sweep_s)
+    report["schemas_left_out_for_time"] = num_cut
     write(Path(args.out), report)
     print("\n".join(readme_table(report)))
     print(json.dumps({"bench": "compile", "sweep_s": round(sweep_s), "overall": report["overall"],
@@ -325,36 +354,54 @@ def main(argv=None) -> int:
     return 0
 
 
-def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list[dict], float]:
+def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list[dict], float, int]:
     """One row per (subset, schema, engine), in subset, schema and engine order; progress to stderr."""
-    jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests))
-            for name, items in subsets.items() for schema_id, schema, tests in items]
     lanes = [([e for e in names if e in engines], start, stride) for names, start, stride in LANES]
     rest = [e for e in engines if all(e not in names for names, _, _ in LANES)]
     lanes = [lane for lane in [*lanes, (rest, 0, 1)] if lane[0]]
     workers = [{e: Worker(e, args, cache_dir) for e in names} for names, _, _ in lanes]
     for lane_workers in workers:
         for w in lane_workers.values():
-            w.prestart()  # all load at once
+            w.prestart()  # all load at once, while the instances are checked and spelled here
+    jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests)) for name, schema_id, schema, tests in
+            round_robin(subsets)]
+    print(f"{len(jobs)} schemas, their instances confirmed and spelled", file=sys.stderr, flush=True)
     started = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-            futures = [pool.submit(_run_lane, lane_workers, jobs[start::stride], started)
+            deadline = started + args.max_minutes * 60
+            futures = [pool.submit(_run_lane, lane_workers, jobs[start::stride], started, deadline)
                        for lane_workers, (_, start, stride) in zip(workers, lanes)]
             results = {key: r for f in futures for key, r in f.result().items()}
     finally:
         for lane_workers in workers:
             for w in lane_workers.values():
                 w.close()
+    done = [job for job in jobs if all((job[1], e) in results for e in engines)]  # every engine ran it
+    if len(done) < len(jobs):
+        print(f"stopped at --max-minutes {args.max_minutes:g}: {len(jobs) - len(done)} of {len(jobs)} schemas "
+              "not run by every engine are left out", file=sys.stderr)
     rows = [{"subset": name, "id": schema_id, "engine": e, "labels_disagreed": disagreed, **results[(schema_id, e)]}
-            for name, schema_id, _, _, disagreed in jobs for e in engines]
-    return rows, started
+            for name, schema_id, _, _, disagreed in sorted(done, key=lambda j: (list(subsets).index(j[0]), j[1]))
+            for e in engines]
+    return rows, started, len(jobs) - len(done)
 
 
-def _run_lane(lane_workers: dict, jobs: list, started: float) -> dict:
+def round_robin(subsets: dict) -> list[tuple]:
+    """(subset, id, schema, tests): the first schema of every subset, then the second, ...; so a
+    sweep cut short by --max-minutes still covers every subset evenly."""
+    out, depth = [], max((len(v) for v in subsets.values()), default=0)
+    for i in range(depth):
+        out += [(name, *items[i]) for name, items in subsets.items() if i < len(items)]
+    return out
+
+
+def _run_lane(lane_workers: dict, jobs: list, started: float, deadline: float) -> dict:
     """{(schema id, engine): result} for this lane's engines over its share of the schemas."""
     out = {}
     for i, (_, schema_id, schema, confirmed, _) in enumerate(jobs):
+        if time.perf_counter() > deadline:
+            break
         cells = []
         for e, worker in lane_workers.items():
             r = out[(schema_id, e)] = worker.run(schema, confirmed)

@@ -199,31 +199,33 @@ def make_engine(name: str, tokens: Tokens, walks: int):
     return factories[name]()
 
 
-def styles(value, schema) -> list[str]:
-    """The texts of one instance tried on every engine: compact, one-space, and our grammar's order."""
+def styles(value, schema, with_grammar_order: bool = True) -> list[str]:
+    """The texts of one instance tried on every engine: one-space, compact, and our grammar's order."""
     from surecall.grammars.schema.render import grammar_dumps
 
     texts = [json.dumps(value, ensure_ascii=False), json.dumps(value, ensure_ascii=False, separators=(",", ":"))]
-    try:
-        texts.append(grammar_dumps(value, schema))
-    except Exception:  # noqa: BLE001 - a schema the renderer cannot follow keeps the two plain spellings
-        pass
+    if with_grammar_order:
+        try:
+            texts.append(grammar_dumps(value, schema))
+        except Exception:  # noqa: BLE001 - a schema the renderer cannot follow keeps the two plain spellings
+            pass
     return list(dict.fromkeys(texts))
 
 
 def instance_check(engine, schema, compiled, tests: list) -> dict:
     """Valid instances accepted (in any style), invalid ones rejected (in every style).
 
-    `tests` holds (data, is_valid) pairs already confirmed by jsonschema. An invalid instance
-    counts only where its violated keyword is one the engine enforces (ours: not relaxed).
+    `tests` holds (data, is_valid, texts) already confirmed by jsonschema, `texts` its spellings
+    (`styles`). An invalid instance counts only where its violated keyword is one the engine
+    enforces (ours: not relaxed).
     """
     from surecall.grammars.walk import schema_violations
 
     out = {"valid_n": 0, "valid_accepted": 0, "invalid_n": 0, "invalid_rejected": 0, "invalid_relaxed": 0,
            "rejected_valid": []}
     relaxed = engine.relaxed(compiled)
-    for data, is_valid in tests:
-        accepted = any(engine.accepts(compiled, t) for t in styles(data, schema))
+    for data, is_valid, texts in tests:
+        accepted = any(engine.accepts(compiled, t) for t in texts)
         if is_valid:
             out["valid_n"] += 1
             out["valid_accepted"] += accepted

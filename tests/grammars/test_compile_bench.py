@@ -31,6 +31,10 @@ engines = _load("compile_engines")
 report = _load("compile_report")
 
 
+def _case(data, is_valid, schema=SCHEMA):
+    return data, is_valid, engines.styles(data, schema)
+
+
 class FakeEngine:
     def __init__(self, accepted_texts, relaxed):
         self.accepted_texts, self.relaxed_pairs = set(accepted_texts), relaxed
@@ -44,7 +48,7 @@ class FakeEngine:
 
 def test_invalid_instances_count_only_where_the_keyword_is_enforced():
     fake = FakeEngine({'{"tags":["a"]}', '{"tags":["a","a"]}'}, [("/properties/tags", "uniqueItems")])
-    tests = [({"tags": ["a"]}, True), ({"tags": ["a", "a"]}, False), ({"tags": ["a", "b", "c"]}, False)]
+    tests = [_case({"tags": ["a"]}, True), _case({"tags": ["a", "a"]}, False), _case({"tags": ["a", "b", "c"]}, False)]
     got = engines.instance_check(fake, SCHEMA, None, tests)
     assert (got["valid_n"], got["valid_accepted"]) == (1, 1)  # accepted in its compact spelling only
     assert (got["invalid_n"], got["invalid_rejected"], got["invalid_relaxed"]) == (1, 1, 1)
@@ -52,7 +56,7 @@ def test_invalid_instances_count_only_where_the_keyword_is_enforced():
 
 def test_an_engine_that_rejects_a_valid_instance_is_counted():
     fake = FakeEngine(set(), [])
-    got = engines.instance_check(fake, SCHEMA, None, [({"tags": ["a"]}, True), ({"tags": ["a", "a"]}, False)])
+    got = engines.instance_check(fake, SCHEMA, None, [_case({"tags": ["a"]}, True), _case({"tags": ["a", "a"]}, False)])
     assert (got["valid_n"], got["valid_accepted"], got["invalid_n"], got["invalid_rejected"]) == (1, 0, 1, 1)
     assert got["rejected_valid"] == ['{"tags": ["a"]}']
 
@@ -94,7 +98,7 @@ def test_each_adapter_accepts_valid_and_rejects_invalid(name, tokens, tmp_path, 
     for bad in ('{"n": "3"}', '{"m": 3}', '{"n": 3', '{"n": 3, "m": 1}'):
         assert not engine.accepts(compiled, bad), bad
     invalid = {"n": "4"} if name == "outlines" else {"n": 30}  # outlines-core ignores integer bounds
-    got = engines.instance_check(engine, schema, compiled, [({"n": 4}, True), (invalid, False)])
+    got = engines.instance_check(engine, schema, compiled, [_case({"n": 4}, True, schema), _case(invalid, False, schema)])
     assert (got["valid_accepted"], got["invalid_rejected"]) == (1, 1)
     if name == "ours":
         walks = engine.walk_check(schema, compiled)
