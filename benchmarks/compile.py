@@ -5,13 +5,14 @@ subset), each engine compiles each schema over the Llama-3 vocabulary in its own
 with a wall-clock timeout and an address-space cap (resource.setrlimit), so a blow-up costs one
 schema, not the machine. Per engine: compiled count, the schemas' valid instances accepted,
 invalid ones rejected (only where the violated keyword is enforced), compile median/p90/max,
-table bytes p50/p99/max, peak worker memory; ours also random walks (half cut by a tight token
-budget) validated against the original schema. Then the seed catalog (ours cold/warm vs
-xgrammar), the goals of issue 15 with their gaps, and a compact table for the README. Progress
-goes to stderr; benchmarks/results/compile.{json,md}; the last stdout line is one JSON object.
-The engine adapters live in compile_engines.py.
+table bytes p50/p99/max; ours also random walks (half cut by a tight token budget) validated
+against the original schema. Engines run in lanes side by side (outlines-core, by far the
+slowest, in two of its own); --max-minutes bounds the sweep (round-robin over subsets). Then the
+seed catalog (ours cold/warm vs xgrammar), issue 15's goals with their gaps, and a compact table
+for the README. Progress on stderr; benchmarks/results/compile.{json,md}; last line one JSON.
+Engine adapters: compile_engines.py; summaries, goals and tables: compile_report.py.
 
-  .venv/bin/python benchmarks/compile.py            # the full run (about 20 minutes on 2 loaded cores)
+  .venv/bin/python benchmarks/compile.py            # the full run (within about 25 minutes)
   .venv/bin/python benchmarks/compile.py --quick    # 2 schemas per subset, results to /tmp
 """
 
@@ -303,26 +304,32 @@ def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
 
 
 # --- main ------------------------------------------------------------------------------------
+# (full run, --quick) defaults of the flags --quick shortens; a flag given explicitly wins.
+RUN_DEFAULTS = {"per_subset": (12, 2), "timeout_s": (10.0, 5.0), "walks": (4, 2), "repeats": (3, 1)}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-subset", type=int, default=12, help="schemas sampled per subset (default 12)")
+    parser.add_argument("--per-subset", type=int, help="schemas sampled per subset (default 12; --quick 2)")
     parser.add_argument("--subsets", default="", help="comma-separated subset names, e.g. Github_hard,tools:bfcl_tools")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {','.join(ENGINES)}")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 2 schemas per subset, 5 s timeout, 2 walks, 1 repeat, out to /tmp")
-    parser.add_argument("--timeout-s", type=float, default=10.0, help="per-schema compile limit per engine")
+    parser.add_argument("--timeout-s", type=float, help="per-schema compile limit per engine (default 10; --quick 5)")
     parser.add_argument("--check-timeout-s", type=float, default=30.0, help="per-schema limit on the checks")
     parser.add_argument("--rss-gib", type=float, default=4.0, help="address-space cap of each worker")
-    parser.add_argument("--walks", type=int, default=4, help="random walks per compiled schema (ours)")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats for the seed catalog timings")
-    parser.add_argument("--max-minutes", type=float, default=24.0,
-                        help="stop starting schemas after this long (round-robin order keeps the subsets even)")
+    parser.add_argument("--walks", type=int, help="random walks per compiled schema, ours (default 4; --quick 2)")
+    parser.add_argument("--repeats", type=int, help="repeats for the seed catalog timings (default 3; --quick 1)")
+    parser.add_argument("--max-minutes", type=float, default=22.0,
+                        help="stop starting schemas this long after the sweep began (default 22: with the seed "
+                             "catalog the run ends within about 25 minutes); the round-robin order keeps subsets even")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default="", help="the shared data folder (default: surecall's shared_data_dir)")
-    parser.add_argument("--out", default="", help="output base (default benchmarks/results/compile)")
+    parser.add_argument("--out", default="", help="output base (default benchmarks/results/compile; --quick /tmp)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.per_subset, args.timeout_s, args.walks, args.repeats = 2, 5.0, 2, 1
+    for key, (full, quick) in RUN_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     args.out = args.out or (str(Path(tempfile.gettempdir()) / "surecall-compile-quick") if args.quick
                             else "benchmarks/results/compile")
     bad = [e for e in args.engines.split(",") if e and e not in ENGINES]
@@ -356,6 +363,7 @@ def main(argv=None) -> int:
 
 def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list[dict], float, int]:
     """One row per (subset, schema, engine), in subset, schema and engine order; progress to stderr."""
+    started = time.perf_counter()
     lanes = [([e for e in names if e in engines], start, stride) for names, start, stride in LANES]
     rest = [e for e in engines if all(e not in names for names, _, _ in LANES)]
     lanes = [lane for lane in [*lanes, (rest, 0, 1)] if lane[0]]
@@ -366,7 +374,6 @@ def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list
     jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests)) for name, schema_id, schema, tests in
             round_robin(subsets)]
     print(f"{len(jobs)} schemas, their instances confirmed and spelled", file=sys.stderr, flush=True)
-    started = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
             deadline = started + args.max_minutes * 60
