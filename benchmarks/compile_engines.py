@@ -76,7 +76,7 @@ class Ours:
         valid = unsound = relaxed_only = 0
         examples = []
         for i in range(self.walks):
-            budget = int(table.dist[0]) + 2 if i % 2 else 512
+            budget = int(table.dist[0]) + 2 if i % 2 else max(512, int(table.dist[0]) + 64)
             ids = random_walk(table, self.tokens.vocab, rng, max_tokens=budget)
             text = decode(self.tokens.vocab, ids)
             try:
