@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from surecall.errors import RequestError
+from surecall.grammars.schema.to_regex import pointer_join
 from surecall.grammars.table import TokenTable
 
 DEFAULT_MAX_TOKENS = 4096
@@ -107,8 +108,6 @@ def error_locations(root, error) -> set[str]:
     where the reference points (a bare `$ref`) or under the referencing path (a `$ref` with
     siblings), so each `$ref` hop on the path adds its target as a second spelling.
     """
-    from surecall.grammars.schema.to_regex import pointer_join
-
     path = list(error.absolute_schema_path)
     node, spellings = root, {""}
     for i, part in enumerate(path):
@@ -150,15 +149,11 @@ def _resolve_local(root, ref: str):
         if node is None:
             return None
         parts.append(part)
-    from surecall.grammars.schema.to_regex import pointer_join
-
     return node, pointer_join("", *parts)
 
 
 def _pointers_of(root, target) -> set[str]:
     """Every pointer at which the object `target` (by identity) sits inside `root`."""
-    from surecall.grammars.schema.to_regex import pointer_join
-
     found, stack = set(), [(root, "")]
     while stack:
         node, ptr = stack.pop()
