@@ -24,6 +24,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -74,7 +75,9 @@ def _die_with_parent() -> None:
 
 def _worker(engine_name: str, conn, address_space_bytes: int, walks: int, cache_dir: str, data_dir: str) -> None:
     _die_with_parent()
-    os.environ["SURECALL_CACHE_DIR"] = cache_dir
+    log = os.open(os.path.join(cache_dir, f"{engine_name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 2)  # the engines' own warnings and progress go to a log, not between the progress lines
+    os.environ["SURECALL_CACHE_DIR"] = os.path.join(cache_dir, "tables")
     os.environ["SURECALL_DATA"] = data_dir
     resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
     from compile_engines import Tokens, instance_check, make_engine, timed
@@ -346,12 +349,13 @@ def main(argv=None) -> int:
     if not (args.data / "jsonschemabench").exists():
         print(f"shared data not found at {args.data} (pass --data or set SURECALL_DATA)", file=sys.stderr)
         return 2
-    cache_dir = tempfile.mkdtemp(prefix="surecall-bench-cache-")
+    cache_dir = tempfile.mkdtemp(prefix="surecall-bench-")
     subsets = load_subsets(args.data, args.per_subset, args.seed, {s for s in args.subsets.split(",") if s})
     engines = [e for e in args.engines.split(",") if e]
     rows, started, num_cut = sweep(args, subsets, engines, cache_dir)
     sweep_s = time.perf_counter() - started
-    catalog = seed_catalog_figures(cache_dir, args.repeats) if "ours" in engines else {}
+    catalog = seed_catalog_figures(os.path.join(cache_dir, "tables"), args.repeats) if "ours" in engines else {}
+    shutil.rmtree(os.path.join(cache_dir, "tables"), ignore_errors=True)  # the engine logs stay
     report = build_report(args, rows, list(subsets), engines, catalog, sweep_s)
     report["schemas_left_out_for_time"] = num_cut
     write(Path(args.out), report)
@@ -373,7 +377,8 @@ def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list
             w.prestart()  # all load at once, while the instances are checked and spelled here
     jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests)) for name, schema_id, schema, tests in
             round_robin(subsets)]
-    print(f"{len(jobs)} schemas, their instances confirmed and spelled", file=sys.stderr, flush=True)
+    print(f"{len(jobs)} schemas, their instances confirmed and spelled; engine logs in {cache_dir}/*.log",
+          file=sys.stderr, flush=True)
     try:
         with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
             deadline = started + args.max_minutes * 60
