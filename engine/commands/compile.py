@@ -18,7 +18,6 @@ from surecall.commands import resolve
 from surecall.commands.args import positive_int, tool_format
 from surecall.grammars import cache as table_cache
 
-
 # Why a keyword may be left to the validator, when the compiler gives no reason of its own.
 GENERIC_REASONS = {
     "uniqueItems": "needs memory of every earlier item; not a finite automaton",
