@@ -32,8 +32,7 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
     state, counter, out = 0, 0, []
     while True:
         remaining = budget - len(out)
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+        toks, nexts = table.transitions(state)
         ok = kept(table, state, counter, toks, nexts, remaining)
         num_options = int(ok.sum()) + (1 if table.accept[state] else 0)
         pick = int(rng.integers(num_options))

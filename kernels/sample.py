@@ -73,15 +73,18 @@ def _sample_split_kernel(
     logits_stride,  # elements between consecutive rows
     width,  # L: columns of logits
     states_ptr,  # int32 [B] grammar state per row; < 0 = unconstrained (HAS_TABLE)
-    mask_ptr,  # int32 [S, W] packed allowed-token bits
+    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows
+    mask_row_ptr,  # int32 [S] each state's row of mask
     num_words,  # W
     remaining_ptr,  # int32 [B] tokens the row may still emit (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] the budget binds when remaining - 1 is below this
-    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
-    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
-    trans_next_ptr,  # int32 [nnz] transition targets
+    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
+    exc_tok_ptr,  # int32 [E] sorted exception tokens
+    exc_next_ptr,  # int32 [E] exception targets
+    trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens
+    is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
-    num_search_steps,  # binary-search iterations over the longest CSR row
+    num_search_steps,  # binary-search iterations over the longest exception row
     inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
     temp_ptr,  # float32 [B] temperature; 0 = greedy (no noise)
     key_a_ptr,  # int64 [B] first RNG key of the row (uint32 value)
@@ -154,7 +157,7 @@ def _sample_split_kernel(
                 # One load per 32 columns, expanded to bits, as xgrammar's kernel does.
                 words = start // 32 + tl.arange(0, BLOCK_WORDS)
                 packed = tl.load(
-                    mask_ptr + state.to(tl.int64) * num_words + words,
+                    mask_ptr + tl.load(mask_row_ptr + state).to(tl.int64) * num_words + words,
                     mask=words < num_words,
                     other=0,
                 )
@@ -172,9 +175,12 @@ def _sample_split_kernel(
                         cols,
                         state,
                         rem,
-                        trans_ptr_ptr,
-                        trans_tok_ptr,
-                        trans_next_ptr,
+                        exc_ptr_ptr,
+                        exc_tok_ptr,
+                        exc_next_ptr,
+                        trans_default_ptr,
+                        is_stop_ptr,
+                        num_words,
                         dist_ptr,
                         dist_entry_ptr,
                         stay_need,
@@ -329,9 +335,10 @@ def _launch(
     opts = launch_options(dev)
     _sample_split_kernel[(batch, num_splits)](
         logits, logits.stride(0), width,
-        states if has_table else inv_t, t.mask, t.num_words,
+        states if has_table else inv_t, t.mask, t.mask_row, t.num_words,
         remaining if remaining is not None else inv_t,
-        t.max_next_dist, t.trans_ptr, t.trans_tok, t.trans_next, t.dist, t.num_search_steps,
+        t.max_next_dist, t.exc_ptr, t.exc_tok, t.exc_next, t.trans_default, t.is_stop, t.dist,
+        t.num_search_steps,
         inv_t, params.temperature, key_a, key_b,
         parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
         split_size, num_splits,
@@ -357,9 +364,10 @@ class _Dummy:
 
     def __init__(self, dev: torch.device):
         z = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.mask = self.max_next_dist = self.trans_ptr = self.trans_tok = self.trans_next = (
+        self.mask = self.mask_row = self.max_next_dist = self.exc_ptr = self.exc_tok = self.exc_next = (
             self.dist
-        ) = z
+        ) = self.trans_default = z
+        self.is_stop = torch.zeros(2, dtype=torch.int8, device=dev)
         self.count_row = self.count_lo = self.count_hi = self.dist_entry = z
         self.count_chars = torch.zeros(2, dtype=torch.int8, device=dev)
         self.num_words = 1
