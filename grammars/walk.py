@@ -166,6 +166,8 @@ def _pointers_of(root, target) -> set[str]:
 
 
 _COMBINATORS = ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else")
+_APPLICATORS = ("patternProperties", "propertyNames", "dependentSchemas", "dependencies", "contains", "not", "if",
+                "unevaluatedProperties", "unevaluatedItems")
 
 
 def _is_relaxed(where: set[str], keyword: str, relaxed_pairs: set) -> bool:
@@ -178,6 +180,8 @@ def _is_relaxed(where: set[str], keyword: str, relaxed_pairs: set) -> bool:
         for pointer, kw in relaxed_pairs:
             if kw == keyword and pointer == ptr:
                 return True
+            if kw in _APPLICATORS and _under(ptr, pointer_join(pointer, kw)):
+                return True  # inside the subschemas of a relaxed applicator: nothing there is enforced
             if keyword in _COMBINATORS and (_under(pointer, ptr) or _under(ptr, pointer)):
                 return True
     return False

@@ -82,3 +82,13 @@ def test_combinator_error_under_a_relaxed_location_is_relaxed():
     assert bad == [] and len(soft) == 1
     bad, soft = schema_violations(schema, {"x": [1, 1]}, [])
     assert len(bad) == 1 and bad[0].startswith("anyOf at /properties/x")
+
+
+def test_error_inside_a_relaxed_applicator_is_relaxed():
+    """A value under a relaxed patternProperties is not enforced, so its type error is explained."""
+    schema = {"properties": {"m": {"type": "object", "patternProperties": {".*": {"type": "string"}}}}}
+    doc = {"m": {"k": 123}}
+    bad, soft = schema_violations(schema, doc, [("/properties/m", "patternProperties")])
+    assert bad == [] and len(soft) == 1
+    bad, soft = schema_violations(schema, doc, [("/properties/other", "patternProperties")])
+    assert len(bad) == 1 and "type at /properties/m/patternProperties/.*" in bad[0]
