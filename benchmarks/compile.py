@@ -1,17 +1,19 @@
-"""Compile benchmark: our table compiler vs xgrammar and outlines-core over JSONSchemaBench + tools.
+"""Compile benchmark: surecall vs xgrammar, llguidance and outlines-core over JSONSchemaBench + tools.
 
-For every shared JSONSchemaBench subset and the shared tool files (sampled per subset with a
-fixed seed), each engine compiles each schema over the Llama-3 vocabulary in its own worker
-process, one per engine, with a per-schema timeout and an address-space limit
-(resource.setrlimit), so a blow-up costs one schema, not the machine. Ours must also pass
-random walks (half of them under a tight token budget) that parse and validate against the
-schema (relaxed keywords accounted for) before a compile counts. Peak memory is the worker's
-peak RSS during the compile (VmHWM, reset before each job) above its RSS before it.
-Then the seed four-tool catalog: ours cold (fresh process and repeat), warm (disk cache) and
-xgrammar. Prints tables, writes benchmarks/results/compile.{md,json}, ends with one JSON line.
-Just over 400 lines: the isolated workers, three engines and the report belong to one run.
+For every shared JSONSchemaBench subset and the two shared tool files (a fixed-seed sample per
+subset), each engine compiles each schema over the Llama-3 vocabulary in its own worker process,
+with a wall-clock timeout and an address-space cap (resource.setrlimit), so a blow-up costs one
+schema, not the machine. Per engine: compiled count, the schemas' valid instances accepted,
+invalid ones rejected (only where the violated keyword is enforced), compile median/p90/max,
+table bytes p50/p99/max; ours also random walks (half cut by a tight token budget) validated
+against the original schema. Engines run in lanes side by side (outlines-core, by far the
+slowest, in two of its own); --max-minutes bounds the sweep (round-robin over subsets). Then the
+seed catalog (ours cold/warm vs xgrammar), issue 15's goals with their gaps, and a compact table
+for the README. Progress on stderr; benchmarks/results/compile.{json,md}; last line one JSON.
+Engine adapters: compile_engines.py; summaries, goals and tables: compile_report.py.
 
-  .venv/bin/python benchmarks/compile.py [--per-subset 6] [--timeout-s 20] [--out benchmarks/results/compile]
+  .venv/bin/python benchmarks/compile.py            # the full run (within about 25 minutes)
+  .venv/bin/python benchmarks/compile.py --quick    # 2 schemas per subset, results to /tmp
 """
 
 from __future__ import annotations
@@ -20,17 +22,27 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import resource
-import statistics
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ENGINES = ("ours", "xgrammar", "outlines")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compile_engines, compile_report (also in workers)
+from compile_report import SHORT, build_report, fmt, readme_table, write  # noqa: E402
+
+ENGINES = ("ours", "xgrammar", "llguidance", "llguidance-lenient", "outlines")
+# outlines-core takes seconds per schema where the others take milliseconds: it runs in lanes of
+# its own (two, each taking every other schema) beside the others, which run one after another
+# on every schema; lanes do not wait for each other, so the sweep takes the longest lane's time.
+LANES = ((("ours", "xgrammar", "llguidance", "llguidance-lenient"), 0, 1), (("outlines",), 0, 2),
+         (("outlines",), 1, 2))
+WARMUP_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]}
 
 
 # --- worker side -----------------------------------------------------------------------------
@@ -50,106 +62,58 @@ def _reset_peak() -> None:
         pass
 
 
-class _Ours:
-    def __init__(self, vocab, walks: int):
-        self.vocab, self.walks = vocab, walks
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the benchmark dies (a killed run leaves no orphans)."""
+    try:
+        import ctypes
+        import signal
 
-    def compile(self, schema):
-        from surecall.grammars.compile import compile_schema
-
-        started = time.perf_counter()
-        table = compile_schema(schema, self.vocab, use_cache=False)
-        return table, time.perf_counter() - started
-
-    def check(self, schema, table) -> dict:
-        import numpy as np
-
-        from surecall.grammars.walk import decode, random_walk, schema_violations
-
-        rng = np.random.default_rng(0)
-        bad, soft = 0, 0
-        for i in range(self.walks):
-            budget = int(table.dist[0]) + 2 if i % 2 else 512
-            ids = random_walk(table, self.vocab, rng, max_tokens=budget)
-            try:
-                doc = json.loads(decode(self.vocab, ids))
-            except ValueError:
-                bad += 1
-                continue
-            errors, relaxed = schema_violations(schema, doc, table.relaxed)
-            bad += bool(errors)
-            soft += bool(relaxed)
-        return {"walks_ok": bad == 0, "walks_relaxed": soft, "table_bytes": table.nbytes,
-                "states": table.num_states, "relaxed": len(table.relaxed)}
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
-class _XGrammar:
-    def __init__(self, vocab):
-        import xgrammar as xgr
+def _worker(engine_name: str, conn, address_space_bytes: int, walks: int, cache_dir: str, data_dir: str) -> None:
+    _die_with_parent()
+    log = os.open(os.path.join(cache_dir, f"{engine_name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 2)  # the engines' own warnings and progress go to a log, not between the progress lines
+    os.environ["SURECALL_CACHE_DIR"] = os.path.join(cache_dir, "tables")
+    os.environ["SURECALL_DATA"] = data_dir
+    resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+    from compile_engines import Tokens, instance_check, make_engine, timed
 
-        info = xgr.TokenizerInfo(list(vocab.token_bytes), xgr.VocabType.RAW, vocab_size=vocab.logits_width,
-                                 stop_token_ids=list(vocab.stop_ids))
-        self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-
-    def compile(self, schema):
-        started = time.perf_counter()
-        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        return compiled, time.perf_counter() - started
-
-    def check(self, schema, compiled) -> dict:
-        return {"table_bytes": int(compiled.memory_size_bytes)}
-
-
-class _Outlines:
-    def __init__(self, vocab):
-        from outlines_core import Vocabulary
-
-        by_bytes: dict[bytes, list[int]] = {}
-        for i, b in enumerate(vocab.token_bytes):
-            if b and i not in vocab.special_ids:
-                by_bytes.setdefault(b, []).append(i)
-        self.vocabulary = Vocabulary(vocab.stop_ids[0], by_bytes)
-
-    def compile(self, schema):
-        from outlines_core import Index
-        from outlines_core.json_schema import build_regex_from_schema
-
-        started = time.perf_counter()
-        regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern=r"[ ]?")
-        index = Index(regex, self.vocabulary)
-        return index, time.perf_counter() - started
-
-    def check(self, schema, index) -> dict:
-        return {"states": len(index.get_transitions())}
-
-
-def _worker(engine: str, conn, rss_limit_bytes: int, walks: int, cache_dir: str) -> None:
-    os.environ["SURECALL_CACHE_DIR"] = cache_dir
-    resource.setrlimit(resource.RLIMIT_AS, (rss_limit_bytes, rss_limit_bytes))
-    from surecall.grammars.vocab.loaders import load_shared
-
-    vocab = load_shared("llama3")
-    runner = {"ours": lambda: _Ours(vocab, walks), "xgrammar": lambda: _XGrammar(vocab),
-              "outlines": lambda: _Outlines(vocab)}[engine]()
+    engine = make_engine(engine_name, Tokens(Path(data_dir)), walks)
+    engine.compile(WARMUP_SCHEMA)  # thread pools, lazy tables: not charged to the first schema
     conn.send({"ready": True})
     while True:
         job = conn.recv()
         if job is None:
             return
+        # 1. compile, timed, with the worker's memory growth
         base = _rss_bytes("VmRSS:")
         _reset_peak()
         try:
-            obj, seconds = runner.compile(job)
-            peak = max(_rss_bytes("VmHWM:") - base, 0)
-            result = {"ok": True, "ms": seconds * 1e3, "peak_bytes": peak, **runner.check(job, obj)}
+            compiled, ms = timed(engine.compile, job["schema"])
+            conn.send({"ok": True, "ms": ms, "peak_bytes": max(_rss_bytes("VmHWM:") - base, 0),
+                       **engine.describe(compiled)})
         except MemoryError:
-            result = {"ok": False, "reason": "out of memory"}
-        except Exception as exc:  # a peer's failure is data, not a crash of the benchmark
-            result = {"ok": False, "reason": _reason(exc)}
-        conn.send(result)
+            conn.send({"ok": False, "reason": "out of memory"})
+            continue
+        except Exception as exc:  # a compiler's failure is data, not a crash of the benchmark
+            conn.send({"ok": False, "reason": _reason(exc)})
+            continue
+        # 2. the checks, under their own timeout
+        try:
+            checks = instance_check(engine, job["schema"], compiled, job["tests"])
+            if hasattr(engine, "walk_check"):
+                checks.update(engine.walk_check(job["schema"], compiled))
+        except Exception as exc:  # noqa: BLE001
+            checks = {"check_error": _reason(exc)}
+        del compiled
+        conn.send(checks)
 
 
-def _reason(exc: Exception) -> str:
+def _reason(exc: BaseException) -> str:
     name = type(exc).__name__
     text = str(exc)
     if name == "CompileBudgetExceeded":
@@ -158,98 +122,140 @@ def _reason(exc: Exception) -> str:
     keyword = getattr(exc, "keyword", None)
     if keyword:
         return f"{name}: {keyword}"
-    return f"{name}: {text.splitlines()[0][:60] if text else ''}"
+    return f"{name}: {text.splitlines()[0][:70] if text else ''}"
 
 
 class Worker:
-    """One engine's worker process; restarted after a timeout or a crash."""
+    """One engine's worker process, with a spare started in the background after each kill
+    (a worker loads the vocabulary for seconds: the spare hides that from the next schema)."""
 
     def __init__(self, engine: str, args, cache_dir: str):
         self.engine, self.args, self.cache_dir = engine, args, cache_dir
-        self.proc = None
-        self.rss_hwm = 0
+        self.proc = self.conn = None
+        self.spare = None
+
+    def prestart(self) -> None:
+        self.spare = self.spare or self._spawn()
+
+    def _spawn(self) -> tuple:
+        ctx = mp.get_context("spawn")
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, daemon=True, args=(
+            self.engine, child, int(self.args.rss_gib * 2**30), self.args.walks, self.cache_dir, str(self.args.data)))
+        proc.start()
+        return proc, conn
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(self.engine, child, int(self.args.rss_gib * 2**30),
-                                                       self.args.walks, self.cache_dir), daemon=True)
-        self.proc.start()
+        self.proc, self.conn = self.spare or self._spawn()
+        self.spare = None
         if not self.conn.poll(300) or not self.conn.recv().get("ready"):
             raise RuntimeError(f"{self.engine} worker did not start")
 
-    def run(self, schema) -> dict:
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-        self.conn.send(schema)
+    def _receive(self, timeout_s: float, what: str) -> dict:
         try:
-            if self.conn.poll(self.args.timeout_s):
+            if self.conn.poll(timeout_s):
                 return self.conn.recv()
-            reason = f"timeout > {self.args.timeout_s:g} s"
+            reason = f"{what} timeout > {timeout_s:g} s"
         except (EOFError, OSError):
-            reason = "worker died (memory limit?)"
+            reason = f"worker died during {what} (memory cap?)"
         self.stop(kill=True)
+        self.prestart()
         return {"ok": False, "reason": reason}
 
+    def run(self, schema, tests) -> dict:
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        self.conn.send({"schema": schema, "tests": tests})
+        result = self._receive(self.args.timeout_s, "compile")
+        if result.get("ok"):
+            started = time.perf_counter()
+            checks = self._receive(self.args.check_timeout_s, "check")
+            result.update({"check_error": checks["reason"]} if "reason" in checks else checks)
+            result["check_ms"] = (time.perf_counter() - started) * 1e3
+        return result
+
     def stop(self, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if kill:
-            self.proc.kill()
-        else:
-            try:
-                self.conn.send(None)
-            except OSError:
-                pass
-        self.proc.join(5)
-        self.proc = None
+        if self.proc is not None:
+            if kill:
+                self.proc.kill()
+            else:
+                try:
+                    self.conn.send(None)
+                except OSError:
+                    pass
+            self.proc.join(5)
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self.spare is not None:
+            self.spare[0].kill()
+            self.spare[0].join(5)
+            self.spare = None
 
 
 # --- data ------------------------------------------------------------------------------------
-def load_subsets(data_dir: Path, per_subset: int, seed: int) -> dict[str, list[tuple[str, dict]]]:
-    subsets: dict[str, list[tuple[str, dict]]] = {}
-    for path in sorted((data_dir / "jsonschemabench").glob("*.jsonl")):
+def load_subsets(data_dir: Path, per_subset: int, seed: int, wanted: set[str]) -> dict[str, list[tuple]]:
+    """{subset: [(id, schema, tests)]}, each subset sampled with its own fixed seed."""
+    files = sorted((data_dir / "jsonschemabench").glob("*.jsonl")) + sorted((data_dir / "tools").glob("*.jsonl"))
+    subsets = {}
+    for path in files:
+        name = path.stem if path.parent.name == "jsonschemabench" else f"tools:{path.stem}"
+        if wanted and name not in wanted and path.stem not in wanted:
+            continue
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        subsets[path.stem] = [(r["id"], r["schema"]) for r in rows]
-    for path in sorted((data_dir / "tools").glob("*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        subsets[f"tools:{path.stem}"] = [(r["id"], _tool_schema(r)) for r in rows if _tool_schema(r) is not None]
-    rng = random.Random(seed)
-    return {name: rng.sample(items, min(per_subset, len(items))) for name, items in subsets.items()}
+        items = [(r["id"], _schema_of(r), r.get("tests", [])) for r in rows if _schema_of(r) is not None]
+        subsets[name] = random.Random(f"{seed}:{name}").sample(items, min(per_subset, len(items)))
+    return subsets
 
 
-def _tool_schema(row: dict):
-    for key in ("parameters_json_schema", "inputSchema", "input_schema", "parameters"):
+def _schema_of(row: dict):
+    for key in ("schema", "parameters_json_schema", "inputSchema", "input_schema", "parameters"):
         if isinstance(row.get(key), dict):
             return row[key]
     return None
 
 
-# --- aggregation -----------------------------------------------------------------------------
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+def confirmed_tests(schema, tests: list, render_budget_s: float = 3.0) -> tuple[list, int]:
+    """(data, is_valid, spellings) for the instances whose label jsonschema confirms, and how
+    many disagreed. Our grammar-order spelling gets `render_budget_s` per schema (the renderer
+    can take minutes on the largest schemas); past it, instances keep the two plain spellings."""
+    from compile_engines import styles
+
+    from surecall.grammars.walk import schema_violations
+
+    out, disagreed = [], 0
+    deadline = time.perf_counter() + render_budget_s
+    for case in tests:
+        try:
+            bad, soft = schema_violations(schema, case["data"], [])
+        except Exception:  # noqa: BLE001 - a schema jsonschema cannot load: its instances are not used
+            return [], len(tests)
+        is_valid = not bad and not soft
+        if is_valid != bool(case.get("valid")):
+            disagreed += 1
+            continue
+        out.append((case["data"], is_valid, _spellings(case["data"], schema, deadline, styles)))
+    return out, disagreed
 
 
-def summarise(results: list[dict]) -> dict:
-    ok = [r for r in results if r["ok"]]
-    valid = [r for r in ok if r.get("walks_ok", True)]
-    times = [r["ms"] for r in valid]
-    reasons = Counter(r["reason"] for r in results if not r["ok"])
-    reasons.update("invalid random walk" for r in ok if not r.get("walks_ok", True))
-    return {
-        "n": len(results), "compiled": len(valid), "median_ms": _pct(times, 0.5), "p90_ms": _pct(times, 0.9),
-        "p99_ms": _pct(times, 0.99), "max_ms": max(times) if times else None,
-        "peak_mib": max((r["peak_bytes"] for r in ok), default=0) / 2**20,
-        "table_mib_median": (_pct([r["table_bytes"] for r in ok if "table_bytes" in r], 0.5) or 0) / 2**20,
-        "unsupported": dict(reasons.most_common(4)),
-    }
+def _spellings(data, schema, deadline: float, styles) -> list[str]:
+    left = deadline - time.perf_counter()
+    if left <= 0 or threading.current_thread() is not threading.main_thread():
+        return styles(data, schema, with_grammar_order=False)
 
+    def expire(signum, frame):
+        raise TimeoutError
 
-def _fmt(x, digits=1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    try:
+        return styles(data, schema)
+    except TimeoutError:
+        return styles(data, schema, with_grammar_order=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # --- the seed catalog ------------------------------------------------------------------------
@@ -259,157 +265,162 @@ def catalog_union_schema(tools: list[dict]) -> dict:
                        "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
 
 
-def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
-    """Run in a fresh process: ours cold (first and repeat), warm load, xgrammar; median of repeats."""
-    from surecall.tools.catalog import seed_tools
-
-    schema_json = json.dumps(catalog_union_schema(seed_tools()))
-    code = f"""
-import json, os, statistics, time
-os.environ["SURECALL_CACHE_DIR"] = {cache_dir!r}
+_SEED_CODE = """
+import json, os, statistics, sys, time
+os.environ["SURECALL_CACHE_DIR"] = sys.argv[1]
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.vocab.loaders import load_shared
 import xgrammar as xgr
+repeats, schema = int(sys.argv[2]), json.loads(sys.stdin.read())
 vocab = load_shared("llama3")
-schema = json.loads({schema_json!r})
-t = time.perf_counter(); table = compile_schema(schema, vocab, use_cache=False); first = (time.perf_counter() - t) * 1e3
-cold = []
-for _ in range({repeats}):
-    t = time.perf_counter(); compile_schema(schema, vocab, use_cache=False); cold.append((time.perf_counter() - t) * 1e3)
+def ms(fn):
+    t = time.perf_counter(); out = fn(); return out, (time.perf_counter() - t) * 1e3
+table, first = ms(lambda: compile_schema(schema, vocab, use_cache=False))
+cold = [ms(lambda: compile_schema(schema, vocab, use_cache=False))[1] for _ in range(repeats)]
 compile_schema(schema, vocab)
-warm = []
-for _ in range({repeats}):
-    t = time.perf_counter(); w = compile_schema(schema, vocab); warm.append((time.perf_counter() - t) * 1e3)
-info = xgr.TokenizerInfo(list(vocab.token_bytes), xgr.VocabType.RAW, vocab_size=vocab.logits_width, stop_token_ids=list(vocab.stop_ids))
-xg = []
-for _ in range({repeats} + 1):
-    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-    t = time.perf_counter(); compiler.compile_json_schema(json.dumps(schema), any_whitespace=False); xg.append((time.perf_counter() - t) * 1e3)
-xg1 = []
-for _ in range({repeats}):
-    compiler = xgr.GrammarCompiler(info, cache_enabled=False, max_threads=1)
-    t = time.perf_counter(); compiler.compile_json_schema(json.dumps(schema), any_whitespace=False); xg1.append((time.perf_counter() - t) * 1e3)
-print(json.dumps({{"first_cold_ms": first, "cold_ms": statistics.median(cold), "warm_ms": statistics.median(warm),
-  "xgrammar_ms": statistics.median(xg[1:]), "xgrammar_1thread_ms": statistics.median(xg1),
-  "states": table.num_states, "dfa_states": table.meta["dfa_states"], "table_bytes": table.nbytes,
-  "relaxed": table.relaxed, "warm_is_mapped": type(w.mask).__name__}}))
+warm = [ms(lambda: compile_schema(schema, vocab))[1] for _ in range(repeats)]
+info = xgr.TokenizerInfo(list(vocab.token_bytes), xgr.VocabType.RAW, vocab_size=vocab.logits_width,
+                         stop_token_ids=list(vocab.stop_ids))
+def xg(threads):
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False, max_threads=threads)
+    return ms(lambda: compiler.compile_json_schema(json.dumps(schema), any_whitespace=False))[1]
+xg8 = [xg(8) for _ in range(repeats + 1)][1:]
+xg1 = [xg(1) for _ in range(repeats)]
+print(json.dumps({"first_cold_ms": first, "cold_ms": statistics.median(cold), "warm_ms": statistics.median(warm),
+  "xgrammar_ms": statistics.median(xg8), "xgrammar_1thread_ms": statistics.median(xg1),
+  "states": table.num_states, "table_bytes": table.nbytes, "relaxed": table.relaxed}))
 """
+
+
+def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
+    """In a fresh process: ours cold (first and repeats), warm (disk cache), xgrammar; medians."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    from surecall.tools.catalog import seed_tools
+
+    schema_json = json.dumps(catalog_union_schema(seed_tools()))
+    out = subprocess.run([sys.executable, "-c", _SEED_CODE, cache_dir, str(repeats)], input=schema_json,
+                         capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         return {"error": out.stderr[-800:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --- main ------------------------------------------------------------------------------------
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-subset", type=int, default=4,
-                        help="schemas sampled per subset (default 4: about 10 minutes on the loaded 2-core machine)")
-    parser.add_argument("--timeout-s", type=float, default=15.0, help="per-schema wall-clock limit per engine")
-    parser.add_argument("--rss-gib", type=float, default=4.0, help="address-space limit of each worker")
-    parser.add_argument("--walks", type=int, default=4, help="random walks checked per compiled schema (ours)")
-    parser.add_argument("--repeats", type=int, default=5, help="repeats for the seed catalog timings")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--subsets", default="", help="comma-separated subset names (default: all)")
-    parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--out", default="benchmarks/results/compile")
-    args = parser.parse_args(argv)
+# (full run, --quick) defaults of the flags --quick shortens; a flag given explicitly wins.
+RUN_DEFAULTS = {"per_subset": (12, 2), "timeout_s": (10.0, 5.0), "walks": (4, 2), "repeats": (3, 1)}
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--per-subset", type=int, help="schemas sampled per subset (default 12; --quick 2)")
+    parser.add_argument("--subsets", default="", help="comma-separated subset names, e.g. Github_hard,tools:bfcl_tools")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {','.join(ENGINES)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: 2 schemas per subset, 5 s timeout, 2 walks, 1 repeat, out to /tmp")
+    parser.add_argument("--timeout-s", type=float, help="per-schema compile limit per engine (default 10; --quick 5)")
+    parser.add_argument("--check-timeout-s", type=float, default=30.0, help="per-schema limit on the checks")
+    parser.add_argument("--rss-gib", type=float, default=4.0, help="address-space cap of each worker")
+    parser.add_argument("--walks", type=int, help="random walks per compiled schema, ours (default 4; --quick 2)")
+    parser.add_argument("--repeats", type=int, help="repeats for the seed catalog timings (default 3; --quick 1)")
+    parser.add_argument("--max-minutes", type=float, default=22.0,
+                        help="stop starting schemas this long after the sweep began (default 22: with the seed "
+                             "catalog the run ends within about 25 minutes); the round-robin order keeps subsets even")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default="", help="the shared data folder (default: surecall's shared_data_dir)")
+    parser.add_argument("--out", default="", help="output base (default benchmarks/results/compile; --quick /tmp)")
+    args = parser.parse_args(argv)
+    for key, (full, quick) in RUN_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+    args.out = args.out or (str(Path(tempfile.gettempdir()) / "surecall-compile-quick") if args.quick
+                            else "benchmarks/results/compile")
+    bad = [e for e in args.engines.split(",") if e and e not in ENGINES]
+    if bad:
+        parser.error(f"unknown engine(s) {bad}: expected some of {list(ENGINES)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     from surecall.grammars.vocab.shared import shared_data_dir
 
-    data = shared_data_dir()
-    if not (data / "jsonschemabench").exists():
-        print(f"shared data not found at {data}", file=sys.stderr)
+    args.data = Path(args.data).resolve() if args.data else shared_data_dir()
+    if not (args.data / "jsonschemabench").exists():
+        print(f"shared data not found at {args.data} (pass --data or set SURECALL_DATA)", file=sys.stderr)
         return 2
-    cache_dir = tempfile.mkdtemp(prefix="surecall-bench-cache-")
-    subsets = load_subsets(data, args.per_subset, args.seed)
-    if args.subsets:
-        wanted = set(args.subsets.split(","))
-        subsets = {k: v for k, v in subsets.items() if k in wanted}
+    cache_dir = tempfile.mkdtemp(prefix="surecall-bench-")
+    subsets = load_subsets(args.data, args.per_subset, args.seed, {s for s in args.subsets.split(",") if s})
     engines = [e for e in args.engines.split(",") if e]
-    workers = {e: Worker(e, args, cache_dir) for e in engines}
-    started = time.perf_counter()
-    per_subset: dict[str, dict] = {}
-    failures: list[dict] = []
-    try:
-        for name, items in subsets.items():
-            results = {e: [] for e in engines}
-            for schema_id, schema in items:
-                for e in engines:
-                    r = workers[e].run(schema)
-                    results[e].append(r)
-                    if e == "ours" and (not r["ok"] or not r.get("walks_ok", True)):
-                        failures.append({"subset": name, "id": schema_id, **r})
-            per_subset[name] = {e: summarise(rs) for e, rs in results.items()}
-            _print_subset(name, per_subset[name], engines)
-    finally:
-        for w in workers.values():
-            w.stop()
+    rows, started, num_cut = sweep(args, subsets, engines, cache_dir)
     sweep_s = time.perf_counter() - started
-    catalog = seed_catalog_figures(cache_dir, args.repeats)
-    report = _report(args, per_subset, engines, catalog, failures, sweep_s)
-    _write(args.out, report)
-    print(json.dumps({"bench": "compile", "overall": report["overall"], "seed_catalog": catalog}, default=str))
+    catalog = seed_catalog_figures(os.path.join(cache_dir, "tables"), args.repeats) if "ours" in engines else {}
+    shutil.rmtree(os.path.join(cache_dir, "tables"), ignore_errors=True)  # the engine logs stay
+    report = build_report(args, rows, list(subsets), engines, catalog, sweep_s)
+    report["schemas_left_out_for_time"] = num_cut
+    write(Path(args.out), report)
+    print("\n".join(readme_table(report)))
+    print(json.dumps({"bench": "compile", "sweep_s": round(sweep_s), "overall": report["overall"],
+                      "goals": report["goals"], "seed_catalog": catalog}, default=str))
     return 0
 
 
-def _print_subset(name: str, summary: dict, engines: list[str]) -> None:
-    cells = []
-    for e in engines:
-        s = summary[e]
-        cells.append(f"{e} {s['compiled']}/{s['n']} med {_fmt(s['median_ms'])} ms")
-    print(f"{name:28s} " + " | ".join(cells), flush=True)
+def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list[dict], float, int]:
+    """One row per (subset, schema, engine), in subset, schema and engine order; progress to stderr."""
+    started = time.perf_counter()
+    lanes = [([e for e in names if e in engines], start, stride) for names, start, stride in LANES]
+    rest = [e for e in engines if all(e not in names for names, _, _ in LANES)]
+    lanes = [lane for lane in [*lanes, (rest, 0, 1)] if lane[0]]
+    workers = [{e: Worker(e, args, cache_dir) for e in names} for names, _, _ in lanes]
+    for lane_workers in workers:
+        for w in lane_workers.values():
+            w.prestart()  # all load at once, while the instances are checked and spelled here
+    jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests)) for name, schema_id, schema, tests in
+            round_robin(subsets)]
+    print(f"{len(jobs)} schemas, their instances confirmed and spelled; engine logs in {cache_dir}/*.log",
+          file=sys.stderr, flush=True)
+    try:
+        with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+            deadline = started + args.max_minutes * 60
+            futures = [pool.submit(_run_lane, lane_workers, jobs[start::stride], started, deadline)
+                       for lane_workers, (_, start, stride) in zip(workers, lanes)]
+            results = {key: r for f in futures for key, r in f.result().items()}
+    finally:
+        for lane_workers in workers:
+            for w in lane_workers.values():
+                w.close()
+    done = [job for job in jobs if all((job[1], e) in results for e in engines)]  # every engine ran it
+    if len(done) < len(jobs):
+        print(f"stopped at --max-minutes {args.max_minutes:g}: {len(jobs) - len(done)} of {len(jobs)} schemas "
+              "not run by every engine are left out", file=sys.stderr)
+    rows = [{"subset": name, "id": schema_id, "engine": e, "labels_disagreed": disagreed, **results[(schema_id, e)]}
+            for name, schema_id, _, _, disagreed in sorted(done, key=lambda j: (list(subsets).index(j[0]), j[1]))
+            for e in engines]
+    return rows, started, len(jobs) - len(done)
 
 
-def _report(args, per_subset, engines, catalog, failures, sweep_s) -> dict:
-    overall = {}
-    for e in engines:
-        medians = [s[e]["median_ms"] for s in per_subset.values() if s[e]["median_ms"] is not None]
-        overall[e] = {
-            "compiled": sum(s[e]["compiled"] for s in per_subset.values()),
-            "n": sum(s[e]["n"] for s in per_subset.values()),
-            "median_of_subset_medians_ms": statistics.median(medians) if medians else None,
-        }
-    return {
-        "command": " ".join([sys.executable.split("/")[-1], "benchmarks/compile.py", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average": os.getloadavg()},
-        "settings": {k: v for k, v in vars(args).items()},
-        "sweep_s": sweep_s, "per_subset": per_subset, "overall": overall, "seed_catalog": catalog,
-        "our_failures": failures[:60],
-    }
+def round_robin(subsets: dict) -> list[tuple]:
+    """(subset, id, schema, tests): the first schema of every subset, then the second, ...; so a
+    sweep cut short by --max-minutes still covers every subset evenly."""
+    out, depth = [], max((len(v) for v in subsets.values()), default=0)
+    for i in range(depth):
+        out += [(name, *items[i]) for name, items in subsets.items() if i < len(items)]
+    return out
 
 
-def _write(out: str, report: dict) -> None:
-    base = Path(out)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    base.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    engines = list(report["overall"])
-    lines = ["# Compile benchmark: surecall vs xgrammar vs outlines-core (Llama-3 vocabulary)", "",
-             f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
-             f"Sweep time: {report['sweep_s']:.0f} s; per-schema timeout {report['settings']['timeout_s']} s, "
-             f"worker address space {report['settings']['rss_gib']} GiB.", "",
-             "Compiled = compiled within the limits (ours: and every random walk parsed and validated). "
-             "Times: median / p90 / p99 / max over compiled schemas, ms. Peak = max worker RSS growth during "
-             "one compile. Table = median table size (ours: TokenTable bytes; xgrammar: memory_size_bytes).", "",
-             "| subset | " + " | ".join(f"{e} compiled | {e} med/p90/p99/max ms | {e} peak MiB" for e in engines)
-             + " | our table MiB | our unsupported reasons |",
-             "|---" * (3 * len(engines) + 3) + "|"]
-    for name, s in report["per_subset"].items():
+def _run_lane(lane_workers: dict, jobs: list, started: float, deadline: float) -> dict:
+    """{(schema id, engine): result} for this lane's engines over its share of the schemas."""
+    out = {}
+    for i, (_, schema_id, schema, confirmed, _) in enumerate(jobs):
+        if time.perf_counter() > deadline:
+            break
         cells = []
-        for e in engines:
-            x = s[e]
-            cells += [f"{x['compiled']}/{x['n']}",
-                      "/".join(_fmt(x[k], 0) for k in ("median_ms", "p90_ms", "p99_ms", "max_ms")),
-                      _fmt(x["peak_mib"], 0)]
-        reasons = "; ".join(f"{k} x{v}" for k, v in s[engines[0]]["unsupported"].items())
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(s[engines[0]]['table_mib_median'])} | {reasons} |")
-    lines += ["", "Overall: " + json.dumps(report["overall"]), "", "## Seed four-tool catalog (tagged union, with its bounds)",
-              "", "```", json.dumps(report["seed_catalog"], indent=1, default=str), "```", ""]
-    base.with_suffix(".md").write_text("\n".join(lines))
-
+        for e, worker in lane_workers.items():
+            r = out[(schema_id, e)] = worker.run(schema, confirmed)
+            cells.append(f"{SHORT[e]} {fmt(r['ms'], 0) + ' ms' if r['ok'] else 'FAIL (' + r['reason'][:40] + ')'}")
+        print(f"[{'+'.join(SHORT[e] for e in lane_workers)} {i + 1}/{len(jobs)} {time.perf_counter() - started:.0f}s] "
+              f"{schema_id}: " + ", ".join(cells), file=sys.stderr, flush=True)
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,6 +13,7 @@ import numpy as np
 
 from surecall.errors import RequestError
 from surecall.grammars import items
+from surecall.grammars.schema.to_regex import pointer_join
 from surecall.grammars.table import TokenTable
 
 DEFAULT_MAX_TOKENS = 4096
@@ -90,8 +91,9 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     """(unaccounted errors, errors on relaxed keywords) of `document` against `schema`.
 
     Uses the `jsonschema` package (a dev dependency). An error counts as relaxed when its
-    keyword was listed for its schema location, or when it is a combinator (anyOf/oneOf/...)
-    whose location holds, or lies under, a relaxed keyword's location.
+    keyword was listed for one of its schema locations (`error_locations`: the path the
+    validator took, or the place a `$ref` on that path points to), or when it is a combinator
+    (anyOf/oneOf/...) whose location holds, or lies under, a relaxed keyword's location.
     """
     import jsonschema
 
@@ -103,22 +105,100 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     except (OverflowError, ValueError) as exc:  # e.g. 1e999 parses to inf and multipleOf cannot divide it
         return [], [f"the validator cannot evaluate this document ({type(exc).__name__}: {exc})"]
     for error in errors:
-        where = "/" + "/".join(str(p) for p in list(error.schema_path)[:-1])
-        message = f"{error.validator} at {where}: {error.message[:200]}"
-        (soft if _is_relaxed(where.rstrip("/"), str(error.validator), relaxed_pairs) else bad).append(message)
+        where = error_locations(schema, error)
+        shown = "/" + "/".join(str(p) for p in list(error.absolute_schema_path)[:-1])  # the validator's path
+        message = f"{error.validator} at {shown}: {error.message[:200]}"
+        (soft if _is_relaxed(where, str(error.validator), relaxed_pairs) else bad).append(message)
     return bad, soft
 
 
-def _is_relaxed(where: str, keyword: str, relaxed_pairs: set) -> bool:
-    # An error inside a then/else branch belongs to the `if` next to it: relaxed when that `if` is.
-    for branch in ("/then", "/else"):
-        if branch in where and _is_relaxed(where.rsplit(branch, 1)[0], "if", relaxed_pairs):
-            return True
-    tail = where.split("/$ref", 1)[-1] if "/$ref" in where else where
-    for pointer, kw in relaxed_pairs:
-        if kw == keyword and (pointer == where or pointer.endswith(tail) or where.endswith(pointer)):
-            return True
-        combinator = keyword in ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else")
-        if combinator and (pointer.startswith(where) or where.startswith(pointer)):
-            return True
+def error_locations(root, error) -> set[str]:
+    """JSON pointers of the schema object that holds `error`'s keyword, one per way to spell it.
+
+    jsonschema's `schema_path` runs through `$ref`s without naming them (draft 4 to 2020-12), so
+    `/properties/x/maxLength` may live at `/definitions/s`. The compiler lists a keyword either
+    where the reference points (a bare `$ref`) or under the referencing path (a `$ref` with
+    siblings), so each `$ref` hop on the path adds its target as a second spelling.
+    """
+    path = list(error.absolute_schema_path)
+    node, spellings = root, {""}
+    for i, part in enumerate(path):
+        for _ in range(32):  # a chain of $ref hops, bounded against reference cycles
+            if not isinstance(node, dict) or part in node or not isinstance(node.get("$ref"), str):
+                break
+            hop = _resolve_local(root, node["$ref"])
+            if hop is None:
+                break
+            node, target = hop
+            spellings.add(target)
+        if i == len(path) - 1:
+            break
+        node = _child(node, part)
+        spellings = {pointer_join(s, part) for s in spellings}
+    if node is not error.schema:  # the walk lost its way (a remote $ref, an $id): find the object itself
+        spellings |= _pointers_of(root, error.schema)
+    return {s.rstrip("/") for s in spellings}
+
+
+def _child(node, part):
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
+
+
+def _resolve_local(root, ref: str):
+    """(target object, its pointer) of a local `#...` reference; None for any other."""
+    from urllib.parse import unquote
+
+    if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
+        return None
+    node, parts = root, []
+    for raw in ref[1:].split("/")[1:]:
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        node = _child(node, int(part) if isinstance(node, list) and part.isdigit() else part)
+        if node is None:
+            return None
+        parts.append(part)
+    return node, pointer_join("", *parts)
+
+
+def _pointers_of(root, target) -> set[str]:
+    """Every pointer at which the object `target` (by identity) sits inside `root`."""
+    found, stack = set(), [(root, "")]
+    while stack:
+        node, ptr = stack.pop()
+        if node is target:
+            found.add(ptr)
+        if isinstance(node, dict):
+            stack += [(v, pointer_join(ptr, k)) for k, v in node.items() if isinstance(v, (dict, list))]
+        elif isinstance(node, list):
+            stack += [(v, pointer_join(ptr, i)) for i, v in enumerate(node) if isinstance(v, (dict, list))]
+    return found
+
+
+_COMBINATORS = ("anyOf", "oneOf", "allOf", "$ref", "not", "if", "then", "else")
+_APPLICATORS = ("patternProperties", "propertyNames", "dependentSchemas", "dependencies", "contains", "not", "if",
+                "unevaluatedProperties", "unevaluatedItems")
+
+
+def _is_relaxed(where: set[str], keyword: str, relaxed_pairs: set) -> bool:
+    """Whether an error on `keyword`, held at any pointer in `where`, is explained by a relaxed pair."""
+    for ptr in where:
+        # An error inside a then/else branch belongs to the `if` next to it: relaxed when that `if` is.
+        for branch in ("/then", "/else"):
+            if branch in ptr and _is_relaxed({ptr.rsplit(branch, 1)[0]}, "if", relaxed_pairs):
+                return True
+        for pointer, kw in relaxed_pairs:
+            if kw == keyword and pointer == ptr:
+                return True
+            if kw in _APPLICATORS and _under(ptr, pointer_join(pointer, kw)):
+                return True  # inside the subschemas of a relaxed applicator: nothing there is enforced
+            if keyword in _COMBINATORS and (_under(pointer, ptr) or _under(ptr, pointer)):
+                return True
     return False
+
+
+def _under(pointer: str, prefix: str) -> bool:
+    return pointer == prefix or pointer.startswith(prefix + "/")

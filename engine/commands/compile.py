@@ -2,8 +2,9 @@
 
 SCHEMA_OR_TOOLS is a JSON Schema file, a JSON list or JSONL file of tools, or the word `seed`
 for the built-in four-tool catalog. Prints the states, table bytes, cold and warm compile time
-(cold: the disk cache bypassed; warm: loaded from it) and the keywords the grammar relaxed;
-`--json` prints one JSON object. It samples nothing: `surecall sample` walks the table.
+(cold: the disk cache bypassed; warm: loaded from it) and each keyword the grammar relaxed with
+the reason (the compiler's own from `table.meta["relaxed_reasons"]`, else a generic one per
+keyword); `--json` prints one JSON object. It samples nothing: `surecall sample` walks the table.
 """
 
 from __future__ import annotations
@@ -16,6 +17,47 @@ import time
 from surecall.commands import resolve
 from surecall.commands.args import positive_int, tool_format
 from surecall.grammars import cache as table_cache
+
+# Why a keyword may be left to the validator, when the compiler gives no reason of its own.
+GENERIC_REASONS = {
+    "uniqueItems": "needs memory of every earlier item; not a finite automaton",
+    "minLength": "a length bound next to a pattern or format, or past the counted limit, is not counted",
+    "maxLength": "a length bound next to a pattern or format, or past the counted limit, is not counted",
+    "minItems": "an item bound past max_bounded_length is not materialised",
+    "maxItems": "an item bound past max_bounded_length is not materialised",
+    "pattern": "the pattern uses a feature a finite automaton cannot match exactly (lookaround, backreference)",
+    "format": "no exact grammar for this format (or it comes with a pattern)",
+    "multipleOf": "divisibility of decimal numbers is not spelled out in the grammar",
+    "minimum": "a non-integral or out-of-range number bound is not spelled out in the grammar",
+    "maximum": "a non-integral or out-of-range number bound is not spelled out in the grammar",
+    "exclusiveMinimum": "a non-integral or out-of-range number bound is not spelled out in the grammar",
+    "exclusiveMaximum": "a non-integral or out-of-range number bound is not spelled out in the grammar",
+    "oneOf": "the branches overlap: 'exactly one' needs the complement of the others, which is not built",
+    "not": "the negation of a general schema needs a complement automaton, which is not built",
+    "if": "if/then/else is not compiled into branches",
+    "dependentSchemas": "depends on which keys are present; not compiled",
+    "dependencies": "depends on which keys are present; not compiled",
+    "dependentRequired": "depends on which keys are present; not compiled",
+    "patternProperties": "keys matched by a pattern are not enforced in the grammar",
+    "propertyNames": "property names are not constrained in the grammar",
+    "unevaluatedProperties": "needs annotations collected across subschemas",
+    "unevaluatedItems": "needs annotations collected across subschemas",
+    "contains": "which items match, at any position, is not counted",
+    "minProperties": "a property count over optional or undeclared keys is not counted",
+    "maxProperties": "a property count over optional or undeclared keys is not counted",
+}
+DEFAULT_REASON = "not enforced by the grammar; the validator checks it"
+
+
+def relaxed_reasons(table) -> list[dict]:
+    """[{pointer, keyword, reason}] for each relaxed keyword, the compiler's reason first."""
+    given = table.meta.get("relaxed_reasons") or {}
+    out = []
+    for pointer, keyword in table.relaxed:
+        reason = given.get(f"{pointer} {keyword}") or given.get(f"{pointer or '/'} {keyword}")
+        out.append({"pointer": pointer or "/", "keyword": keyword,
+                    "reason": reason or GENERIC_REASONS.get(keyword, DEFAULT_REASON)})
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         "states": table.num_states, "dfa_states": table.meta.get("dfa_states"), "transitions": table.num_transitions,
         "table_bytes": table.nbytes, "cold_ms": round(cold_ms, 2), "warm_ms": round(warm_ms, 3),
         "min_tokens": int(table.dist[0]), "relaxed": [list(r) for r in table.relaxed],
+        "relaxed_reasons": relaxed_reasons(table),
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),
         "cache_max_bytes": table_cache.max_cache_bytes(),
     }
@@ -75,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"states {report['states']} (byte DFA {report['dfa_states']}), transitions {report['transitions']}, "
           f"table {report['table_bytes'] / 2**20:.1f} MiB")
     print(f"compile {cold_ms:.1f} ms cold, {warm_ms:.2f} ms warm (disk cache); shortest document {report['min_tokens']} tokens")
-    relaxed = ", ".join(f"{k} at {p or '/'}" for p, k in table.relaxed) or "none"
-    print(f"relaxed (enforced by the validator, not the grammar): {relaxed}")
+    print(f"relaxed (enforced by the validator, not the grammar): {'none' if not table.relaxed else ''}".rstrip())
+    for r in report["relaxed_reasons"]:
+        print(f"  {r['keyword']} at {r['pointer']}: {r['reason']}")
     print(f"disk cache: {report['cache_dir']} holds {report['cache_bytes'] / 2**20:.1f} MiB "
           f"(limit {report['cache_max_bytes'] / 2**20:.0f} MiB, SURECALL_CACHE_MAX_BYTES; least recently used evicted)")
     return 0

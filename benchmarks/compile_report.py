@@ -1,0 +1,197 @@
+"""The aggregation and report of benchmarks/compile.py: per-subset summaries, goals, tables.
+
+`summarise` folds the per-schema rows of one engine into counts, percentiles and failure
+reasons; `goals` states issue 15's goals with the measured figure and whether each is met;
+`readme_table` is the compact per-subset table for the README; `write` puts the JSON and the
+markdown side by side. Nothing here compiles or times anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections import Counter
+from pathlib import Path
+
+SHORT = {"ours": "ours", "xgrammar": "xgr", "llguidance": "llg", "llguidance-lenient": "llg-len", "outlines": "outl"}
+MB = 10**6
+
+# --- aggregation -----------------------------------------------------------------------------
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+_COUNTS = ("valid_n", "valid_accepted", "invalid_n", "invalid_rejected", "invalid_relaxed", "walks", "walks_valid",
+           "walks_unsound", "walks_relaxed", "bounds_relaxed")
+
+
+def summarise(results: list[dict]) -> dict:
+    ok = [r for r in results if r["ok"]]
+    times = [r["ms"] for r in ok]
+    tables = [r["table_bytes"] for r in ok if "table_bytes" in r]
+    total = {k: sum(r.get(k, 0) for r in ok) for k in _COUNTS}
+    reasons = Counter(r["reason"] for r in results if not r["ok"])
+    return {
+        "n": len(results), "compiled": len(ok), **total,
+        "schemas_walks_all_valid": sum(r.get("walks_valid", 0) == r.get("walks", -1) for r in ok),
+        "schemas_relaxing_bounds": sum(r.get("bounds_relaxed", 0) > 0 for r in ok),
+        "check_errors": sum("check_error" in r for r in ok),
+        "median_ms": _pct(times, 0.5), "p90_ms": _pct(times, 0.9), "max_ms": max(times, default=None),
+        "table_p50_bytes": _pct(tables, 0.5), "table_p99_bytes": _pct(tables, 0.99),
+        "table_max_bytes": max(tables, default=None),
+        "peak_mib": max((r["peak_bytes"] for r in ok), default=0) / 2**20,
+        "unsupported": dict(reasons.most_common(4)),
+    }
+
+
+def fmt(x, digits=1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _ratio(a: int, b: int) -> str:
+    return "-" if not b else f"{a}/{b}"
+
+
+def build_report(args, rows, subset_names, engines, catalog, sweep_s) -> dict:
+    per_subset = {s: {e: summarise([r for r in rows if r["subset"] == s and r["engine"] == e]) for e in engines}
+                  for s in subset_names}
+    overall = {e: summarise([r for r in rows if r["engine"] == e]) for e in engines}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    return {
+        "command": " ".join(["python", "benchmarks/compile.py", *sys.argv[1:]]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average": os.getloadavg()},
+        "settings": settings, "sweep_s": sweep_s, "per_subset": per_subset, "overall": overall,
+        "goals": goals(per_subset, overall, catalog, rows), "seed_catalog": catalog,
+        "our_failures": [r for r in rows if r["engine"] == "ours" and (not r["ok"] or r.get("walks_unsound")
+                                                                        or r.get("valid_accepted", 0) < r.get("valid_n", 0))],
+        "rows": rows,
+    }
+
+
+def _common_medians(rows: list[dict], a: str, b: str) -> tuple[float | None, float | None, int]:
+    """Median compile ms of engines a and b over the schemas both compiled."""
+    ms = {}
+    for r in rows:
+        if r["ok"] and r["engine"] in (a, b):
+            ms.setdefault((r["subset"], r["id"]), {})[r["engine"]] = r["ms"]
+    both = [v for v in ms.values() if len(v) == 2]
+    return _pct([v[a] for v in both], 0.5), _pct([v[b] for v in both], 0.5), len(both)
+
+
+def goals(per_subset: dict, overall: dict, catalog: dict, rows: list[dict]) -> list[dict]:
+    """Issue 15's goals, each with the figure measured and whether it is met."""
+    if "ours" not in overall:
+        return []
+    o, out = overall["ours"], []
+
+    def goal(text, figure, met):
+        out.append({"goal": text, "measured": figure, "met": bool(met)})
+
+    goal("samples of every compiled schema 100% valid", f"{o['walks_valid']}/{o['walks']} walks valid "
+         f"({o['walks_unsound']} unsound, {o['walks_relaxed']} break only a relaxed keyword)",
+         o["walks"] and o["walks_valid"] == o["walks"])
+    goal("no length or item bound relaxed", f"{o['schemas_relaxing_bounds']} compiled schemas relax one "
+         f"({o['bounds_relaxed']} bounds)", o["schemas_relaxing_bounds"] == 0)
+    goal("valid instances accepted 100%", _ratio(o["valid_accepted"], o["valid_n"]), o["valid_accepted"] == o["valid_n"])
+    if "xgrammar" in overall:
+        behind = [f"{s} {v['ours']['compiled']}<{v['xgrammar']['compiled']}" for s, v in per_subset.items()
+                  if v["ours"]["compiled"] < v["xgrammar"]["compiled"]]
+        goal("coverage at least xgrammar's on every subset", "behind on: " + (", ".join(behind) or "none"), not behind)
+        x = overall["xgrammar"]
+        ours_ms, xgr_ms, num_both = _common_medians(rows, "ours", "xgrammar")
+        goal("median compile no slower than xgrammar's", f"{fmt(o['median_ms'])} ms vs {fmt(x['median_ms'])} ms "
+             f"(on the {num_both} schemas both compile: {fmt(ours_ms)} vs {fmt(xgr_ms)} ms)",
+             ours_ms is not None and xgr_ms is not None and ours_ms <= xgr_ms)
+    goal("no shared schema's table above 32 MB", f"max {fmt((o['table_max_bytes'] or 0) / MB)} MB, "
+         f"p99 {fmt((o['table_p99_bytes'] or 0) / MB)} MB, p50 {fmt((o['table_p50_bytes'] or 0) / MB, 2)} MB",
+         (o["table_max_bytes"] or 0) <= 32 * MB)
+    if "cold_ms" in catalog:
+        goal("seed catalog, all bounds enforced, cold compile at most xgrammar's and table under 4 MB",
+             f"cold {fmt(catalog['cold_ms'])} ms vs xgrammar {fmt(catalog['xgrammar_ms'])} ms, table "
+             f"{fmt(catalog['table_bytes'] / MB, 2)} MB, {len(catalog['relaxed'])} relaxed",
+             catalog["cold_ms"] <= catalog["xgrammar_ms"] and catalog["table_bytes"] < 4 * MB and not catalog["relaxed"])
+    return out
+
+
+# --- output ----------------------------------------------------------------------------------
+def readme_table(report: dict) -> list[str]:
+    """The compact per-subset table for the README."""
+    engines = list(report["overall"])
+    checked = [e for e in engines if e != "llguidance-lenient"]
+    timed = [e for e in engines if e != "llguidance-lenient"]
+    head = (f"| subset | n | compiled {' / '.join(SHORT[e] for e in engines)} | valid accepted "
+            f"{' / '.join(SHORT[e] for e in checked)} | invalid rejected {' / '.join(SHORT[e] for e in checked)} "
+            f"| our samples valid | median ms {' / '.join(SHORT[e] for e in timed)} | our table p50 / max MB |")
+    lines = [head, "|---" * 8 + "|"]
+    for name, s in [*report["per_subset"].items(), ("**all**", report["overall"])]:
+        ours = s.get("ours", {})
+        lines.append(" | ".join([
+            f"| {name}", str(s[engines[0]]["n"]), " / ".join(str(s[e]["compiled"]) for e in engines),
+            " / ".join(_ratio(s[e]["valid_accepted"], s[e]["valid_n"]) for e in checked),
+            " / ".join(_ratio(s[e]["invalid_rejected"], s[e]["invalid_n"]) for e in checked),
+            _ratio(ours.get("walks_valid", 0), ours.get("walks", 0)),
+            " / ".join(fmt(s[e]["median_ms"], 0) for e in timed),
+            f"{fmt((ours.get('table_p50_bytes') or 0) / MB)} / {fmt((ours.get('table_max_bytes') or 0) / MB)} |"]))
+    return lines
+
+
+def write(base: Path, report: dict) -> None:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    base.with_suffix(".md").write_text("\n".join(markdown(report)) + "\n")
+    print(f"wrote {base.with_suffix('.md')} and .json", file=sys.stderr)
+
+
+def markdown(report: dict) -> list[str]:
+    st = report["settings"]
+    engines = list(report["overall"])
+    lines = [
+        "# Compile benchmark: surecall vs xgrammar vs llguidance vs outlines-core (Llama-3 vocabulary)", "",
+        f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
+        f"Sweep: {report['sweep_s']:.0f} s; {st['per_subset']} schemas per subset (seed {st['seed']} per subset), "
+        f"compile timeout {st['timeout_s']} s, check timeout {st['check_timeout_s']} s, worker address space "
+        f"{st['rss_gib']} GiB, {st['walks']} random walks per schema (half cut at the fewest tokens + 2). "
+        f"Engines run in lanes side by side (ours, xgr, llg, llg-len one after another; outlines-core in two "
+        f"lanes of its own), so timings include contention from the other lanes and the machine's load. "
+        f"Schemas left out at --max-minutes {st['max_minutes']:g}: {report.get('schemas_left_out_for_time', 0)} "
+        "(the sweep goes round-robin over the subsets).", "",
+        "Engines: ours = surecall TokenTable (defaults); xgr = xgrammar compile_json_schema(any_whitespace=False, "
+        "strict_mode default); llg = llguidance defaults, llg-len = llguidance lenient (unknown keywords ignored), "
+        "both timed as matcher construction + first mask (no table); outl = outlines-core Index over its regex "
+        "(whitespace `[ ]?`).", "",
+        "Instances: the schemas' own tests whose label jsonschema (no format checker) confirms. A valid one counts "
+        "as accepted if any of three spellings is (one-space, compact, our grammar's key order); an invalid one as "
+        "rejected if every spelling is, counted only where the violated keyword is enforced (ours: not in "
+        "`relaxed`; the peers list nothing, so all count). Samples: our random walks that parse and validate "
+        "against the original schema with every keyword (relaxed ones too).", "",
+        "## README table", "", *readme_table(report), "",
+        "## Goals (issue 15)", "", "| goal | measured | met |", "|---|---|---|",
+        *[f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in report["goals"]], "",
+        "## Per engine and subset", "",
+        "| subset | engine | compiled | compile med/p90/max ms | table p50/p99/max MB | peak MiB | valid acc | "
+        "invalid rej | walks valid | failures |", "|---" * 10 + "|"]
+    for name, s in [*report["per_subset"].items(), ("all", report["overall"])]:
+        for e in engines:
+            x = s[e]
+            tables = "/".join(fmt((x[k] or 0) / MB, 2) if x[k] is not None else "-"
+                              for k in ("table_p50_bytes", "table_p99_bytes", "table_max_bytes"))
+            reasons = "; ".join(f"{k} x{v}" for k, v in x["unsupported"].items())
+            lines.append(f"| {name} | {e} | {x['compiled']}/{x['n']} | "
+                         + "/".join(fmt(x[k], 0) for k in ("median_ms", "p90_ms", "max_ms"))
+                         + f" | {tables} | {fmt(x['peak_mib'], 0)} | {_ratio(x['valid_accepted'], x['valid_n'])} | "
+                         f"{_ratio(x['invalid_rejected'], x['invalid_n'])} | {_ratio(x['walks_valid'], x['walks'])} | "
+                         f"{reasons} |")
+    lines += ["", "## Seed four-tool catalog (tagged union, with its bounds)", "", "```",
+              json.dumps(report["seed_catalog"], indent=1, default=str), "```", "",
+              "## Our failures (first 40)", ""]
+    for r in report["our_failures"][:40]:
+        what = r.get("reason") or (f"walks unsound: {r.get('walk_errors')}" if r.get("walks_unsound")
+                                   else f"valid rejected: {r.get('rejected_valid')}")
+        lines.append(f"- {r['subset']} `{r['id']}`: {what}")
+    return lines

@@ -1,0 +1,51 @@
+"""`surecall compile` gives a reason for every relaxed keyword, in text and in --json.
+
+The compiler's own reason (`table.meta["relaxed_reasons"]`, keyed "pointer keyword") wins;
+otherwise the command's generic reason for the keyword, otherwise a default line.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from surecall.cli import main
+from surecall.commands.compile import DEFAULT_REASON, GENERIC_REASONS, relaxed_reasons
+
+UNIQUE_TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                         "uniqueItems": True, "maxItems": 3}},
+               "required": ["tags"], "additionalProperties": False}
+
+
+def test_compiler_reason_wins_then_generic_then_default():
+    table = SimpleNamespace(relaxed=[("/a", "uniqueItems"), ("", "oneOf"), ("/b", "x-unknown")],
+                            meta={"relaxed_reasons": {"/a uniqueItems": "the compiler's own words"}})
+    got = relaxed_reasons(table)
+    assert got == [{"pointer": "/a", "keyword": "uniqueItems", "reason": "the compiler's own words"},
+                   {"pointer": "/", "keyword": "oneOf", "reason": GENERIC_REASONS["oneOf"]},
+                   {"pointer": "/b", "keyword": "x-unknown", "reason": DEFAULT_REASON}]
+    assert relaxed_reasons(SimpleNamespace(relaxed=[], meta={})) == []
+
+
+@pytest.fixture
+def unique_schema(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(UNIQUE_TAGS))
+    return path
+
+
+def test_compile_prints_the_reason_for_each_relaxed_keyword(unique_schema, capsys):
+    assert main(["compile", str(unique_schema), "--tokenizer", "shared:gpt2"]) == 0
+    out = capsys.readouterr().out
+    assert "uniqueItems at /properties/tags: needs memory of every earlier item; not a finite automaton" in out
+
+
+def test_compile_json_lists_reasons(unique_schema, capsys):
+    assert main(["compile", str(unique_schema), "--tokenizer", "shared:gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["relaxed"] == [["/properties/tags", "uniqueItems"]]
+    assert report["relaxed_reasons"] == [{"pointer": "/properties/tags", "keyword": "uniqueItems",
+                                          "reason": GENERIC_REASONS["uniqueItems"]}]

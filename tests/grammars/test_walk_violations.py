@@ -1,0 +1,94 @@
+"""schema_violations: errors on relaxed keywords are told apart from real ones, $refs included.
+
+jsonschema's error paths run through `$ref`s without naming them, so a keyword relaxed where a
+reference points (`/definitions/s`) is reported at the referencing path (`/properties/x`): these
+tests pin that such errors count as relaxed, in draft 4, 7 and 2020-12, and that a relaxed
+keyword elsewhere explains nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from surecall.grammars.walk import schema_violations
+
+DRAFTS = {"draft-04": "http://json-schema.org/draft-04/schema#",
+          "draft-07": "http://json-schema.org/draft-07/schema#",
+          "2020-12": "https://json-schema.org/draft/2020-12/schema"}
+
+
+def _schema(draft: str) -> dict:
+    defs = "$defs" if draft == "2020-12" else "definitions"
+    return {
+        "$schema": DRAFTS[draft],
+        defs: {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "holder": {"type": "object", "properties": {"tags": {"$ref": f"#/{defs}/tags"}}},
+        },
+        "type": "object",
+        "properties": {"x": {"$ref": f"#/{defs}/tags"}, "y": {"$ref": f"#/{defs}/holder"}},
+    }
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+def test_relaxed_keyword_behind_a_ref_counts_as_relaxed(draft):
+    schema = _schema(draft)
+    defs = "$defs" if draft == "2020-12" else "definitions"
+    doc = {"x": ["a", "a"], "y": {"tags": ["b", "b"]}}
+    bad, soft = schema_violations(schema, doc, [(f"/{defs}/tags", "uniqueItems")])
+    assert bad == [] and len(soft) == 2, (bad, soft)
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+def test_unrelaxed_or_elsewhere_relaxed_keyword_is_an_error(draft):
+    schema = _schema(draft)
+    doc = {"x": ["a", "a"]}
+    bad, soft = schema_violations(schema, doc, [])
+    assert len(bad) == 1 and "uniqueItems at /properties/x" in bad[0] and soft == []
+    bad, soft = schema_violations(schema, doc, [("/properties/z", "uniqueItems"), ("", "uniqueItems")])
+    assert len(bad) == 1 and soft == []  # a pointer that is not the keyword's own explains nothing
+
+
+def test_ref_with_siblings_is_relaxed_under_the_referencing_path():
+    """The compiler lists a $ref-with-siblings target's keywords at the referencing schema."""
+    schema = {"$defs": {"tags": {"type": "array", "uniqueItems": True}},
+              "properties": {"y": {"$ref": "#/$defs/tags", "minItems": 1}}}
+    bad, soft = schema_violations(schema, {"y": [1, 1]}, [("/properties/y", "uniqueItems")])
+    assert bad == [] and len(soft) == 1
+
+
+def test_the_compilers_own_relaxed_list_explains_errors_behind_refs():
+    from surecall.grammars.schema.to_regex import schema_to_regex
+
+    schema = _schema("draft-07")
+    relaxed = schema_to_regex(schema).relaxed
+    assert ("/definitions/tags", "uniqueItems") in relaxed
+    bad, soft = schema_violations(schema, {"x": ["a", "a"], "y": {"tags": ["b", "b"]}}, relaxed)
+    assert bad == [] and len(soft) == 2
+
+
+def test_anchor_ref_found_by_object_identity():
+    """A `$ref` the pointer walk cannot follow (a draft-7 `$id` anchor) is located by identity."""
+    schema = {"$schema": DRAFTS["draft-07"],
+              "definitions": {"tags": {"$id": "#tags", "type": "array", "uniqueItems": True}},
+              "properties": {"x": {"$ref": "#tags"}}}
+    bad, soft = schema_violations(schema, {"x": [1, 1]}, [("/definitions/tags", "uniqueItems")])
+    assert bad == [] and len(soft) == 1
+
+
+def test_combinator_error_under_a_relaxed_location_is_relaxed():
+    schema = {"properties": {"x": {"anyOf": [{"type": "array", "uniqueItems": True}, {"type": "string"}]}}}
+    bad, soft = schema_violations(schema, {"x": [1, 1]}, [("/properties/x/anyOf/0", "uniqueItems")])
+    assert bad == [] and len(soft) == 1
+    bad, soft = schema_violations(schema, {"x": [1, 1]}, [])
+    assert len(bad) == 1 and bad[0].startswith("anyOf at /properties/x")
+
+
+def test_error_inside_a_relaxed_applicator_is_relaxed():
+    """A value under a relaxed patternProperties is not enforced, so its type error is explained."""
+    schema = {"properties": {"m": {"type": "object", "patternProperties": {".*": {"type": "string"}}}}}
+    doc = {"m": {"k": 123}}
+    bad, soft = schema_violations(schema, doc, [("/properties/m", "patternProperties")])
+    assert bad == [] and len(soft) == 1
+    bad, soft = schema_violations(schema, doc, [("/properties/other", "patternProperties")])
+    assert len(bad) == 1 and "type at /properties/m/patternProperties/.*" in bad[0]
