@@ -50,8 +50,14 @@ DEFAULT_REASON = "not enforced by the grammar; the validator checks it"
 
 
 def relaxed_reasons(table) -> list[dict]:
-    """[{pointer, keyword, reason}] for each relaxed keyword, the compiler's reason first."""
+    """[{pointer, keyword, reason}] for each relaxed keyword, the compiler's reason first.
+
+    The compiler's reasons (`table.meta["relaxed_reasons"]`) are a list parallel to `table.relaxed`
+    ("" where it gave none); a mapping "pointer keyword" -> reason is read too.
+    """
     given = table.meta.get("relaxed_reasons") or {}
+    if isinstance(given, (list, tuple)):
+        given = {f"{p} {k}": why for (p, k), why in zip(table.relaxed, given, strict=False) if why}
     out = []
     for pointer, keyword in table.relaxed:
         reason = given.get(f"{pointer} {keyword}") or given.get(f"{pointer or '/'} {keyword}")
