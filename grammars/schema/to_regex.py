@@ -41,7 +41,7 @@ _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # Restrict values, never enforced by the grammar: always listed when their type is possible.
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
-_RELAXED_OBJECT = ("patternProperties", "propertyNames", "dependentRequired", "unevaluatedProperties")
+_RELAXED_OBJECT = ("propertyNames", "dependentRequired", "unevaluatedProperties")
 _RELAXED_ARRAY = ("contains", "unevaluatedItems")
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
@@ -105,9 +105,20 @@ def pointer_join(pointer: str, *parts: object) -> str:
 
 
 def json_literal(value: object, options: GrammarOptions) -> str:
-    """Regex matching the canonical grammar-style spelling of one JSON value."""
-    item_sep, key_sep = options.separators()
-    text = json.dumps(value, ensure_ascii=False, separators=(item_sep, key_sep), allow_nan=False)
+    """Regex matching one JSON value spelled canonically, with the whitespace the options allow
+    wherever JSON allows it (object keys in the value's own order)."""
+    ws = options.whitespace_regex()
+    if isinstance(value, dict):
+        members = [f"{_text_literal(k)}{ws}:{ws}{json_literal(v, options)}" for k, v in value.items()]
+        return f"\\{{{ws}" + (f"{ws},{ws}".join(members) + ws if members else "") + "\\}"
+    if isinstance(value, list):
+        items = [json_literal(v, options) for v in value]
+        return f"\\[{ws}" + (f"{ws},{ws}".join(items) + ws if items else "") + "\\]"
+    return _text_literal(value)
+
+
+def _text_literal(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return "".join(lex.regex_char(ord(c)) for c in text)
 
 
@@ -177,6 +188,12 @@ class Converter:
         self.relaxed: dict[tuple[str, str], None] = {}
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
+        # Each $ref target's regex is converted once per nesting context and reused: (ref,
+        # depths of the refs being expanded) -> regex. The string is still inlined at each use.
+        self.ref_regex: dict[tuple, str | None] = {}
+        self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
+        self.ref_stack: list[str] = []
+        self.any_regex: dict[int, str] = {}
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
@@ -188,8 +205,18 @@ class Converter:
     def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
         if regex is not None and len(regex) > self.options.max_regex_length:
             raise UnsupportedSchema(
-                f"the regex grows past max_regex_length={self.options.max_regex_length}", ptr, keyword)
+                f"the regex grows past max_regex_length={self.options.max_regex_length}{self.ref_growth()}",
+                ptr, keyword)
         return regex
+
+    def ref_growth(self) -> str:
+        """Which $ref is being expanded and which one the regex inlines most (for size errors)."""
+        if not self.ref_uses:
+            return ""
+        ref, (uses, chars) = max(self.ref_uses.items(), key=lambda kv: kv[1][0] * kv[1][1])
+        inside = f" inside $ref {self.ref_stack[-1]!r};" if self.ref_stack else ";"
+        return (f"{inside} $ref {ref!r} grows it most: inlined {uses} times, {chars} characters each "
+                "(lower max_ref_depth or give the schema fewer repeated references)")
 
     # -- entry ---------------------------------------------------------------------------
     def convert(self, schema: object, ptr: str) -> str | None:
@@ -266,13 +293,25 @@ class Converter:
         if depth >= self.options.max_ref_depth + 1:
             self.truncated_at = self.truncated_at or ptr
             return None
+        if any(k in _ASSERTING for k in rest):
+            # the validator reports the target's keywords under the referencing schema's path
+            return self.expand_ref(ref, depth, lambda: self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr))
+        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d)))
+        if key not in self.ref_regex:
+            self.ref_regex[key] = self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr))
+        regex = self.ref_regex[key]
+        if regex is not None:
+            uses = self.ref_uses.setdefault(ref, [0, len(regex)])
+            uses[0] += 1
+        return regex
+
+    def expand_ref(self, ref: str, depth: int, convert) -> str | None:
         self.ref_depth[ref] = depth + 1
+        self.ref_stack.append(ref)
         try:
-            if any(k in _ASSERTING for k in rest):
-                # the validator reports the target's keywords under the referencing schema's path
-                return self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr)
-            return self.convert(target, target_ptr)
+            return convert()
         finally:
+            self.ref_stack.pop()
             self.ref_depth[ref] = depth
 
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
@@ -407,8 +446,9 @@ class Converter:
         if types_a != {"object"}:
             return False
         props = emitted.get("properties", {})
-        is_closed = bool(props) and (emitted.get("additionalProperties") is False
-                                     or not self.options.allow_additional_properties)
+        is_open = self.options.allow_additional_properties or "additionalProperties" in emitted
+        is_closed = bool(props) and not emitted.get("patternProperties") and (
+            emitted.get("additionalProperties") is False or not is_open)
         required_b = other.get("required", [])
         written = set(props) | set(emitted.get("required", []))  # required-undeclared are written too
         if is_closed and any(name not in written for name in required_b):
@@ -476,14 +516,17 @@ class Converter:
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
 
     def any_value(self, depth: int) -> str:
+        """Any JSON value nested at most `depth` containers deep (built once per depth)."""
         if depth <= 0:
             return _SCALARS
-        inner = self.any_value(depth - 1)
-        ws, sep = self.ws, f"{self.ws},{self.ws}"
-        member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
-        obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
-        arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
-        return f"{_SCALARS}|{obj}|{arr}"
+        if depth not in self.any_regex:
+            inner = self.any_value(depth - 1)
+            ws, sep = self.ws, f"{self.ws},{self.ws}"
+            member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
+            obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
+            arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
+            self.any_regex[depth] = f"{_SCALARS}|{obj}|{arr}"
+        return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------
     def convert_string(self, schema: dict, ptr: str) -> str | None:
@@ -649,7 +692,10 @@ class Converter:
                 continue
             key = '"' + lex.escape_literal(name) + '"'
             members.append((f"{key}{self.ws}:{self.ws}{_group(value)}", name in required))
-        extra = self.extra_member(extra_schema, list(props), ptr)
+        repeated = self.pattern_members(schema, list(props), ptr)
+        if not schema.get("patternProperties"):  # an extra key must not match a pattern: kept closed
+            repeated.append(self.extra_member(schema, extra_schema, list(props), ptr))
+        extra = _alternation(repeated)
         num_required = sum(req for _, req in members)
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
@@ -664,15 +710,53 @@ class Converter:
         if high is not None and (has_extra or num_declared > high):
             self.relax(ptr, "maxProperties")
 
-    def extra_member(self, extra_schema: object, declared: list[str], ptr: str) -> str | None:
-        # A free-form object (nothing declared) keeps its extra keys; declared ones close by policy.
-        if extra_schema is False or (declared and not self.options.allow_additional_properties):
+    def extra_member(self, schema: dict, extra_schema: object, declared: list[str], ptr: str) -> str | None:
+        """One undeclared member (key none of `declared`: no duplicate of a declared key), or None.
+
+        A free-form object (nothing declared) and one whose `additionalProperties` is written
+        out (true or a schema) take extra keys; other objects with declared properties close by
+        policy (options.allow_additional_properties). Extra keys follow the declared ones.
+        """
+        is_explicit = "additionalProperties" in schema
+        if extra_schema is False or (declared and not (is_explicit or self.options.allow_additional_properties)):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
         if value is None:
             return None
         key = '"' + _string_not_in(declared) + '"'
         return f"{key}{self.ws}:{self.ws}{_group(value)}"
+
+    def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
+        """One member regex per patternProperties pattern whose keys the grammar can write exactly.
+
+        A pattern is used when its translation is exact and no declared name matches it (a
+        pattern key could then repeat a declared one), and not at all beside `propertyNames`. A key matching two patterns must satisfy
+        both schemas, which separate members do not enforce: with more than one pattern, or any
+        pattern left out, `patternProperties` is listed as relaxed (left-out ones are stricter).
+        """
+        patterns = schema.get("patternProperties") or {}
+        members: list[str] = []
+        if "propertyNames" in schema:  # pattern keys would have to meet it too: left out
+            if patterns:
+                self.relax(ptr, "patternProperties")
+            return members
+        for pattern, sub in patterns.items():
+            body = self.pattern_key_body(pattern, declared)
+            value = None if body is None else self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
+            if value is not None:
+                members.append(f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}')
+        if len(patterns) > 1 or len(members) < len(patterns):
+            self.relax(ptr, "patternProperties")
+        return members
+
+    def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:
+        try:
+            translated = translate_pattern(pattern, self.options.max_bounded_length)
+            if any(re.search(pattern, name) for name in declared):
+                return None
+        except (PatternUnsupported, re.error):
+            return None
+        return translated.regex if translated.is_exact else None
 
     def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
                      ptr: str) -> str | None:
