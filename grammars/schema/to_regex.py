@@ -267,6 +267,8 @@ class Converter:
 
     # -- references and combinators ------------------------------------------------------
     def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
+        if not ref.startswith("#") and "#" in ref and ref.split("#", 1)[0] == self.root_id():
+            ref = "#" + ref.split("#", 1)[1]  # the document's own absolute URI
         if not ref.startswith("#"):
             raise UnsupportedSchema(f"only local references are supported, got {ref!r}", ptr, "$ref")
         fragment = ref[1:]
@@ -284,6 +286,13 @@ class Converter:
             else:
                 raise SchemaError(f"reference {ref!r} does not resolve", ptr, "$ref")
         return node, fragment
+
+    def root_id(self) -> str | None:
+        """The root's `$id` (draft 4: `id`) without its fragment, when it is an absolute URI."""
+        if not isinstance(self.root, dict):
+            return None
+        root_id = self.root.get("$id", self.root.get("id"))
+        return root_id.split("#", 1)[0] if isinstance(root_id, str) and ":" in root_id else None
 
     def convert_ref(self, schema: dict, ptr: str) -> str | None:
         target, target_ptr = self.resolve(schema["$ref"], ptr)
@@ -729,7 +738,8 @@ class Converter:
     def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
         """One member regex per patternProperties pattern whose keys the grammar can write exactly.
 
-        A pattern is used when its translation is exact and no declared name matches it (a
+        A pattern is used when its translation writes only matching keys (bounds above
+        max_bounded_length lowered to it) and no declared name matches it (a
         pattern key could then repeat a declared one), and not at all beside `propertyNames`. A key matching two patterns must satisfy
         both schemas, which separate members do not enforce: with more than one pattern, or any
         pattern left out, `patternProperties` is listed as relaxed (left-out ones are stricter).
@@ -751,37 +761,90 @@ class Converter:
 
     def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:
         try:
-            translated = translate_pattern(pattern, self.options.max_bounded_length)
+            translated = translate_pattern(pattern, self.options.max_bounded_length, narrow=True)
             if any(re.search(pattern, name) for name in declared):
                 return None
         except (PatternUnsupported, re.error):
             return None
-        return translated.regex if translated.is_exact else None
+        return translated.regex if translated.is_subset else None  # stricter keys are fine
 
     def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
                      ptr: str) -> str | None:
         """`{...}` with the members in order (optional ones maybe), then extras, comma-separated.
 
-        Built left to right so each member's regex appears at most twice: `written` is every
-        non-empty way to write the members so far (all required ones among them present).
+        The optional members before the first required one (and the extras, when nothing is
+        required) form a run written by `_any_subset`; from the first required member on, each
+        member is one flat `sep m` or `(?:sep m)?`, and the extras `(?:sep extra)*`.
         """
         sep = f"{self.ws},{self.ws}"
-        written: str | None = None
-        seen_required = False
-        for regex, is_required in [*members, *([(extra, False)] if extra else [])]:
-            repeat = "*" if regex is extra else "?"
-            if written is not None:
-                written = f"{written}{sep}{regex}" if is_required else f"{written}(?:{sep}{regex}){repeat}"
-            if not seen_required:
-                alone = f"{regex}(?:{sep}{regex})*" if regex is extra else regex
-                written = alone if written is None else f"(?:{written}|{alone})"
-            seen_required = seen_required or is_required
-            self.check_size(written, ptr, "properties")
-        if written is None:
-            return None if nonempty else f"\\{{{self.ws}\\}}"
-        if not seen_required and not nonempty:
+        if self.options.any_property_order and extra is None and 2 <= len(members) <= MAX_ANY_ORDER:
+            written = self.check_size(_any_order(members, sep), ptr, "properties")
+            if any(req for _, req in members) or nonempty:
+                return f"\\{{{self.ws}{written}{self.ws}\\}}"
             return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+        first_required = next((i for i, (_, req) in enumerate(members) if req), None)
+        if first_required is None:
+            run = [(m, f"(?:{sep}{m})?") for m, _ in members]
+            if extra is not None:
+                run.append((f"{extra}(?:{sep}{extra})*", f"(?:{sep}{extra})*"))
+            if not run:
+                return None if nonempty else f"\\{{{self.ws}\\}}"
+            written = self.check_size(_any_subset(run), ptr, "properties")
+            if nonempty:
+                return f"\\{{{self.ws}{written}{self.ws}\\}}"
+            return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+        run = [(m, f"(?:{sep}{m})?") for m, _ in members[:first_required]]
+        written = members[first_required][0]
+        if run:
+            written = f"(?:{_any_subset(run)}{sep})?{written}"
+        for regex, is_required in members[first_required + 1:]:
+            written += f"{sep}{regex}" if is_required else f"(?:{sep}{regex})?"
+            self.check_size(written, ptr, "properties")
+        if extra is not None:
+            written += f"(?:{sep}{extra})*"
+        self.check_size(written, ptr, "properties")
         return f"\\{{{self.ws}{written}{self.ws}\\}}"
+
+
+# options.any_property_order permutes objects of at most this many declared members and no
+# extra keys (the regex holds each member about e * n! / n times); larger ones keep declared order.
+MAX_ANY_ORDER = 4
+
+
+def _any_order(members: list[tuple[str, bool]], sep: str) -> str:
+    """Regex for the members in any order: each at most once, every required one present."""
+    branches = []
+    for i, (regex, _) in enumerate(members):
+        rest = members[:i] + members[i + 1:]
+        if not rest:
+            branches.append(regex)
+            continue
+        after = f"{sep}{_any_order(rest, sep)}"
+        branches.append(regex + (after if any(req for _, req in rest) else f"(?:{after})?"))
+    return _group("|".join(_group(b) for b in branches)) if len(branches) > 1 else branches[0]
+
+
+# Past this many members a run is split in halves (regex nesting O(log n), not O(n): the
+# regex parser of outlines-core stops at a nesting depth of 250, "error building NFA").
+_LINEAR_RUN = 16
+
+
+def _any_subset(run: list[tuple[str, str]]) -> str:
+    """Regex for every non-empty in-order selection of `run`'s items, comma-separated.
+
+    Each item is (written first, written after another item: with its separator). Short runs
+    nest left to right (each item appears at most twice); long ones split in halves: a
+    selection starts in the left half (then any of the right half follows) or in the right.
+    """
+    if len(run) <= _LINEAR_RUN:
+        written = run[0][0]
+        for first, after in run[1:]:
+            written = f"(?:{written}{after}|{first})"
+        return written
+    half = len(run) // 2
+    left, right = run[:half], run[half:]
+    tail = "".join(after for _, after in right)
+    return f"(?:{_any_subset(left)}{tail}|{_any_subset(right)})"
 
 
 def _localize_additional(own: dict, other: dict) -> dict:
