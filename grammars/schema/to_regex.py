@@ -2,10 +2,13 @@
 
 `schema_to_regex(schema, options)` validates the schema (JSON Schema metaschema, by its
 `$schema` or 2020-12), then walks it: objects list their declared properties in declared order
-(required ones always, optional ones maybe, closed unless options allow more), arrays honour
-prefixItems/items and small min/maxItems, strings small min/maxLength, `pattern` and known
-`format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
-enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. It
+(required ones always, optional ones maybe; any order for small objects with
+options.any_property_order), then extra keys where `additionalProperties` is written out, the
+object is free-form, options allow them, or `patternProperties` match; arrays honour
+prefixItems/items and small min/maxItems, strings min/maxLength, `pattern` and known `format`s,
+integers their bounds (digit-range regexes). Whatever restricts values but is not enforced is
+returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A `$ref` target is
+converted once per nesting context and its regex reused (still inlined: one regex, one DFA). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -1007,4 +1010,14 @@ def _number_bounds_overlap(schema: dict) -> bool:
 
 
 def _json_equal(a: object, b: object) -> bool:
-    return json.dumps(_unmarked(a), sort_keys=True) == json.dumps(_unmarked(b), sort_keys=True)
+    """JSON equality: key order ignored, 1 == 1.0 (JSON Schema compares numbers by value)."""
+    return json.dumps(_numbers_by_value(_unmarked(a)), sort_keys=True) == json.dumps(
+        _numbers_by_value(_unmarked(b)), sort_keys=True)
+
+
+def _numbers_by_value(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _numbers_by_value(v) for k, v in value.items()}
+    return [_numbers_by_value(v) for v in value] if isinstance(value, list) else value

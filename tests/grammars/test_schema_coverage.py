@@ -195,3 +195,68 @@ def test_size_error_names_the_reference_that_grows():
     with pytest.raises(UnsupportedSchema, match=r"\$ref '#/\$defs/leaf' grows it most: inlined \d+ times"):
         schema_to_regex(schema, GrammarOptions(max_regex_length=5000))
     assert schema_to_regex(schema).regex  # within the default limit
+
+
+def test_pattern_keys_above_max_bounded_length_are_narrowed_not_dropped():
+    schema = {"type": "object", "patternProperties": {"^[a-z]{1,255}$": {"type": "integer"}},
+              "additionalProperties": False}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []  # every key written matches: the grammar is only stricter
+    dfa = regex_to_dfa(result.regex)
+    assert dfa.matches(b'{"temperature": 25, "humidity": 60}')
+    assert dfa.matches(('{"' + "a" * 48 + '": 1}').encode())
+    assert not dfa.matches(('{"' + "a" * 49 + '": 1}').encode())  # valid, but past the narrowed bound
+    assert_walks_validate(schema, dfa)
+
+
+def test_reference_to_the_documents_own_id_resolves():
+    schema = {"$id": "https://example.com/s.json", "type": "object",
+              "properties": {"n": {"$ref": "https://example.com/s.json#/$defs/n"}},
+              "$defs": {"n": {"type": "integer"}}}
+    dfa = dfa_of(schema)
+    assert dfa.matches(b'{"n": 3}') and not dfa.matches(b'{"n": "x"}')
+    with pytest.raises(UnsupportedSchema, match="only local references"):
+        schema_to_regex({"$ref": "https://other.example/s.json#/x"})
+
+
+# --- property order -----------------------------------------------------------------------------
+def test_any_property_order_for_small_objects():
+    schema = {"type": "object", "required": ["b"],
+              "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "null"}}}
+    options = GrammarOptions(any_property_order=True)
+    dfa = dfa_of(schema, options)
+    for text in [b'{"b": "x"}', b'{"c": null, "b": "x", "a": 1}', b'{"b":"x","a":1}', b'{"a": 1, "b": ""}']:
+        assert dfa.matches(text), text
+    for text in [b'{"a": 1}', b"{}", b'{"a": 1, "a": 2, "b": ""}', b'{"b": "", "b": ""}']:
+        assert not dfa.matches(text), text
+    assert not dfa_of(schema).matches(b'{"b": "x", "a": 1}')  # declared order by default
+    assert_walks_validate(schema, dfa)
+
+
+def test_any_property_order_keeps_declared_order_past_the_bound():
+    props = {f"p{i}": {"type": "integer"} for i in range(5)}
+    dfa = dfa_of({"type": "object", "properties": props}, GrammarOptions(any_property_order=True))
+    assert dfa.matches(b'{"p0": 1, "p4": 2}') and not dfa.matches(b'{"p4": 2, "p0": 1}')
+
+
+def test_any_property_order_must_be_a_bool():
+    with pytest.raises(ValueError, match="Invalid any_property_order"):
+        GrammarOptions(any_property_order="yes")
+
+
+# --- combinators ------------------------------------------------------------------------------
+def test_all_of_compares_numbers_by_value():
+    schema = {"allOf": [{"const": 1}, {"const": 1.0}]}  # was reported unsatisfiable
+    assert dfa_of(schema).matches(b"1")
+    enum = {"allOf": [{"enum": [1, "a", {"k": 2}]}, {"enum": [1.0, {"k": 2.0}]}]}
+    dfa = dfa_of(enum)
+    assert dfa.matches(b"1") and dfa.matches(b'{"k": 2}') and not dfa.matches(b'"a"')
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"allOf": [{"const": 1}, {"const": 2}]})
+
+
+def test_small_one_of_with_contains_and_not_compiles():
+    schema = {"oneOf": [{"type": "array", "contains": {"type": "integer"}, "items": {"type": ["integer", "string"]}},
+                        {"type": "object", "not": {"required": ["x"]}, "properties": {"y": {"type": "string"}}}]}
+    dfa = dfa_of(schema)  # each branch nests free-form-sized values: timed out before the leading byte
+    assert dfa.matches(b'[1, "a"]') and dfa.matches(b'{"y": "s"}')
