@@ -30,8 +30,9 @@ class GrammarOptions:
     allow_additional_properties: False (default) closes an object with declared properties and no
         `additionalProperties` keyword to those properties (stricter than JSON Schema's default,
         never looser); True lets undeclared keys follow them. An explicit `additionalProperties:
-        true` or schema, a free-form object and `patternProperties` always take extra keys, after
-        the declared ones; an extra key never spells a declared name (no duplicate keys).
+        true` or schema and a free-form object always take extra keys after the declared ones
+        (an extra key never spells a declared name: no duplicate of a declared key); keys that
+        match `patternProperties` are written from the pattern (and then no other extra keys).
     any_property_order: False (default) writes properties in the schema's declared order only
         (so does xgrammar; valid JSON in another order is rejected). True accepts any order for
         objects of at most schema.to_regex.MAX_ANY_ORDER (4) declared properties and no extra
