@@ -23,7 +23,7 @@ from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchem
 from surecall.grammars.automaton import regex_to_dfa_isolated
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
-from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
+from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
 from surecall.grammars.vocab.shared import require_shared
 
 
@@ -57,7 +57,7 @@ def measure(record: dict, options: GrammarOptions, dfa_budget_s: float) -> dict:
     except (SchemaError, CompileBudgetExceeded) as exc:
         return {**out, "stage": "dfa:" + type(exc).__name__, "why": str(exc)[:160]}
     out["ms"] = (time.perf_counter() - started) * 1e3
-    pattern = re.compile(expand_counts(result.regex))
+    pattern = re.compile(expand_marks(result.regex, options.whitespace_regex()))
     for test in record.get("tests", []):
         if test.get("valid"):
             texts = styles(test["data"], record["schema"], options)

@@ -6,7 +6,8 @@ The peers are HF `generate` with xgrammar's and outlines' own logits processors,
 the same regex over the same vocabulary (each is skipped, with the reason printed, when its
 package is missing). Checks correctness first (every constrained call of ours parses; counts how
 many of each peer's parse), warms up, then reports tokens/s, time per step, time to first token,
-t_mask (constrained minus free, per step) and grammar compile time, a table with ratios, and one
+t_mask (constrained minus free, per step; the two run alternately, and "paired" is the median over
+back-to-back pairs, steadier on a loaded machine) and grammar compile time, a table with ratios, and one
 JSON line. Results go to benchmarks/results/e2e_<device>.{json,md}.
 
     TRITON_INTERPRET=1 .venv/bin/python benchmarks/e2e.py --device cpu --model tiny --batches 1,4,16 --max-tokens 40
@@ -232,8 +233,19 @@ def hf_ttft(model, prompts, device: str, processors_factory) -> float:
 
 
 # --- driver ----------------------------------------------------------------------------------
+def paired_runs(fn_a, fn_b, repeats: int):
+    """(median run of a, median run of b, median of the per-pair step-time ratios b / a), the two
+    run alternately, so load on a shared machine that drifts hits both alike."""
+    pairs = [(fn_a(), fn_b()) for _ in range(repeats)]
+    ratio = statistics.median(b["step_s"] / a["step_s"] for a, b in pairs)
+    return median_of([a for a, _ in pairs]), median_of([b for _, b in pairs]), ratio
+
+
 def median_run(fn, repeats: int):
-    runs = [fn() for _ in range(repeats)]
+    return median_of([fn() for _ in range(repeats)])
+
+
+def median_of(runs: list[dict]) -> dict:
     best = dict(runs[0])
     for key in ("wall_s", "step_s", "ttft_s", "sample_s_per_step", "advance_s_per_step"):
         if key in best:
@@ -301,8 +313,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"correctness: only {check['parsed']}/{batch} constrained calls parsed")
         run_ours(llm, prompts, tools, max_tokens, False, seed=0)
         # 3. timed runs, peers in the same process
-        free = median_run(lambda p=prompts: run_ours(llm, p, tools, max_tokens, False, seed=1), args.repeats)
-        cons = median_run(lambda p=prompts: run_ours(llm, p, tools, max_tokens, True, seed=1), args.repeats)
+        free, cons, paired = paired_runs(lambda p=prompts: run_ours(llm, p, tools, max_tokens, False, seed=1),
+                                         lambda p=prompts: run_ours(llm, p, tools, max_tokens, True, seed=1), args.repeats)
         hf_free = median_run(lambda p=prompts: run_hf(model, vocab, p, max_tokens, None, fmt, args.device, 1), args.repeats)
         row = {
             "batch": batch,
@@ -311,6 +323,8 @@ def main(argv=None) -> int:
             "hf_free": hf_free,
             "t_mask_s_per_step": cons["step_s"] - free["step_s"],
             "t_mask_overhead_pct": 100.0 * (cons["step_s"] - free["step_s"]) / free["step_s"],
+            # median over back-to-back (free, constrained) pairs: less exposed to load drifting between them
+            "t_mask_overhead_pct_paired": 100.0 * (paired - 1.0),
             "hf_ttft_s": statistics.median(hf_ttft(model, prompts, args.device, list) for _ in range(args.repeats)),
             "load_average_1m": os.getloadavg()[0],  # CPU timings are only as clean as the machine is idle
         }
@@ -360,7 +374,8 @@ def print_row(row) -> None:
     for key in ("ours_free", "ours_constrained", "hf_free", *(f"hf_{name}" for name in PEERS)):
         print(f"  {key:18s} {_fmt_run(row[key])}")
     ratios = "  ".join(f"vs hf+{name}: {row.get(f'throughput_vs_hf_{name}', float('nan')):.2f}x tok/s" for name in PEERS)
-    print(f"  t_mask {row['t_mask_s_per_step'] * 1e6:.0f} us/step ({row['t_mask_overhead_pct']:+.1f}%)  {ratios}")
+    print(f"  t_mask {row['t_mask_s_per_step'] * 1e6:.0f} us/step ({row['t_mask_overhead_pct']:+.1f}%; "
+          f"paired {row['t_mask_overhead_pct_paired']:+.1f}%)  {ratios}")
 
 
 def _peer_cells(row, name: str) -> list[str]:
@@ -391,7 +406,7 @@ def markdown(report: dict) -> str:
         "HF TTFT is unconstrained, a peer's TTFT includes its first mask; parsed = the call parses within max_tokens "
         "(ours guarantee it; before timing, every peer row is checked to be a prefix of the call language).",
         "",
-        "| batch | ours free ms/step | ours constrained ms/step | t_mask us/step (%) | HF free ms/step "
+        "| batch | ours free ms/step | ours constrained ms/step | t_mask us/step (%; paired %) | HF free ms/step "
         "| HF+xgr ms/step | HF+out ms/step | ours tok/s | HF+xgr tok/s | HF+out tok/s | ours/HF+xgr tok/s "
         "| ours/HF+out tok/s | ours TTFT ms | HF TTFT ms | HF+xgr TTFT ms | HF+out TTFT ms | ours parsed "
         "| HF+xgr parsed | HF+out parsed | load avg |",
@@ -402,7 +417,8 @@ def markdown(report: dict) -> str:
         x, o = _peer_cells(r, "xgrammar"), _peer_cells(r, "outlines")
         cells = [
             r["batch"], f"{f['step_s'] * 1e3:.2f}", f"{c['step_s'] * 1e3:.2f}",
-            f"{r['t_mask_s_per_step'] * 1e6:.0f} ({r['t_mask_overhead_pct']:+.1f}%)", f"{h['step_s'] * 1e3:.2f}",
+            f"{r['t_mask_s_per_step'] * 1e6:.0f} ({r['t_mask_overhead_pct']:+.1f}%; paired "
+            f"{r.get('t_mask_overhead_pct_paired', float('nan')):+.1f}%)", f"{h['step_s'] * 1e3:.2f}",
             x[0], o[0], f"{c['tokens'] / c['wall_s']:.0f}", x[1], o[1], x[2], o[2],
             f"{c['ttft_s'] * 1e3:.1f}", f"{r['hf_ttft_s'] * 1e3:.1f}", x[3], o[3],
             f"{c['parsed']}/{c['rows']}", x[4], o[4], f"{r['load_average_1m']:.1f}",

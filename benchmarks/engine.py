@@ -1,14 +1,16 @@
-"""Engine core benchmark: offline throughput, online latency under Poisson arrivals, prefix reuse.
+"""Engine core benchmark: offline throughput, free vs constrained step, online latency, prefix reuse.
 
 Offline: the same constrained batch (the shipped surecall-tiny, its held-out prompts, the hardened
-seed catalog, T=1, seeded) through the engine core (`EngineCore`, continuous batching, paged KV,
-prefix cache), through `LLM.generate` (the static-bucket batch loop) and through HF `generate` with
-xgrammar's logits processor on the same regex; tokens/s and calls that parse, checked before timing.
-Online: a bounded Poisson arrival of requests at several rates into `AsyncLLM` versus a
-static-batching baseline (requests queue until the running batch has drained, then go as one
-`LLM.generate` batch); TTFT and inter-token latency p50/p99. Prefix reuse: time to first token of
-turn t+1 (turn t's prompt + its answer + a new user message) with the prefix cache warm versus a
-cold prefill of the same prompt. CPU by default; ends with one JSON line.
+seed catalog, T=1, seeded) through `LLM.generate` (the engine core: continuous batching, paged KV,
+prefix cache; cold = its prefix cache emptied before the call, warm = the same call again) and
+through HF `generate` with xgrammar's and outlines' logits processors on the same call regex;
+tokens/s and calls that parse. Free vs constrained: the core's mean step time over steps where the
+whole batch decodes, free rows against constrained rows, at batch 1 and 16. Online: a bounded
+Poisson arrival of requests at several rates into `AsyncLLM` (continuous batching) versus the same
+core with the "drain" policy (static batching: a new batch is admitted only when the running one is
+done); TTFT and inter-token latency p50/p99. Prefix reuse: time to first token of turn t+1 (turn t's
+prompt + its answer + a new user message) with the prefix cache warm versus a cold prefill of the
+same prompt. CPU by default; ends with one JSON line.
 Usage: python benchmarks/engine.py [--rows 16] [--rates 2,8] [--requests 24] [--out benchmarks/results/engine_cpu]
 """
 
@@ -43,57 +45,53 @@ def prompts_and_tools(n: int):
 
 
 # --- offline -------------------------------------------------------------------------------------
-def offline(llm, msgs, tools, max_tokens: int, seed: int) -> dict:
+def offline(llm, msgs, tools, max_tokens: int, seed: int, repeats: int = 3) -> dict:
     from surecall.config import SamplingParams
-    from surecall.core import EngineCore
     from surecall.core.prompts import render_prompt
 
     params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + i) for i in range(len(msgs))]
-    table = llm.compile(tools)
     out = {}
-    start = time.perf_counter()
-    batch = llm.generate(msgs, tools=tools, sampling=params)
-    wall = time.perf_counter() - start
-    out["static_batch"] = {"wall_s": wall, "tokens": sum(r.num_tokens for r in batch), "ok": sum(r.ok for r in batch)}
-    core = EngineCore(llm.runner.model, pad_id=llm._pad_id())
+    for name, cold in (("core_cold_prefix", True), ("core_warm_prefix", False)):
+        runs = []
+        for _ in range(repeats):
+            if cold:
+                llm.engine(len(msgs), 1).blocks.forget_cached()
+            start = time.perf_counter()
+            batch = llm.generate(msgs, tools=tools, sampling=params)
+            runs.append((time.perf_counter() - start, batch))
+        wall, batch = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        bt = batch[0].batch_timings
+        out[name] = {"wall_s": wall, "tokens": sum(r.num_tokens for r in batch), "ok": sum(r.ok for r in batch),
+                     "prefix_hit_rate": bt["prefix_hit_rate"], "num_steps": bt["num_steps"]}
     ids = [render_prompt(m, llm.tokenizer, tools, i) for i, m in enumerate(msgs)]
-    start = time.perf_counter()
-    seqs = [core.add_request(f"r{i}", p, s, stop_ids=llm.vocab.stop_ids, table=table, table_key="catalog")
-            for i, (p, s) in enumerate(zip(ids, params))]
-    core.run_to_completion()
-    wall = time.perf_counter() - start
-    from surecall.tools.calls import check_call
-
-    fmt = llm._format(None)
-    ok = sum(check_call(llm._text(s.payload.generated), fmt, tools).error is None for s in seqs)
-    same = sum(s.payload.generated == r.token_ids for s, r in zip(seqs, batch))
-    out["core"] = {"wall_s": wall, "tokens": sum(len(s.payload.generated) for s in seqs), "ok": ok,
-                   "same_tokens_as_static": same, **{k: core.stats()[k] for k in ("prefix_hit_rate", "num_steps")}}
-    out["hf_xgrammar"] = hf_xgrammar(llm, ids, tools, max_tokens, seed)
+    for name, run in (("hf_xgrammar", hf_peer), ("hf_outlines", hf_peer)):
+        out[name] = run(llm, ids, tools, max_tokens, seed, name.split("_")[1])
     for row in out.values():
         if row and "wall_s" in row:
             row["tok_per_s"] = row["tokens"] / row["wall_s"]
     return out
 
 
-def hf_xgrammar(llm, ids, tools, max_tokens: int, seed: int) -> dict | None:
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError as exc:
-        print(f"HF generate + xgrammar skipped: {exc}", file=sys.stderr)
-        return None
+def hf_peer(llm, ids, tools, max_tokens: int, seed: int, peer: str) -> dict | None:
+    """HF `generate` with xgrammar's or outlines' logits processor on the same call regex."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from e2e import xgrammar_compiled, xgrammar_processors
+    from e2e import outlines_compiled, outlines_processors, xgrammar_compiled, xgrammar_processors
 
     from surecall.grammars.formats import catalog_regex
+    from surecall.grammars.options import GrammarOptions
     from surecall.tools.calls import check_call
 
     fmt = llm._format(None)
-    from surecall.grammars.options import GrammarOptions
-
     # the peer gets the same call language without our counter marks (long bounds left to validation)
     regex = catalog_regex(tools, fmt.name, GrammarOptions(counted_lengths=False)).regex
-    compiled, _ = xgrammar_compiled(llm.vocab, regex)
+    try:
+        if peer == "xgrammar":
+            factory = xgrammar_processors(xgrammar_compiled(llm.vocab, regex)[0])
+        else:
+            factory = outlines_processors(outlines_compiled(llm.runner.model, llm.vocab, regex)[0])
+    except Exception as exc:  # noqa: BLE001 - an optional peer that cannot run is reported, not fatal
+        print(f"HF generate + {peer} skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
     width = max(len(p) for p in ids)
     pad = llm._pad_id()
     batch = torch.tensor([[pad] * (width - len(p)) + p for p in ids])
@@ -101,7 +99,7 @@ def hf_xgrammar(llm, ids, tools, max_tokens: int, seed: int) -> dict | None:
     torch.manual_seed(seed)
     start = time.perf_counter()
     out = llm.runner.model.generate(input_ids=batch, attention_mask=attn, max_new_tokens=max_tokens, do_sample=True,
-                                    temperature=1.0, top_k=0, top_p=1.0, logits_processor=xgrammar_processors(compiled)(),
+                                    temperature=1.0, top_k=0, top_p=1.0, logits_processor=factory(),
                                     pad_token_id=pad, eos_token_id=list(llm.vocab.stop_ids))
     wall = time.perf_counter() - start
     new = out[:, width:].tolist()
@@ -109,6 +107,44 @@ def hf_xgrammar(llm, ids, tools, max_tokens: int, seed: int) -> dict | None:
     texts = [llm._text([t for t in row if t not in stops and t != pad]) for row in new]
     ok = sum(check_call(t, fmt, tools).error is None for t in texts)
     return {"wall_s": wall, "tokens": sum(sum(1 for t in row if t != pad) for row in new), "ok": ok}
+
+
+# --- free vs constrained step ----------------------------------------------------------------------
+def free_vs_constrained(llm, msgs, tools, batch: int, max_tokens: int, seed: int) -> dict:
+    """Mean seconds of the core's steps in which every row of the batch decodes, free vs constrained.
+
+    Free rows ignore stop ids (all run max_tokens); constrained rows end with their call, so only
+    the steps before the first one ends are counted, the same number for both.
+    """
+    from surecall.config import SamplingParams
+    from surecall.core.prompts import render_prompt
+
+    core = llm.engine(batch, 2048)
+    fmt = llm._format(None)
+    table, key = llm.compile(tools), llm._table_key(llm._row_tools(tools, 0, {}), fmt)
+    ids = [render_prompt(msgs[i % len(msgs)], llm.tokenizer, tools, i) for i in range(batch)]
+
+    def full_steps(constrained: bool) -> list[float]:
+        for i, p in enumerate(ids):
+            core.add_request(f"fc-{constrained}-{i}", p, SamplingParams(temperature=1.0, max_tokens=max_tokens,
+                                                                       seed=seed + i),
+                             stop_ids=llm.vocab.stop_ids if constrained else (),
+                             table=table if constrained else None, table_key=key if constrained else None)
+        times = []
+        while core.has_unfinished:
+            start = time.perf_counter()
+            outputs = core.step()
+            took = time.perf_counter() - start
+            if not core.last_step_prefill and len(outputs) == batch and not any(o.finished for o in outputs):
+                times.append(took)
+        return times
+
+    full_steps(True)  # warm-up
+    free, cons = full_steps(False), full_steps(True)
+    n = min(len(free), len(cons))
+    free_s, cons_s = sum(free[:n]) / max(n, 1), sum(cons[:n]) / max(n, 1)
+    return {"batch": batch, "steps": n, "free_step_ms": free_s * 1e3, "constrained_step_ms": cons_s * 1e3,
+            "overhead": cons_s / free_s - 1 if free_s else None}
 
 
 # --- online --------------------------------------------------------------------------------------
@@ -142,35 +178,6 @@ def online_core(engine, msgs, tools, rate: float, n: int, max_tokens: int, seed:
     return {"rate": rate, "requests": n, "wall_s": wall, "ok": sum(ok for *_, ok in results),
             "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
             "itl_p50_s": _pct(itl, 0.5), "itl_p99_s": _pct(itl, 0.99)}
-
-
-def online_static(llm, msgs, tools, rate: float, n: int, max_tokens: int, seed: int) -> dict:
-    """Static batching: arrivals queue while a batch runs; the next batch takes every queued request."""
-    from surecall.config import SamplingParams
-
-    rng = random.Random(seed)
-    arrivals, t = [], 0.0
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        arrivals.append(t)
-    clock, i, ttft, itl, ok = 0.0, 0, [], [], 0
-    while i < n:
-        clock = max(clock, arrivals[i])
-        batch = [j for j in range(i, n) if arrivals[j] <= clock] or [i]
-        params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + j) for j in batch]
-        start = time.perf_counter()
-        results = llm.generate([msgs[j % len(msgs)] for j in batch], tools=tools, sampling=params)
-        took = time.perf_counter() - start
-        bt = results[0].batch_timings
-        step = bt["decode_s"] / max(bt["num_steps"], 1)
-        for j, r in zip(batch, results):
-            ttft.append(clock + bt["prefill_s"] + step - arrivals[j])
-            itl += [step] * max(r.num_tokens - 1, 0)
-            ok += r.ok
-        clock += took
-        i = batch[-1] + 1
-    return {"rate": rate, "requests": n, "wall_s": clock, "ok": ok, "ttft_p50_s": _pct(ttft, 0.5),
-            "ttft_p99_s": _pct(ttft, 0.99), "itl_p50_s": _pct(itl, 0.5), "itl_p99_s": _pct(itl, 0.99)}
 
 
 # --- prefix reuse --------------------------------------------------------------------------------
@@ -226,16 +233,19 @@ def main(argv=None) -> int:
     llm.generate(msgs[:2], tools=tools)  # warm up: compile, allocate
     report = {"benchmark": "engine", "rows": args.rows, "max_tokens": args.max_tokens, "torch": torch.__version__,
               "offline": offline(llm, msgs[: args.rows], tools, args.max_tokens, args.seed)}
-    engine = AsyncLLM(llm)
+    report["free_vs_constrained"] = [free_vs_constrained(llm, msgs, tools, b, args.max_tokens, args.seed)
+                                     for b in (1, args.rows)]
+    engine, drain = AsyncLLM(llm), AsyncLLM(llm, scheduling="drain")
     try:
         report["online"] = []
         for rate in [float(r) for r in args.rates.split(",")]:
-            report["online"].append({"core": online_core(engine, msgs, tools, rate, args.requests, args.max_tokens, args.seed),
-                                     "static": online_static(llm, msgs, tools, rate, args.requests, args.max_tokens,
-                                                             args.seed)})
+            report["online"].append({
+                "core": online_core(engine, msgs, tools, rate, args.requests, args.max_tokens, args.seed),
+                "static (drain)": online_core(drain, msgs, tools, rate, args.requests, args.max_tokens, args.seed)})
         report["prefix_reuse"] = prefix_reuse(engine, msgs, tools, args.seed)
     finally:
         engine.shutdown()
+        drain.shutdown()
     write(report, Path(args.out))
     print(json.dumps(report))
     return 0
@@ -247,17 +257,27 @@ def write(report: dict, stem: Path) -> None:
     off = report["offline"]
     lines = ["# Engine core on CPU", "", f"`python benchmarks/engine.py` ({report['rows']} rows, max_tokens "
              f"{report['max_tokens']}, shipped surecall-tiny, hardened seed catalog, T=1, one thread, 2-core shared VM)", "",
-             "## Offline (one constrained batch)", "", "| path | wall s | tokens | tok/s | calls valid | vs HF+xgrammar |",
-             "|---|---|---|---|---|---|"]
-    peer = (off.get("hf_xgrammar") or {}).get("tok_per_s")
+             "## Offline (one constrained batch)", "",
+             "core = `LLM.generate` on the engine core (cold: its prefix cache emptied first; warm: the same call "
+             "again); median of 3.", "", "| path | wall s | tokens | tok/s | calls valid | prefix hits | vs HF+xgrammar | vs HF+outlines |",
+             "|---|---|---|---|---|---|---|---|"]
+    peers = {name: (off.get(f"hf_{name}") or {}).get("tok_per_s") for name in ("xgrammar", "outlines")}
     for name, row in off.items():
         if not row:
             continue
-        ratio = f"{row['tok_per_s'] / peer:.2f}x" if peer else "-"
-        lines.append(f"| {name} | {row['wall_s']:.2f} | {row['tokens']} | {row['tok_per_s']:.0f} | {row['ok']}/{report['rows']} | {ratio} |")
-    lines += ["", f"core: {off['core']['same_tokens_as_static']}/{report['rows']} rows give the same tokens as the "
-              f"static batch; prefix-cache hit rate {off['core']['prefix_hit_rate']:.0%}", "",
-              "## Online (Poisson arrivals)", "", "| rate req/s | engine | wall s | valid | TTFT p50 / p99 s | inter-token p50 / p99 ms |",
+        ratios = [f"{row['tok_per_s'] / peers[p]:.2f}x" if peers[p] else "-" for p in ("xgrammar", "outlines")]
+        hits = f"{row['prefix_hit_rate']:.0%}" if "prefix_hit_rate" in row else "-"
+        lines.append(f"| {name} | {row['wall_s']:.2f} | {row['tokens']} | {row['tok_per_s']:.0f} | {row['ok']}/{report['rows']} "
+                     f"| {hits} | {' | '.join(ratios)} |")
+    lines += ["", "## Free vs constrained step (the core)", "",
+              "Mean step time over the steps in which every row decodes (the same count for both); goal: constrained "
+              "within 15% of free.", "", "| batch | steps | free ms | constrained ms | overhead |", "|---|---|---|---|---|"]
+    for row in report.get("free_vs_constrained", []):
+        lines.append(f"| {row['batch']} | {row['steps']} | {row['free_step_ms']:.2f} | {row['constrained_step_ms']:.2f} | "
+                     f"{row['overhead']:+.0%} |")
+    lines += ["", "## Online (Poisson arrivals)", "",
+              "static (drain) = the same core admitting a new batch only when the running one is done.", "",
+              "| rate req/s | engine | wall s | valid | TTFT p50 / p99 s | inter-token p50 / p99 ms |",
               "|---|---|---|---|---|---|"]
     for pair in report.get("online", []):
         for name, row in pair.items():

@@ -52,7 +52,7 @@ def make_table(logits_width: int, rng: np.random.Generator) -> TokenTable:
     trans_tok = np.concatenate(rows).astype(np.int32)
     trans_next = rng.integers(0, 4, size=trans_tok.size).astype(np.int32)
     trans_next[ptr[2]] = 3  # the structural state reaches the accepting one in one token
-    return TokenTable(
+    return TokenTable.from_dense(
         mask=np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.int32)),
         accept=np.array([False, False, False, True]),
         trans_ptr=ptr,
@@ -123,7 +123,7 @@ def bench_shape(batch, width, dtype_name, dt, device, time_fn, xgr_apply, rng) -
     dtype = DTYPES[dtype_name]
     states = torch.from_numpy(rng.integers(0, 4, size=batch).astype(np.int32)).to(device)
     logits = torch.randn(batch, width, device=device, dtype=torch.float32).to(dtype)
-    bitmask = dt.mask[states.long()].contiguous()
+    bitmask = dt.mask_rows(states).contiguous()
     check_correctness(logits, dt, states, bitmask, xgr_apply)
     params = SamplingTensors.build(
         [1.0] * batch, [0] * batch, [1.0] * batch, list(range(batch)), [0] * batch, device
@@ -284,10 +284,12 @@ def machine(device: torch.device) -> dict:
 
 
 CPU_NOTE = (
-    "CPU smoke test: the torch reference path, one thread, on a shared 2-core machine under other "
-    "jobs' load, so timings are noisy. xgrammar runs its C++ CPU kernel. t_mask is negative here "
-    "because the CPU sampler draws Gumbel noise only for tokens that can still win, and the mask "
-    "removes most of them. GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu/gpu_check.sh."
+    "CPU smoke test, one thread, on a shared 2-core machine under other jobs' load, so timings are "
+    "noisy: the mask is the torch reference, `sample` the CPU sampler (kernels/sample_cpu.py: cached "
+    "allowed sets, rows with few allowed tokens drawn on those alone). xgrammar runs its C++ CPU kernel. "
+    "t_mask is negative here because the sampler draws Gumbel noise only for allowed tokens that can "
+    "still win, and the mask removes most of them (these random logits are flat: a free row needs noise "
+    "for every token). GB/s is not meaningful on CPU. GPU figures come from benchmarks/gpu/gpu_check.sh."
 )
 
 

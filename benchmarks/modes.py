@@ -63,9 +63,8 @@ def walk(table, token_bytes, state: int, data: bytes) -> int:
     """Greedy longest-token walk of `data` through `table` from `state`; the state reached."""
     at = 0
     while at < len(data):
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
         best = None
-        for tok, nxt in zip(table.trans_tok[lo:hi].tolist(), table.trans_next[lo:hi].tolist(), strict=True):
+        for tok, nxt in zip(*(a.tolist() for a in table.transitions(state)), strict=True):
             piece = token_bytes[tok]
             if piece and data.startswith(piece, at) and (best is None or len(piece) > len(best[0])):
                 best = (piece, nxt)

@@ -55,7 +55,7 @@ class AsyncLLM:
     def __init__(self, model=None, tokenizer=None, *, device=None, dtype=None, config: EngineConfig | None = None,
                  block_size: int = 16, num_blocks: int | None = None, kv_cache_bytes: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
-                 max_cached_grammars: int = 256):
+                 max_cached_grammars: int = 256, scheduling: str = "continuous"):
         from surecall.llm import LLM
 
         self.llm = model if isinstance(model, LLM) else LLM(model, tokenizer, device=device, dtype=dtype, config=config)
@@ -63,7 +63,8 @@ class AsyncLLM:
                                kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens,
                                max_model_len=self.llm.config.max_seq_len or self.llm.runner.max_positions,
-                               enable_prefix_caching=enable_prefix_caching, pad_id=self.llm._pad_id())
+                               enable_prefix_caching=enable_prefix_caching, pad_id=self.llm._pad_id(),
+                               check_kernel_inputs=self.llm.config.check_kernel_inputs, scheduling=scheduling)
         self._lock = threading.Lock()  # guards the core between the step thread and submitters
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}
@@ -105,7 +106,7 @@ class AsyncLLM:
                 raise RequestError(f"Invalid request_id {request_id!r}: a request with this id is still running")
             seq = self.core.add_request(request_id, row.ids, params, stop_ids=stop_ids, table=table,
                                         table_key=row.table_key, forced_ids=row.forced)
-            self._streams[request_id] = (loop, queue, (row, fmt, seq))
+            self._streams[request_id] = (loop, queue, (row, fmt, seq, self.llm.text_stream()))
         self._wake.set()
         try:
             while True:
@@ -123,8 +124,8 @@ class AsyncLLM:
             entry = self._streams.pop(request_id, None)
             found = self.core.abort(request_id)
         if entry is not None:
-            loop, queue, (row, fmt, seq) = entry
-            loop.call_soon_threadsafe(queue.put_nowait, self._output(row, fmt, seq, finished=True))
+            loop, queue, request = entry
+            loop.call_soon_threadsafe(queue.put_nowait, self._output(*request, finished=True))
         return found
 
     @property
@@ -147,9 +148,9 @@ class AsyncLLM:
                 entry = self._streams.pop(rid, None)
                 self.core.abort(rid)
             if entry is not None:
-                loop, queue, (row, fmt, seq) = entry
+                loop, queue, request = entry
                 if not loop.is_closed():
-                    loop.call_soon_threadsafe(queue.put_nowait, self._output(row, fmt, seq, finished=True))
+                    loop.call_soon_threadsafe(queue.put_nowait, self._output(*request, finished=True))
         self._wake.set()
         self._thread.join(timeout=10)
 
@@ -172,9 +173,9 @@ class AsyncLLM:
             for entry, o in delivered:
                 if entry is None:
                     continue
-                loop, queue, (row, fmt, seq) = entry
+                loop, queue, request = entry
                 if not loop.is_closed():
-                    loop.call_soon_threadsafe(queue.put_nowait, self._output(row, fmt, seq, finished=o.finished))
+                    loop.call_soon_threadsafe(queue.put_nowait, self._output(*request, finished=o.finished))
             if not busy:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -202,12 +203,13 @@ class AsyncLLM:
                     llm._tables.pop(next(iter(llm._tables)))
         return row, fmt, table
 
-    def _output(self, row, fmt, seq, finished: bool) -> RequestOutput:
+    def _output(self, row, fmt, seq, text, finished: bool) -> RequestOutput:
+        """The request's output so far; `text` (a TextStream) decodes only the ids new since the last one."""
         st = seq.payload
-        llm = self.llm
         generated = list(st.generated)
         out = RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=list(row.ids), token_ids=generated, text=llm._text(generated),
+            request_id=seq.request_id, prompt_token_ids=list(row.ids), token_ids=generated,
+            text=text.feed(generated, final=finished),
             finished=finished, finish_reason=st.finish_reason if finished else None,
             logprobs=list(st.logprobs) if st.sampling.logprobs else None,
             unmasked_logprobs=list(st.unmasked_logprobs) if st.sampling.unmasked_logprobs else None,

@@ -4,31 +4,34 @@
 tokenizer: Hugging Face files, SentencePiece or tiktoken `tokenizer.model`); `generate` turns
 each row's tools (any accepted shape) into `Tool`s, renders its prompt, compiles (and caches)
 the grammar of each distinct (tools, format), refuses rows whose budget cannot fit any call,
-decodes the good rows in batches through `Decoder`, then parses and validates every completion.
-A bad row reports its error in its own result; only a request in which every row is bad raises.
-It does not dispatch or run tools.
+submits the good rows to its `EngineCore` (the same continuous-batching core `AsyncLLM` runs on,
+kept between calls so its prefix cache serves the next call too), steps it until every row is
+done, then parses and validates every completion. A bad row reports its error in its own result;
+only a request in which every row is bad raises. It does not dispatch or run tools.
 """
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from surecall.config import EngineConfig, SamplingParams
-from surecall.core.decode import Decoder, DecodeRow
+from surecall.core.engine import EngineCore, RequestState
 from surecall.core.model_runner import ModelRunner
 from surecall.core.prompts import is_single_prompt, render_prompt
 from surecall.errors import ModelLoadError, RequestError, SurecallError, ToolDefinitionError
 from surecall.grammars.compile import compile_catalog
 from surecall.grammars.formats import get_format
-from surecall.kernels import DeviceTable
 from surecall.models.tokenizers import load_model_tokenizer
 from surecall.tools import Tool, normalise_tool
 from surecall.tools.calls import ToolCall, check_call, tool_name_schema
 
-MAX_DEVICE_TABLES = 16  # concatenated per-batch tables kept on the device
+KV_CACHE_BYTES = 1 << 30  # the most K/V pool `generate` sizes for a request's rows (more rows: preemption)
 DEFAULT_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "llama": "llama3", "mistral": "mistral"}
 _SCHEMA_KEYS = ("type", "properties", "$schema", "$defs", "$ref", "anyOf", "oneOf", "allOf", "required")
 
@@ -49,9 +52,12 @@ class GenerationResult:
     error_kind: str | None = None  # "malformed" | "invalid" | "request" | "decode" | None
     ok: bool = False  # a call parsed and is valid against its tool's schema
     prompt_token_ids: list[int] = field(default_factory=list)  # the rendered prompt (forced ids excluded)
-    # One dict shared by every row of a decoded batch: prefill_s, decode_s, sample_s (the sampling
-    # kernels, grammar mask fused in), advance_s (grammar advance), num_steps, num_rows, step_mode,
-    # graph_capture_s, compactions, and compile_s (the whole generate call's grammar compiles)
+    # One dict shared by every row of a generate call: prefill_s (steps that fed prompt chunks),
+    # decode_s (the other steps), sample_s (the sampling kernels, grammar mask fused in), advance_s
+    # (grammar advance), num_steps (engine steps), num_decode_steps (those in decode_s; per-step time is
+    # decode_s / num_decode_steps), num_rows, step_mode ("paged" | "plain"),
+    # prefix_hit_rate, num_preemptions, graph_capture_s and compactions (0: kept for old readers),
+    # and compile_s (the whole generate call's grammar compiles)
     batch_timings: dict = field(default_factory=dict)
     # --- output modes (issue 17; surecall.modes): set when generate got tool_choice,
     # parallel_tool_calls or response_format. finish_reason is then "tool_calls" | "stop" | "length" | "error",
@@ -123,9 +129,12 @@ class LLM:
         if isinstance(self.tokenizer, Vocab):
             self.tokenizer = None
         self.default_format = _default_format(self.tokenizer, self.runner.model_type)
-        self.decoder = Decoder(self.runner, self.config)
         self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable
-        self._device_tables: dict[tuple, tuple] = {}  # tuple of table keys -> (device table, offsets)
+        self._engine: EngineCore | None = None  # built on first generate, grown when a request needs more
+        self._calls = itertools.count()
+        self._engine_lock = threading.Lock()
+        self._stops: frozenset[int] | None = None  # vocab stop ids and special-token names, for _token_bytes
+        self._names: dict[int, bytes] = {}
 
     # --- public ---------------------------------------------------------------------------
     def generate(self, prompts, tools=None, sampling=None, constrained: bool = True, tool_format: str | None = None,
@@ -150,10 +159,8 @@ class LLM:
         if not good:
             raise rows[0].error
         results: dict[int, GenerationResult] = {r.index: self._error_result(r) for r in rows if r.error is not None}
-        for start in range(0, len(good), self.config.max_batch_size):
-            chunk = good[start : start + self.config.max_batch_size]
-            for row, res in zip(chunk, self._decode_chunk(chunk, constrained, fmt), strict=True):
-                results[row.index] = res
+        for row, res in zip(good, self._decode(good, fmt), strict=True):
+            results[row.index] = res
         for res in results.values():
             res.batch_timings["compile_s"] = self._compile_s
         return [results[i] for i in range(len(prompts))]
@@ -309,28 +316,73 @@ class LLM:
             )
 
     # --- decoding and results -------------------------------------------------------------
-    def _batch_table(self, keys: tuple[str, ...]):
-        if keys not in self._device_tables:
-            from surecall.grammars.table import TokenTable
+    def engine(self, rows: int = 1, tokens_per_row: int = 1) -> EngineCore:
+        """The engine core `generate` runs on, with a K/V pool for `rows` x `tokens_per_row` tokens.
 
-            if len(self._device_tables) >= MAX_DEVICE_TABLES:  # drop the oldest batch combination
-                self._device_tables.pop(next(iter(self._device_tables)))
-            tables = [self._tables[k] for k in keys]
-            table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
-            self._device_tables[keys] = (DeviceTable.from_table(table, self.runner.device), [int(o) for o in offsets])
-        return self._device_tables[keys]
+        Built on first use and kept (its prefix cache outlives a call); rebuilt larger when a
+        request's rows need more room than it has, up to KV_CACHE_BYTES (beyond that the core
+        preempts and recomputes; a single row always fits).
+        """
+        from surecall.core.kv_cache import bytes_per_token
 
-    def _decode_chunk(self, chunk: list[_Row], constrained: bool, fmt) -> list[GenerationResult]:
-        dtable, start_of = None, {}
-        if constrained:
-            keys = tuple(sorted({r.table_key for r in chunk}))
-            dtable, offsets = self._batch_table(keys)
-            start_of = dict(zip(keys, offsets, strict=True))
-        rows = [DecodeRow(r.ids, r.sampling, start_of.get(r.table_key, -1), r.forced) for r in chunk]
+        block = 16
+        per_block = bytes_per_token(self.runner.config, self.runner.param_dtype) * block
+        one_row = -(-tokens_per_row // block)
+        want = max(one_row, min(rows * one_row, KV_CACHE_BYTES // per_block))
+        if self._engine is None or self._engine.blocks.num_blocks < want:
+            default = EngineCore.default_num_blocks(self.runner.model, block, self._max_len())
+            self._engine = EngineCore(self.runner.model, block_size=block, num_blocks=max(want, default),
+                                      max_num_seqs=self.config.max_batch_size, max_model_len=self._max_len(),
+                                      pad_id=self._pad_id(), check_kernel_inputs=self.config.check_kernel_inputs)
+        return self._engine
+
+    def _max_len(self) -> int:
+        return self.config.max_seq_len or self.runner.max_positions
+
+    def _decode(self, rows: list[_Row], fmt) -> list[GenerationResult]:
+        """Submit every row to the engine core, step it until all are done, read each row's outcome.
+
+        Calls from several threads take turns (one engine core per LLM)."""
+        with self._engine_lock:
+            return self._decode_locked(rows, fmt)
+
+    def _decode_locked(self, rows: list[_Row], fmt) -> list[GenerationResult]:
+        core = self.engine(len(rows), max(len(r.ids) + r.sampling.max_tokens for r in rows))
         stop_ids = list(self.vocab.stop_ids) if self.vocab is not None else self._config_stop_ids()
-        out = self.decoder.run(rows, stop_ids=stop_ids, table=dtable, pad_id=self._pad_id())
-        batch_timings = {**out.timings, "num_rows": len(chunk)}  # one dict for the whole batch
-        return [self._result(r, o, batch_timings, fmt) for r, o in zip(chunk, out.rows, strict=True)]
+        call = next(self._calls)
+        before = dict(core.timings)
+        hits = (core.blocks.stats.hit_tokens, core.blocks.stats.queried_tokens)
+        preemptions = core.num_preemptions
+        seqs = []
+        start = time.perf_counter()
+        prefill_s = decode_s = 0.0
+        steps = decode_steps = 0
+        try:
+            for r in rows:
+                table = self._tables[r.table_key] if r.table_key is not None else None
+                seqs.append(core.add_request(f"generate-{call}-{r.index}", r.ids, r.sampling, stop_ids=stop_ids,
+                                             table=table, table_key=r.table_key, forced_ids=r.forced))
+            while core.has_unfinished:
+                t = time.perf_counter()
+                core.step()
+                took = time.perf_counter() - t
+                steps += 1
+                if core.last_step_prefill:
+                    prefill_s += took
+                else:
+                    decode_s += took
+                    decode_steps += 1
+        finally:  # an interrupted call leaves nothing running (no-op for finished rows)
+            for seq in seqs:
+                core.abort(seq.request_id)
+        hit, queried = core.blocks.stats.hit_tokens - hits[0], core.blocks.stats.queried_tokens - hits[1]
+        batch_timings = {"prefill_s": prefill_s, "decode_s": decode_s, "num_steps": steps, "num_decode_steps": decode_steps,
+                         "num_rows": len(rows),
+                         **{k: core.timings[k] - before[k] for k in before},
+                         "step_mode": "paged" if core.paged else "plain", "prefix_hit_rate": hit / queried if queried else 0.0,
+                         "num_preemptions": core.num_preemptions - preemptions, "graph_capture_s": 0.0, "compactions": 0}
+        return [self._result(r, _row_output(seq.payload, start), batch_timings, fmt)
+                for r, seq in zip(rows, seqs, strict=True)]
 
     def _result(self, row: _Row, out, batch_timings: dict, fmt) -> GenerationResult:
         if row.mode is not None:
@@ -384,15 +436,19 @@ class LLM:
     def _text(self, ids: list[int]) -> str:
         if self.vocab is None:
             return ""
-        stops = set(self.vocab.stop_ids)
-        names = {v: k for k, v in self.vocab.special_tokens.items()}
-        parts = []
-        for t in ids:
-            if t in stops:
-                continue
-            b = self.vocab.token_bytes[t] if t < self.vocab.vocab_size else b""
-            parts.append(b if b else names.get(t, "").encode())
-        return b"".join(parts).decode("utf-8", errors="replace")
+        return self._token_bytes(ids).decode("utf-8", errors="replace")
+
+    def _token_bytes(self, ids: list[int]) -> bytes:
+        """The bytes `ids` spell (stop ids dropped; a special token without bytes is its name)."""
+        if self._stops is None:
+            self._stops = frozenset(self.vocab.stop_ids)
+            self._names = {v: k.encode() for k, v in self.vocab.special_tokens.items()}
+        stops, names, table, size = self._stops, self._names, self.vocab.token_bytes, self.vocab.vocab_size
+        return b"".join((table[t] if t < size else b"") or names.get(t, b"") for t in ids if t not in stops)
+
+    def text_stream(self) -> TextStream:
+        """An incremental decoder of generated ids to text (what `_text` gives, without re-decoding)."""
+        return TextStream(self)
 
     def _config_stop_ids(self) -> list[int]:
         eos = getattr(self.runner.config, "eos_token_id", None)
@@ -401,6 +457,56 @@ class LLM:
     def _pad_id(self) -> int:
         pad = getattr(self.runner.config, "pad_token_id", None)
         return int(pad) if isinstance(pad, int) and 0 <= pad < self.runner.logits_width else 0
+
+
+@dataclass
+class _RowOut:
+    """One row's decode outcome, read off the engine core's request state."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    unmasked_logprobs: list[float] | None
+    finish_reason: str  # "stop" (a stop id or the grammar's end) | "length" | "error"
+    error: str | None
+    num_steps: int  # sampling rounds (forced ids are none; a failed round counts)
+    finish_s: float  # seconds from the call's first step to the row's end
+
+
+def _row_output(st: RequestState, start: float) -> _RowOut:
+    s = st.sampling
+    failed = st.error is not None
+    return _RowOut(
+        token_ids=list(st.generated),
+        logprobs=list(st.logprobs) if s.logprobs else None,
+        unmasked_logprobs=list(st.unmasked_logprobs) if s.unmasked_logprobs else None,
+        finish_reason="error" if failed else ("stop" if st.by_stop else "length"),
+        error=st.error,
+        num_steps=len(st.generated) - len(st.forced) + (1 if failed else 0),
+        finish_s=(st.finished_s or time.perf_counter()) - start,
+    )
+
+
+class TextStream:
+    """Generated ids to text, token by token: each `feed` decodes only the new ids.
+
+    Bytes of a character split across tokens wait for the rest (the text only ever grows);
+    `finish` flushes them, so the final text equals `LLM._text` of all the ids.
+    """
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.text = ""
+        self.num_ids = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lock = threading.Lock()  # AsyncLLM feeds from its step thread and from abort
+
+    def feed(self, ids: list[int], final: bool = False) -> str:
+        """Decode ids[num_ids:] (ids is the cumulative list); the text so far."""
+        with self._lock:
+            if self.llm.vocab is not None and (len(ids) > self.num_ids or final):
+                self.text += self._decoder.decode(self.llm._token_bytes(ids[self.num_ids :]), final=final)
+            self.num_ids = max(self.num_ids, len(ids))
+            return self.text
 
 
 # --- output modes (issue 17): per-row request parameters ---------------------------------------

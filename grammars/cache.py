@@ -6,7 +6,7 @@ written into a temporary folder and renamed into place (atomic), and loaded with
 np.load(mmap_mode="r"), so a warm load costs milliseconds. What a load checks, exactly: the
 header parses; every array has the recorded dtype and shape; the table's shapes are consistent;
 and a CRC32 matches over every byte of each array up to 64 KiB and, for larger arrays (mask,
-CSR), over 16 sampled 4 KiB blocks plus the last block. A truncated, malformed or rewritten entry
+exceptions), over 16 sampled 4 KiB blocks plus the last block. A truncated, malformed or rewritten entry
 is deleted and reported as a miss; a bit flip outside the sampled blocks of a large array is not
 seen unless the load hashes every byte (`load(key, full_check=True)`, or SURECALL_CACHE_FULL_CHECK=1).
 The cache is bounded: after each save, least recently used entries are evicted until it holds at
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from surecall.grammars.table import COUNT_ARRAYS, TokenTable
+from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 2  # 2: optional count_* arrays (counted string lengths)
-_ARRAYS = ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids")
+CACHE_FORMAT = 3  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows, default + exceptions)
+_ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
 _SAMPLE_BYTES = 4096
@@ -131,7 +131,7 @@ def save(key: str, table: TokenTable) -> Path | None:
         header = {"format": CACHE_FORMAT, "arrays": {}, "relaxed": table.relaxed, "meta": table.meta,
                   "vocab_size": table.vocab_size, "logits_width": table.logits_width}
         header["count_fill"] = table.count_fill
-        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()):
+        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()) + (ITEM_ARRAYS if table.has_items else ()):
             arr = np.ascontiguousarray(getattr(table, name))
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
             header["arrays"][name] = {"dtype": arr.dtype.str, "shape": list(arr.shape),
@@ -171,7 +171,8 @@ def _read(path: Path, full_check: bool) -> TokenTable | None:
     if header.get("format") != CACHE_FORMAT:
         return None
     arrays = {}
-    for name in _ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ()):
+    for name in (_ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ())
+                 + (ITEM_ARRAYS if "item_hi" in header["arrays"] else ())):
         spec = header["arrays"][name]
         arr = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:
@@ -190,11 +191,15 @@ def _consistent(t: TokenTable) -> bool:
     s = t.accept.shape[0]
     return (
         s > 0
-        and t.mask.shape == (s, (t.logits_width + 31) // 32)
-        and t.trans_ptr.shape == (s + 1,)
+        and t.mask.ndim == 2
+        and t.mask.shape[1] == (t.logits_width + 31) // 32
+        and t.mask_row.shape == (s,)
+        and t.trans_default.shape == (s,)
+        and t.exc_ptr.shape == (s + 1,)
         and t.dist.shape == (s,)
-        and int(t.trans_ptr[0]) == 0
-        and int(t.trans_ptr[-1]) == t.trans_tok.shape[0] == t.trans_next.shape[0]
+        and int(t.exc_ptr[0]) == 0
+        and int(t.exc_ptr[-1]) == t.exc_tok.shape[0] == t.exc_next.shape[0]
+        and (s == 0 or 0 <= int(t.mask_row.min()) <= int(t.mask_row.max()) < t.mask.shape[0])
     )
 
 

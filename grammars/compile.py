@@ -1,9 +1,9 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
 Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
-marks cut out (counted.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
-renumbering, `dist` (counted: Dijkstra with the unmet minimums), CSR, bitmask and count rows
-(here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
+marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
+renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
+bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
 allocations, so an oversized grammar stops with CompileBudgetExceeded instead of exhausting the
 machine. This module does not generate regexes and does not touch devices (just past 400
 lines: the pipeline, its budgets and the cache front are one concern).
@@ -33,9 +33,9 @@ from surecall.grammars.counted import (
     add_counts_inplace,
     char_rows,
     check_entries,
-    cut_marks,
 )
-from surecall.grammars.table import TokenTable
+from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
+from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
     Row,
@@ -109,13 +109,13 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     result = to_regex(options)
     meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
     try:
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), meta)
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
         plain = dataclasses.replace(options, counted_lengths=False)
         result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), meta)
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
         table.meta["counted_fallback"] = str(exc)
         return table
 
@@ -143,7 +143,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
-    dfa, counted = cut_marks(dfa)  # counted-string marks (schema.to_regex) become counter regions
+    dfa, counted, item_regions = cut_all_marks(dfa)  # count marks (schema.to_regex) become counter regions
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
@@ -154,16 +154,19 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
         counts = (counted, *char_rows(dfa, counted, vi), entries)
+    items = None if item_regions is None else (item_regions, item_entries(rows, dfa, item_regions, vi))
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab, counts)
+    table = build_table(dfa, rows, vocab, counts, items)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
         **meta,
         "dfa_states": dfa.num_states,
         "states": table.num_states,
-        "nnz": int(table.trans_tok.shape[0]),
+        "nnz": table.num_transitions,
+        "exceptions": table.num_exceptions,
+        "mask_rows": int(table.mask.shape[0]),
         "table_bytes": table.nbytes,
         "compile_ms": clock.elapsed_s() * 1e3 + meta.get("regex_ms", 0.0),
         "vocab": getattr(vocab, "name", ""),
@@ -171,37 +174,33 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
-    A row's shared class part is copied once into the CSR (its next states renumbered through
-    its region's id map) and its packed mask words are copied whole; only the extras are
-    packed bit by bit.
+    Builds the compact layout (table.py) directly: a row's shared class part contributes its
+    end-state counts and its exceptions once per (class walk, local default), cached, so no
+    full CSR is materialised; mask rows are packed once per distinct (class part, extras, accept).
     """
     n = dfa.num_states
+    stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
+    _drop_stop_tokens_inplace(rows, _spelled(stop_ids, vocab))
     succ = [_successors(row, n) for row in rows]
     order = _live_states(succ, dfa.accept)
     new_id = np.full(n + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
     parts = [_renumbered(rows[q], new_id) for q in order.tolist()]
-    sizes = np.fromiter((p[2].size + (0 if p[0] is None else p[0].tok.size) for p in parts), dtype=np.int64,
-                        count=len(parts))
-    trans_ptr = np.zeros(order.size + 1, dtype=np.int64)
-    trans_ptr[1:] = np.cumsum(sizes)
-    trans_tok = np.empty(int(trans_ptr[-1]), dtype=np.int32)
-    trans_next = np.empty(int(trans_ptr[-1]), dtype=np.int32)
-    layouts: dict = {}  # rows sharing a class part and their extras' tokens share one interleaving
-    for (base, m, tok, nxt), lo, hi in zip(parts, trans_ptr[:-1].tolist(), trans_ptr[1:].tolist(), strict=True):
-        _fill_row(base, m, tok, nxt, trans_tok[lo:hi], trans_next[lo:hi], layouts)
     accept = dfa.accept[order].copy()
-    stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
+    default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
+    mask, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
     edges = [new_id[succ[q]] for q in order.tolist()]
     table = TokenTable(
-        mask=_pack_mask(parts, accept, stop_ids, vocab.logits_width),
+        mask=mask,
+        mask_row=mask_row,
         accept=accept,
-        trans_ptr=trans_ptr.astype(np.int32),
-        trans_tok=trans_tok,
-        trans_next=trans_next,
+        trans_default=default,
+        exc_ptr=exc_ptr,
+        exc_tok=exc_tok,
+        exc_next=exc_next,
         dist=np.zeros(order.size, dtype=np.int32),
         vocab_size=vocab.vocab_size,
         logits_width=vocab.logits_width,
@@ -211,7 +210,86 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None) -> TokenTable
         table.dist = _dist([e[e >= 0] for e in edges], accept)
     else:
         add_counts_inplace(table, counts, order, new_id)
+    if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
+        add_items_inplace(table, *items, order, new_id)
     return table
+
+
+def _spelled(ids: np.ndarray, vocab) -> np.ndarray:
+    """The ids among `ids` the token walk can take (normal tokens with bytes; specials never are)."""
+    special = set(vocab.special_ids)
+    keep = [i for i in ids.tolist() if i < vocab.vocab_size and i not in special and vocab.token_bytes[i]]
+    return np.asarray(keep, dtype=np.int32)
+
+
+def _drop_stop_tokens_inplace(rows: list[Row], stop_ids: np.ndarray) -> None:
+    """A stop id is never a transition (table.py): drop one a vocabulary spells as text."""
+    if not stop_ids.size:
+        return
+    bases: dict[int, bool] = {}
+    for row in rows:
+        hit_base = row.base is not None and bases.setdefault(id(row.base), bool(np.isin(stop_ids, row.base.tok).any()))
+        if hit_base:
+            row.tok, row.nxt = row.materialize()
+            row.base, row.g = None, None
+        if row.tok.size and np.isin(stop_ids, row.tok).any():
+            keep = ~np.isin(row.tok, stop_ids)
+            row.tok, row.nxt = row.tok[keep], row.nxt[keep]
+
+
+def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(trans_default, exc_ptr, exc_tok, exc_next): each state's most common next state and the rest."""
+    num_states = len(parts)
+    default = np.full(num_states, -1, dtype=np.int32)
+    rows_tok, rows_next = [], []
+    ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
+    base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> its exceptions
+    pure: dict[int, tuple] = {}  # id(class walk) -> (local default, its exceptions) of a row without extras
+    for q, (base, m, tok, nxt) in enumerate(parts):
+        if base is not None and not tok.size and base.ends.size:  # a class part alone: shared
+            hit = pure.get(id(base))
+            if hit is None:
+                local = np.bincount(base.end, minlength=m.size)
+                star = int(np.argmax(local))
+                keep = base.end != star
+                hit = pure[id(base)] = (star, base.tok[keep], base.end[keep])
+            default[q] = m[hit[0]]
+            rows_tok.append(hit[1])
+            rows_next.append(m[hit[2]])
+            continue
+        targets = _NO_TOKENS if base is None else m[base.ends]
+        size = max(int(nxt.max()) + 1 if nxt.size else 0, int(targets.max()) + 1 if targets.size else 0)
+        if size == 0:
+            rows_tok.append(_NO_TOKENS)
+            rows_next.append(_NO_TOKENS)
+            continue
+        counts = np.bincount(nxt, minlength=size)
+        if targets.size:
+            local = ends_count.get(id(base))
+            if local is None:
+                local = ends_count[id(base)] = np.bincount(base.end, minlength=m.size)[base.ends]
+            counts[targets] += local
+        d = int(np.argmax(counts))
+        default[q] = d
+        own = nxt != d
+        e_tok, e_next = tok[own], nxt[own]
+        if base is not None:
+            hits = np.flatnonzero(m[base.ends] == d)
+            key = (id(base), int(base.ends[hits[0]]) if hits.size else -1)
+            part = base_exc.get(key)
+            if part is None:
+                keep = base.end != key[1]
+                part = base_exc[key] = (base.tok[keep], base.end[keep])
+            e_tok, e_next = merge_rows((part[0], m[part[1]].astype(np.int32)), (e_tok, e_next))
+        rows_tok.append(e_tok)
+        rows_next.append(e_next)
+    ptr = np.zeros(num_states + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([t.size for t in rows_tok])
+    return (default, ptr.astype(np.int32), np.concatenate(rows_tok).astype(np.int32),
+            np.concatenate(rows_next).astype(np.int32))
+
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
 def _successors(row: Row, n: int) -> np.ndarray:
@@ -243,35 +321,6 @@ def _renumbered(row: Row, new_id: np.ndarray):
     return None, None, *merged
 
 
-def _fill_row(base, m, tok, nxt, out_tok: np.ndarray, out_next: np.ndarray, layouts: dict) -> None:
-    """Write one sorted CSR row: the class part (if any) interleaved with the extras."""
-    if base is None:
-        out_tok[:] = tok
-        out_next[:] = nxt
-        return
-    if not tok.size:
-        out_tok[:] = base.tok
-        np.take(m, base.end, out=out_next)
-        return
-    key = (id(base), tok.tobytes())
-    layout = layouts.get(key)
-    if layout is None:
-        # Where each entry of the row comes from: base entry i -> m[base.end[i]], extra j ->
-        # slot len(m) + j of concat(m, nxt).
-        at = np.searchsorted(base.tok, tok) + np.arange(tok.size)  # the extras' places in the row
-        from_base = np.ones(out_tok.size, dtype=bool)
-        from_base[at] = False
-        merged_tok = np.empty(out_tok.size, dtype=np.int32)
-        merged_tok[from_base] = base.tok
-        merged_tok[at] = tok
-        source = np.empty(out_tok.size, dtype=np.int64)
-        source[from_base] = base.end
-        source[at] = m.size + np.arange(tok.size)
-        layout = layouts[key] = (merged_tok, source)
-    out_tok[:] = layout[0]
-    np.take(np.concatenate([m, nxt]), layout[1], out=out_next)
-
-
 def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
     """Distinct next states of one row, ascending."""
     if not nexts.size:
@@ -295,36 +344,49 @@ def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
 _DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
 
 
-def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int) -> np.ndarray:
-    """int32 [S, ceil(width/32)] LSB-first bitmask rows; stop ids only in accepting rows."""
-    num_states = accept.shape[0]
+def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [U, ceil(width/32)] distinct LSB-first bitmask rows, each state's row); stop ids only
+    in accepting rows. A row is packed once per distinct (class part, extra tokens, accepting)."""
     words = (width + 31) // 32
-    mask = np.zeros((num_states, words), dtype=np.uint32)
+    keys: dict[tuple, int] = {}
+    key_of = np.empty(len(parts), dtype=np.int64)
+    firsts = []
+    for q, (base, _, tok, _) in enumerate(parts):
+        key = (None if base is None else id(base), tok.tobytes(), bool(accept[q]))
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(firsts)
+            firsts.append(q)
+        key_of[q] = k
+    mask = np.zeros((len(firsts), words), dtype=np.uint32)
     extras = []  # (row, sorted token ids) packed sparsely below
     bits = np.zeros(words * 32, dtype=bool)
-    for q, (base, _, tok, _) in enumerate(parts):
+    for r, q in enumerate(firsts):
+        base, _, tok, _ = parts[q]
         if base is not None:
-            mask[q, : base.words.size] = base.words
-            extras.append((q, tok))
+            mask[r, : base.words.size] = base.words
+            extras.append((r, tok))
         elif tok.size * _DENSE_ROW_FRACTION > width:
             bits[:] = False
             bits[tok] = True
-            mask[q] = np.packbits(bits, bitorder="little").view(np.uint32)
+            mask[r] = np.packbits(bits, bitorder="little").view(np.uint32)
         else:
-            extras.append((q, tok))
-    extras = [(q, tok) for q, tok in extras if tok.size]
+            extras.append((r, tok))
+    extras = [(r, tok) for r, tok in extras if tok.size]
     if extras:
         tok = np.concatenate([t for _, t in extras]).astype(np.int64)
-        row = np.repeat(np.asarray([q for q, _ in extras], dtype=np.int64), [t.size for _, t in extras])
-        # Rows are in state order and sorted inside, so the word keys are sorted: OR each run.
+        row = np.repeat(np.asarray([r for r, _ in extras], dtype=np.int64), [t.size for _, t in extras])
+        # Rows are in order and sorted inside, so the word keys are sorted: OR each run.
         key = row * words + (tok >> 5)
         starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
         shifts = (tok & 31).astype(np.uint32)
         flat = mask.reshape(-1)
         flat[key[starts]] |= np.bitwise_or.reduceat(np.left_shift(np.uint32(1), shifts), starts)
+    accepting = accept[np.asarray(firsts, dtype=np.int64)]
     for s in stop_ids.tolist():
-        mask[accept, s >> 5] |= np.uint32(1 << (s & 31))
-    return mask.view(np.int32)
+        mask[accepting, s >> 5] |= np.uint32(1 << (s & 31))
+    rows, index = unique_rows(mask.view(np.int32))
+    return rows, index[key_of].astype(np.int32)
 
 
 def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
@@ -411,6 +473,12 @@ class _Clock:
 
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _with_reasons(meta: dict, result) -> dict:
+    """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
+    reasons = getattr(result, "reasons", {})
+    return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
 
 
 def _pairs(relaxed) -> list[tuple[str, str]]:

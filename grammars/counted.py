@@ -57,6 +57,12 @@ class Regions:
 
 def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     """The DFA without count marks, and its counted regions (none when the regex had no marks)."""
+    cut, regions, _ = cut_marks_renumbered(dfa)
+    return cut, regions
+
+
+def cut_marks_renumbered(dfa: ByteDFA) -> tuple[ByteDFA, Regions, np.ndarray]:
+    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned)."""
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
     for kind in (COUNT_ENTER, COUNT_EXIT):
@@ -79,7 +85,7 @@ def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
-    return cut, _regions(cut, live_heads)
+    return cut, _regions(cut, live_heads), new_id
 
 
 def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:
@@ -357,25 +363,15 @@ def counted_dist(table: TokenTable) -> np.ndarray:
     """
     n = table.num_states
     need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
+    src, dst, weight = _counted_edges(table, need0)
+    # One edge per (source, target), its lightest weight; then predecessor lists by target.
+    order = np.lexsort((weight, dst, src))
+    src, dst, weight = src[order], dst[order], weight[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
     pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for s in range(n):
-        lo, hi = int(table.trans_ptr[s]), int(table.trans_ptr[s + 1])
-        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
-        if table.count_row[s] >= 0:
-            v = table.count_chars[table.count_row[s], tok]
-            stays, closes = v == 0, v == 1
-            weight = np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1)
-            usable = stays | closes
-            nxt, weight = nxt[usable], weight[usable]
-        else:
-            weight = np.where(table.count_row[nxt] >= 0, 1 + need0[nxt], 1)
-        heavy = weight != 1  # few: tokens that open a body with a minimum
-        best = dict.fromkeys(np.flatnonzero(np.bincount(nxt[~heavy], minlength=n)).tolist(), 1)
-        for t, w in zip(nxt[heavy].tolist(), weight[heavy].tolist(), strict=True):
-            if w < best.get(t, 1 << 60):
-                best[t] = w
-        for t, w in best.items():
-            pred[t].append((s, w))
+    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
+        pred[t].append((s, w))
     dist = np.full(n, -1, dtype=np.int64)
     heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
     heapq.heapify(heap)
@@ -388,3 +384,32 @@ def counted_dist(table: TokenTable) -> np.ndarray:
             if dist[s] < 0:
                 heapq.heappush(heap, (d + w, s))
     return dist.astype(np.int32)
+
+
+def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source, target, weight) of every token edge counted_dist uses, duplicates included.
+
+    Outside counted bodies only the distinct next states matter (the defaults and exceptions);
+    inside, the tokens that start no character, looked up per state.
+    """
+    n = table.num_states
+    plain = table.count_row < 0
+    has_default = plain & (table.trans_default >= 0)
+    owner = np.repeat(np.arange(n), np.diff(table.exc_ptr.astype(np.int64)))
+    from_plain = plain[owner]
+    src = [np.flatnonzero(has_default), owner[from_plain]]
+    dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
+    weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
+    starts_none: dict[int, np.ndarray] = {}  # count row -> tokens that start no character there
+    for s in np.flatnonzero(~plain).tolist():
+        r = int(table.count_row[s])
+        if r not in starts_none:
+            starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
+        tok = starts_none[r]
+        nxt = table.next_states(s, tok).astype(np.int64)
+        tok, nxt = tok[nxt >= 0], nxt[nxt >= 0]
+        closes = table.count_chars[r, tok] == 1
+        src.append(np.full(nxt.size, s, dtype=np.int64))
+        dst.append(nxt)
+        weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
+    return (np.concatenate(src).astype(np.int64), np.concatenate(dst), np.concatenate(weight).astype(np.int64))

@@ -141,7 +141,7 @@ def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",
     """Regex of one call to any tool of the catalog, in `tool_format`'s envelope."""
     options = options or GrammarOptions()
     fmt = get_format(tool_format)
-    branches, relaxed = [], []
+    branches, relaxed, reasons = [], [], {}
     for name, schema in tool_schemas(tools):
         try:
             result = schema_to_regex(schema, options)
@@ -149,8 +149,9 @@ def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",
             raise type(exc)(f"tool {name!r}: {exc}", f"{name}#{exc.pointer}", exc.keyword) from None
         branches.append(fmt.call_regex(name, result.regex, options))
         relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
+        reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})
     calls = "|".join(f"(?:{b})" for b in branches)
-    return RegexResult(regex=fmt.envelope_regex(calls), relaxed=relaxed)
+    return RegexResult(regex=fmt.envelope_regex(calls), relaxed=relaxed, reasons=reasons)
 
 
 def _literal(text: str) -> str:

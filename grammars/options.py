@@ -20,10 +20,12 @@ class GrammarOptions:
 
     whitespace: "bounded" (default: at most `max_whitespace` of `whitespace_chars` wherever JSON
         allows whitespace), "none" (compact JSON only) or "free" (any run of `whitespace_chars`).
-    counted_lengths: True (default) enforces string minLength/maxLength of any size with a
-        per-row counter (grammars/counted.py); False materialises them up to max_bounded_length.
-    max_bounded_length: array length bounds (and string ones when not counted) above it are not
-        materialised in the grammar; they are relaxed and listed (the validator enforces them).
+    counted_lengths: True (default) enforces string minLength/maxLength, `^[set]{n,m}$` patterns
+        and minItems/maxItems (above 8) of any size with per-row counters (grammars/counted.py,
+        grammars/items.py); False materialises them up to max_bounded_length.
+    max_bounded_length: length bounds that are not counted (all when counted_lengths is False;
+        arrays with prefixItems or holding a counted array; a large quantifier inside a larger
+        pattern) above it are not materialised; they are relaxed and listed with a reason.
     max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
         cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
     max_any_depth: nesting depth of values under an unconstrained schema (`{}` / `true`).

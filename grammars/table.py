@@ -1,11 +1,19 @@
 """TokenTable: one compiled grammar over one vocabulary (the grammars/ <-> kernels/ contract).
 
-Dense state ids 0..S-1, state 0 the start. `mask` rows are LSB-first bitmasks over the logits
-width (the xgrammar / llguidance / outlines-core layout); stop ids are set only in accepting
-rows and never appear in the CSR transitions (a stop token ends the row, it does not move it).
-Every state can reach an accepting state (`dist` is finite): the compiler prunes dead states.
-This module holds data and cheap checks only; building tables is `compile.py`'s job and
-moving them to a device is the kernels' job.
+Dense state ids 0..S-1, state 0 the start. Compact layout (issue 15): mask rows are stored
+once each (`mask` [U, W] distinct LSB-first bitmask rows over the logits width, the
+xgrammar / llguidance / outlines-core row layout; state s reads row `mask_row[s]`), and a
+state's transitions are a default next state plus sorted exceptions: a non-stop token t
+allowed by s's mask row leads to exc_next[i] if t == exc_tok[i] for some i in
+exc_ptr[s]:exc_ptr[s+1], else to trans_default[s] (-1 only when s allows no non-stop token).
+Stop ids are set only in accepting rows and are never transitions (a stop token ends the row,
+it does not move it). Every state can reach an accepting state (`dist` is finite): the
+compiler prunes dead states. The compiler picks each state's most common next state as its
+default, but any choice is valid and the kernels must give the same results for every one.
+`transitions(s)` gives a state's full (tokens, next states) and `next_states(s, tokens)` looks
+many up, for CPU tools; `from_dense` builds the layout from full CSR rows (tests). This
+module holds data and cheap checks only; compiling is `compile.py`'s job and moving tables
+to a device is the kernels' job.
 
 Counters (optional, `count_row is not None`). A state inside a length-bounded string body has
 `count_row[s] >= 0`; each batch row then carries one int32 counter c: the characters started
@@ -16,8 +24,18 @@ counter is c + v//2 if t stays in the body, else count_entry_val at key s * logi
 (0 when absent: the characters t starts in the body it opens). `dist` of a counted state
 excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c), need_s(c) =
 ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged need(0).
-One counter per row suffices: a counted body holds no other counted value (nested item
-counts are not counted yet).
+One counter per row suffices: a counted body holds no other counted value.
+
+Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
+inside a counted array has `item_hi[s] >= 0`; each batch row carries a second int32 counter
+k: the item separators crossed in that array. Entries, sorted by key s * logits_width + t, hold
+the tokens that cross a separator (item_inc), close the state's array (item_flag & 1) or open one
+(item_flag & 2); any other token crosses none. t is kept iff k + inc <= item_hi[s] and, when it
+closes, k + inc >= item_lo[s] (item_lo = max(minItems - 1, 0), item_hi = maxItems - 1). After t
+the counter is item_set when >= 0, else k + inc. `dist` excludes the unmet minimum: the fewest
+tokens are dist[s] + string need + item_cost[s] * max(0, item_lo[s] - k) (a token that opens an
+array is charged that of its item_set). One item counter per row: arrays inside a counted
+array's items are not counted.
 """
 
 from __future__ import annotations
@@ -29,11 +47,13 @@ import numpy as np
 
 @dataclass
 class TokenTable:
-    mask: np.ndarray  # int32 [S, W], W = ceil(logits_width / 32); bit j of word w allows token 32*w + j
+    mask: np.ndarray  # int32 [U, W] distinct rows, W = ceil(logits_width / 32); bit j of word w allows 32*w + j
+    mask_row: np.ndarray  # int32 [S]; state s's mask row is mask[mask_row[s]]
     accept: np.ndarray  # bool [S]; stop ids are allowed exactly in these rows
-    trans_ptr: np.ndarray  # int32 [S + 1]; CSR row pointers
-    trans_tok: np.ndarray  # int32 [nnz]; allowed non-stop tokens of each state, sorted
-    trans_next: np.ndarray  # int32 [nnz]; the state each of those tokens leads to
+    trans_default: np.ndarray  # int32 [S]; next state of an allowed non-stop token that is no exception (-1: none)
+    exc_ptr: np.ndarray  # int32 [S + 1]; CSR row pointers of the exceptions
+    exc_tok: np.ndarray  # int32 [E]; allowed tokens of each state whose next state is not the default, sorted
+    exc_next: np.ndarray  # int32 [E]; the state each of those tokens leads to
     dist: np.ndarray  # int32 [S]; fewest tokens from this state to an accepting state (0 if accepting)
     vocab_size: int  # the tokenizer's number of ids (ids >= this are never allowed)
     logits_width: int  # V: the model's logits width (>= vocab_size)
@@ -47,6 +67,18 @@ class TokenTable:
     count_entry_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of opening tokens
     count_entry_val: np.ndarray | None = None  # int32 [E]; the counter such a token sets (non-zero only)
     count_fill: int = 1  # characters per token the counted dist assumes towards a minimum
+    item_lo: np.ndarray | None = None  # int32 [S]; max(minItems - 1, 0) of the state's counted array (0 elsewhere)
+    item_hi: np.ndarray | None = None  # int32 [S]; maxItems - 1 there, -1 outside counted arrays
+    item_cost: np.ndarray | None = None  # int32 [S]; tokens dist assumes per unmet separator (0 outside)
+    item_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of tokens with an item event
+    item_inc: np.ndarray | None = None  # int32 [E]; separators t crosses in s's array before it closes
+    item_flag: np.ndarray | None = None  # int8 [E]; 1: closes s's array, 2: opens an array
+    item_set: np.ndarray | None = None  # int32 [E]; the item counter after t, -1: counter + inc
+    item_next: np.ndarray | None = None  # int32 [E]; the state t leads to
+
+    @property
+    def has_items(self) -> bool:
+        return self.item_hi is not None
 
     @property
     def has_counts(self) -> bool:
@@ -90,30 +122,129 @@ class TokenTable:
         return int(self.mask.shape[1])
 
     @property
+    def num_exceptions(self) -> int:
+        return int(self.exc_tok.shape[0])
+
+    @property
+    def num_transitions(self) -> int:
+        """Allowed (state, non-stop token) pairs: what a full CSR would hold."""
+        ones = _popcount_rows(self.mask) - _bits(self.mask, self.stop_ids).sum(axis=1)
+        return int(ones[self.mask_row].sum())
+
+    @property
     def nbytes(self) -> int:
-        arrays = (self.mask, self.accept, self.trans_ptr, self.trans_tok, self.trans_next, self.dist, self.stop_ids)
+        arrays = tuple(getattr(self, n) for n in TABLE_ARRAYS)
         counts = tuple(getattr(self, n) for n in COUNT_ARRAYS) if self.has_counts else ()
+        counts += tuple(getattr(self, n) for n in ITEM_ARRAYS) if self.has_items else ()
         return int(sum(a.nbytes for a in arrays + counts))
+
+    def mask_words(self, state: int) -> np.ndarray:
+        """int32 [W]: the packed mask row of `state`."""
+        return self.mask[self.mask_row[state]]
 
     def allowed(self, state: int) -> np.ndarray:
         """Sorted token ids the mask allows in `state` (stop ids included where accepting)."""
-        bits = np.unpackbits(self.mask[state].view(np.uint8), bitorder="little")
+        bits = np.unpackbits(self.mask_words(state).view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.logits_width]).astype(np.int64)
+
+    def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted non-stop token ids int64, their next states int32) of `state`: the full row."""
+        toks = self.allowed(state)
+        if self.stop_ids.size and self.accept[state]:
+            toks = toks[~np.isin(toks, self.stop_ids)]
+        nexts = np.full(toks.shape[0], self.trans_default[state], dtype=np.int32)
+        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        if hi > lo:
+            nexts[np.searchsorted(toks, self.exc_tok[lo:hi])] = self.exc_next[lo:hi]
+        return toks, nexts
+
+    def dense_transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr int64 [S + 1], tok int32 [T], next int32 [T]): every transition as one full CSR.
+
+        For host code that keys data by (state, token) pair; O(transitions) memory (the seed
+        catalog: 1.08M entries), each distinct mask row unpacked once.
+        """
+        stops = np.zeros(32 * self.num_words, dtype=bool)
+        stops[self.stop_ids] = True
+        bits = np.unpackbits(np.ascontiguousarray(self.mask).view(np.uint8), axis=1, bitorder="little")
+        row_toks = [np.flatnonzero(b[: self.logits_width] & ~stops[: self.logits_width]).astype(np.int32)
+                    for b in bits.astype(bool)]
+        sizes = np.array([row_toks[r].size for r in self.mask_row.tolist()], dtype=np.int64)
+        ptr = np.zeros(self.num_states + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(sizes)
+        tok = np.concatenate([row_toks[r] for r in self.mask_row.tolist()] or [np.zeros(0, np.int32)])
+        nxt = np.repeat(self.trans_default.astype(np.int32), sizes)
+        owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
+        # Each exception's slot: its state's first slot + its rank among that state's tokens.
+        for s in np.unique(owner).tolist():
+            lo, hi = int(self.exc_ptr[s]), int(self.exc_ptr[s + 1])
+            at = ptr[s] + np.searchsorted(tok[ptr[s] : ptr[s + 1]], self.exc_tok[lo:hi])
+            nxt[at] = self.exc_next[lo:hi]
+        return ptr, tok, nxt
+
+    def next_states(self, state: int, tokens: np.ndarray) -> np.ndarray:
+        """int32 per token of `tokens`: the state it leads to from `state`, -1 where it is no transition."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        ok = (tokens >= 0) & (tokens < 32 * self.num_words)
+        safe = np.where(ok, tokens, 0)
+        words = self.mask_words(state).view(np.uint32)[safe >> 5]
+        ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
+        if self.stop_ids.size:
+            ok &= ~np.isin(tokens, self.stop_ids)
+        out = np.where(ok, self.trans_default[state], -1).astype(np.int32)
+        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        if hi > lo:
+            row = self.exc_tok[lo:hi]
+            at = np.minimum(np.searchsorted(row, tokens), row.shape[0] - 1)
+            hit = ok & (row[at] == tokens)
+            out[hit] = self.exc_next[lo:hi][at[hit]]
+        return out
 
     def next_state(self, state: int, token: int) -> int | None:
         """The state `token` leads to from `state`, or None when the token is not a transition."""
-        lo, hi = int(self.trans_ptr[state]), int(self.trans_ptr[state + 1])
-        row = self.trans_tok[lo:hi]
+        if not 0 <= token < self.logits_width or bool((self.stop_ids == token).any()):
+            return None
+        if not (int(self.mask_words(state)[token >> 5]) >> (token & 31)) & 1:
+            return None
+        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        row = self.exc_tok[lo:hi]
         i = int(np.searchsorted(row, token))
         if i < row.shape[0] and int(row[i]) == token:
-            return int(self.trans_next[lo + i])
-        return None
+            return int(self.exc_next[lo + i])
+        return int(self.trans_default[state])
+
+    @staticmethod
+    def from_dense(mask: np.ndarray, trans_ptr: np.ndarray, trans_tok: np.ndarray, trans_next: np.ndarray,
+                   **fields) -> TokenTable:
+        """A TokenTable from one mask row per state and full CSR transition rows (tests, synthetic tables).
+
+        `fields` are the other dataclass fields (accept, dist, vocab_size, ...). Each state's
+        default is its most common next state (the smallest id on a tie).
+        """
+        num_states = int(trans_ptr.shape[0]) - 1
+        if mask.ndim != 2 or mask.shape[0] != num_states:
+            raise ValueError(f"Invalid mask: expected {num_states} rows (one per state), got shape {mask.shape}")
+        rows, mask_row = unique_rows(mask)
+        default = np.full(num_states, -1, dtype=np.int32)
+        keep = np.ones(trans_tok.shape[0], dtype=bool)
+        for s in range(num_states):
+            lo, hi = int(trans_ptr[s]), int(trans_ptr[s + 1])
+            if hi > lo:
+                default[s] = int(np.argmax(np.bincount(trans_next[lo:hi])))
+                keep[lo:hi] = trans_next[lo:hi] != default[s]
+        owner = np.repeat(np.arange(num_states), np.diff(trans_ptr.astype(np.int64)))
+        ptr = np.zeros(num_states + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(np.bincount(owner[keep], minlength=num_states))
+        return TokenTable(mask=rows, mask_row=mask_row, trans_default=default, exc_ptr=ptr.astype(np.int32),
+                          exc_tok=np.asarray(trans_tok[keep], dtype=np.int32),
+                          exc_next=np.asarray(trans_next[keep], dtype=np.int32), **fields)
 
     @staticmethod
     def concat(tables: list[TokenTable]) -> tuple[TokenTable, np.ndarray]:
         """Stack several grammars over one vocabulary into one table; returns it and the state offsets.
 
-        A batch row then carries one global state id: `offsets[g] + local_state`.
+        A batch row then carries one global state id: `offsets[g] + local_state`. Mask rows
+        shared between the tables are stored once.
         """
         if not tables:
             raise ValueError("Invalid tables: expected at least one TokenTable, got none")
@@ -125,33 +256,78 @@ class TokenTable:
                 )
         sizes = np.array([t.num_states for t in tables], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-        nnz = np.array([t.trans_tok.shape[0] for t in tables], dtype=np.int64)
+        nnz = np.array([t.num_exceptions for t in tables], dtype=np.int64)
         nnz_offsets = np.concatenate([[0], np.cumsum(nnz)[:-1]])
-        trans_ptr = np.concatenate(
-            [t.trans_ptr[:-1].astype(np.int64) + o for t, o in zip(tables, nnz_offsets)] + [[int(nnz.sum())]]
+        exc_ptr = np.concatenate(
+            [t.exc_ptr[:-1].astype(np.int64) + o for t, o in zip(tables, nnz_offsets)] + [[int(nnz.sum())]]
         ).astype(np.int32)
+        row_offsets = np.concatenate([[0], np.cumsum([t.mask.shape[0] for t in tables])[:-1]])
+        mask, remap = unique_rows(np.concatenate([t.mask for t in tables]))
+        mask_row = remap[np.concatenate([t.mask_row.astype(np.int64) + o for t, o in zip(tables, row_offsets)])]
         stop_ids = np.unique(np.concatenate([t.stop_ids for t in tables])).astype(np.int32)
         counts = _concat_counts(tables, offsets) if any(t.has_counts for t in tables) else {}
+        if any(t.has_items for t in tables):
+            from surecall.grammars.items import concat_items
+
+            counts.update(concat_items(tables, offsets))
         return (
             TokenTable(
-                mask=np.concatenate([t.mask for t in tables]),
+                mask=mask,
+                mask_row=mask_row.astype(np.int32),
                 accept=np.concatenate([t.accept for t in tables]),
-                trans_ptr=trans_ptr,
-                trans_tok=np.concatenate([t.trans_tok for t in tables]).astype(np.int32),
-                trans_next=np.concatenate([t.trans_next + o for t, o in zip(tables, offsets)]).astype(np.int32),
+                trans_default=np.concatenate(
+                    [np.where(t.trans_default >= 0, t.trans_default + o, -1) for t, o in zip(tables, offsets)]
+                ).astype(np.int32),
+                exc_ptr=exc_ptr,
+                exc_tok=np.concatenate([t.exc_tok for t in tables]).astype(np.int32),
+                exc_next=np.concatenate([t.exc_next + o for t, o in zip(tables, offsets)]).astype(np.int32),
                 dist=np.concatenate([t.dist for t in tables]).astype(np.int32),
                 vocab_size=first.vocab_size,
                 logits_width=first.logits_width,
                 stop_ids=stop_ids,
                 relaxed=[r for t in tables for r in t.relaxed],
-                meta={"concat_of": len(tables)},
+                meta={"concat_of": len(tables), "relaxed_reasons": [
+                    why for t in tables for why in t.meta.get("relaxed_reasons", [""] * len(t.relaxed))]},
                 **counts,
             ),
             offsets,
         )
 
 
+TABLE_ARRAYS = ("mask", "mask_row", "accept", "trans_default", "exc_ptr", "exc_tok", "exc_next", "dist", "stop_ids")
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows in order of first appearance, int32 index of each input row among them)."""
+    if rows.shape[0] == 0:
+        return rows.copy(), np.zeros(0, dtype=np.int32)
+    flat = np.ascontiguousarray(rows)
+    first: dict[bytes, int] = {}
+    index = np.empty(rows.shape[0], dtype=np.int32)
+    picks = []
+    for i in range(rows.shape[0]):
+        key = flat[i].tobytes()
+        j = first.get(key)
+        if j is None:
+            j = first[key] = len(picks)
+            picks.append(i)
+        index[i] = j
+    return flat[picks], index
+
+
+def _popcount_rows(mask: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(np.ascontiguousarray(mask).view(np.uint32)).sum(axis=1, dtype=np.int64)
+
+
+def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """bool [rows, len(ids)]: whether each mask row allows each id."""
+    ids = np.asarray(ids, dtype=np.int64)
+    words = mask[:, ids // 32].view(np.uint32)
+    return ((words >> (ids % 32).astype(np.uint32)) & 1).astype(bool)
+
+
 COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")
+ITEM_ARRAYS = ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next")
 
 
 def _concat_counts(tables: list[TokenTable], offsets: np.ndarray) -> dict:

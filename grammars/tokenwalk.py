@@ -11,8 +11,8 @@ Walking every token from every state is the whole cost of a compile, so the walk
 - Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
   token's first two bytes, with no compaction (pairs in decreasing token length).
 A state's `Row` keeps its class part shared (the class walk plus its region's id map) next to
-its own extra tokens, so `compile.py` copies a class part once into the CSR and its packed mask
-words whole. This module does not prune, number or pack anything: `compile.py` does.
+its own extra tokens, so `compile.py` derives a class part's default next state and exceptions
+once and copies its packed mask words whole. This module does not prune, number or pack anything: `compile.py` does.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from surecall.errors import RequestError
+from surecall.grammars import items
 from surecall.grammars.table import TokenTable
 
 DEFAULT_MAX_TOKENS = 4096
@@ -29,17 +30,21 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
             f"max_tokens {budget} is below the {int(table.dist[0])} tokens the shortest document needs"
         )
     state, counter, out = 0, 0, []
+    item = 0  # the item counter of a table with counted arrays (grammars/items.py)
     while True:
         remaining = budget - len(out)
-        lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-        toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
-        ok = kept(table, state, counter, toks, nexts, remaining)
+        toks, nexts = table.transitions(state)
+        if table.has_items:
+            ok = items.kept(table, state, counter, item, toks, nexts, remaining)
+        else:
+            ok = kept(table, state, counter, toks, nexts, remaining)
         num_options = int(ok.sum()) + (1 if table.accept[state] else 0)
         pick = int(rng.integers(num_options))
         if table.accept[state] and pick == num_options - 1:
             return out
         i = np.flatnonzero(ok)[pick]
         out.append(int(toks[i]))
+        item = _next_item(table, state, item, int(toks[i]))
         state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
 
 
@@ -65,13 +70,20 @@ def decode(vocab, ids: list[int]) -> bytes:
 
 def accepts(table: TokenTable, ids: list[int]) -> bool:
     """Whether the table walks `ids` from state 0 into an accepting state (CSR only)."""
-    state, counter = 0, 0
+    state, counter, item = 0, 0, 0
     for t in ids:
         nxt = table.next_state(state, int(t))
         if nxt is None or not table.count_allows(state, counter, np.asarray([int(t)]))[0]:
             return False
+        if table.has_items and not items.item_allows(table, state, item, np.asarray([int(t)]))[0]:
+            return False
+        item = _next_item(table, state, item, int(t))
         state, counter = nxt, table.next_counter(state, counter, int(t))
     return bool(table.accept[state])
+
+
+def _next_item(table: TokenTable, state: int, item: int, token: int) -> int:
+    return int(items.next_item_counter(table, state, item, np.asarray([token]))[0]) if table.has_items else 0
 
 
 def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:

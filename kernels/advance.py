@@ -1,7 +1,8 @@
-"""Advance each row's grammar state by its sampled token (CSR lookup on the device).
+"""Advance each row's grammar state by its sampled token (default-next lookup on the device).
 
-A token found in the state's CSR row moves the row to its target state. A stop id in an
-accepting state (its mask bit is set there and it is not in the CSR) finishes the row and keeps
+A non-stop token the state's mask row allows moves the row to its exception's target, or to
+the state's default next state when it is no exception (grammars/table.py). A stop id in an
+accepting state (its mask bit is set there; never a transition) finishes the row and keeps
 its state. Anything else is not allowed by the grammar: the row goes to DEAD_STATE and is
 finished (check=True raises instead). Rows with state < 0 (no grammar) keep their state and
 finish on a table stop id or a token < 0 (a row whose sampler found nothing). It does not mask
@@ -13,12 +14,13 @@ next counter: counter + characters for a token that stays in a counted body, the
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
-from surecall.kernels.budget import csr_find_torch
+from surecall.kernels.budget import next_state_torch
 from surecall.kernels.table import DeviceTable
 
 DEAD_STATE = -2  # a row that took a token its grammar does not allow (only when check=False)
@@ -31,14 +33,16 @@ def _advance_kernel(
     next_ptr,  # int32 [B] out: next state
     finished_ptr,  # int8 [B] out: 1 when the row is done (stop id, invalid token)
     batch,  # B
-    mask_ptr,  # int32 [S, W] packed allowed-token bits
+    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows
+    mask_row_ptr,  # int32 [S] each state's row of mask
     num_words,  # W
     accept_ptr,  # int8 [S] accepting states
     is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
-    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
-    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
-    trans_next_ptr,  # int32 [nnz] transition targets
-    num_search_steps,  # binary-search iterations over the longest CSR row
+    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
+    exc_tok_ptr,  # int32 [E] sorted exception tokens
+    exc_next_ptr,  # int32 [E] exception targets
+    trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens (-1: none)
+    num_search_steps,  # binary-search iterations over the longest exception row
     counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
     next_counters_ptr,  # int32 [B] out: the counter after the token (HAS_COUNTS)
     count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
@@ -58,26 +62,28 @@ def _advance_kernel(
     token = tl.load(tokens_ptr + rows, mask=ok, other=-1).to(tl.int32)
     has_grammar = ok & (state >= 0)
     st = tl.where(has_grammar, state, 0)
-    lo = tl.load(trans_ptr_ptr + st, mask=has_grammar, other=0)
-    end = tl.load(trans_ptr_ptr + st + 1, mask=has_grammar, other=0)
+    lo = tl.load(exc_ptr_ptr + st, mask=has_grammar, other=0)
+    end = tl.load(exc_ptr_ptr + st + 1, mask=has_grammar, other=0)
     hi = end
     for _ in range(num_search_steps):
         active = lo < hi
         mid = lo + (hi - lo) // 2
-        go_right = tl.load(trans_tok_ptr + mid, mask=active, other=0) < token
+        go_right = tl.load(exc_tok_ptr + mid, mask=active, other=0) < token
         lo = tl.where(active & go_right, mid + 1, lo)
         hi = tl.where(active & (go_right == 0), mid, hi)
     in_row = lo < end
-    found = in_row & (tl.load(trans_tok_ptr + lo, mask=in_row, other=-1) == token)
-    target = tl.load(trans_next_ptr + lo, mask=found, other=0)
+    is_exc = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == token)
     tok_ok = (token >= 0) & (token < 32 * num_words)
     tok = tl.where(tok_ok, token, 0)
-    word = tl.load(
-        mask_ptr + st.to(tl.int64) * num_words + tok // 32, mask=has_grammar & tok_ok, other=0
-    )
+    mrow = tl.load(mask_row_ptr + st, mask=has_grammar, other=0).to(tl.int64)
+    word = tl.load(mask_ptr + mrow * num_words + tok // 32, mask=has_grammar & tok_ok, other=0)
+    bit = tok_ok & (((word >> (tok % 32)) & 1) != 0)
     is_accepting = tl.load(accept_ptr + st, mask=has_grammar, other=0) != 0
-    stops_here = (((word >> (tok % 32)) & 1) != 0) & is_accepting
     is_stop = tl.load(is_stop_ptr + tok, mask=ok & tok_ok, other=0) != 0
+    default = tl.load(trans_default_ptr + st, mask=has_grammar, other=-1)
+    found = is_exc | (bit & (is_stop == 0) & (default >= 0))
+    target = tl.where(is_exc, tl.load(exc_next_ptr + lo, mask=is_exc, other=0), default)
+    stops_here = bit & is_stop & is_accepting
     nxt = tl.where(found, target, tl.where(stops_here, state, -2))
     nxt = tl.where(has_grammar, nxt, state)
     fin = tl.where(has_grammar, found == 0, (token < 0) | is_stop)
@@ -121,7 +127,8 @@ def advance(
     if check:
         _check_inputs(states, tokens, table, counters)
     if resolve_backend(backend, states.device) == "torch":
-        return advance_torch(states, tokens, table, counters)
+        few = states.device.type == "cpu" and states.numel() <= HOST_MAX_ROWS
+        return (_advance_host if few else advance_torch)(states, tokens, table, counters)
     batch = states.shape[0]
     nxt = torch.empty_like(states)
     finished = torch.empty(batch, dtype=torch.int8, device=states.device)
@@ -130,8 +137,8 @@ def advance(
         block = 128
         _advance_kernel[(triton.cdiv(batch, block),)](
             states, tokens, nxt, finished, batch,
-            table.mask, table.num_words, table.accept_i8, table.is_stop,
-            table.trans_ptr, table.trans_tok, table.trans_next, table.num_search_steps,
+            table.mask, table.mask_row, table.num_words, table.accept_i8, table.is_stop,
+            table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default, table.num_search_steps,
             counters if counters is not None else states, next_counters if counters is not None else nxt,
             table.count_row, table.count_chars, table.count_cols, table.count_entry_key,
             table.count_entry_val, table.num_entries, table.num_entry_steps, table.logits_width,
@@ -149,14 +156,13 @@ def advance_torch(
     has_grammar = states >= 0
     st = torch.where(has_grammar, states, torch.zeros_like(states)).long()
     tok = tokens.long()
-    found, slot = csr_find_torch(table, st, tok)
+    found, target = next_state_torch(table, st, tok)
     found &= has_grammar
-    target = table.trans_next[slot.clamp(max=table.trans_next.numel() - 1)].long()
     tok_ok = (tok >= 0) & (tok < 32 * table.num_words)
     safe = torch.where(tok_ok, tok, torch.zeros_like(tok))
-    word = table.mask[st, safe // 32].long() & 0xFFFFFFFF
-    stops_here = tok_ok & (((word >> (safe % 32)) & 1) == 1) & table.accept[st]
+    word = table.mask[table.mask_row[st].long(), safe // 32].long() & 0xFFFFFFFF
     is_stop = tok_ok & (table.is_stop[safe] != 0)
+    stops_here = tok_ok & (((word >> (safe % 32)) & 1) == 1) & table.accept[st] & is_stop
     dead = torch.full_like(st, DEAD_STATE)
     nxt = torch.where(found, target, torch.where(stops_here, states.long(), dead))
     nxt = torch.where(has_grammar, nxt, states.long()).to(torch.int32)
@@ -164,6 +170,54 @@ def advance_torch(
     if counters is None:
         return nxt, finished
     return nxt, finished, _next_counters_torch(table, st, safe, found, counters)
+
+
+HOST_MAX_ROWS = 64  # up to this many CPU rows, a Python step per row beats ~60 tensor ops
+
+
+def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable, counters=None):
+    """advance_torch for a few CPU rows, row by row on the host (perf: same results, no op overheads)."""
+    ptr, etok, enext = table.exc_ptr.numpy(), table.exc_tok.numpy(), table.exc_next.numpy()
+    mask, mask_row, default = table.mask.numpy(), table.mask_row.numpy(), table.trans_default.numpy()
+    accept, is_stop = table.accept.numpy(), table.is_stop.numpy()
+    num_bits = 32 * table.num_words
+    cnt = counters.tolist() if counters is not None else None
+    nxt, fin, moved = [], [], []
+    for i, (s, t) in enumerate(zip(states.tolist(), tokens.tolist(), strict=True)):
+        tok_ok = 0 <= t < num_bits
+        found = False
+        if s < 0:
+            nxt.append(s)
+            fin.append(t < 0 or (tok_ok and bool(is_stop[t])))
+        else:
+            lo, end = int(ptr[s]), int(ptr[s + 1])
+            j = lo + int(np.searchsorted(etok[lo:end], t)) if tok_ok else lo
+            in_exc = tok_ok and j < end and int(etok[j]) == t
+            bit = tok_ok and (int(mask[mask_row[s], t // 32]) >> (t % 32)) & 1 == 1
+            stop = tok_ok and bool(is_stop[t])
+            plain = bit and not stop and int(default[s]) >= 0
+            found = in_exc or plain
+            stops_here = bit and bool(accept[s]) and stop
+            nxt.append(int(enext[j]) if in_exc else int(default[s]) if plain else (s if stops_here else DEAD_STATE))
+            fin.append(not found)
+        if cnt is not None:
+            moved.append(_next_counter_host(table, s, t, cnt[i]) if found else cnt[i])
+    out = (torch.tensor(nxt, dtype=torch.int32), torch.tensor(fin, dtype=torch.bool))
+    return out if cnt is None else (*out, torch.tensor(moved, dtype=torch.int32))
+
+
+def _next_counter_host(table: DeviceTable, state: int, token: int, counter: int) -> int:
+    """_next_counters_torch for one row whose token is a transition of its state."""
+    r = int(table.count_row.numpy()[state])
+    v = int(table.count_chars.numpy()[r, token]) if r >= 0 and token < table.count_cols else -1
+    if v >= 0 and v % 2 == 0:
+        return counter + v // 2
+    if table.num_entries == 0:
+        return 0
+    keys = table.count_entry_key.numpy()[: table.num_entries]
+    key = state * table.logits_width + token
+    at = int(np.searchsorted(keys, key))
+    return int(table.count_entry_val.numpy()[at]) if at < keys.shape[0] and int(keys[at]) == key else 0
 
 
 def _next_counters_torch(table, st, tok, found, counters) -> torch.Tensor:

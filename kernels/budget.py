@@ -1,10 +1,12 @@
-"""CSR transition lookups shared by the mask, sample and advance kernels (Triton and torch).
+"""Transition lookups shared by the mask, sample and advance kernels (Triton and torch).
 
-A state's allowed non-stop tokens are a sorted slice `trans_tok[trans_ptr[s]:trans_ptr[s+1]]`;
-finding a token's slot is a binary search with a fixed number of steps (the table's
-`num_search_steps`), vectorised over lanes, so it needs no data-dependent loop bound and no
-host sync. `budget_keep_*` applies the `dist` rule: with `rem` tokens left (this one included)
-a transition is kept iff dist[next] <= rem - 1, and a stop id (never in the CSR) iff rem >= 1.
+A state's exceptions are a sorted slice `exc_tok[exc_ptr[s]:exc_ptr[s+1]]`; finding a token
+there is a binary search with a fixed number of steps (the table's `num_search_steps`),
+vectorised over lanes, so it needs no data-dependent loop bound and no host sync. Any other
+allowed non-stop token leads to `trans_default[s]` (grammars/table.py). `budget_keep_*` applies
+the `dist` rule: with `rem` tokens left (this one included) a transition is kept iff
+dist[next] <= rem - 1 (with default-next: the mask row AND dist[default] fits, the exceptions
+overriding), and a stop id (never a transition) iff rem >= 1.
 With counters (grammars/table.py) `count_keep_*` gives the counter bounds per column and, for
 tokens that stay in a counted body, the need after them (`stay_need`, -1 elsewhere); the budget
 then charges dist[next] + stay_need to those and dist_entry[next] to the rest.
@@ -12,6 +14,7 @@ then charges dist[next] + stay_need to those and dist_entry[next] to the rest.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from surecall.kernels._triton import tl, triton
@@ -54,50 +57,53 @@ def budget_keep_triton(
     tokens,  # int32 tensor of token ids
     state,  # int32 scalar: the row's grammar state
     rem,  # int32 scalar: tokens the row may still emit, this one included
-    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
-    trans_tok_ptr,  # int32 [nnz] sorted allowed tokens per state
-    trans_next_ptr,  # int32 [nnz] next state per CSR slot
+    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
+    exc_tok_ptr,  # int32 [E] sorted exception tokens per state
+    exc_next_ptr,  # int32 [E] next state per exception
+    trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens (-1: none)
+    is_stop_ptr,  # int8 [32 * num_words] 1 for the table's stop ids
+    num_words,  # W: is_stop covers 32 * W ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
     dist_entry_ptr,  # int32 [S] dist + need(0): charged to tokens that do not stay in a body
     stay_need,  # int32 tensor like tokens: need after a token that stays in a body, else -1
     num_search_steps,  # binary-search iterations
 ):
-    # Fixed-step binary search for each token in the state's CSR row (advance.py has the same
-    # loop written out: nested jit calls are slow in the interpreter).
-    end = tl.zeros_like(tokens) + tl.load(trans_ptr_ptr + state + 1)
-    lo = tl.zeros_like(tokens) + tl.load(trans_ptr_ptr + state)
+    # Fixed-step binary search for each token in the state's exception row (advance.py has the
+    # same loop written out: nested jit calls are slow in the interpreter).
+    end = tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state + 1)
+    lo = tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state)
     hi = end
     for _ in range(num_search_steps):
         active = lo < hi
         mid = lo + (hi - lo) // 2
-        go_right = tl.load(trans_tok_ptr + mid, mask=active, other=0) < tokens
+        go_right = tl.load(exc_tok_ptr + mid, mask=active, other=0) < tokens
         lo = tl.where(active & go_right, mid + 1, lo)
         hi = tl.where(active & (go_right == 0), mid, hi)
     in_row = lo < end
-    found = in_row & (tl.load(trans_tok_ptr + lo, mask=in_row, other=-1) == tokens)
-    slot = lo
-    nxt = tl.load(trans_next_ptr + slot, mask=found, other=0)
-    d = tl.where(
-        stay_need >= 0,
-        tl.load(dist_ptr + nxt, mask=found, other=0) + stay_need,
-        tl.load(dist_entry_ptr + nxt, mask=found, other=0),
-    )
+    found = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == tokens)
+    default = tl.zeros_like(tokens) + tl.load(trans_default_ptr + state)
+    nxt = tl.where(found, tl.load(exc_next_ptr + lo, mask=found, other=0), tl.maximum(default, 0))
+    stop = tl.load(is_stop_ptr + tokens, mask=(tokens >= 0) & (tokens < 32 * num_words), other=0) != 0
+    is_trans = found | ((stop == 0) & (default >= 0))
+    d = tl.where(stay_need >= 0, tl.load(dist_ptr + nxt) + stay_need, tl.load(dist_entry_ptr + nxt))
     return (
-        tl.where(found, d <= rem - 1, rem >= 1) != 0
+        tl.where(is_trans, d <= rem - 1, rem >= 1) != 0
     )  # `!= 0`: a plain bool tensor in the interpreter too
 
 
-def csr_find_torch(
+def exc_find_torch(
     table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(found bool, slot int64) for 1-D `states` (all >= 0) and `tokens` of the same length."""
-    # Index the int32 arrays first and widen only what was read: widening the whole CSR
-    # (millions of entries) every step cost milliseconds on CPU.
-    ptr = table.trans_ptr
+    """(found bool, slot int64): each token among its state's exceptions (1-D, states >= 0)."""
+    if states.device.type == "cpu" and states.numel() <= HOST_SEARCH_MAX_ROWS:
+        return _exc_find_host(table, states, tokens)
+    # Index the int32 arrays first and widen only what was read: widening whole arrays every
+    # step cost milliseconds on CPU.
+    ptr = table.exc_ptr
     lo, end = ptr[states.long()].long(), ptr[states.long() + 1].long()
     hi = end.clone()
     tokens = tokens.long()
-    tok = table.trans_tok
+    tok = table.exc_tok
     last = tok.numel() - 1
     for _ in range(table.num_search_steps):
         active = lo < hi
@@ -108,6 +114,38 @@ def csr_find_torch(
     in_row = lo < end
     found = in_row & (tok[lo.clamp(max=last)].long() == tokens)
     return found, lo
+
+
+HOST_SEARCH_MAX_ROWS = 64  # up to this many CPU lookups, one numpy searchsorted each beats the loop
+
+
+def _exc_find_host(table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor):
+    """exc_find_torch for a few CPU rows: numpy's searchsorted on each row's slice (perf, same result)."""
+    ptr, tok = table.exc_ptr.numpy(), table.exc_tok.numpy()
+    num = states.numel()
+    slot = np.zeros(num, dtype=np.int64)
+    found = np.zeros(num, dtype=bool)
+    for i, (s, t) in enumerate(zip(states.tolist(), tokens.tolist(), strict=True)):
+        lo, end = int(ptr[s]), int(ptr[s + 1])
+        j = lo + int(np.searchsorted(tok[lo:end], t)) if -(2**31) <= t < 2**31 else (lo if t < 0 else end)
+        slot[i], found[i] = j, j < end and int(tok[j]) == t
+    return torch.from_numpy(found), torch.from_numpy(slot)
+
+
+def next_state_torch(
+    table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(is a transition bool, next state int64) for 1-D `states` (all >= 0) and `tokens`."""
+    st, tok = states.long(), tokens.long()
+    found, slot = exc_find_torch(table, st, tok)
+    tok_ok = (tok >= 0) & (tok < 32 * table.num_words)
+    safe = torch.where(tok_ok, tok, torch.zeros_like(tok))
+    word = table.mask[table.mask_row[st].long(), safe // 32].long() & 0xFFFFFFFF
+    bit = tok_ok & (((word >> (safe % 32)) & 1) == 1)
+    default = table.trans_default[st].long()
+    plain = bit & (table.is_stop[safe] == 0) & (default >= 0)
+    exc = table.exc_next[slot.clamp(max=table.exc_next.numel() - 1)].long()
+    return found | plain, torch.where(found, exc, default)
 
 
 def count_keep_torch(
@@ -136,7 +174,8 @@ def budget_drop_torch(
 ) -> torch.Tensor:
     """bool [R, num_cols]: tokens the budget forbids for rows in `states` (>= 0) with `remaining`.
 
-    Walks the CSR rows of binding states only (the reference path; it syncs with the host).
+    Every column of a binding row reads its default next state, the exceptions overriding (the
+    reference path; it syncs with the host). Columns the mask forbids may be marked or not.
     """
     drop = torch.zeros(states.shape[0], num_cols, dtype=torch.bool, device=states.device)
     states = states.long()
@@ -145,19 +184,22 @@ def budget_drop_torch(
     if binding.numel() == 0:
         return drop
     drop[binding[rem[binding] < 1]] = True  # nothing fits, stop ids included
-    ptr = table.trans_ptr
-    starts, ends = ptr[states[binding]].long(), ptr[states[binding] + 1].long()
+    st = states[binding]
+    default = table.trans_default[st].long()
+    nxt = default.clamp(min=0)[:, None].expand(-1, num_cols).clone()
+    starts, ends = table.exc_ptr[st].long(), table.exc_ptr[st + 1].long()
     lens = ends - starts
-    owner = torch.repeat_interleave(binding, lens)
+    owner = torch.repeat_interleave(torch.arange(st.numel(), device=st.device), lens)
     first = torch.repeat_interleave(starts - torch.cumsum(lens, 0) + lens, lens)
     slots = first + torch.arange(owner.numel(), device=states.device)
-    toks = table.trans_tok[slots].long()
-    keep_cols = toks < num_cols
-    nxt = table.trans_next[slots].long()
+    toks = table.exc_tok[slots].long()
+    in_cols = toks < num_cols
+    nxt[owner[in_cols], toks[in_cols]] = table.exc_next[slots[in_cols]].long()
     d = table.dist_entry[nxt].long()
     if stay_need is not None:
-        sn = stay_need[owner, toks.clamp(max=num_cols - 1)]
+        sn = stay_need[binding]
         d = torch.where(sn >= 0, table.dist[nxt].long() + sn, d)
-    too_far = d > rem[owner] - 1
-    drop[owner[too_far & keep_cols], toks[too_far & keep_cols]] = True
+    cols = torch.arange(num_cols, device=states.device)
+    stop = (cols < table.is_stop.numel()) & (table.is_stop[cols.clamp(max=table.is_stop.numel() - 1)] != 0)
+    drop[binding] |= (d > rem[binding, None] - 1) & ~stop[None, :]
     return drop

@@ -2,7 +2,7 @@
 
 Semantics of xgrammar's `apply_token_bitmask_inplace` (bit j of word w of a state's mask row
 allows token 32*w + j; a 0 bit writes -inf; allowed logits are left bit-for-bit alone), with
-the mask row gathered from the DeviceTable by each row's state, plus: columns past the table's
+the mask row gathered from the DeviceTable by each row's state (through `mask_row`), plus: columns past the table's
 bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
 optional per-row budget keeps only tokens that can still reach acceptance in time, and on a
 table with counted strings per-row `counters` keep lengths in bounds (grammars/table.py). The kernel
@@ -33,15 +33,18 @@ def _apply_mask_kernel(
     width,  # L: columns of logits (may exceed the table's 32 * W bits: the excess is -inf)
     rows_ptr,  # int64 [R] batch rows to mask (read only when HAS_ROWS)
     states_ptr,  # int32 [B] grammar state per row; < 0 leaves the row untouched
-    mask_ptr,  # int32 [S, W] packed allowed-token bits, LSB first
-    num_words,  # W: packed words per state
+    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows, LSB first
+    mask_row_ptr,  # int32 [S] each state's row of mask
+    num_words,  # W: packed words per row
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] largest dist one step ahead: the budget binds below it
-    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
-    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
-    trans_next_ptr,  # int32 [nnz] transition targets
+    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
+    exc_tok_ptr,  # int32 [E] sorted exception tokens
+    exc_next_ptr,  # int32 [E] exception targets
+    trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens
+    is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
-    num_search_steps,  # binary-search iterations over the longest CSR row
+    num_search_steps,  # binary-search iterations over the longest exception row
     counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
     count_row_ptr,  # int32 [S] row of count_chars, -1 outside counted bodies
     count_lo_ptr,  # int32 [S] minimum characters of the state's body
@@ -63,9 +66,8 @@ def _apply_mask_kernel(
     state = tl.load(states_ptr + row)
     if state >= 0:
         words = tl.program_id(1) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
-        packed = tl.load(
-            mask_ptr + state.to(tl.int64) * num_words + words, mask=words < num_words, other=0
-        )
+        mrow = tl.load(mask_row_ptr + state).to(tl.int64)
+        packed = tl.load(mask_ptr + mrow * num_words + words, mask=words < num_words, other=0)
         bits = tl.arange(0, 32)
         cols = words[:, None] * 32 + bits[None, :]
         keep = ((packed[:, None] >> bits[None, :]) & 1) != 0
@@ -83,9 +85,12 @@ def _apply_mask_kernel(
                     cols,
                     state,
                     rem,
-                    trans_ptr_ptr,
-                    trans_tok_ptr,
-                    trans_next_ptr,
+                    exc_ptr_ptr,
+                    exc_tok_ptr,
+                    exc_next_ptr,
+                    trans_default_ptr,
+                    is_stop_ptr,
+                    num_words,
                     dist_ptr,
                     dist_entry_ptr,
                     stay_need,
@@ -159,9 +164,10 @@ def _launch(
     _apply_mask_kernel[grid](
         logits, logits.stride(0), width,
         rows if rows is not None else states, states,
-        table.mask, table.num_words,
+        table.mask, table.mask_row, table.num_words,
         remaining if remaining is not None else states,
-        table.max_next_dist, table.trans_ptr, table.trans_tok, table.trans_next, table.dist,
+        table.max_next_dist, table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default,
+        table.is_stop, table.dist,
         table.num_search_steps,
         counters if counters is not None else states, table.count_row, table.count_lo, table.count_hi,
         table.count_chars, table.count_cols, table.count_fill, table.dist_entry,
@@ -208,7 +214,7 @@ def apply_token_mask_torch(
 
 def allowed_columns(table: DeviceTable, states: torch.Tensor, num_cols: int) -> torch.Tensor:
     """bool [R, num_cols]: the mask bits of each state (>= 0), False past the table's bits."""
-    words = table.mask[states.long()]
+    words = table.mask_rows(states)
     bits = torch.arange(32, device=words.device, dtype=torch.int32)
     keep = ((words[:, :, None] >> bits) & 1).bool().reshape(words.shape[0], -1)
     if keep.shape[1] >= num_cols:

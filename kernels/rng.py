@@ -45,9 +45,16 @@ def fmix32_torch(h: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two uint32 keys (as int64 [B]) per row from int64 seed and step; device-side, no sync."""
+    """Two uint32 keys (as int64 [B]) per row from int64 seed and step; device-side, no sync.
+
+    CPU tensors take the numpy uint32 path (same bits; ~20 tensor ops on a few rows cost more
+    than the rest of a small sampling step).
+    """
     seed = seed.to(torch.int64)
     step = step.to(torch.int64)
+    if seed.device.type == "cpu" and step.device.type == "cpu":
+        key_a, key_b = row_keys_numpy(seed.numpy(), step.numpy())
+        return torch.from_numpy(key_a.astype(np.int64)), torch.from_numpy(key_b.astype(np.int64))
     key_a = fmix32_torch((seed & MASK32) ^ fmix32_torch(((seed >> 32) & MASK32) ^ SEED_SALT))
     key_b = fmix32_torch(
         key_a ^ (step & MASK32) ^ fmix32_torch(((step >> 32) & MASK32) ^ STEP_SALT)
@@ -83,15 +90,38 @@ def _fmix32_numpy(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def gumbel_numpy(tokens: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:
-    """gumbel_int64's bits with numpy uint32 (multiplication wraps mod 2**32 natively)."""
+def row_keys_numpy(seed: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """row_keys's bits with numpy uint32: the low and high halves of the int64 seed and step."""
+    seed, step = np.asarray(seed, dtype=np.int64).view(np.uint64), np.asarray(step, dtype=np.int64).view(np.uint64)
     with np.errstate(over="ignore"):
-        h = ((np.asarray(tokens) & MASK32).astype(np.uint32) * np.uint32(GOLDEN)) ^ np.asarray(key_b).astype(np.uint32)
+        high = _fmix32_numpy((seed >> np.uint64(32)).astype(np.uint32) ^ np.uint32(SEED_SALT))
+        key_a = _fmix32_numpy(seed.astype(np.uint32) ^ high)  # astype keeps the low 32 bits
+        high = _fmix32_numpy((step >> np.uint64(32)).astype(np.uint32) ^ np.uint32(STEP_SALT))
+        key_b = _fmix32_numpy(key_a ^ step.astype(np.uint32) ^ high)
+    return key_a, key_b
+
+
+def gumbel_numpy(tokens: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:
+    """gumbel_int64's bits with numpy uint32 (multiplication wraps mod 2**32 natively).
+
+    In place after the first broadcast (a few full-size temporaries fewer: ~2.5x faster on 1M ids).
+    """
+    with np.errstate(over="ignore"):
+        h = np.asarray(tokens).astype(np.uint32)  # the cast keeps the low 32 bits (tokens & MASK32)
+        h *= np.uint32(GOLDEN)
+        h = h ^ np.asarray(key_b).astype(np.uint32)  # not in place: it broadcasts to the full shape
         h = _fmix32_numpy(h)
         h ^= np.asarray(key_a).astype(np.uint32)
         h = _fmix32_numpy(h)
-    u = ((h >> np.uint32(8)) | np.uint32(1)).astype(np.float64) * 2.0**-24
-    return (-np.log(-np.log(u))).astype(np.float32)
+    h >>= np.uint32(8)
+    h |= np.uint32(1)
+    u = h.astype(np.float64)
+    u *= 2.0**-24  # odd 24-bit numerator: u in (0, 1), exact
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    return u.astype(np.float32)
 
 
 # ---- triton -------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ On a table with counted strings the per-row `counters` join the mask (kernels/ma
 Paths. Without top-k/top-p, two Triton kernels and no host sync: a split pass (each program
 reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax) and a combine pass. The
 slice size depends on the vocabulary width only, never on the batch, so results are batch
-invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors use torch.
+invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors take
+`sample_cpu` (sample_cpu.py): `sample_torch`'s tokens without its full-vocabulary temporaries;
+`sample_torch` stays the reference. The file passes 400 lines to keep kernel, launcher and refs together.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
+from surecall.kernels.sample_cpu import draw_dense, draw_sparse, masked_scaled, row_sets
 from surecall.kernels.table import DeviceTable
 
 
@@ -73,15 +76,18 @@ def _sample_split_kernel(
     logits_stride,  # elements between consecutive rows
     width,  # L: columns of logits
     states_ptr,  # int32 [B] grammar state per row; < 0 = unconstrained (HAS_TABLE)
-    mask_ptr,  # int32 [S, W] packed allowed-token bits
+    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows
+    mask_row_ptr,  # int32 [S] each state's row of mask
     num_words,  # W
     remaining_ptr,  # int32 [B] tokens the row may still emit (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] the budget binds when remaining - 1 is below this
-    trans_ptr_ptr,  # int32 [S + 1] CSR row pointers
-    trans_tok_ptr,  # int32 [nnz] sorted transition tokens
-    trans_next_ptr,  # int32 [nnz] transition targets
+    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
+    exc_tok_ptr,  # int32 [E] sorted exception tokens
+    exc_next_ptr,  # int32 [E] exception targets
+    trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens
+    is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
-    num_search_steps,  # binary-search iterations over the longest CSR row
+    num_search_steps,  # binary-search iterations over the longest exception row
     inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
     temp_ptr,  # float32 [B] temperature; 0 = greedy (no noise)
     key_a_ptr,  # int64 [B] first RNG key of the row (uint32 value)
@@ -154,7 +160,7 @@ def _sample_split_kernel(
                 # One load per 32 columns, expanded to bits, as xgrammar's kernel does.
                 words = start // 32 + tl.arange(0, BLOCK_WORDS)
                 packed = tl.load(
-                    mask_ptr + state.to(tl.int64) * num_words + words,
+                    mask_ptr + tl.load(mask_row_ptr + state).to(tl.int64) * num_words + words,
                     mask=words < num_words,
                     other=0,
                 )
@@ -172,9 +178,12 @@ def _sample_split_kernel(
                         cols,
                         state,
                         rem,
-                        trans_ptr_ptr,
-                        trans_tok_ptr,
-                        trans_next_ptr,
+                        exc_ptr_ptr,
+                        exc_tok_ptr,
+                        exc_next_ptr,
+                        trans_default_ptr,
+                        is_stop_ptr,
+                        num_words,
                         dist_ptr,
                         dist_entry_ptr,
                         stay_need,
@@ -282,7 +291,8 @@ def sample(
             logits, table, states, params, remaining, return_unmasked_logprobs, path, counters
         )
     if path == "torch":
-        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
+        fn = sample_cpu if logits.device.type == "cpu" else sample_torch
+        return fn(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
     return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size,
                    counters=counters)
 
@@ -329,9 +339,10 @@ def _launch(
     opts = launch_options(dev)
     _sample_split_kernel[(batch, num_splits)](
         logits, logits.stride(0), width,
-        states if has_table else inv_t, t.mask, t.num_words,
+        states if has_table else inv_t, t.mask, t.mask_row, t.num_words,
         remaining if remaining is not None else inv_t,
-        t.max_next_dist, t.trans_ptr, t.trans_tok, t.trans_next, t.dist, t.num_search_steps,
+        t.max_next_dist, t.exc_ptr, t.exc_tok, t.exc_next, t.trans_default, t.is_stop, t.dist,
+        t.num_search_steps,
         inv_t, params.temperature, key_a, key_b,
         parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
         split_size, num_splits,
@@ -357,9 +368,10 @@ class _Dummy:
 
     def __init__(self, dev: torch.device):
         z = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.mask = self.max_next_dist = self.trans_ptr = self.trans_tok = self.trans_next = (
+        self.mask = self.mask_row = self.max_next_dist = self.exc_ptr = self.exc_tok = self.exc_next = (
             self.dist
-        ) = z
+        ) = self.trans_default = z
+        self.is_stop = torch.zeros(2, dtype=torch.int8, device=dev)
         self.count_row = self.count_lo = self.count_hi = self.dist_entry = z
         self.count_chars = torch.zeros(2, dtype=torch.int8, device=dev)
         self.num_words = 1
@@ -423,12 +435,60 @@ def sample_torch(
     return SampleOutput(tokens, _logprob_of(xm, tokens), unmasked)
 
 
+# A grammar row allowing at most width / SPARSE_FRACTION tokens is drawn on its allowed ids alone.
+SPARSE_FRACTION = 8
+
+
+def sample_cpu(
+    logits, table, states, params, remaining=None, return_unmasked_logprobs=False, counters=None,
+    sparse_max: int | None = None,  # allowed ids up to which a row takes the sparse draw (tests vary it)
+) -> SampleOutput:
+    """sample_torch's tokens on CPU tensors without its full-vocabulary temporaries (sample_cpu.py)."""
+    batch, width = logits.shape
+    inv_t = _inverse_temperature(params.temperature)
+    key_a, key_b = row_keys(params.seed, params.step)
+    tokens = torch.empty(batch, dtype=torch.int64)
+    logprobs = torch.empty(batch, dtype=torch.float32)
+    # 1. each row's allowed set: none (free), a few ids (sparse) or a cached mask (dense)
+    if table is None:
+        sets = [("free", None)] * batch
+    else:
+        sparse_max = width // SPARSE_FRACTION if sparse_max is None else sparse_max
+        sets = row_sets(logits, table, states, remaining, counters, sparse_max)
+    sparse = [b for b, (kind, _) in enumerate(sets) if kind == "sparse"]
+    dense = [b for b, (kind, _) in enumerate(sets) if kind != "sparse"]
+    # 2. sparse rows: noise, max and logsumexp over the allowed ids only
+    if sparse:
+        tok, lp = draw_sparse(logits, sparse, [sets[b][1] for b in sparse], inv_t, params.temperature, key_a, key_b)
+        tokens[sparse], logprobs[sparse] = tok, lp
+    # 3. dense rows: the masked, tempered logits (as _masked_scaled), noise near each row's top
+    if dense:
+        idx = torch.tensor(dense, dtype=torch.int64)
+        x = (logits if len(dense) == batch else logits[idx]).float()
+        masked = any(sets[b][0] == "dense" for b in dense)
+        # x * 1 == x: skip the pass, unless the masking below would write into `logits` itself
+        if (masked and x is logits) or not bool((inv_t[idx] == 1).all()):
+            x = x * inv_t[idx, None]
+        for i, b in enumerate(dense):
+            if sets[b][0] == "dense":
+                x[i].index_fill_(0, sets[b][1], float("-inf"))
+        tok, lp = draw_dense(x, params.temperature[idx], key_a[idx], key_b[idx])
+        tokens[idx], logprobs[idx] = tok, lp
+    unmasked = (
+        _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
+    )
+    return SampleOutput(tokens, logprobs, unmasked)
+
+
 def _sample_sorted(
     logits, table, states, params, remaining, want_unmasked, backend, counters=None
 ) -> SampleOutput:
     """Top-k then top-p on the masked, tempered logits (sort path); greedy rows skip both."""
     inv_t = _inverse_temperature(params.temperature)
-    xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
+    if backend == "torch" and logits.device.type == "cpu" and table is not None:  # the same xm, cached sets
+        xm = masked_scaled(logits, table, states, remaining, counters, inv_t)
+    else:
+        xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
     greedy = params.temperature == 0
     top_k = torch.where(greedy, torch.zeros_like(params.top_k), params.top_k).long()
     top_p = torch.where(greedy, torch.ones_like(params.top_p), params.top_p)

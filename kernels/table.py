@@ -1,10 +1,13 @@
 """DeviceTable: a TokenTable's arrays as torch tensors on one device, plus derived per-state facts.
 
-`from_table` copies the CSR, mask, accept and dist arrays once and derives what the kernels
-need so that no launch has to look at the host: the widest/narrowest `dist` one step ahead of
-each state (the budget mask only does work on rows where the budget binds), whether each state
-allows anything, and the number of binary-search steps over the longest CSR row. It does not
-compile or validate grammars (grammars/ does) and holds no per-request state.
+`from_table` copies the compact layout (grammars/table.py: distinct mask rows + `mask_row`,
+default next state + sorted exceptions) once, as is, and derives what the kernels need so that
+no launch has to look at the host: the widest/narrowest `dist` one step ahead of each state
+(the budget mask only does work on rows where the budget binds), whether each state allows
+anything, and the number of binary-search steps over the longest exception row. A kernel's
+next state for an allowed non-stop token t of state s: the exception's target if t is one,
+else trans_default[s]. It does not compile or validate grammars (grammars/ does) and holds
+no per-request state.
 Counters (grammars/table.py): `count_*` are the table's count arrays (placeholders when it has
 none: count_row all -1), `dist_entry` = dist + need(0) of the state's body, the dist a token
 that does not stay in a body is charged; `max_next_dist` is over dist_entry (an upper bound of
@@ -26,12 +29,14 @@ NO_NEXT = 1 << 30  # min_next_dist of a state without transitions: larger than a
 
 @dataclass(frozen=True)
 class DeviceTable:
-    mask: torch.Tensor  # int32 [S, W]
+    mask: torch.Tensor  # int32 [U, W] distinct mask rows
+    mask_row: torch.Tensor  # int32 [S]: state s's row of mask
     accept: torch.Tensor  # bool [S]
     accept_i8: torch.Tensor  # int8 [S]: accept as bytes for the kernels
-    trans_ptr: torch.Tensor  # int32 [S + 1]
-    trans_tok: torch.Tensor  # int32 [max(nnz, 1)] (one dummy entry when empty, never read)
-    trans_next: torch.Tensor  # int32 [max(nnz, 1)]
+    trans_default: torch.Tensor  # int32 [S]: next state of an allowed non-stop token that is no exception
+    exc_ptr: torch.Tensor  # int32 [S + 1] exception row pointers
+    exc_tok: torch.Tensor  # int32 [max(E, 1)] sorted exception tokens (one dummy entry when empty, never read)
+    exc_next: torch.Tensor  # int32 [max(E, 1)]
     dist: torch.Tensor  # int32 [S]
     stop_ids: torch.Tensor  # int64 [k]
     is_stop: torch.Tensor  # int8 [W * 32]: 1 where the id is a stop id
@@ -41,7 +46,7 @@ class DeviceTable:
     )  # int32 [S]: min dist over the state's transitions (NO_NEXT if none)
     has_allowed: torch.Tensor  # bool [S]: the mask row allows at least one token
     has_stop: torch.Tensor  # bool [S]: accepting and the mask row allows a stop id
-    num_search_steps: int  # binary-search iterations that cover the longest CSR row
+    num_search_steps: int  # binary-search iterations that cover the longest exception row
     vocab_size: int
     logits_width: int
     count_row: torch.Tensor  # int32 [S]: row of count_chars inside a counted body, -1 elsewhere
@@ -69,6 +74,10 @@ class DeviceTable:
     def device(self) -> torch.device:
         return self.mask.device
 
+    def mask_rows(self, states: torch.Tensor) -> torch.Tensor:
+        """int32 [R, W]: the packed mask rows of `states` (all >= 0)."""
+        return self.mask[self.mask_row[states.long()].long()]
+
     @property
     def nbytes(self) -> int:
         return sum(
@@ -83,20 +92,21 @@ class DeviceTable:
         _check_table(table)
         dev = torch.device(device)
         num_states = table.num_states
-        row_lens = np.diff(table.trans_ptr.astype(np.int64))
+        row_lens = np.diff(table.exc_ptr.astype(np.int64))
         counts = _count_arrays(table)
-        next_dist = counts["dist_entry"][table.trans_next].astype(np.int64)
         owner = np.repeat(np.arange(num_states), row_lens)
-        max_next = np.full(num_states, -1, dtype=np.int64)
-        min_next = np.full(num_states, NO_NEXT, dtype=np.int64)
-        np.maximum.at(max_next, owner, next_dist)
-        np.minimum.at(min_next, owner, table.dist[table.trans_next].astype(np.int64))  # a lower bound
+        has_default = table.trans_default >= 0
+        default = np.maximum(table.trans_default, 0)
+        max_next = np.where(has_default, counts["dist_entry"][default], -1).astype(np.int64)
+        min_next = np.where(has_default, table.dist[default], NO_NEXT).astype(np.int64)
+        np.maximum.at(max_next, owner, counts["dist_entry"][table.exc_next].astype(np.int64))
+        np.minimum.at(min_next, owner, table.dist[table.exc_next].astype(np.int64))  # a lower bound
         is_stop = np.zeros(table.num_words * 32, dtype=np.int8)
         is_stop[table.stop_ids.astype(np.int64)] = 1
-        stop_bits = _bits(table.mask, table.stop_ids.astype(np.int64))
+        stop_bits = _bits(table.mask, table.stop_ids.astype(np.int64))[table.mask_row]
         has_stop = table.accept.astype(bool) & stop_bits.any(axis=1)
         max_row = int(row_lens.max()) if num_states else 0
-        nnz_pad = max(int(table.trans_tok.shape[0]), 1)
+        nnz_pad = max(table.num_exceptions, 1)
 
         def put(a: np.ndarray, dtype: torch.dtype, size: int | None = None) -> torch.Tensor:
             a = np.ascontiguousarray(a)
@@ -109,17 +119,19 @@ class DeviceTable:
 
         return cls(
             mask=put(table.mask, torch.int32),
+            mask_row=put(table.mask_row, torch.int32),
             accept=put(table.accept.astype(bool), torch.bool),
             accept_i8=put(table.accept.astype(np.int8), torch.int8),
-            trans_ptr=put(table.trans_ptr, torch.int32),
-            trans_tok=put(table.trans_tok, torch.int32, nnz_pad),
-            trans_next=put(table.trans_next, torch.int32, nnz_pad),
+            trans_default=put(table.trans_default, torch.int32),
+            exc_ptr=put(table.exc_ptr, torch.int32),
+            exc_tok=put(table.exc_tok, torch.int32, nnz_pad),
+            exc_next=put(table.exc_next, torch.int32, nnz_pad),
             dist=put(table.dist, torch.int32),
             stop_ids=put(table.stop_ids, torch.int64),
             is_stop=put(is_stop, torch.int8),
             max_next_dist=put(max_next, torch.int32),
             min_next_dist=put(min_next, torch.int32),
-            has_allowed=put((table.mask != 0).any(axis=1), torch.bool),
+            has_allowed=put((table.mask != 0).any(axis=1)[table.mask_row], torch.bool),
             has_stop=put(has_stop, torch.bool),
             num_search_steps=max(1, max_row.bit_length()),
             vocab_size=int(table.vocab_size),
@@ -169,15 +181,18 @@ def _check_table(table: TokenTable) -> None:
     num_states = table.num_states
     expected_words = (table.logits_width + 31) // 32
     problems = []
-    if table.mask.ndim != 2 or table.mask.shape != (num_states, expected_words):
-        problems.append(f"mask shape {table.mask.shape}, expected ({num_states}, {expected_words})")
-    if table.trans_ptr.shape != (num_states + 1,):
-        problems.append(f"trans_ptr shape {table.trans_ptr.shape}, expected ({num_states + 1},)")
-    elif (
-        table.trans_ptr[-1] != table.trans_tok.shape[0]
-        or table.trans_tok.shape != table.trans_next.shape
-    ):
-        problems.append("trans_ptr[-1], trans_tok and trans_next disagree on nnz")
+    if table.mask.ndim != 2 or table.mask.shape[1] != expected_words:
+        problems.append(f"mask shape {table.mask.shape}, expected (rows, {expected_words})")
+    if table.mask_row.shape != (num_states,):
+        problems.append(f"mask_row shape {table.mask_row.shape}, expected ({num_states},)")
+    elif num_states and not 0 <= int(table.mask_row.min()) <= int(table.mask_row.max()) < table.mask.shape[0]:
+        problems.append(f"mask_row outside the {table.mask.shape[0]} mask rows")
+    if table.trans_default.shape != (num_states,):
+        problems.append(f"trans_default shape {table.trans_default.shape}, expected ({num_states},)")
+    if table.exc_ptr.shape != (num_states + 1,):
+        problems.append(f"exc_ptr shape {table.exc_ptr.shape}, expected ({num_states + 1},)")
+    elif table.exc_ptr[-1] != table.exc_tok.shape[0] or table.exc_tok.shape != table.exc_next.shape:
+        problems.append("exc_ptr[-1], exc_tok and exc_next disagree on the number of exceptions")
     if table.dist.shape != (num_states,):
         problems.append(f"dist shape {table.dist.shape}, expected ({num_states},)")
     if num_states == 0:

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 source benchmarks/gpu/gpu_env.sh  # OUT, PY, carried wheels and data, the surecall symlink tree
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/engine_gpu_device.txt"
-timeout 150 "$PY" -m pytest -q -m gpu tests/engine/test_engine_static.py tests/engine/test_engine_decode.py tests/engine/test_core_engine.py -p no:cacheprovider \
+timeout 150 "$PY" -m pytest -q -m gpu tests/engine/test_engine_decode.py tests/engine/test_core_engine.py -p no:cacheprovider \
   --junitxml="$OUT/engine_gpu_pytest.xml" 2>&1 | tee "$OUT/engine_gpu_pytest.log"
 TESTS_RC=${PIPESTATUS[0]}
 BENCH_RC=0

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     warm_ms = (time.perf_counter() - started) * 1e3
     report = {
         "kind": kind, "format": args.format if kind == "tools" else None, "vocab": vocab.name,
-        "states": table.num_states, "dfa_states": table.meta.get("dfa_states"), "transitions": int(table.trans_tok.size),
+        "states": table.num_states, "dfa_states": table.meta.get("dfa_states"), "transitions": table.num_transitions,
         "table_bytes": table.nbytes, "cold_ms": round(cold_ms, 2), "warm_ms": round(warm_ms, 3),
         "min_tokens": int(table.dist[0]), "relaxed": [list(r) for r in table.relaxed],
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),

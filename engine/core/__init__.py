@@ -12,9 +12,10 @@ model around a flash-attention paged kernel. transformers' own continuous batchi
 registered for it. We keep the stock Hugging Face modules (any Llama/Qwen/Mistral checkpoint, sdpa or
 eager attention) and hand them a duck-typed cache whose `update` writes the step's K/V into block
 slots and returns each row's K/V gathered by its block table, with a 4D mask per row. The price is a
-gather per layer and step (one copy of the K/V attention reads anyway; the pools are laid out
-[heads, slots, dim] so a gathered row is contiguous per head); on a GPU a paged-attention kernel
-would remove it. The step runs eagerly: capturing it in one CUDA graph is not done yet.
+gather per layer, paid once per change of the decode batch: decode steps read a dense view the
+cache keeps and extends by one column a step (rows that leave are dropped by moving one row). On a
+GPU a paged-attention kernel would remove it. `LLM.generate` and `AsyncLLM` both run on this core
+(the one decode path). The step runs eagerly: capturing it in one CUDA graph is not done yet.
 """
 
 from surecall.core.engine import EngineCore, RequestState, StepOutput

@@ -131,6 +131,11 @@ class BlockManager:
                 self.free[block] = None
         table.clear()
 
+    def forget_cached(self) -> None:
+        """Drop every cached block hash (a cold prefix cache; blocks in use keep their contents)."""
+        self.by_hash.clear()
+        self.hash = [None] * self.num_blocks
+
     # --- internals -------------------------------------------------------------------------
     def _take(self, block: int) -> None:
         if self.ref[block] == 0:

@@ -7,7 +7,9 @@ request are concatenated into one device table (rebuilt only when the set of gra
 so rows with different tools share a step. A request that can never fit (prompt + max_tokens
 past the model's positions or the whole block pool) is refused when added; an exception inside
 a step fails that step's requests with the error and the engine goes on. It does not tokenize,
-render prompts or parse calls (`surecall.llm`), and runs eagerly (no CUDA graph yet).
+render prompts or parse calls (`surecall.llm`), and runs eagerly (no CUDA graph yet). Under a
+transformers version the cache adapter was not tested with (`kv_cache.paged_cache_supported`) it
+warns once and runs plain: no paged cache, no prefix cache, each step recomputes every row.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ import torch
 
 from surecall.config import SamplingParams
 from surecall.core.blocks import BlockManager
-from surecall.core.kv_cache import PagedKVCache, bytes_per_token, cache_keyword
+from surecall.core.kv_cache import (
+    PagedKVCache,
+    bytes_per_token,
+    cache_keyword,
+    paged_cache_supported,
+)
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
+from surecall.kernels.items import ItemTable, advance_items, constrain_items
 
 
 @dataclass
@@ -37,10 +45,12 @@ class RequestState:
     table_key: str | None = None  # the request's grammar (None: free decoding)
     state: int = -1  # local state in its grammar (-1: free)
     counter: int = 0  # characters started in the current counted string (grammars/table.py)
+    item_counter: int = 0  # item separators crossed in the current counted array (grammars/table.py)
     generated: list[int] = field(default_factory=list)  # forced ids first
     logprobs: list[float] = field(default_factory=list)
     unmasked_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
+    by_stop: bool = False  # ended by a stop id or its grammar's end (not by the budget)
     error: str | None = None
     added_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
@@ -56,8 +66,15 @@ class StepOutput:
     seq: Sequence
 
 
+MAX_DEVICE_TABLES = 16  # concatenations of live grammars kept on the device (least recently used out)
+
+
 class _Grammars:
-    """Compiled tables by key, and the device concatenation of the live ones."""
+    """Compiled tables by key, and the device concatenation of the live ones.
+
+    Concatenations are kept by key set: as rows of a mixed batch finish, the live set shrinks
+    back through combinations seen before, and none is rebuilt or copied to the device again.
+    """
 
     def __init__(self, device):
         self.device = device
@@ -65,7 +82,9 @@ class _Grammars:
         self.users: dict[str, int] = {}
         self._live_keys: tuple[str, ...] = ()
         self.device_table: DeviceTable | None = None
+        self.item_table = None  # kernels.items.ItemTable of the concatenation when it has counted arrays
         self.offsets: dict[str, int] = {}
+        self._built: dict[tuple[str, ...], tuple] = {}  # keys -> (device table, offsets, source tables)
 
     def acquire(self, key: str, table) -> None:
         self.tables.setdefault(key, table)
@@ -84,12 +103,19 @@ class _Grammars:
 
             self._live_keys = keys
             if not keys:
-                self.device_table, self.offsets = None, {}
-            else:
-                tables = [self.tables[k] for k in keys]
+                self.device_table, self.offsets, self.item_table = None, {}, None
+                return self.device_table, self.offsets
+            tables = [self.tables[k] for k in keys]
+            built = self._built.pop(keys, None)
+            if built is None or any(a is not b for a, b in zip(built[2], tables, strict=True)):
                 table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
-                self.device_table = DeviceTable.from_table(table, self.device)
-                self.offsets = {k: int(o) for k, o in zip(keys, offsets, strict=True)}
+                built = (DeviceTable.from_table(table, self.device),
+                         {k: int(o) for k, o in zip(keys, offsets, strict=True)}, tuple(tables),
+                         ItemTable.from_table(table, self.device) if table.has_items else None)
+            self._built[keys] = built  # most recently used last
+            while len(self._built) > MAX_DEVICE_TABLES:
+                self._built.pop(next(iter(self._built)))
+            self.device_table, self.offsets, self.item_table = built[0], built[1], built[3]
         return self.device_table, self.offsets
 
 
@@ -98,7 +124,8 @@ class EngineCore:
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True, pad_id: int = 0):
+                 max_model_len: int | None = None, enable_prefix_caching: bool = True, pad_id: int = 0,
+                 check_kernel_inputs: bool = False, scheduling: str = "continuous"):
         if max_num_batched_tokens < 2:
             raise ValueError(f"Invalid max_num_batched_tokens: expected >= 2, got {max_num_batched_tokens}")
         self.model = model
@@ -106,23 +133,32 @@ class EngineCore:
         dtype = next(model.parameters()).dtype
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 1 << 20))
         if num_blocks is None:
-            per_block = bytes_per_token(model.config, dtype) * block_size
-            budget = kv_cache_bytes or min(1 << 30, per_block * self.blocks_for(self.max_model_len, block_size) * 8)
-            num_blocks = max(1, budget // per_block)
-        self.kv = PagedKVCache(model.config, num_blocks, block_size, self.device, dtype)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+            num_blocks = self.default_num_blocks(model, block_size, self.max_model_len, kv_cache_bytes)
+        self.paged = paged_cache_supported()  # False: plain recompute, no K/V pools (warned once)
+        self.kv = PagedKVCache(model.config, num_blocks, block_size, self.device, dtype) if self.paged else None
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching and self.paged)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, scheduling)
         self.grammars = _Grammars(self.device)
         self.keyword = cache_keyword(model)
         self.is_sdpa = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         self.pad_id = pad_id
+        self.check_kernel_inputs = check_kernel_inputs
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
         self.num_preemptions = 0
+        self.last_step_prefill = False  # the last step fed prompt chunks (not only one token per row)
+        self.timings = {"sample_s": 0.0, "advance_s": 0.0}  # summed over steps (callers take differences)
 
     @staticmethod
     def blocks_for(num_tokens: int, block_size: int) -> int:
         return -(-num_tokens // block_size)
+
+    @classmethod
+    def default_num_blocks(cls, model, block_size: int, max_model_len: int, kv_cache_bytes: int | None = None) -> int:
+        """`kv_cache_bytes` of blocks, or room for 8 full-length sequences (at most 1 GiB)."""
+        per_block = bytes_per_token(model.config, next(model.parameters()).dtype) * block_size
+        budget = kv_cache_bytes or min(1 << 30, per_block * cls.blocks_for(max_model_len, block_size) * 8)
+        return max(1, budget // per_block)
 
     # --- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, *,
@@ -171,6 +207,7 @@ class EngineCore:
         plan = self.scheduler.schedule()  # 1. schedule
         self.num_steps += 1
         self.num_preemptions += len(plan.preempted)
+        self.last_step_prefill = bool(plan.prefill)
         if plan.is_empty:
             return []
         try:
@@ -194,14 +231,42 @@ class EngineCore:
             keep = 1 + max((len(w.seq.payload.forced) for w in group
                             if w.samples and w.seq.payload.sampling.unmasked_logprobs
                             and w.start <= w.seq.num_tokens - 1 - len(w.seq.payload.forced)), default=0)
-            logits = self._forward(group, keep)
-            for b, work in enumerate(group):
+            if self.paged:
+                if group is plan.decode:  # the order that keeps the cache's dense decode views
+                    order = self.kv.decode_order([_view_key(w) for w in group], [w.start for w in group],
+                                                 max(w.end for w in group))
+                    group = [group[i] for i in order] if order is not None else group
+                logits = self._forward(group, keep)
+                for b, work in enumerate(group):
+                    work.seq.num_computed = work.end
+                    self.blocks.register_full(work.seq.block_table, work.seq.token_ids, work.seq.num_computed,
+                                             work.seq.block_hashes)
+                    if work.samples:
+                        sampled.append((work, logits[b, -1], logits[b] if keep > 1 else None))
+                continue
+            for work in group:  # plain: nothing is cached, so only rows that sample run the model
                 work.seq.num_computed = work.end
-                self.blocks.register_full(work.seq.block_table, work.seq.token_ids, work.seq.num_computed,
-                                         work.seq.block_hashes)
-                if work.samples:
-                    sampled.append((work, logits[b, -1], logits[b] if keep > 1 else None))
+            rows = [w for w in group if w.samples]
+            if rows:
+                logits = self._forward_plain(rows, keep)
+                sampled += [(w, logits[b, -1], logits[b] if keep > 1 else None) for b, w in enumerate(rows)]
         return sampled
+
+    def _forward_plain(self, works: list[Work], keep: int) -> torch.Tensor:
+        """Each row's whole sequence so far, left-padded, without a cache; logits [B, keep, V] float32.
+
+        The fallback under an unknown transformers version: it uses nothing of the cache API.
+        """
+        length = max(w.end for w in works)
+        ids = torch.full((len(works), length), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(works), length), dtype=torch.long)
+        for b, w in enumerate(works):
+            ids[b, length - w.end:] = torch.tensor(w.seq.token_ids[: w.end], dtype=torch.long)
+            attn[b, length - w.end:] = 1
+        positions = (attn.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                         position_ids=positions.to(self.device), logits_to_keep=keep, use_cache=False)
+        return out.logits[:, -keep:, :].float()
 
     def _forward(self, works: list[Work], keep: int) -> torch.Tensor:
         """One forward over `works` (queries left-padded to the longest); logits [B, keep, V] float32."""
@@ -232,12 +297,17 @@ class EngineCore:
         if not self.is_sdpa:
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-        self.kv.bind(write.reshape(-1).to(device), read.to(device))
+        decode = all(w.end - w.start == 1 for w in works)
+        self.kv.bind(write.reshape(-1).to(device), read.to(device),
+                     decode_key=[_view_key(w) for w in works] if decode else None,
+                     columns=[w.start for w in works] if decode else None)
+        failed = True
         try:
             out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=qpos.clamp_min(0).to(device),
                              logits_to_keep=keep, use_cache=True, **{self.keyword: self.kv})
+            failed = False
         finally:
-            self.kv.unbind()
+            self.kv.unbind(failed)
         return out.logits[:, -keep:, :].float()
 
     def _sample_and_advance(self, sampled) -> list[StepOutput]:
@@ -259,16 +329,23 @@ class EngineCore:
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
         counted = dtable is not None and dtable.has_counts
         counters = torch.tensor([st.counter for st in states], dtype=torch.int32, device=device) if counted else None
-        out = sample(logits, dtable, grammar_state, params, remaining=remaining.clamp_min(1),
-                     return_unmasked_logprobs=want_unmasked, check=False, counters=counters)
+        itable = self.grammars.item_table
+        items = torch.tensor([st.item_counter for st in states], dtype=torch.int32, device=device) if itable else None
+        mark = self._clock()
+        budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, remaining.clamp_min(1))
+        out = sample(logits, dtable, grammar_state, params, remaining=budget,
+                     return_unmasked_logprobs=want_unmasked, check=self.check_kernel_inputs, counters=counters)
         tokens = out.tokens
+        mark = self._lap("sample_s", mark)
         is_constrained = grammar_state >= 0
-        next_counters = None
+        next_counters = next_items = None
         if dtable is not None:
             moved = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1), tokens.clamp_min(0),
                             dtable, check=False, counters=counters)
             nxt, fin_grammar = moved[0], moved[1]
             next_counters = moved[2].tolist() if counted else None
+            next_items = advance_items(itable, grammar_state, tokens, items).tolist() if itable else None
+            self._lap("advance_s", mark)
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)
         tok_h, lp_h = tokens.tolist(), out.logprobs.tolist()
@@ -302,10 +379,13 @@ class EngineCore:
                 st.state = nxt_h[i] - offsets[st.table_key]
                 if next_counters is not None:
                     st.counter = int(next_counters[i])
+                if next_items is not None:
+                    st.item_counter = int(next_items[i])
                 done_by_stop = bool(fin_h[i])
             else:
                 done_by_stop = token in st.stop_ids
             if done_by_stop:
+                st.by_stop = True
                 self._finish(seq, "stop")
             elif len(st.generated) >= st.sampling.max_tokens:
                 # a constrained row whose budget ends in an accepting state holds a complete call
@@ -313,6 +393,16 @@ class EngineCore:
                 self._finish(seq, "stop" if complete else "length")
             outputs.append(StepOutput(seq.request_id, [token], st.finish_reason is not None, st, seq))
         return outputs
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":  # the step syncs anyway (its tokens go to the host)
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _lap(self, name: str, since: float) -> float:
+        now = self._clock()
+        self.timings[name] += now - since
+        return now
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         st = seq.payload
@@ -341,3 +431,8 @@ def _forced_unmasked(logits: torch.Tensor, st: RequestState) -> list[float]:
     temp = st.sampling.temperature or 1.0
     lp = torch.log_softmax(logits[-1 - n : -1] / temp, dim=-1)
     return [float(lp[i, t]) for i, t in enumerate(st.forced)]
+
+
+def _view_key(work: Work) -> tuple:
+    """Names a sequence's row in the cache's dense decode views (a recomputed one is a new row)."""
+    return (work.seq.request_id, work.seq.arrival, work.seq.num_preemptions)

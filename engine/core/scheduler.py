@@ -79,10 +79,22 @@ class Plan:
         return not self.decode and not self.prefill
 
 
+POLICIES = ("continuous", "drain")
+
+
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    """`policy` "continuous": newcomers join at any step. "drain" (static batching, a baseline for
+    benchmarks): a new batch is admitted only until its first decode step, then not again until
+    every running sequence has finished."""
+
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "continuous"):
+        if policy not in POLICIES:
+            raise ValueError(f"Invalid scheduling policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
         self.blocks = blocks
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.policy = policy
+        self._batch_open = True  # drain policy: admitting into the current batch
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -124,8 +136,10 @@ class Scheduler:
             (decode if n == 1 and seq.num_to_feed == 1 else prefill).append(Work(seq, seq.num_computed, seq.num_computed + n))
             budget -= n
         # 2. waiting sequences, first come first served
+        if self.policy == "drain":
+            self._batch_open = not self.running or (self._batch_open and not decode)
         computing: set[bytes] = set()  # prompt blocks that sequences admitted this step will compute
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self._batch_open and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             compute_from = seq.num_tokens - 1  # at least the last token is fed, for its logits
             hashes = self.blocks.prompt_hashes(seq.token_ids, compute_from) if self.blocks.enable_prefix_caching else []

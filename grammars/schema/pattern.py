@@ -73,6 +73,29 @@ def translate_pattern(pattern: str, max_repeat: int, narrow: bool = False) -> Tr
     return Translated(regex=regex, is_exact=is_exact, is_subset=is_subset)
 
 
+def counted_run(pattern: str) -> tuple[str, int, int | None] | None:
+    """(one character's regex, low, high) when `pattern` is one anchored character set under one
+    quantifier (`^[A-Za-z0-9_-]{1,64}$`, `^\\d{1,255}$`, `^.{0,1000}$`), else None.
+
+    Such a pattern says exactly "a string of low..high characters of that set": the schema
+    converter hands it to the string counter (any bound exact) instead of materialising it.
+    """
+    branches = _top_branches(pattern)
+    if len(branches) != 1 or not branches[0].startswith("^") or branches[0][1:2] in ("(", "^", "$", ""):
+        return None
+    parser = _Parser(branches[0][1:], max_repeat=1 << 31)
+    try:
+        char = parser.parse_atom()
+        bounds = parser.parse_quantifier() or (1, 1)
+        if parser.peek() == "?":
+            parser.pos += 1
+    except PatternUnsupported:
+        return None
+    if char is None or parser.src[parser.pos :] != "$":
+        return None
+    return char, bounds[0], bounds[1]
+
+
 def _top_branches(pattern: str) -> list[str]:
     """Top-level alternatives, each unwrapped from groups that span all of it.
 

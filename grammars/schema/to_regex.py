@@ -5,10 +5,12 @@
 (required ones always, optional ones maybe; any order for small objects with
 options.any_property_order), then extra keys where `additionalProperties` is written out, the
 object is free-form, options allow them, or `patternProperties` match; arrays honour
-prefixItems/items and small min/maxItems, strings min/maxLength, `pattern` and known `format`s,
-integers their bounds (digit-range regexes). Whatever restricts values but is not enforced is
-returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A `$ref` target is
-converted once per nesting context and its regex reused (still inlined: one regex, one DFA). It
+prefixItems/items and min/maxItems (any size: counted arrays, marked for compile.py), strings
+min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
+`format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
+enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
+`$ref` target is converted once per nesting context and its regex reused (still inlined: one
+regex, one DFA). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -30,7 +32,7 @@ import jsonschema_rs
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
-from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
+from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 
@@ -65,6 +67,7 @@ class RegexResult:
 
     regex: str
     relaxed: list[tuple[str, str]] = field(default_factory=list)
+    reasons: dict[tuple[str, str], str] = field(default_factory=dict)  # why each relaxed pair is not enforced
 
 
 def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) -> RegexResult:
@@ -83,7 +86,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) 
                 f"recursion cannot end within max_ref_depth={options.max_ref_depth}",
                 conv.truncated_at, "$ref")
         raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
-    return RegexResult(regex=regex, relaxed=list(conv.relaxed))
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed))
 
 
 def check_schema(schema: object) -> None:
@@ -132,6 +135,7 @@ def _text_literal(value: object) -> str:
 # (or an unbounded one) from being merged by DFA minimisation.
 COUNT_ENTER, COUNT_EXIT = 0x01, 0x02
 NO_MAX_LENGTH = (1 << 30) - 1  # hi of a string with minLength only
+_MATERIALISED_RUN = 8  # a `^[set]{n,m}$` pattern with m <= this is spelled out, not counted
 _NIBBLE_BASE = 0x10
 
 
@@ -141,19 +145,22 @@ def count_mark(kind: int, low: int, high: int) -> bytes:
     return bytes([kind] + [_NIBBLE_BASE + n for n in nibbles])
 
 
-def counted_string_regex(low: int, high: int | None) -> str:
+def counted_string_regex(low: int, high: int | None, char: str = lex.STRING_CHAR) -> str:
+    """`"` ENTER char* `"` EXIT: a string of low..high `char`s (one JSON-escaped character each)."""
     high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
     low = min(low, NO_MAX_LENGTH)
 
     def mark(kind: int) -> str:
         return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
 
-    return f'"{mark(COUNT_ENTER)}{lex.STRING_CHAR}*"{mark(COUNT_EXIT)}'
+    body = char if char == lex.STRING_CHAR else _group(char)
+    return f'"{mark(COUNT_ENTER)}{body}*"{mark(COUNT_EXIT)}'
 
 
 _COUNTED = re.compile(
-    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})" + re.escape(lex.STRING_CHAR) + r'\*"'
-    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}"
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})(.*?)" + r'\*"'
+    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+    re.DOTALL,
 )
 
 
@@ -165,9 +172,76 @@ def expand_counts(regex: str) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
         low, high = int(digits[:8], 16), int(digits[8:], 16)
         upper = "" if high == NO_MAX_LENGTH else str(high)
-        return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+        return f'"{m.group(2)}{{{low},{upper}}}"'
 
     return _COUNTED.sub(spelled, regex)
+
+
+_REASONS = {
+    "uniqueItems": "a finite automaton cannot remember which items were already written",
+    "multipleOf": "divisibility of a decimal number is not enforced by the grammar",
+    "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
+    "format": "the format is unknown, or a pattern already constrains the string",
+    "oneOf": "exclusivity of the branches is not enforced (any branch may match)",
+    "contains": "which items match `contains` is not tracked",
+    "not": "negation of a schema is not enforced",
+    "if": "if/then/else is not enforced",
+}
+
+
+def relax_reason(keyword: str) -> str:
+    """The default reason a keyword is relaxed (the converter gives a specific one where it knows it)."""
+    return _REASONS.get(keyword, f"{keyword!r} is not enforced by the grammar (the validator checks it)")
+
+
+# A counted array is `[` IENTER ws (item (ws `,` ISEP ws item)*)? ws `]` IEXIT: IENTER and IEXIT
+# carry minItems/maxItems as 16 nibbles, ISEP is one byte after each item separator. compile.py
+# (grammars/counted.py: cut_item_marks) cuts them out like the string marks; a per-row item
+# counter then counts the separators crossed. Items holding another counted array are not
+# counted (one item counter per row): such an outer array is materialised or relaxed.
+ITEM_ENTER, ITEM_SEP, ITEM_EXIT = 0x03, 0x04, 0x05
+_ITEM_ENTER_TEXT = f"\\x{ITEM_ENTER:02x}"
+
+
+def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
+    """The marked regex of an array of `low..high` items that each match `item`."""
+    high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
+
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
+
+    body = f"{_group(item)}(?:{ws},\\x{ITEM_SEP:02x}{ws}{_group(item)})*{ws}"
+    return f"\\[{mark(ITEM_ENTER)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_EXIT)}"
+
+
+_COUNTED_ARRAY = re.compile(
+    re.escape("\\[" + _ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]")
+    + re.escape(f"\\x{ITEM_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+    re.DOTALL,
+)
+
+
+def expand_items(regex: str, ws: str | None = None) -> str:
+    """`regex` with each counted array spelled out as `[item(,item){lo-1,hi-1}]` for Python `re`
+    (`ws`: the whitespace regex it was written with, GrammarOptions' default when None)."""
+    ws = GrammarOptions().whitespace_regex() if ws is None else ws
+    sep = f",\\x{ITEM_SEP:02x}"
+
+    def spelled(m: re.Match) -> str:
+        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
+        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        left = m.group(2).split(sep, 1)[0]  # ws, "(?:" when optional, "(?:item)", "(?:", ws
+        item = left[len(ws) + (0 if low >= 1 else 3) + 3 : len(left) - len(ws) - 4]
+        upper = "" if high == NO_MAX_LENGTH else str(high - 1)
+        body = f"(?:{item})(?:{ws},{ws}(?:{item})){{{max(low - 1, 0)},{upper}}}{ws}"
+        return f"\\[{ws}{body if low >= 1 else _group(body) + '?'}\\]"
+
+    return _COUNTED_ARRAY.sub(spelled, regex)
+
+
+def expand_marks(regex: str, ws: str | None = None) -> str:
+    """Both kinds of counted regions spelled out (expand_counts after expand_items)."""
+    return expand_counts(expand_items(regex, ws))
 
 
 def _group(regex: str) -> str:
@@ -188,7 +262,7 @@ class Converter:
         self.root = root
         self.options = options
         self.ws = options.whitespace_regex()
-        self.relaxed: dict[tuple[str, str], None] = {}
+        self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
         # Each $ref target's regex is converted once per nesting context and reused: (ref,
@@ -200,10 +274,12 @@ class Converter:
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
-    def relax(self, pointer: str, keyword: str) -> None:
+    def relax(self, pointer: str, keyword: str, reason: str | None = None) -> None:
         if pointer == self.origins[0]:
             pointer = self.origins[1].get(keyword, pointer)
-        self.relaxed[(pointer or "", keyword)] = None
+        key = (pointer or "", keyword)
+        if reason is not None or key not in self.relaxed:
+            self.relaxed[key] = reason or relax_reason(keyword)
 
     def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
         if regex is not None and len(regex) > self.options.max_regex_length:
@@ -542,6 +618,9 @@ class Converter:
 
     # -- strings -------------------------------------------------------------------------
     def convert_string(self, schema: dict, ptr: str) -> str | None:
+        run = self.counted_pattern(schema)
+        if run is not None:
+            return self.run_string(schema, ptr, *run)
         body = None
         if "pattern" in schema:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
@@ -554,7 +633,8 @@ class Converter:
         if body is not None:
             for key in ("minLength", "maxLength"):
                 if key in schema:
-                    self.relax(ptr, key)
+                    self.relax(ptr, key, "the string also has a pattern or format that is not one quantified "
+                               "character set (`^[set]{n,m}$`): its length is left to the validator")
             return f'"{_group(body)}"'
         if self.options.counted_lengths:
             return self.counted_string(schema)
@@ -576,27 +656,62 @@ class Converter:
             return lex.STRING
         return counted_string_regex(low, None if high is None else int(high))
 
+    def counted_pattern(self, schema: dict) -> tuple[str, int, int | None] | None:
+        """(character regex, low, high) of a `pattern` that is one anchored, quantified character
+        set (pattern.counted_run), when nothing else (a `format`) constrains the string."""
+        if not isinstance(schema.get("pattern"), str) or "format" in schema:
+            return None
+        return counted_run(schema["pattern"])
+
+    def run_string(self, schema: dict, ptr: str, char: str, low: int, high: int | None) -> str | None:
+        """A string of `char`s whose length is the pattern's quantifier and min/maxLength together:
+        counted (any size, exact), or materialised when tiny or, without counters, within
+        max_bounded_length (above it widened and listed)."""
+        low = max(low, int(schema.get("minLength", 0)))
+        if schema.get("maxLength") is not None:
+            high = int(schema["maxLength"]) if high is None else min(high, int(schema["maxLength"]))
+        if high is not None and low > high:
+            return None
+        if low <= 1 and high is None:
+            return f'"(?:{char}){"+" if low else "*"}"'
+        if self.options.counted_lengths and (high is None or high > _MATERIALISED_RUN):
+            return counted_string_regex(low, high, char)
+        limit = self.options.max_bounded_length
+        if low > limit or (high is not None and high > limit):
+            why = f"a length above max_bounded_length={limit} without counters (widened: the validator checks it)"
+            for key in ("pattern", "minLength", "maxLength"):
+                if key in schema:
+                    self.relax(ptr, key, why)
+            low, high = min(low, limit), None if high is None or high > limit else high
+        return f'"(?:{char}){{{low},{"" if high is None else high}}}"'
+
     def pattern_body(self, pattern: str, pattern_ptr: str, ptr: str) -> str | None:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length)
-        except PatternUnsupported:
-            self.relax(ptr, "pattern")
+        except PatternUnsupported as exc:
+            self.relax(ptr, "pattern", f"no exact translation: {exc}")
             return None
         if not translated.is_exact:
-            self.relax(ptr, "pattern")
+            self.relax(ptr, "pattern", f"a repetition bound above max_bounded_length={self.options.max_bounded_length} "
+                       "inside a larger pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)")
         return translated.regex
 
-    def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str) -> tuple[int, int | None]:
+    def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str,
+                      why: str | None = None) -> tuple[int, int | None]:
         """(low, high) as materialised; bounds above max_bounded_length are relaxed and listed."""
         limit = self.options.max_bounded_length
         low = int(schema.get(min_key, 0))
         high = schema.get(max_key)
         high = None if high is None else int(high)
+        if why is None and min_key == "minItems" and self.options.counted_lengths:
+            why = (f"above max_bounded_length={limit} with prefixItems (only a plain item list is counted; "
+                   "widened: the validator checks it)")
+        why = why or f"above max_bounded_length={limit} and not counted (widened: the validator checks it)"
         if low > limit:
-            self.relax(ptr, min_key)
+            self.relax(ptr, min_key, why)
             low = 0
         if high is not None and high > limit:
-            self.relax(ptr, max_key)
+            self.relax(ptr, max_key, why)
             high = None
         return low, high
 
@@ -635,9 +750,32 @@ class Converter:
         return lex.NUMBER
 
     # -- arrays --------------------------------------------------------------------------
+    def wants_item_counter(self, schema: dict) -> bool:
+        """Whether min/maxItems are above what is spelled out (and counters are on)."""
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        return self.options.counted_lengths and (low > _MATERIALISED_RUN or (
+            high is not None and int(high) > _MATERIALISED_RUN))
+
+    def counted_array(self, schema: dict, rest: str, ptr: str) -> str | None:
+        """An array of `rest` items whose minItems/maxItems (any size) an item counter enforces; items
+        holding a counted array of their own fall back (spelled out up to max_bounded_length, else relaxed)."""
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        high = None if high is None else int(high)
+        if high is not None and low > high:
+            return None
+        if _ITEM_ENTER_TEXT in rest:
+            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold a counted "
+                   "array (one item counter per row; widened: the validator checks it)")
+            low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)
+            return self.array_regex([], rest, low, high)
+        return counted_array_regex(rest, low, high, self.ws)
+
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
-        low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
+        if self.wants_item_counter(schema) and not prefix:
+            low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        else:
+            low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
         if schema.get("uniqueItems") is True and (high is None or high > 1):
             self.relax(ptr, "uniqueItems")
         for key in _RELAXED_ARRAY:
@@ -649,6 +787,8 @@ class Converter:
             items, rest, high = items[:cut], None, cut if high is None else min(high, cut)
         else:
             rest = self.convert(rest_schema, rest_ptr)
+            if not items and rest is not None and self.wants_item_counter(schema):
+                return self.counted_array(schema, rest, ptr)
         if rest is None:
             high = len(items) if high is None else min(high, len(items))
         if high is not None and low > high:
@@ -742,24 +882,28 @@ class Converter:
         """One member regex per patternProperties pattern whose keys the grammar can write exactly.
 
         A pattern is used when its translation writes only matching keys (bounds above
-        max_bounded_length lowered to it) and no declared name matches it (a
-        pattern key could then repeat a declared one), and not at all beside `propertyNames`. A key matching two patterns must satisfy
-        both schemas, which separate members do not enforce: with more than one pattern, or any
-        pattern left out, `patternProperties` is listed as relaxed (left-out ones are stricter).
+        max_bounded_length lowered to it) and no declared name matches it (a pattern key could
+        then repeat a declared one), and not at all beside `propertyNames`. A key matching two
+        patterns must satisfy both schemas, which separate members do not enforce: with more than
+        one pattern, or any left out, `patternProperties` is listed as relaxed (left-out ones
+        are stricter).
         """
         patterns = schema.get("patternProperties") or {}
         members: list[str] = []
         if "propertyNames" in schema:  # pattern keys would have to meet it too: left out
             if patterns:
-                self.relax(ptr, "patternProperties")
+                self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside propertyNames")
             return members
         for pattern, sub in patterns.items():
             body = self.pattern_key_body(pattern, declared)
             value = None if body is None else self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
             if value is not None:
                 members.append(f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}')
-        if len(patterns) > 1 or len(members) < len(patterns):
-            self.relax(ptr, "patternProperties")
+        if len(patterns) > 1:
+            self.relax(ptr, "patternProperties", "a key matching two patterns must satisfy both schemas")
+        elif len(members) < len(patterns):
+            self.relax(ptr, "patternProperties", "the pattern has no exact translation or matches a declared name "
+                       "(its keys are not written)")
         return members
 
     def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:

@@ -66,7 +66,8 @@ class Vocab:
 
 
 def load_vocab(source, logits_width: int | None = None, name: str | None = None) -> Vocab:
-    """Load a Vocab from a local directory or file, or from a `transformers` tokenizer object.
+    """Load a Vocab from a local directory or file, `shared:NAME` (a vocabulary of ../shared/data,
+    with its model's logits width), or a `transformers` tokenizer object.
 
     See `loaders.py` for the formats handled.
     """

@@ -95,6 +95,10 @@ def load(source, logits_width: int | None = None, name: str | None = None,
     `logits_width` pads past the tokenizer's size (default: config.json's vocab_size when present).
     `special_tokens` (text -> id) adds specials to a bare tiktoken file of an unknown family.
     """
+    if isinstance(source, str) and source.startswith("shared:") and not os.path.exists(source):
+        if special_tokens is not None:
+            raise VocabError(f"special_tokens apply to a bare tiktoken file, not to the shared vocabulary {source!r}")
+        return load_shared(source.removeprefix("shared:"), logits_width=logits_width)
     if isinstance(source, (str, os.PathLike)):
         path = _local_path(source)
         parts = _load_path(path, special_tokens)

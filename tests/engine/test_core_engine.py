@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import pytest
 import torch
 
@@ -237,3 +240,116 @@ def test_counted_length_bounds_hold_in_the_core_as_in_generate(tiny):
         assert check.error is None, (check.error, text)
         assert 49 <= len(check.call.arguments["text"]) <= 60
         assert seq.payload.generated == r.token_ids
+
+
+# --- an untested transformers version: warned once, plain path, same tokens --------------------
+@pytest.mark.parametrize("version, known", [("5.17.0", True), ("5.24.0", True), ("5.20.1.dev0", True),
+                                            ("5.25.0", False), ("5.16.2", False), ("4.57.1", False),
+                                            ("6.0.0", False), ("main", False)])
+def test_the_tested_transformers_range(version, known, monkeypatch):
+    from surecall.core import kv_cache
+
+    monkeypatch.setattr(kv_cache, "_warned_versions", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert kv_cache.paged_cache_supported(version) is known
+    assert len(seen) == (0 if known else 1)
+
+
+def test_an_untested_transformers_version_warns_once_and_decodes_plain(tiny, monkeypatch):
+    from surecall.core import kv_cache
+
+    monkeypatch.setattr(kv_cache, "_warned_versions", set())
+    monkeypatch.setattr("transformers.__version__", "5.99.0")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plain = _core(tiny, max_num_batched_tokens=24)  # chunked prefill too
+        again = _core(tiny)
+    messages = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and re.search(r"transformers 5\.99\.0 is outside .*5\.17 to 5\.24.*plain decoding",
+                                            messages[0])
+    assert not plain.paged and plain.kv is None and not plain.blocks.enable_prefix_caching and not again.paged
+    monkeypatch.undo()
+    prompts = [_prompt(tiny, f"user: show me file_{i}.py and its tests\nassistant:") for i in range(3)]
+    params = [SamplingParams(temperature=1.0, max_tokens=16, seed=i, unmasked_logprobs=True) for i in range(3)]
+    requests = [(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))]
+    paged_core = _core(tiny)
+    assert paged_core.paged
+    got, ref = _run(plain, requests), _run(paged_core, requests)
+    for rid in ref:
+        assert got[rid].generated == ref[rid].generated
+        assert torch.allclose(torch.tensor(got[rid].unmasked_logprobs), torch.tensor(ref[rid].unmasked_logprobs),
+                              atol=1e-4)
+    assert plain.blocks.stats.hit_tokens == 0 and plain.blocks.num_free == plain.blocks.num_blocks
+
+
+def test_device_tables_of_grammar_sets_seen_before_are_reused(tiny, monkeypatch):
+    from surecall.core import engine as core_engine
+    from surecall.core.prompts import render_prompt
+    from surecall.tools import hardened_seed_tools
+
+    tools = hardened_seed_tools()
+    fmt = tiny._format(None)
+    built = []
+    real = core_engine.DeviceTable.from_table
+    monkeypatch.setattr(core_engine.DeviceTable, "from_table", staticmethod(lambda *a: built.append(1) or real(*a)))
+    core = _core(tiny)
+
+    def run():
+        for i, cat in enumerate([tools, tools[:2], tools[2:]]):
+            table = tiny.compile(cat)
+            prompt = render_prompt([{"role": "user", "content": f"edit file {i}"}], tiny.tokenizer, cat, i)
+            core.add_request(f"t{i}", prompt, SamplingParams(temperature=1.0, max_tokens=int(table.dist[0]) + 10 * i,
+                                                             seed=i), table=table, table_key=tiny._table_key(cat, fmt))
+        core.run_to_completion()
+
+    run()
+    first = len(built)
+    assert first >= 2  # the three grammars, then the sets left as rows finish
+    run()
+    assert len(built) == first  # the same sets again: nothing rebuilt
+
+
+@pytest.mark.parametrize("headroom", [64, 3])
+def test_dense_decode_views_give_the_plain_forwards_logprobs(tiny, monkeypatch, headroom):
+    """Rows of different lengths leave at different steps (the views drop them by moving rows), a
+    newcomer joins mid-decode, and a small headroom forces rebuilds: logprobs stay a plain forward's."""
+    from surecall.core import kv_cache
+
+    monkeypatch.setattr(kv_cache, "DENSE_HEADROOM", headroom)
+    core = _core(tiny)
+    prompts = [_prompt(tiny, "user: " + "list every file " * (1 + 3 * i) + "\nassistant:") for i in range(5)]
+    seqs = [core.add_request(f"d{i}", p, SamplingParams(temperature=0.9, max_tokens=6 + 5 * i, seed=i,
+                                                        unmasked_logprobs=True), stop_ids=())
+            for i, p in enumerate(prompts[:4])]
+    for _ in range(4):
+        core.step()
+    seqs.append(core.add_request("late", prompts[4], SamplingParams(temperature=0.9, max_tokens=9, seed=9,
+                                                                    unmasked_logprobs=True), stop_ids=()))
+    core.run_to_completion()
+    decode_steps = core.num_steps
+    assert 0 < core.kv.num_dense_rebuilds < decode_steps
+    for prompt, seq in zip(prompts, seqs, strict=True):
+        st = seq.payload
+        ids = torch.tensor([prompt + st.generated])
+        with torch.no_grad():
+            logits = tiny.runner.model(ids).logits[0, len(prompt) - 1 : -1].float()
+        ref = torch.log_softmax(logits / 0.9, -1).gather(1, ids[0, len(prompt):, None]).view(-1)
+        assert torch.allclose(torch.tensor(st.unmasked_logprobs), ref, atol=1e-4), seq.request_id
+
+
+def test_the_drain_policy_admits_a_new_batch_only_when_the_running_one_is_done(tiny):
+    with pytest.raises(ValueError, match="Invalid scheduling policy: expected one of continuous, drain, got 'fifo'"):
+        _core(tiny, scheduling="fifo")
+    core = _core(tiny, scheduling="drain")
+    greedy = SamplingParams(temperature=0, max_tokens=30)
+    first = [core.add_request(f"a{i}", _prompt(tiny, f"user: task {i}\nassistant:"), greedy, stop_ids=()) for i in range(2)]
+    core.step()
+    late = core.add_request("late", _prompt(tiny, "user: hi\nassistant:"), SamplingParams(temperature=0, max_tokens=4),
+                            stop_ids=())
+    finished = []
+    while core.has_unfinished:
+        finished += [o.request_id for o in core.step() if o.finished]
+    assert finished == ["a0", "a1", "late"]  # continuous batching would finish "late" first
+    alone = _run(_core(tiny), [("late", late.token_ids[: late.num_prompt], SamplingParams(temperature=0, max_tokens=4))])
+    assert late.payload.generated == alone["late"].generated and all(len(s.payload.generated) == 30 for s in first)

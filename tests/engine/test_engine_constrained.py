@@ -161,9 +161,9 @@ def _reference_logprobs(llm, prompt, result, table, temperature: float, max_toke
     for step, tok in enumerate(result.token_ids):
         remaining = max_tokens - step
         allowed = np.zeros(logits.shape[1], dtype=bool)
-        lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], remaining)
-        allowed[table.trans_tok[lo:hi][keep]] = True
+        toks, nexts = table.transitions(state)
+        keep = kept(table, state, counter, toks, nexts, remaining)
+        allowed[toks[keep]] = True
         if table.accept[state]:
             allowed[list(stops)] = True
         masked = logits[step].masked_fill(~torch.from_numpy(allowed), float("-inf"))
@@ -205,7 +205,7 @@ def test_bad_row_reports_and_the_rest_decode(llama):
 
 
 def test_a_decode_failure_is_the_rows_error_not_a_call(llama, monkeypatch):
-    import surecall.core.decode as decode_mod
+    import surecall.core.engine as core_engine
     from surecall.kernels import sample as kernel_sample
 
     def nothing_allowed(*args, **kwargs):  # what the sampler returns for a row whose mask is empty
@@ -213,7 +213,7 @@ def test_a_decode_failure_is_the_rows_error_not_a_call(llama, monkeypatch):
         out.tokens.fill_(-1)
         return out
 
-    monkeypatch.setattr(decode_mod, "sample", nothing_allowed)
+    monkeypatch.setattr(core_engine, "sample", nothing_allowed)
     tools = seed_tools()
     result = llama.generate(_prompts(1), tools=tools, sampling=SamplingParams(max_tokens=llama.min_tokens(tools) + 2))[0]
     assert result.finish_reason == "error" and result.error_kind == "decode" and result.call is None
@@ -273,36 +273,44 @@ def test_mistral_forces_its_control_token(data_dir):
         _assert_valid(r, tools, llm.compile(tools))
 
 
-# --- the static-shape step (what CUDA graphs capture), eager here on CPU ----------------------
+# --- the plain path (a transformers version the cache adapter was not tested with) -----------
 @pytest.fixture(scope="module")
-def llama_static(llama):
+def llama_plain(llama):
+    from surecall.core import kv_cache
     from surecall.llm import LLM
 
-    return LLM(llama.runner.model, tokenizer=llama.vocab, config=EngineConfig(stop_check_interval=4, cuda_graphs=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_cache, "_warned_versions", set())
+        mp.setattr("transformers.__version__", "9.0.0")
+        plain = LLM(llama.runner.model, tokenizer=llama.vocab)
+        with pytest.warns(RuntimeWarning, match=r"transformers 9\.0\.0 is outside .* falling back to plain decoding"):
+            plain.engine(rows=8, tokens_per_row=256)  # built now, under the unknown version, and kept
+    return plain
 
 
 @pytest.mark.parametrize("batch, extra", [(3, 0), (6, 9)])
-def test_static_step_calls_parse_at_tight_budgets(llama_static, batch, extra):
+def test_plain_path_calls_parse_at_tight_budgets(llama_plain, batch, extra):
     tools = seed_tools()
-    params = [_tight(llama_static, tools, extra, 5 * i + extra, temperature=1.0 + 0.1 * (i % 3)) for i in range(batch)]
-    results = llama_static.generate(_prompts(batch), tools=tools, sampling=params)
+    params = [_tight(llama_plain, tools, extra, 5 * i + extra, temperature=1.0 + 0.1 * (i % 3)) for i in range(batch)]
+    results = llama_plain.generate(_prompts(batch), tools=tools, sampling=params)
     for r, p in zip(results, params, strict=True):
-        assert r.batch_timings["step_mode"] == "static"
-        _assert_valid(r, tools, llama_static.compile(tools))
+        assert r.batch_timings["step_mode"] == "plain" and r.batch_timings["prefix_hit_rate"] == 0.0
+        _assert_valid(r, tools, llama_plain.compile(tools))
         assert r.num_tokens <= p.max_tokens
 
 
-def test_static_step_logprobs_and_batch_independence(llama, llama_static):
+def test_plain_path_logprobs_and_batch_independence(llama, llama_plain):
     tools = seed_tools()[:2]
     prompt = _prompts(1)[0]
-    params = _tight(llama_static, tools, 5, 9, temperature=0.8)
-    [alone] = llama_static.generate([prompt], tools=tools, sampling=params)
-    ref = _reference_logprobs(llama_static, prompt, alone, llama_static.compile(tools), 0.8, params.max_tokens)
+    params = _tight(llama_plain, tools, 5, 9, temperature=0.8)
+    [alone] = llama_plain.generate([prompt], tools=tools, sampling=params)
+    ref = _reference_logprobs(llama_plain, prompt, alone, llama_plain.compile(tools), 0.8, params.max_tokens)
     assert np.allclose(alone.logprobs, ref, atol=2e-4)
-    batch = llama_static.generate([_prompts(3)[2], prompt, _prompts(2)[1]], tools=[[seed_tools()[2]], tools, tools],
-                                  sampling=[_tight(llama_static, [seed_tools()[2]], 3, 1), params, params])
-    assert batch[1].token_ids == alone.token_ids  # 3 rows padded to a bucket of 4
-    assert llama.generate([prompt], tools=tools, sampling=params)[0].token_ids == alone.token_ids  # = dynamic cache
+    batch = llama_plain.generate([_prompts(3)[2], prompt, _prompts(2)[1]], tools=[[seed_tools()[2]], tools, tools],
+                                 sampling=[_tight(llama_plain, [seed_tools()[2]], 3, 1), params, params])
+    assert batch[1].token_ids == alone.token_ids
+    paged = llama.generate([prompt], tools=tools, sampling=params)[0]
+    assert paged.batch_timings["step_mode"] == "paged" and paged.token_ids == alone.token_ids
 
 
 def test_counted_length_bounds_hold_in_sampled_calls(llama):

@@ -1,6 +1,6 @@
-"""The constrained decode loop on a tiny random-weight Mistral with the real Mistral v0.3 vocabulary.
+"""Constrained decoding in the engine core on a tiny random-weight Mistral with the real Mistral v0.3 vocabulary.
 
-Works at the `Decoder` level with schema tables (no tool format needed): the remaining-budget
+Works at the `EngineCore` level with schema tables (no tool format needed): the remaining-budget
 mask always ends inside max_tokens in an accepting state, logprobs equal a plain forward pass
 plus the mask, seeded rows ignore their batch, and mixed grammars share one concatenated table.
 """
@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from surecall.config import EngineConfig, SamplingParams
-from surecall.core.decode import Decoder, DecodeRow
+from surecall.config import SamplingParams
+from surecall.core import EngineCore
 from surecall.core.model_runner import ModelRunner
-from surecall.kernels import DeviceTable
 
 SCHEMA_A = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer", "minimum": 1, "maximum": 500}},
             "required": ["path", "limit"], "additionalProperties": False}
@@ -52,8 +51,17 @@ def tables(vocab):
     return a, b, both, [int(o) for o in offsets]
 
 
-def _decoder(runner):
-    return Decoder(runner, EngineConfig(stop_check_interval=3))
+def _run(runner, vocab, requests, **kw):
+    """requests: (prompt ids, SamplingParams, table or None[, forced ids]); each one's RequestState, and the core."""
+    core = EngineCore(runner.model, num_blocks=128, **kw)
+    seqs = []
+    for i, (prompt, params, table, *forced) in enumerate(requests):
+        key = None if table is None else f"table-{id(table)}"
+        seqs.append(core.add_request(f"r{i}", prompt, params, stop_ids=vocab.stop_ids, table=table, table_key=key,
+                                     forced_ids=forced[0] if forced else ()))
+    core.run_to_completion()
+    assert core.blocks.num_free == core.blocks.num_blocks
+    return [seq.payload for seq in seqs], core
 
 
 def _text(vocab, ids):
@@ -73,21 +81,19 @@ def _walk(table, ids, stops, start: int = 0) -> int:
 
 @pytest.mark.parametrize("extra", [0, 1, 5])
 def test_budget_always_ends_in_an_accepting_state(runner, vocab, tables, extra):
-    a, b, both, offsets = tables
-    dtable = DeviceTable.from_table(both, runner.device)
-    rows = [
-        DecodeRow([1, 100 + i], SamplingParams(max_tokens=int(both.dist[offsets[i % 2]]) + extra, seed=i), state=offsets[i % 2])
-        for i in range(4)
-    ]
-    out = _decoder(runner).run(rows, stop_ids=list(vocab.stop_ids), table=dtable)
+    a, b, _, _ = tables
+    requests = [([1, 100 + i], SamplingParams(max_tokens=int((a, b)[i % 2].dist[0]) + extra, seed=i), (a, b)[i % 2])
+                for i in range(4)]
+    out, core = _run(runner, vocab, requests)
     stops = set(vocab.stop_ids)
-    for i, r in enumerate(out.rows):
-        assert len(r.token_ids) <= rows[i].sampling.max_tokens
-        state = _walk(both, r.token_ids, stops, offsets[i % 2])
-        assert both.accept[state], f"row {i} ended mid-call: {_text(vocab, r.token_ids)!r}"
-        value = json.loads(_text(vocab, r.token_ids))
+    for i, r in enumerate(out):
+        table = (a, b)[i % 2]
+        assert len(r.generated) <= requests[i][1].max_tokens
+        state = _walk(table, r.generated, stops)
+        assert table.accept[state], f"row {i} ended mid-call: {_text(vocab, r.generated)!r}"
+        value = json.loads(_text(vocab, r.generated))
         assert set(value) <= set((SCHEMA_A if i % 2 == 0 else SCHEMA_B)["properties"])
-    assert out.timings["sample_s"] > 0 and out.timings["advance_s"] > 0 and out.timings["num_steps"] >= 1
+    assert core.timings["sample_s"] > 0 and core.timings["advance_s"] > 0 and core.num_steps >= 1
 
 
 def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
@@ -99,9 +105,9 @@ def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
     state, counter, masked_lp, raw_lp = 0, 0, [], []
     for step, tok in enumerate(ids):
         allowed = np.zeros(logits.shape[1], dtype=bool)
-        lo, hi = table.trans_ptr[state], table.trans_ptr[state + 1]
-        keep = kept(table, state, counter, table.trans_tok[lo:hi], table.trans_next[lo:hi], max_tokens - step)
-        allowed[table.trans_tok[lo:hi][keep]] = True
+        toks, nexts = table.transitions(state)
+        keep = kept(table, state, counter, toks, nexts, max_tokens - step)
+        allowed[toks[keep]] = True
         if table.accept[state]:
             allowed[sorted(stops)] = True
         row = logits[step] / temperature
@@ -115,27 +121,19 @@ def _reference(runner, table, prompt, ids, temperature, max_tokens, stops):
 def test_logprobs_equal_forward_pass_plus_mask(runner, vocab, tables):
     a = tables[0]
     params = SamplingParams(temperature=0.7, max_tokens=int(a.dist[0]) + 6, seed=3, unmasked_logprobs=True)
-    dec = _decoder(runner)
-    out = dec.run([DecodeRow([1, 42], params, state=0)], stop_ids=list(vocab.stop_ids), table=DeviceTable.from_table(a, runner.device))
-    r = out.rows[0]
-    masked, raw = _reference(runner, a, [1, 42], r.token_ids, 0.7, params.max_tokens, set(vocab.stop_ids))
+    [r], _ = _run(runner, vocab, [([1, 42], params, a)])
+    masked, raw = _reference(runner, a, [1, 42], r.generated, 0.7, params.max_tokens, set(vocab.stop_ids))
     assert np.allclose(r.logprobs, masked, atol=2e-4)
     assert np.allclose(r.unmasked_logprobs, raw, atol=2e-4)
 
 
 def test_seeded_constrained_rows_ignore_the_batch(runner, vocab, tables):
-    a, b, both, offsets = tables
-    dec = _decoder(runner)
-    dtable = DeviceTable.from_table(both, runner.device)
+    a, b, _, _ = tables
     mine = SamplingParams(max_tokens=30, seed=99)
-    alone = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], stop_ids=list(vocab.stop_ids), table=dtable).rows[0]
-    batch = dec.run(
-        [DecodeRow([1, 2, 3, 4], SamplingParams(max_tokens=20, seed=1), state=offsets[1]),
-         DecodeRow([1, 7], mine, state=offsets[0]),
-         DecodeRow([1], SamplingParams(max_tokens=25, seed=2, temperature=0), state=offsets[1])],
-        stop_ids=list(vocab.stop_ids), table=dtable,
-    ).rows
-    assert batch[1].token_ids == alone.token_ids
+    [alone], _ = _run(runner, vocab, [([1, 7], mine, a)])
+    batch, _ = _run(runner, vocab, [([1, 2, 3, 4], SamplingParams(max_tokens=20, seed=1), b), ([1, 7], mine, a),
+                                    ([1], SamplingParams(max_tokens=25, seed=2, temperature=0), b)])
+    assert batch[1].generated == alone.generated
     assert batch[1].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
@@ -144,16 +142,14 @@ def test_forced_prefix_is_reported_first(runner, vocab, tables):
     control = vocab.special_tokens.get("[TOOL_CALLS]")
     if control is None:
         pytest.skip("this Mistral vocabulary has no [TOOL_CALLS] token")
-    dec = _decoder(runner)
     params = SamplingParams(max_tokens=int(a.dist[0]) + 4, seed=5, unmasked_logprobs=True)
-    r = dec.run([DecodeRow([1, 9], params, state=0, forced_ids=(control,))], stop_ids=list(vocab.stop_ids),
-                table=DeviceTable.from_table(a, runner.device)).rows[0]
-    assert r.token_ids[0] == control and r.logprobs[0] == 0.0
-    assert len(r.token_ids) <= params.max_tokens
+    [r], _ = _run(runner, vocab, [([1, 9], params, a, (control,))])
+    assert r.generated[0] == control and r.logprobs[0] == 0.0
+    assert len(r.generated) <= params.max_tokens
     with torch.no_grad():
         ref = torch.log_softmax(runner.model(torch.tensor([[1, 9]])).logits[0, -1].float(), -1)[control]
     assert r.unmasked_logprobs[0] == pytest.approx(float(ref), abs=2e-4)
-    json.loads(_text(vocab, r.token_ids[1:]))
+    json.loads(_text(vocab, r.generated[1:]))
 
 
 def _one_state_table(vocab, allowed_tok: int):
@@ -163,7 +159,7 @@ def _one_state_table(vocab, allowed_tok: int):
     words = (vocab.logits_width + 31) // 32
     mask = np.zeros((2, words), dtype=np.int32)
     mask[0, allowed_tok // 32] = 1 << (allowed_tok % 32)  # allowed_tok % 32 < 31: no sign bit
-    return TokenTable(
+    return TokenTable.from_dense(
         mask=mask, accept=np.array([False, True]), dist=np.array([1, 0], dtype=np.int32),
         trans_ptr=np.array([0, 1, 1], dtype=np.int32), trans_tok=np.array([allowed_tok], dtype=np.int32),
         trans_next=np.array([1], dtype=np.int32), stop_ids=np.array(sorted(vocab.stop_ids), dtype=np.int32),
@@ -173,18 +169,15 @@ def _one_state_table(vocab, allowed_tok: int):
 
 def test_a_row_whose_mask_allows_nothing_is_an_error(runner, vocab):
     table = _one_state_table(vocab, 300)  # state 1 accepts but masks every stop id: nothing to sample
-    dec = Decoder(runner, EngineConfig(check_kernel_inputs=False))
-    rows = [DecodeRow([1, 5], SamplingParams(max_tokens=4, seed=0), state=0),
-            DecodeRow([1, 6], SamplingParams(max_tokens=3, seed=1, temperature=0))]
-    out = dec.run(rows, stop_ids=list(vocab.stop_ids), table=DeviceTable.from_table(table, runner.device))
-    bad, free = out.rows
-    assert bad.finish_reason == "error" and bad.token_ids == [300]
+    (bad, free), _ = _run(runner, vocab, [([1, 5], SamplingParams(max_tokens=4, seed=0), table),
+                                          ([1, 6], SamplingParams(max_tokens=3, seed=1, temperature=0), None)])
+    assert bad.finish_reason == "error" and bad.generated == [300]
     assert re.search(r"at step 1, the grammar mask of state 1 allows no token", bad.error)
     assert free.error is None and free.finish_reason in ("stop", "length")
 
 
 def test_a_token_the_grammar_refuses_is_an_error(runner, vocab, monkeypatch):
-    import surecall.core.decode as decode_mod
+    import surecall.core.engine as core_engine
     from surecall.kernels import sample as kernel_sample
 
     def wrong_token(*args, **kwargs):  # a sampler that ignores the mask (a kernel bug)
@@ -192,13 +185,9 @@ def test_a_token_the_grammar_refuses_is_an_error(runner, vocab, monkeypatch):
         out.tokens.fill_(301)
         return out
 
-    monkeypatch.setattr(decode_mod, "sample", wrong_token)
-    table = _one_state_table(vocab, 300)
-    dec = Decoder(runner, EngineConfig(check_kernel_inputs=False))
-    out = dec.run([DecodeRow([1, 5], SamplingParams(max_tokens=4, seed=0), state=0)], stop_ids=list(vocab.stop_ids),
-                  table=DeviceTable.from_table(table, runner.device))
-    row = out.rows[0]
-    assert row.finish_reason == "error" and row.token_ids == [301]
+    monkeypatch.setattr(core_engine, "sample", wrong_token)
+    [row], _ = _run(runner, vocab, [([1, 5], SamplingParams(max_tokens=4, seed=0), _one_state_table(vocab, 300))])
+    assert row.finish_reason == "error" and row.generated == []  # the refused token is not kept
     assert re.search(r"at step 0, token 301 is not allowed in grammar state 0", row.error)
 
 
@@ -210,15 +199,13 @@ def test_cuda_decode_is_valid_deterministic_and_batch_independent(vocab, tables)
     config = MistralConfig(vocab_size=vocab.logits_width, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     runner = ModelRunner(MistralForCausalLM(config).eval(), device="cuda")
-    a, b, both, offsets = tables
-    dec = _decoder(runner)
-    dtable = DeviceTable.from_table(both, runner.device)
-    mine = SamplingParams(max_tokens=int(both.dist[offsets[0]]) + 8, seed=42)
-    others = [DecodeRow([1, 5 + i], SamplingParams(max_tokens=30, seed=i), state=offsets[i % 2]) for i in range(6)]
-    alone = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], list(vocab.stop_ids), table=dtable).rows[0]
-    again = dec.run([DecodeRow([1, 7], mine, state=offsets[0])], list(vocab.stop_ids), table=dtable).rows[0]
-    rows = others[:3] + [DecodeRow([1, 7], mine, state=offsets[0])] + others[3:]
-    batch = dec.run(rows, list(vocab.stop_ids), table=dtable)
-    assert alone.token_ids == again.token_ids == batch.rows[3].token_ids
-    for row, out in zip(rows, batch.rows, strict=True):
-        assert both.accept[_walk(both, out.token_ids, set(vocab.stop_ids), row.state)]
+    a, b, _, _ = tables
+    mine = ([1, 7], SamplingParams(max_tokens=int(a.dist[0]) + 8, seed=42), a)
+    others = [([1, 5 + i], SamplingParams(max_tokens=30, seed=i), (a, b)[i % 2]) for i in range(6)]
+    [alone], _ = _run(runner, vocab, [mine])
+    [again], _ = _run(runner, vocab, [mine])
+    requests = others[:3] + [mine] + others[3:]
+    batch, _ = _run(runner, vocab, requests)
+    assert alone.generated == again.generated == batch[3].generated
+    for (_, _, table), out in zip(requests, batch, strict=True):
+        assert table.accept[_walk(table, out.generated, set(vocab.stop_ids))]

@@ -72,17 +72,18 @@ def test_different_seeds_differ(llm):
 
 
 def test_rows_finish_independently_on_stop_ids(stories):
-    runner = ModelRunner(stories / "hf")
-    from surecall.core.decode import Decoder, DecodeRow
+    from surecall.core import EngineCore
 
+    runner = ModelRunner(stories / "hf")
     expected = json.loads((stories / "expected_greedy.json").read_text())["generated_ids"]
     stop = expected[3]  # greedy row 0 emits it at step 4
     greedy = SamplingParams(temperature=0, max_tokens=40)
-    out = Decoder(runner, EngineConfig(stop_check_interval=3)).run(
-        [DecodeRow([1], greedy), DecodeRow([1, *expected[:4]], greedy)], stop_ids=[stop]
-    )
-    assert out.rows[0].token_ids == expected[:4] and out.rows[0].finish_reason == "stop"
-    assert len(out.rows[1].token_ids) > 4
+    core = EngineCore(runner.model, num_blocks=32)
+    first = core.add_request("a", [1], greedy, stop_ids=[stop]).payload
+    second = core.add_request("b", [1, *expected[:4]], greedy, stop_ids=[stop]).payload
+    core.run_to_completion()
+    assert first.generated == expected[:4] and first.finish_reason == "stop" and first.by_stop
+    assert len(second.generated) > 4
 
 
 def test_unknown_model_dir_is_refused(tmp_path):

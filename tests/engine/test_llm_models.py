@@ -3,8 +3,9 @@ scaling), a tokenizer that is only a tiktoken `tokenizer.model`, and the shipped
 
 Every model is a tiny random-weight one built from a config and written by `save_pretrained` into
 a tmp dir (with the shipped surecall-tiny tokenizer beside it), then decoded through
-`LLM.generate` with the dynamic cache and with the static step, whose logits must agree within
-1e-4. Nothing is downloaded; the tiktoken test reads the shared Llama-3 ranks (skips without them).
+`LLM.generate` (the paged engine core), whose logprobs must agree with one plain forward pass over
+prompt + output within 1e-4. Nothing is downloaded; the tiktoken test reads the shared Llama-3
+ranks (skips without them).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import shutil
 
 import pytest
 import torch
-from test_engine_static import _trace
 
-from surecall.config import EngineConfig, SamplingParams
+from surecall.config import SamplingParams
 from surecall.errors import ModelLoadError
 from surecall.models import default_model_dir
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
@@ -56,37 +56,38 @@ def model_dir(request, tmp_path_factory):
     return request.param, _saved(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def test_new_families_decode_the_same_dynamic_and_static(model_dir):
+def test_new_families_decode_through_the_paged_core_as_a_plain_forward(model_dir):
     from surecall.llm import LLM
 
     kind, path = model_dir
-    dynamic = LLM(path, config=EngineConfig(cuda_graphs=False))
-    static = LLM(path, config=EngineConfig(cuda_graphs=True))
-    assert dynamic.runner.model_type == ("llama" if kind == "llama3_rope" else kind)
-    assert dynamic.default_format == "hermes"  # the shipped template's <tool_call> syntax
+    llm = LLM(path)
+    assert llm.runner.model_type == ("llama" if kind == "llama3_rope" else kind)
+    assert llm.default_format == "hermes"  # the shipped template's <tool_call> syntax
     tools = seed_tools()
-    greedy = SamplingParams(temperature=0, max_tokens=dynamic.min_tokens(tools) + 24)
-    [a], [b] = (llm.generate(ASK, tools=tools, sampling=greedy) for llm in (dynamic, static))
-    assert (a.batch_timings["step_mode"], b.batch_timings["step_mode"]) == ("dynamic", "static")
+    greedy = SamplingParams(temperature=0, max_tokens=llm.min_tokens(tools) + 24)
+    [a] = llm.generate(ASK, tools=tools, sampling=greedy)
+    assert a.batch_timings["step_mode"] == "paged"
     assert a.call is not None and a.finish_reason == ("stop" if a.ok else "length")
-    assert a.token_ids == b.token_ids and a.text == b.text
+    # three rows of different lengths, sampled: their unmasked logprobs are the plain forward's
     prompts = [a.prompt_token_ids, a.prompt_token_ids[5:], a.prompt_token_ids[-7:]]
-    logits_d, mode_d = _trace(static.runner, prompts, 12, cuda_graphs=False)
-    logits_s, mode_s = _trace(static.runner, prompts, 12, cuda_graphs=True)
-    assert (mode_d, mode_s) == ("dynamic", "static")
-    assert torch.allclose(logits_s, logits_d, atol=1e-4), (logits_s - logits_d).abs().max()
+    params = [SamplingParams(temperature=0.9, max_tokens=12, seed=i, unmasked_logprobs=True) for i in range(3)]
+    for prompt, r in zip(prompts, llm.generate(prompts, sampling=params, constrained=False), strict=True):
+        seq = torch.tensor([prompt + r.token_ids])
+        with torch.no_grad():
+            logits = llm.runner.model(seq).logits[0, len(prompt) - 1 : -1].float()
+        ref = torch.log_softmax(logits / 0.9, -1).gather(1, seq[0, len(prompt):, None]).view(-1)
+        assert torch.allclose(torch.tensor(r.unmasked_logprobs), ref, atol=1e-4), (torch.tensor(r.unmasked_logprobs) - ref).abs().max()
 
 
 def test_llama3_rope_scaling_is_loaded_not_dropped(tmp_path):
     from surecall.llm import LLM
 
-    scaled = LLM(_saved("llama3_rope", tmp_path / "scaled"), config=EngineConfig(cuda_graphs=False)).runner
+    scaled = LLM(_saved("llama3_rope", tmp_path / "scaled")).runner
     rotary = scaled.model.model.rotary_emb
     assert rotary.rope_type == "llama3"
     plain = type(rotary)(type(scaled.config)(**SHAPE))  # the same model without the scaling
     assert plain.rope_type == "default"
     assert not torch.allclose(rotary.inv_freq, plain.inv_freq)  # llama3 lowers the low frequencies
-    assert scaled.static_reason(256) is None  # llama3 scaling is static: the static step may run
 
 
 def test_unsupported_family_lists_the_supported_ones(tmp_path):

@@ -60,6 +60,7 @@ def test_rows_carry_their_own_prompt_and_timings(llm):
     assert short.batch_timings is full.batch_timings
     batch = full.batch_timings
     assert batch["num_rows"] == 2 and batch["num_steps"] >= full.timings["num_steps"]
+    assert 0 < batch["num_decode_steps"] < batch["num_steps"] and batch["step_mode"] == "paged"
     assert {"prefill_s", "decode_s", "sample_s", "advance_s", "compile_s", "step_mode"} <= set(batch)
     assert "mask_s" not in batch and batch["advance_s"] == 0.0  # free rows advance no grammar
 
@@ -133,3 +134,15 @@ def test_one_rows_bad_tools_leave_the_others(llm):
     assert good.ok
     assert bad.finish_reason == "error" and bad.error_kind == "request"
     assert bad.error.startswith("Invalid tool 0 in tools of row 1: expected a Tool")
+
+
+def test_text_stream_decodes_only_new_ids_and_ends_as_the_whole_text(llm):
+    ids = llm.count_tokens("café € ok") + [0xFFFF % llm.vocab.vocab_size]
+    stream = llm.text_stream()
+    texts = [stream.feed(ids[: n + 1]) for n in range(len(ids))]
+    for a, b in zip(texts, texts[1:]):
+        assert b.startswith(a)  # the text only grows: a split character waits for its last byte
+    assert "\ufffd" not in texts[-2]
+    assert stream.feed(ids, final=True) == llm._text(ids)
+    lone = llm.text_stream()  # a character cut off by the end is flushed as a replacement, as _text does
+    assert lone.feed(ids[:3]) == llm._text(ids[:2]) and lone.feed(ids[:3], final=True) == llm._text(ids[:3])

@@ -156,8 +156,7 @@ def test_without_the_control_id_auto_never_leaves_text():
     seen, todo = {0}, [0]
     while todo:
         s = todo.pop()
-        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
-        for tok, nxt in zip(table.trans_tok[lo:hi].tolist(), table.trans_next[lo:hi].tolist(), strict=True):
+        for tok, nxt in zip(*(a.tolist() for a in table.transitions(s)), strict=True):
             if tok != 262 and nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)

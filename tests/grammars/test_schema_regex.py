@@ -16,7 +16,7 @@ from surecall.grammars.schema.pattern import PatternUnsupported, translate_patte
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.string_formats import STRING_FORMATS
-from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
+from surecall.grammars.schema.to_regex import expand_counts, expand_marks, schema_to_regex
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
 PLAIN = GrammarOptions(counted_lengths=False)  # for outlines-core over a 95-character vocabulary
@@ -24,7 +24,7 @@ PLAIN = GrammarOptions(counted_lengths=False)  # for outlines-core over a 95-cha
 
 def accepts(schema, value_or_text, options=None) -> bool:
     options = options or GrammarOptions()
-    regex = expand_counts(schema_to_regex(schema, options).regex)
+    regex = expand_marks(schema_to_regex(schema, options).regex, options.whitespace_regex())
     text = value_or_text if isinstance(value_or_text, str) else grammar_dumps(value_or_text, schema, options)
     return re.fullmatch(regex, text) is not None
 
@@ -180,9 +180,15 @@ def test_pattern_is_enforced_with_search_semantics():
 
 
 def test_pattern_with_length_keeps_pattern_and_relaxes_length():
-    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    schema = {"type": "string", "pattern": "^[a-z]+-x$", "maxLength": 4}
     assert relaxed(schema) == [("", "maxLength")]
-    assert not accepts(schema, '"ABC"')
+    assert not accepts(schema, '"ABC-x"')
+
+
+def test_one_quantified_set_pattern_enforces_the_length_too():
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    assert relaxed(schema) == []
+    assert accepts(schema, '"abcd"') and not accepts(schema, '"abcde"') and not accepts(schema, '"ABC"')
 
 
 @pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+", "^x{,2}$", "^[]a]$",
@@ -195,9 +201,11 @@ def test_untranslatable_pattern_is_relaxed_never_dropped(pattern):
 
 
 def test_long_repetition_in_pattern_is_widened_and_listed():
-    schema = {"type": "string", "pattern": "^[a-z]{1,500}$"}
+    schema = {"type": "string", "pattern": "^[a-z]{1,500}-$"}  # one quantified set alone is counted instead
     assert relaxed(schema) == [("", "pattern")]
-    assert accepts(schema, json.dumps("a" * 600)) and not accepts(schema, '"A"')
+    assert accepts(schema, json.dumps("a" * 600 + "-")) and not accepts(schema, '"A-"')
+    whole = {"type": "string", "pattern": "^[a-z]{1,500}$"}
+    assert relaxed(whole) == [] and accepts(whole, json.dumps("a" * 500)) and not accepts(whole, json.dumps("a" * 501))
 
 
 @pytest.mark.parametrize(
@@ -291,7 +299,10 @@ def test_arrays_items_prefix_items_and_bounds():
     assert accepts(tup, '["a", 1]') and accepts(tup, '["a"]') and not accepts(tup, '["a", 1, 2]')
     assert not accepts(tup, "[1]")
     big = {"type": "array", "maxItems": 1000, "uniqueItems": True, "contains": {"type": "integer"}}
-    assert set(relaxed(big)) == {("", "maxItems"), ("", "uniqueItems"), ("", "contains")}
+    assert set(relaxed(big)) == {("", "uniqueItems"), ("", "contains")}  # maxItems: an item counter
+    counted = {"type": "array", "items": {"type": "integer"}, "minItems": 10, "maxItems": 1000}
+    assert [accepts(counted, json.dumps(list(range(n)))) for n in (9, 10, 1000, 1001)] == [False, True, True, False]
+    assert set(relaxed(big, PLAIN)) == {("", "maxItems"), ("", "uniqueItems"), ("", "contains")}
 
 
 def test_not_of_a_type_and_enum_filters_are_enforced():

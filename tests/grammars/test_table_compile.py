@@ -20,6 +20,7 @@ from surecall.grammars import cache as table_cache
 from surecall.grammars.automaton import regex_to_dfa
 from surecall.grammars.compile import build_table, compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.table import TABLE_ARRAYS
 from surecall.grammars.tokenwalk import VocabIndex, token_rows
 from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import accepts, decode, random_walk
@@ -99,6 +100,15 @@ def reference_table(dfa, rows, vocab) -> dict:
             "trans_tok": np.asarray(toks, np.int32), "trans_next": np.asarray(nexts, np.int32)}
 
 
+def dense_view(table) -> dict:
+    """The table as one mask row per state and full CSR rows (the layout before issue 15)."""
+    rows = [table.transitions(s) for s in range(table.num_states)]
+    ptr = np.concatenate([[0], np.cumsum([t.size for t, _ in rows])]).astype(np.int32)
+    return {"mask": table.mask[table.mask_row], "accept": table.accept, "trans_ptr": ptr,
+            "trans_tok": np.concatenate([t for t, _ in rows]).astype(np.int32),
+            "trans_next": np.concatenate([n for _, n in rows]).astype(np.int32)}
+
+
 def reference_dist(table) -> np.ndarray:
     out = np.full(table.num_states, -1)
     for s0 in range(table.num_states):
@@ -108,7 +118,7 @@ def reference_dist(table) -> np.ndarray:
             if table.accept[s]:
                 out[s0] = seen[s]
                 break
-            for n in table.trans_next[table.trans_ptr[s] : table.trans_ptr[s + 1]].tolist():
+            for n in table.transitions(s)[1].tolist():
                 if n not in seen:
                     seen[n] = seen[s] + 1
                     queue.append(n)
@@ -121,8 +131,8 @@ def counted_dist_is_consistent(table) -> bool:
     inside = table.count_row >= 0
     need0 = np.where(inside, -(-table.count_lo.astype(np.int64) // table.count_fill), 0)
     for s in range(table.num_states):
-        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
-        tok, nxt = table.trans_tok[lo:hi], table.trans_next[lo:hi].astype(np.int64)
+        tok, nxt = table.transitions(s)
+        nxt = nxt.astype(np.int64)
         opens = np.ones(tok.size, dtype=bool)
         if inside[s]:
             v = table.count_chars[table.count_row[s], tok]
@@ -136,16 +146,22 @@ def counted_dist_is_consistent(table) -> bool:
 
 
 def check_table_invariants(table, vocab) -> None:
-    assert table.mask.dtype == np.int32 and table.mask.shape == (table.num_states, (vocab.logits_width + 31) // 32)
-    assert np.all(np.diff(table.trans_ptr) >= 0) and table.trans_ptr[-1] == table.trans_tok.size
+    assert table.mask.dtype == np.int32 and table.mask.shape[1] == (vocab.logits_width + 31) // 32
+    assert len({r.tobytes() for r in table.mask}) == table.mask.shape[0], "a mask row is stored twice"
+    assert table.mask_row.shape == (table.num_states,) and int(table.mask_row.max()) < table.mask.shape[0]
+    assert np.all(np.diff(table.exc_ptr) >= 0) and table.exc_ptr[-1] == table.exc_tok.size
     stops = set(vocab.stop_ids)
     never = set(vocab.special_ids) - stops
     for s in range(table.num_states):
-        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
-        row = table.trans_tok[lo:hi]
-        assert np.all(np.diff(row) > 0), "CSR row not sorted"
+        lo, hi = table.exc_ptr[s], table.exc_ptr[s + 1]
+        assert np.all(np.diff(table.exc_tok[lo:hi]) > 0), "exception row not sorted"
+        assert not (table.exc_next[lo:hi] == table.trans_default[s]).any(), "an exception equals the default"
+        row, nexts = table.transitions(s)
+        assert set(table.exc_tok[lo:hi].tolist()) <= set(row.tolist()), "an exception the mask forbids"
+        assert (table.trans_default[s] >= 0) == (row.size > 0)
+        assert all(table.next_state(s, int(t)) == int(n) for t, n in zip(row[:50], nexts[:50], strict=True))
         expected = set(row.tolist()) | (stops if table.accept[s] else set())
-        assert set(table.allowed(s).tolist()) == expected, f"mask and CSR disagree in state {s}"
+        assert set(table.allowed(s).tolist()) == expected, f"mask and transitions disagree in state {s}"
         assert not (set(row.tolist()) & (stops | never)), "a special id is a transition"
         assert int(row.max(initial=-1)) < vocab.vocab_size
     if table.has_counts:
@@ -189,7 +205,7 @@ WIDE_REGEXES = [
 
 
 # Two string bodies with the same class part and the same extra tokens (their nexts differ):
-# the second reuses the first one's interleaving.
+# their exceptions come from one cached class part, their mask rows are stored once.
 SHARED_LAYOUT = r'\[(?:"[a-z]*",){2}1\]'
 
 
@@ -199,10 +215,12 @@ def test_build_table_equals_slow_reference(regex):
         dfa = regex_to_dfa(regex)
         rows = token_rows(dfa, VocabIndex.build(vocab))
         table = build_table(dfa, rows, vocab)
+        dense = dense_view(table)
         for name, expected in reference_table(dfa, [r.materialize() for r in rows], vocab).items():
-            got = getattr(table, name)
+            got = dense[name]
             assert got.dtype == expected.dtype and np.array_equal(got, expected), name
         assert any(r.base is not None for r in rows), "no shared class rows: the fast path went untested"
+        check_table_invariants(table, vocab)
 
 
 @pytest.mark.parametrize("regex", WIDE_REGEXES)
@@ -264,7 +282,8 @@ def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
     inline = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
     monkeypatch.setattr(compile_module, "_ISOLATE_REGEX_CHARS", 0)
     isolated = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
-    assert np.array_equal(inline.trans_next, isolated.trans_next) and np.array_equal(inline.mask, isolated.mask)
+    a, b = dense_view(inline), dense_view(isolated)
+    assert np.array_equal(a["trans_next"], b["trans_next"]) and np.array_equal(a["mask"], b["mask"])
     pid = _WORKER.proc.pid
     compile_regex(r'"[a-z]{1,3}"', vocab, GrammarOptions(), use_cache=False)
     assert _WORKER.proc.pid == pid, "the byte-DFA child was not reused"
@@ -295,7 +314,7 @@ def test_cache_warm_load_is_mapped_and_equal():
     cold = compile_regex(JSONISH, vocab, GrammarOptions())
     warm = compile_regex(JSONISH, vocab, GrammarOptions())
     assert isinstance(warm.mask, np.memmap) and not isinstance(cold.mask, np.memmap)
-    for name in ("mask", "accept", "trans_ptr", "trans_tok", "trans_next", "dist", "stop_ids"):
+    for name in TABLE_ARRAYS:
         assert np.array_equal(getattr(cold, name), getattr(warm, name)), name
     assert warm.meta["states"] == cold.meta["states"]
 
@@ -306,8 +325,8 @@ def test_corrupt_cache_entry_is_rebuilt(damage):
     good = compile_regex(JSONISH, vocab, GrammarOptions())
     entry = _entry(JSONISH, vocab)
     if damage == "truncate":
-        data = (entry / "trans_tok.npy").read_bytes()
-        (entry / "trans_tok.npy").write_bytes(data[: len(data) - 8])
+        data = (entry / "mask.npy").read_bytes()
+        (entry / "mask.npy").write_bytes(data[: len(data) - 8])
     elif damage == "flip":
         data = bytearray((entry / "dist.npy").read_bytes())
         data[-1] ^= 0x01
@@ -426,12 +445,12 @@ def tables_equivalent(a, b) -> str | None:
     seen, queue = {(0, 0)}, deque([(0, 0)])
     while queue:
         x, y = queue.popleft()
-        if a.accept[x] != b.accept[y] or a.dist[x] != b.dist[y] or not np.array_equal(a.mask[x], b.mask[y]):
+        if a.accept[x] != b.accept[y] or a.dist[x] != b.dist[y] or not np.array_equal(a.mask_words(x), b.mask_words(y)):
             return f"states {x}/{y} differ"
-        ra, rb = slice(a.trans_ptr[x], a.trans_ptr[x + 1]), slice(b.trans_ptr[y], b.trans_ptr[y + 1])
-        if not np.array_equal(a.trans_tok[ra], b.trans_tok[rb]):
-            return f"CSR rows of {x}/{y} differ"
-        for pair in set(zip(a.trans_next[ra].tolist(), b.trans_next[rb].tolist(), strict=True)) - seen:
+        (ta, na), (tb, nb) = a.transitions(x), b.transitions(y)
+        if not np.array_equal(ta, tb):
+            return f"transition rows of {x}/{y} differ"
+        for pair in set(zip(na.tolist(), nb.tolist(), strict=True)) - seen:
             seen.add(pair)
             queue.append(pair)
     return None
@@ -529,7 +548,7 @@ def test_memory_estimate_counts_tokens_that_survive_two_bytes():
     vocab = Vocab(token_bytes=pieces, special_ids=frozenset(), stop_ids=(), logits_width=len(pieces),
                   format="test", name="wide-dead")
     table = compile_regex('"a{0,5}"', vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
-    assert table.num_states == 8 and table.trans_tok.size < 300
+    assert table.num_states == 8 and table.num_transitions < 300
 
 
 def test_isolated_byte_dfa_after_fork_uses_its_own_child():
@@ -562,5 +581,6 @@ def test_seed_catalog_table_equals_slow_reference(llama3):
     dfa = regex_to_dfa(catalog_regex(seed_tools(), "json", GrammarOptions()).regex)
     rows = token_rows(dfa, vocab_index(llama3))
     table = build_table(dfa, rows, llama3)
+    dense = dense_view(table)
     for name, expected in reference_table(dfa, [r.materialize() for r in rows], llama3).items():
-        assert np.array_equal(getattr(table, name), expected), name
+        assert np.array_equal(dense[name], expected), name

@@ -510,3 +510,12 @@ def test_cli_shared_and_abbreviation(data_dir, capsys):
 def test_cli_error_exit(capsys):
     assert main(["vocab", "meta-llama/Llama-3.1-8B"]) == 2
     assert "pass a local directory" in capsys.readouterr().err
+
+
+def test_load_vocab_takes_the_shared_spec(data_dir):
+    """`load_vocab("shared:NAME")` is the CLI's --tokenizer spec: the shared file with its model's logits width."""
+    vocab = load_vocab("shared:llama2")
+    assert vocab.fingerprint == cached_vocab("llama2").fingerprint
+    assert vocab.logits_width == load_shared("llama2").logits_width == 32000
+    with pytest.raises(VocabError, match="unknown shared vocabulary 'gpt5'"):
+        load_vocab("shared:gpt5")

@@ -98,7 +98,7 @@ def _assemble(rows, accept, stop_ids, vocab_size, logits_width) -> TokenTable:
         if accept[s]:
             bits[s, stop_ids] = True
     mask = np.packbits(bits, axis=1, bitorder="little").view(np.int32)
-    return TokenTable(
+    return TokenTable.from_dense(
         mask=np.ascontiguousarray(mask),
         accept=accept.astype(bool),
         trans_ptr=np.array(ptr, dtype=np.int32),

@@ -17,6 +17,7 @@ from surecall.errors import KernelInputError
 from surecall.grammars.table import TokenTable
 from surecall.kernels import DEAD_STATE, DeviceTable, advance
 from surecall.kernels._triton import HAS_TRITON, INTERPRET
+from surecall.kernels.table import NO_NEXT
 
 needs_interpreter = pytest.mark.skipif(
     not (HAS_TRITON and INTERPRET), reason="needs triton with TRITON_INTERPRET=1 set before import"
@@ -96,11 +97,12 @@ def test_device_table_derived_facts():
     table = random_table(rng, num_states=9, vocab_size=300, logits_width=330)
     dt = DeviceTable.from_table(table)
     for s in range(table.num_states):
-        lo, hi = table.trans_ptr[s], table.trans_ptr[s + 1]
-        next_dist = table.dist[table.trans_next[lo:hi]]
-        assert int(dt.max_next_dist[s]) == (int(next_dist.max()) if hi > lo else -1)
+        toks, nexts = table.transitions(s)
+        next_dist = table.dist[nexts]
+        assert int(dt.max_next_dist[s]) == (int(next_dist.max()) if toks.size else -1)
+        assert int(dt.min_next_dist[s]) == (int(next_dist.min()) if toks.size else NO_NEXT)
         assert bool(dt.has_stop[s]) == bool(table.accept[s])
-        assert (2**dt.num_search_steps) > hi - lo
+        assert (2**dt.num_search_steps) > int(table.exc_ptr[s + 1] - table.exc_ptr[s])
     assert dt.is_stop.nonzero().flatten().tolist() == table.stop_ids.tolist()
     assert dt.num_words == 11 and dt.nbytes > 0
 
@@ -129,3 +131,9 @@ def test_errors():
         KernelInputError, match="Invalid TokenTable for DeviceTable.from_table: dist shape"
     ):
         DeviceTable.from_table(broken)
+    beyond = TokenTable(**{**table.__dict__, "mask_row": np.full(table.num_states, table.mask.shape[0], np.int32)})
+    with pytest.raises(KernelInputError, match="mask_row outside the .* mask rows"):
+        DeviceTable.from_table(beyond)
+    short = TokenTable(**{**table.__dict__, "exc_tok": table.exc_tok[:-1]})
+    with pytest.raises(KernelInputError, match="exc_ptr\\[-1\\], exc_tok and exc_next disagree"):
+        DeviceTable.from_table(short)

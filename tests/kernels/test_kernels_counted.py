@@ -65,8 +65,7 @@ def _rows(table: TokenTable, rng, num: int):
         while not table.accept[state] and len(out) < num:
             remaining = budget - used
             out.append((state, counter, remaining))
-            lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-            toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+            toks, nexts = table.transitions(state)
             ok = np.flatnonzero(kept(table, state, counter, toks, nexts, remaining))
             i = int(rng.choice(ok))
             state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
@@ -76,8 +75,7 @@ def _rows(table: TokenTable, rng, num: int):
 
 def _host_allowed(table: TokenTable, state: int, counter: int, remaining: int, width: int) -> np.ndarray:
     allowed = np.zeros(width, dtype=bool)
-    lo, hi = int(table.trans_ptr[state]), int(table.trans_ptr[state + 1])
-    toks, nexts = table.trans_tok[lo:hi], table.trans_next[lo:hi]
+    toks, nexts = table.transitions(state)
     allowed[toks[kept(table, state, counter, toks, nexts, remaining)]] = True
     if table.accept[state] and remaining >= 1:
         allowed[table.stop_ids] = True
@@ -184,3 +182,49 @@ def test_counted_table_without_counters_is_refused(compiled):
         apply_token_mask_inplace(logits, dt, states, counters=torch.full((1,), -3, dtype=torch.int32))
     with pytest.raises(KernelInputError, match="counters: expected an int32 tensor"):
         advance(states, torch.zeros(1, dtype=torch.int64), dt)
+
+
+def _relayout(table: TokenTable) -> TokenTable:
+    """The same grammar stored another way: one mask row per state, each state's *least* common
+    next state as its default (so most transitions are exceptions)."""
+    default = np.full(table.num_states, -1, dtype=np.int32)
+    toks, nexts, ptr = [], [], [0]
+    for s in range(table.num_states):
+        tok, nxt = table.transitions(s)
+        if tok.size:
+            values, counts = np.unique(nxt, return_counts=True)
+            default[s] = values[int(np.argmin(counts))]
+            toks.append(tok[nxt != default[s]].astype(np.int32))
+            nexts.append(nxt[nxt != default[s]])
+        ptr.append(ptr[-1] + (toks[-1].size if tok.size else 0))
+    return TokenTable(**{**table.__dict__, "mask": table.mask[table.mask_row].copy(),
+                         "mask_row": np.arange(table.num_states, dtype=np.int32), "trans_default": default,
+                         "exc_ptr": np.asarray(ptr, dtype=np.int32), "exc_tok": np.concatenate(toks),
+                         "exc_next": np.concatenate(nexts).astype(np.int32)})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_do_not_care_how_the_table_is_stored(compiled, backend):
+    vocab, table = compiled
+    other = _relayout(table)
+    assert other.num_exceptions > table.num_exceptions and other.mask.shape[0] > table.mask.shape[0]
+    rows = _rows(table, np.random.default_rng(4), 120)
+    states, counters, remaining = _tensors(rows)
+    logits = torch.randn(len(rows), vocab.logits_width + 3)
+    masked = []
+    for t in (table, other):
+        x = logits.clone()
+        apply_token_mask_inplace(x, DeviceTable.from_table(t), states, remaining=remaining, counters=counters,
+                                 backend=backend)
+        masked.append(x)
+    assert torch.equal(masked[0], masked[1])
+    rng = np.random.default_rng(5)
+    tokens = torch.tensor([int(rng.choice(np.flatnonzero(torch.isfinite(x).numpy()))) for x in masked[0]])
+    a = advance(states, tokens, DeviceTable.from_table(table), counters=counters, backend=backend)
+    b = advance(states, tokens, DeviceTable.from_table(other), counters=counters, backend=backend)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    n = len(rows)
+    params = SamplingTensors.build([1.3] * n, [0] * n, [1.0] * n, list(range(n)), [5] * n)
+    drawn = [sample(logits[:, : vocab.logits_width].contiguous(), DeviceTable.from_table(t), states, params, remaining=remaining,
+                    counters=counters, backend=backend).tokens for t in (table, other)]
+    assert torch.equal(drawn[0], drawn[1])

@@ -1,0 +1,453 @@
+"""Counted arrays: minItems/maxItems of any size enforced by a per-row item counter.
+
+The regex marks a counted array `[` IENTER ... `,` ISEP ... `]` IEXIT (schema/to_regex.py:
+counted_array_regex). `cut_item_marks` removes the marks from the byte DFA and returns the
+array's states as one region with its bounds, plus an event per (state, byte): an item
+separator, the closing `]`, or the opening `[`. `item_entries` walks every (state, token) pair
+that can cross such a byte and returns, sparsely, how many separators the token crosses, whether
+it closes the array and the counter it leaves (dropping tokens that break a bound on their own).
+`add_items_inplace` fills a built table's item_* fields and the dist with unmet minItems.
+The counter counts separators crossed, so it stays within [max(minItems - 1, 0), maxItems - 1]
+(the regex itself spells the empty array only when minItems is 0). One counter per row: an
+array whose items hold a counted array is not counted (schema/to_regex.py falls back). It
+builds no CSR and runs no kernels; the kernels' side is kernels/items.py.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from surecall.grammars.automaton import ByteDFA
+from surecall.grammars.counted import (
+    CountedCutError,
+    Regions,
+    _drop_inplace,
+    _follow_mark,
+    cut_marks_renumbered,
+)
+from surecall.grammars.schema.to_regex import ITEM_ENTER, ITEM_EXIT, ITEM_SEP
+from surecall.grammars.table import TokenTable
+
+SEP, CLOSE, OPEN = 1, 2, 3  # events of a byte edge
+_BYTES = {ITEM_ENTER: (ord("["), OPEN), ITEM_SEP: (ord(","), SEP), ITEM_EXIT: (ord("]"), CLOSE)}
+FLAG_CLOSES, FLAG_OPENS = 1, 2  # item_flag bits: the token closes its state's array / opens one
+_MAX_ROUNDS = 12  # dist <-> per-item cost rounds before a grammar is compiled without item counters
+
+
+@dataclass
+class ItemRegions:
+    """Counted arrays of a byte DFA (ids of that DFA)."""
+
+    region: np.ndarray  # int32 [S]: the array each state lies in, -1 outside counted arrays
+    lo: np.ndarray  # int64 [R]: minItems
+    hi: np.ndarray  # int64 [R]: maxItems (to_regex.NO_MAX_LENGTH when absent)
+    events: np.ndarray  # int8 [S, 256]: SEP, CLOSE or OPEN on a byte edge, 0 elsewhere
+
+    @property
+    def num_regions(self) -> int:
+        return int(self.lo.shape[0])
+
+    def sep_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per region, the separator counter's (lo, hi): max(minItems - 1, 0), maxItems - 1."""
+        return np.maximum(self.lo - 1, 0), self.hi - 1
+
+    def renumbered(self, new_id: np.ndarray, num_states: int) -> ItemRegions:
+        """The regions in the ids of a DFA pruned and renumbered by `new_id` (old -> new, -1 gone)."""
+        keep = np.flatnonzero(new_id[: self.region.shape[0]] >= 0)
+        region = np.full(num_states, -1, dtype=np.int32)
+        events = np.zeros((num_states, 256), dtype=np.int8)
+        region[new_id[keep]] = self.region[keep]
+        events[new_id[keep]] = self.events[keep]
+        return ItemRegions(region, self.lo, self.hi, events)
+
+
+def cut_all_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions, ItemRegions | None]:
+    """The DFA without string or item marks, its counted strings and its counted arrays (None: none)."""
+    if not (dfa.trans[:, list(_BYTES)] >= 0).any():
+        cut, regions = cut_marks_renumbered(dfa)[:2]
+        return cut, regions, None
+    marked, items = cut_item_marks(dfa)
+    cut, regions, new_id = cut_marks_renumbered(marked)
+    items = items.renumbered(new_id, cut.num_states)
+    if not (items.region >= 0).any():
+        return cut, regions, None
+    return cut, regions, items
+
+
+def cut_item_marks(dfa: ByteDFA) -> tuple[ByteDFA, ItemRegions]:
+    """The DFA (same ids; mark states left unreachable) without item marks, and its counted arrays."""
+    trans = dfa.trans.copy()
+    events = np.zeros(trans.shape, dtype=np.int8)
+    heads: dict[int, tuple[int, int]] = {}
+    for kind, (byte, event) in _BYTES.items():
+        for p in np.flatnonzero(trans[:, kind] >= 0).tolist():
+            if kind == ITEM_SEP:
+                if (trans[p] >= 0).sum() != 1:
+                    raise CountedCutError(f"state {p}: an item mark shares its state with other text")
+                target, bounds = int(trans[p, kind]), None
+            else:
+                target, bounds = _follow_mark(trans, p, kind)
+            into = trans == p
+            if not (into[:, byte].sum() == into.sum() > 0):
+                raise CountedCutError(f"state {p}: a counted array's mark follows another byte than {chr(byte)!r}")
+            if kind == ITEM_ENTER:
+                if heads.get(target, bounds) != bounds:
+                    raise CountedCutError(f"state {target}: one array with two pairs of bounds")
+                heads[target] = bounds
+            events[into] = event
+            trans[into] = target
+    for kind in _BYTES:
+        trans[:, kind] = -1
+    cut = ByteDFA(trans, dfa.accept.copy())
+    return cut, _item_regions(cut, events, sorted(heads.items()))
+
+
+def _item_regions(dfa: ByteDFA, events: np.ndarray, heads: list) -> ItemRegions:
+    """Each head's array: the states it reaches without its closing `]`."""
+    region = np.full(dfa.num_states, -1, dtype=np.int32)
+    for r, (h, _) in enumerate(heads):
+        stack, seen = [h], {h}
+        while stack:
+            q = stack.pop()
+            row = np.where(events[q] == CLOSE, -1, dfa.trans[q])
+            if (events[q] == OPEN).any():
+                raise CountedCutError(f"state {q}: a counted array inside a counted array")
+            for t in np.unique(row[row >= 0]).tolist():
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        members = np.fromiter(seen, dtype=np.int64)
+        if (region[members] >= 0).any() or dfa.accept[members].any() or 0 in seen:
+            raise CountedCutError(f"state {h}: a counted array overlaps other text")
+        region[members] = r
+    sep_outside = (events == SEP).any(axis=1) & (region < 0)
+    if sep_outside.any():
+        raise CountedCutError(f"state {int(np.flatnonzero(sep_outside)[0])}: an item separator outside its array")
+    return ItemRegions(
+        region=region,
+        lo=np.asarray([b[0] for _, b in heads], dtype=np.int64),
+        hi=np.asarray([b[1] for _, b in heads], dtype=np.int64),
+        events=events,
+    )
+
+
+@dataclass
+class ItemEntries:
+    """Sparse (state, token) facts of the tokens that cross an item event (DFA ids)."""
+
+    src: np.ndarray  # int64 [E]
+    tok: np.ndarray  # int64 [E]
+    inc: np.ndarray  # int32 [E]: separators crossed in the source state's array before it closes
+    flag: np.ndarray  # int8 [E]: FLAG_CLOSES | FLAG_OPENS
+    set: np.ndarray  # int32 [E]: the counter after the token; -1: counter + inc (stays in its array)
+
+
+def item_entries(rows, dfa: ByteDFA, items: ItemRegions, vi) -> ItemEntries:
+    """Drop transitions that break an item bound on their own; return the sparse entries."""
+    ev_byte = np.zeros(256, dtype=bool)
+    ev_byte[[ord("["), ord(","), ord("]")]] = True
+    counts = np.concatenate([[0], np.cumsum(ev_byte[vi.flat])])
+    has_ev = counts[vi.off + vi.lens] > counts[vi.off]
+    src, tok = [], []
+    for q, row in enumerate(rows):
+        parts = [row.tok[has_ev[row.tok]]]
+        if row.base is not None:
+            parts.append(row.base.tok[has_ev[row.base.tok]])
+        t = np.concatenate(parts)
+        src.append(np.full(t.size, q, dtype=np.int64))
+        tok.append(t.astype(np.int64))
+    src, tok = np.concatenate(src), np.concatenate(tok)
+    ok, inc, flag, counter = _walk_items(dfa, items, vi, src, tok)
+    bad: dict[int, list[int]] = {}
+    for q, t in zip(src[~ok].tolist(), tok[~ok].tolist(), strict=True):
+        bad.setdefault(q, []).append(t)
+    for q, toks in bad.items():
+        _drop_inplace(rows, q, np.asarray(sorted(toks), dtype=np.int32))
+    keep = ok & ((inc > 0) | (flag != 0))
+    return ItemEntries(src[keep], tok[keep], inc[keep].astype(np.int32), flag[keep].astype(np.int8),
+                       counter[keep].astype(np.int32))
+
+
+def _walk_items(dfa, items: ItemRegions, vi, src, tok):
+    """(valid, inc, flag, counter after) for each (state, token) pair, walked byte by byte."""
+    region, events = items.region, items.events
+    sep_lo, sep_hi = items.sep_bounds()
+    n = src.size
+    state = src.copy()
+    in_src = region[state] >= 0  # still inside the source state's array
+    inc = np.zeros(n, dtype=np.int64)
+    new = np.full(n, -1, dtype=np.int64)  # separators in an array this token opened (-1: none open)
+    flag = np.zeros(n, dtype=np.int64)
+    ok = np.ones(n, dtype=bool)
+    active = np.flatnonzero(vi.lens[tok] > 0)
+    pos = 0
+    while active.size:
+        active = active[vi.lens[tok[active]] > pos]
+        q = state[active]
+        b = vi.flat[vi.off[tok[active]] + pos]
+        nxt = dfa.trans[q, b].astype(np.int64)
+        ev = events[q, b]
+        own = in_src[active]
+        opened = new[active] >= 0
+        inc[active[(ev == SEP) & own]] += 1
+        new[active[(ev == SEP) & ~own & opened]] += 1
+        closing = ev == CLOSE
+        flag[active[closing & own]] |= FLAG_CLOSES
+        in_src[active[closing & own]] = False
+        shut = active[closing & ~own & opened]  # an array opened and closed by this token: bounds known
+        r = region[q[closing & ~own & opened]]
+        ok[shut[(new[shut] < sep_lo[r]) | (new[shut] > sep_hi[r])]] = False
+        new[shut] = -1
+        opening = active[ev == OPEN]
+        new[opening] = 0
+        flag[opening] |= FLAG_OPENS
+        dead = nxt < 0
+        ok[active[dead]] = False
+        state[active[~dead]] = nxt[~dead]
+        active = active[~dead]
+        pos += 1
+    ends_new = new >= 0
+    r_end = region[state]
+    ok &= ~ends_new | (new <= sep_hi[np.maximum(r_end, 0)])
+    r_src = region[src]
+    ok &= ~in_src | (inc <= sep_hi[np.maximum(r_src, 0)])
+    flag = np.where(ends_new, flag, flag & ~FLAG_OPENS)  # an array opened and closed again: nothing left
+    counter = np.where(ends_new, new, np.where(in_src, -1, 0))
+    return ok, inc, flag, counter
+
+
+def add_items_inplace(table: TokenTable, items: ItemRegions, entries: ItemEntries, order: np.ndarray,
+                      new_id: np.ndarray) -> None:
+    """The item_* fields (DFA ids renumbered) and the dist with unmet minItems."""
+    region = items.region[order]
+    inside = region >= 0
+    sep_lo, sep_hi = items.sep_bounds()
+    table.item_lo = np.where(inside, sep_lo[np.maximum(region, 0)], 0).astype(np.int32)
+    table.item_hi = np.where(inside, sep_hi[np.maximum(region, 0)], -1).astype(np.int32)
+    csr = _Csr(*table.dense_transitions(), table.logits_width)
+    src = new_id[entries.src]
+    live = src >= 0
+    key = src[live].astype(np.int64) * table.logits_width + entries.tok[live]
+    slot = csr.slots(key)
+    present = slot >= 0  # transitions pruned at token level are gone
+    at = np.argsort(key[present], kind="stable")
+    table.item_key = key[present][at]
+    table.item_inc = entries.inc[live][present][at].astype(np.int32)
+    table.item_flag = entries.flag[live][present][at].astype(np.int8)
+    table.item_set = entries.set[live][present][at].astype(np.int32)
+    table.item_next = csr.nxt[slot[present][at]].astype(np.int32)
+    table.item_cost = np.where(inside, 1, 0).astype(np.int32)
+    _settle_costs_inplace(table, region, csr)
+
+
+@dataclass
+class _Csr:
+    """Every transition of a built table as one CSR (TokenTable.dense_transitions), keyed by pair."""
+
+    ptr: np.ndarray
+    tok: np.ndarray
+    nxt: np.ndarray
+    width: int
+
+    def __post_init__(self):
+        self.owner = np.repeat(np.arange(self.ptr.size - 1, dtype=np.int64), np.diff(self.ptr.astype(np.int64)))
+        self.key = self.owner * self.width + self.tok  # ascending: rows in state order, sorted inside
+
+    def slots(self, key: np.ndarray) -> np.ndarray:
+        """The slot of each (state, token) key, -1 where it is not a transition."""
+        if not self.key.size:
+            return np.full(key.shape[0], -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.key, key), self.key.size - 1)
+        return np.where(self.key[at] == key, at, -1)
+
+
+def _settle_costs_inplace(table: TokenTable, region: np.ndarray, csr: _Csr) -> None:
+    """item_cost (tokens per unmet separator, per array) and dist, each from the other, to a fixed point.
+
+    A row in array state s with counter c below item_lo needs at most dist[s] + item_cost[s] *
+    (item_lo[s] - c) more tokens: from every state, either a token that crosses no separator
+    lowers dist (1 + dist[t] <= dist[s]) or one that crosses exactly one keeps the sum
+    (1 + dist[t] <= dist[s] + cost). A token that opens an array is charged its unmet minimum.
+    """
+    opens = np.flatnonzero((table.item_flag & FLAG_OPENS) != 0)
+    open_slots = csr.slots(table.item_key[opens])
+    for _ in range(_MAX_ROUNDS):
+        extra = np.zeros(csr.tok.shape[0], dtype=np.int64)
+        nxt = csr.nxt[open_slots]
+        start = np.maximum(table.item_set[opens], 0)
+        extra[open_slots] = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
+        table.dist = _weighted_dist(table, csr, extra)
+        if (table.dist < 0).any():
+            raise CountedCutError("a counted array cannot be closed with this vocabulary's tokens")
+        need = _required_costs(table, region, csr, extra)
+        if (need <= table.item_cost).all():
+            return
+        table.item_cost = np.maximum(table.item_cost, need).astype(np.int32)
+    raise CountedCutError("the per-item token cost of a counted array did not settle")
+
+
+def _weighted_dist(table: TokenTable, csr: _Csr, extra: np.ndarray) -> np.ndarray:
+    """counted.counted_dist's Dijkstra over every transition, each edge charged `extra` more."""
+    weight = 1 + extra + _body_entry(table, csr.owner, csr.tok, csr.nxt)
+    usable = _usable(table, csr.owner, csr.tok)
+    src, dst, weight = csr.owner[usable], csr.nxt[usable].astype(np.int64), weight[usable]
+    order = np.lexsort((weight, dst, src))
+    src, dst, weight = src[order], dst[order], weight[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    n = table.num_states
+    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
+        pred[t].append((s, w))
+    dist = np.full(n, -1, dtype=np.int64)
+    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
+    heapq.heapify(heap)
+    while heap:
+        d, t = heapq.heappop(heap)
+        if dist[t] >= 0:
+            continue
+        dist[t] = d
+        for s, w in pred[t]:
+            if dist[s] < 0:
+                heapq.heappush(heap, (d + w, s))
+    return dist.astype(np.int32)
+
+
+def _required_costs(table: TokenTable, region: np.ndarray, csr: _Csr, extra: np.ndarray) -> np.ndarray:
+    """Per state, the cost its array needs so the dist rule above holds there (max over the array)."""
+    states = np.flatnonzero((region >= 0) & (table.item_lo > 0))  # an array without a minimum needs none
+    ptr = csr.ptr.astype(np.int64)
+    lens = ptr[states + 1] - ptr[states]
+    owner = np.repeat(states, lens)
+    slot = np.repeat(ptr[states], lens) + np.arange(owner.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    tok, nxt = csr.tok[slot].astype(np.int64), csr.nxt[slot].astype(np.int64)
+    dist = table.dist.astype(np.int64)
+    weight = 1 + extra[slot] + _body_entry(table, owner, tok, nxt)
+    _, inc, flag, _ = _lookup_many(table, owner, tok)
+    stay = _usable(table, owner, tok) & ((flag & FLAG_CLOSES) == 0)
+    gain = weight + dist[nxt] - dist[owner]
+    n = table.num_states
+    settled = np.zeros(n, dtype=bool)
+    settled[owner[stay & (inc == 0) & (gain <= 0)]] = True
+    never = np.iinfo(np.int64).max
+    best = np.full(n, never, dtype=np.int64)
+    one = stay & (inc == 1)
+    np.minimum.at(best, owner[one], gain[one])
+    need = np.where(settled, 0, best)[states]
+    if (need == never).any():
+        s = int(states[np.flatnonzero(need == never)[0]])
+        raise CountedCutError(f"state {s}: no token adds one item to a counted array with a minimum")
+    per_region = np.zeros(int(region.max()) + 1, dtype=np.int64)
+    np.maximum.at(per_region, region[states], need)
+    return np.where(region >= 0, per_region[np.maximum(region, 0)], 0)
+
+
+def _usable(table: TokenTable, s: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """Transitions counted_dist uses from `s` (in a counted string body: those starting no character)."""
+    if table.count_row is None:
+        return np.ones(tok.size, dtype=bool)
+    r = table.count_row[s]
+    v = table.count_chars[np.maximum(r, 0), tok]
+    return (r < 0) | (v == 0) | (v == 1)
+
+
+def _body_entry(table: TokenTable, s: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """The unmet string minimum counted_dist charges a token that opens a counted string body."""
+    if table.count_row is None:
+        return np.zeros(tok.size, dtype=np.int64)
+    need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
+    r = table.count_row[s]
+    v = table.count_chars[np.maximum(r, 0), tok]
+    opens = (table.count_row[nxt] >= 0) & ((r < 0) | (v == 1))
+    return np.where(opens, need0[nxt], 0)
+
+
+# -- the host side of the contract (grammars/table.py "Item counters"; kernels/items.py on devices) --
+
+
+def _lookup_many(table: TokenTable, states: np.ndarray, tokens: np.ndarray):
+    """(hit, inc, flag, set) of each (state, token)'s entry (zeros and -1 where it has none)."""
+    key = np.asarray(states, dtype=np.int64) * table.logits_width + tokens.astype(np.int64)
+    n = table.item_key.shape[0]
+    if n == 0:
+        z = np.zeros(key.shape[0], dtype=np.int64)
+        return z.astype(bool), z, z, z - 1
+    i = np.minimum(np.searchsorted(table.item_key, key), n - 1)
+    hit = table.item_key[i] == key
+    return (hit, np.where(hit, table.item_inc[i], 0).astype(np.int64), np.where(hit, table.item_flag[i], 0),
+            np.where(hit, table.item_set[i], -1).astype(np.int64))
+
+
+def _lookup(table: TokenTable, state: int, tokens: np.ndarray):
+    """(hit, inc, flag, set) of each token's entry from `state` (zeros where it has none)."""
+    return _lookup_many(table, np.full(tokens.shape[0], state, dtype=np.int64), tokens)
+
+
+def item_allows(table: TokenTable, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:
+    """bool per token (allowed by the mask): whether the item bounds keep it."""
+    if table.item_hi is None or table.item_hi[state] < 0:
+        return np.ones(tokens.shape[0], dtype=bool)
+    _, inc, flag, _ = _lookup(table, state, tokens)
+    total = counter + inc
+    closes = (flag & FLAG_CLOSES) != 0
+    return (total <= table.item_hi[state]) & (~closes | (total >= table.item_lo[state]))
+
+
+def next_item_counter(table: TokenTable, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:
+    """The item counter after each token (transitions of `state`)."""
+    if table.item_hi is None:
+        return np.zeros(tokens.shape[0], dtype=np.int64)
+    hit, inc, _, after = _lookup(table, state, tokens)
+    inside = table.item_hi[state] >= 0
+    stays = np.where(hit, after < 0, inside)
+    return np.where(stays, counter + inc, np.maximum(after, 0))
+
+
+def item_need(table: TokenTable, states: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Tokens the unmet minItems adds to dist (0 outside counted arrays)."""
+    if table.item_hi is None:
+        return np.zeros(np.shape(states), dtype=np.int64)
+    states = np.asarray(states, dtype=np.int64)
+    short = np.maximum(table.item_lo[states].astype(np.int64) - counters, 0)
+    return np.where(table.item_hi[states] >= 0, table.item_cost[states].astype(np.int64) * short, 0)
+
+
+def kept(table: TokenTable, state: int, counter: int, icounter: int, toks: np.ndarray, nexts: np.ndarray,
+         remaining: int) -> np.ndarray:
+    """bool per transition: string and item counters keep it and it can still finish within the budget
+    (dist[next] + string need + item need <= remaining - 1: the rule kernels/items.py implements)."""
+    ok = table.count_allows(state, counter, toks) & item_allows(table, state, icounter, toks)
+    nexts = nexts.astype(np.int64)
+    need = np.zeros(toks.shape[0], dtype=np.int64)
+    if table.has_counts:  # as walk.kept: a token that does not stay in its body is charged need(0)
+        start = np.zeros(toks.shape[0], dtype=np.int64)
+        if table.count_row[state] >= 0:
+            v = table.count_chars[table.count_row[state], toks].astype(np.int64)
+            start = np.where((v >= 0) & (v % 2 == 0), counter + v // 2, 0)
+        fill, lo = table.count_fill, table.count_lo[nexts].astype(np.int64)
+        need = np.where(table.count_row[nexts] >= 0, -(-np.maximum(lo - start, 0) // fill), 0)
+    after = next_item_counter(table, state, icounter, toks)
+    return ok & (table.dist[nexts] + need + item_need(table, nexts, after) <= remaining - 1)
+
+
+def concat_items(tables: list[TokenTable], offsets: np.ndarray) -> dict:
+    """The item_* fields of several tables stacked (TokenTable.concat; tables without items get none)."""
+    width = tables[0].logits_width
+    out: dict[str, list] = {name: [] for name in ("item_lo", "item_hi", "item_cost", "item_key", "item_inc",
+                                                  "item_flag", "item_set", "item_next")}
+    for t, off in zip(tables, offsets.tolist(), strict=True):
+        if not t.has_items:
+            out["item_lo"].append(np.zeros(t.num_states, dtype=np.int32))
+            out["item_hi"].append(np.full(t.num_states, -1, dtype=np.int32))
+            out["item_cost"].append(np.zeros(t.num_states, dtype=np.int32))
+            continue
+        for name in ("item_lo", "item_hi", "item_cost", "item_inc", "item_flag", "item_set"):
+            out[name].append(getattr(t, name))
+        out["item_key"].append(t.item_key.astype(np.int64) + off * width)
+        out["item_next"].append(t.item_next.astype(np.int64) + off)
+    dtypes = {"item_key": np.int64, "item_flag": np.int8}
+    return {name: np.concatenate(parts).astype(dtypes.get(name, np.int32)) if parts else
+            np.zeros(0, dtype=dtypes.get(name, np.int32)) for name, parts in out.items()}

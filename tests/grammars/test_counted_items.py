@@ -1,0 +1,221 @@
+"""Counted arrays (grammars/items.py): minItems/maxItems of any size enforced by an item counter.
+
+Checked on the host side of the TokenTable contract (items.item_allows / next_item_counter /
+kept, the rule kernels/items.py implements): the separator refused at maxItems and the closing
+`]` refused before minItems, walks driven to both ends, random walks inside tight budgets, tokens
+that open and close an array at once, nested counted arrays falling back with a reason, the
+disk cache and concatenation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+from test_counted_strings import _ids
+
+from surecall.grammars import items as I
+from surecall.grammars.compile import compile_schema
+from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+from surecall.grammars.table import TokenTable
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.walk import decode
+
+SIZES = [1, 48, 49, 60, 512]
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def llama3(data_dir):
+    from conftest import cached_vocab
+
+    return cached_vocab("llama3")
+
+
+def items_vocab() -> Vocab:
+    """Every byte, plus tokens that open, close or cross an array's edges (and whole arrays)."""
+    pieces = [bytes([b]) for b in range(256)]
+    pieces += [b'["', b'","', b'"]', b"ab", b"abc", b'{"a": []}', b'{"a": [', b",1,2", b"1]"]
+    pieces += [b""]
+    stop = len(pieces) - 1
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
+                 logits_width=len(pieces) + 3, format="test", name="items-synthetic")
+
+
+def array_schema(lo: int | None, hi: int | None, items: dict | None = None) -> dict:
+    a = {"type": "array", "items": items or {"type": "integer", "minimum": 0, "maximum": 99}}
+    if lo is not None:
+        a["minItems"] = lo
+    if hi is not None:
+        a["maxItems"] = hi
+    return {"type": "object", "properties": {"a": a}, "required": ["a"], "additionalProperties": False}
+
+
+def step(table: TokenTable, state: int, c: int, k: int, t: int) -> tuple[int, int, int]:
+    nxt = table.next_state(state, t)
+    toks = np.asarray([t])
+    assert nxt is not None and table.count_allows(state, c, toks)[0] and I.item_allows(table, state, k, toks)[0], t
+    return nxt, table.next_counter(state, c, t), int(I.next_item_counter(table, state, k, toks)[0])
+
+
+def walk(table: TokenTable, rng, max_tokens: int, prefer: str | None = None) -> list[int]:
+    """A walk by the kernels' rule; prefer="max" crosses separators whenever it may, "min" closes
+    each array as soon as it may (and never jumps past its minimum); None: uniform."""
+    if max_tokens < int(table.dist[0]):
+        raise ValueError("max_tokens below dist[0]")
+    state, c, k, out = 0, 0, 0, []
+    while True:
+        remaining = max_tokens - len(out)
+        toks, nexts = table.transitions(state)
+        ok = I.kept(table, state, c, k, toks, nexts, remaining)
+        if table.accept[state] and (not ok.any() or rng.random() < 0.5 or prefer is not None):
+            return out
+        choice = np.flatnonzero(ok)
+        assert choice.size, f"nothing kept in state {state} with {remaining} tokens left"
+        if prefer is not None and table.has_items and table.item_hi[state] >= 0:
+            _, inc, flag, _ = I._lookup(table, state, toks[choice])
+            closes = (flag & I.FLAG_CLOSES) != 0
+            if prefer == "max":
+                pick = choice[(inc > 0) & ~closes] if ((inc > 0) & ~closes).any() else choice[~closes]
+                pick = pick if pick.size else choice
+            else:
+                under = k + inc <= table.item_lo[state]
+                pick = choice[closes] if closes.any() else choice[under & ~closes]
+                pick = pick if pick.size else choice
+            choice = pick
+        i = int(rng.choice(choice))
+        t = int(toks[i])
+        out.append(t)
+        state, c, k = step(table, state, c, k, t)
+
+
+def accepts(table: TokenTable, ids: list[int]) -> bool:
+    state, c, k = 0, 0, 0
+    for t in ids:
+        nxt = table.next_state(state, t)
+        toks = np.asarray([t])
+        if nxt is None or not (table.count_allows(state, c, toks)[0] and I.item_allows(table, state, k, toks)[0]):
+            return False
+        state, c, k = nxt, table.next_counter(state, c, t), int(I.next_item_counter(table, state, k, toks)[0])
+    return bool(table.accept[state])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_walks_hit_both_ends_exactly_and_validate(llama3, size):
+    lo, hi = max(1, size // 2), size
+    schema = array_schema(lo, hi)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_items == (hi > 8)
+    rng = np.random.default_rng(size)
+    for prefer, expected in (("min", lo), ("max", hi)):
+        doc = json.loads(decode(llama3, walk(table, rng, 50 * size + 100, prefer)))
+        jsonschema.validate(doc, schema)
+        assert len(doc["a"]) == expected
+    for i in range(3):  # walks cut by a tight max_tokens still validate
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+@pytest.mark.parametrize("size", [49, 512])
+def test_separator_refused_at_the_max_and_closing_refused_before_the_min(llama3, size):
+    table = compile_schema(array_schema(size, size), llama3)
+    state = 0
+    for t in _ids(llama3, '{"a": [1'):
+        state = table.next_state(state, t)
+    assert table.item_hi[state] == size - 1 and table.item_lo[state] == size - 1
+    comma, close = _ids(llama3, ",")[0], _ids(llama3, "]")[0]
+    for k in sorted({0, size - 2, size - 1}):
+        allows = I.item_allows(table, state, k, np.asarray([comma, close]))
+        assert bool(allows[0]) == (k < size - 1), k  # one more item only below the max
+        assert bool(allows[1]) == (k == size - 1), k  # closing only at exactly `size` items
+    assert I.item_need(table, np.asarray([state]), np.asarray([0]))[0] == table.item_cost[state] * (size - 1)
+    assert int(table.dist[0]) >= size  # dist counts the unmet minimum
+
+
+def test_tokens_that_cross_several_separators_or_open_and_close_are_counted():
+    vocab = items_vocab()
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    schema = array_schema(10, 11, {"type": "string", "maxLength": 3})
+    table = compile_schema(schema, vocab)
+    assert table.has_items and table.has_counts and table.relaxed == []
+    start = _ids(vocab, '{"a": ') + [ids[b'["']]  # opens the array and its first string in one token
+    state, c, k = 0, 0, 0
+    for t in start:
+        state, c, k = step(table, state, c, k, t)
+    assert table.item_hi[state] == 10 and k == 0 and table.count_row[state] >= 0
+    body = [ids[b"x"], ids[b'","']] * 9  # `","` closes a string, crosses a separator, opens the next
+    for t in body:
+        state, c, k = step(table, state, c, k, t)
+    assert k == 9
+    end = [ids[b"ab"], ids[b'"'], ids[b"]"], ids[b"}"]]
+    assert accepts(table, start + body + end)  # ten items
+    assert not accepts(table, start + body[:-2] + end)  # nine
+    assert accepts(table, start + body + [ids[b'","']] + end)  # eleven
+    assert not accepts(table, start + body + [ids[b'","'], ids[b'","']] + end)  # twelve
+    assert not accepts(table, start + body + [ids[b"abc"], ids[b"a"]] + end[1:])  # a string too long
+    assert accepts(table, start + body + [ids[b'"]']] + [ids[b"}"]])  # closes the string and the array
+
+
+def test_a_whole_array_in_one_token_is_checked_statically():
+    vocab = items_vocab()
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    empty_ok, empty_bad = compile_schema(array_schema(0, 20), vocab), compile_schema(array_schema(10, 20), vocab)
+    assert accepts(empty_ok, [ids[b'{"a": []}']])
+    assert empty_bad.next_state(0, ids[b'{"a": []}']) is None  # ten items at least: never allowed
+    ten = [ids[b'{"a": ['], ids[b"0"]] + [ids[b",1,2"]] * 4 + [ids[b","], ids[b"1]"], ids[b"}"]]
+    assert accepts(empty_bad, ten)  # 1 + 8 + 1 items, two separators per `,1,2`
+    assert not accepts(empty_bad, ten[:2] + ten[3:])  # eight
+
+
+def test_nested_counted_arrays_fall_back_with_a_reason(llama3):
+    inner = {"type": "array", "items": {"type": "integer"}, "maxItems": 20}
+    small = schema_to_regex({"type": "array", "items": inner, "maxItems": 12})
+    assert small.relaxed == []  # the outer array is spelled out, the inner one counted
+    big = schema_to_regex({"type": "array", "items": inner, "maxItems": 100})
+    assert big.relaxed == [("", "maxItems")] and "counted array" in big.reasons[("", "maxItems")]
+    table = compile_schema({"type": "array", "items": inner, "maxItems": 12}, llama3)
+    assert table.has_items and table.relaxed == []
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        doc = json.loads(decode(llama3, walk(table, rng, 400, "max")))
+        jsonschema.validate(doc, {"type": "array", "items": inner, "maxItems": 12})
+
+
+def test_prefix_items_with_a_large_bound_stay_relaxed_with_a_reason():
+    result = schema_to_regex({"type": "array", "prefixItems": [{"type": "integer"}], "maxItems": 100})
+    assert result.relaxed == [("", "maxItems")] and "prefixItems" in result.reasons[("", "maxItems")]
+
+
+def test_expand_marks_spells_the_bounds_for_python_re():
+    regex = expand_marks(schema_to_regex({"type": "array", "items": {"type": "integer"}, "minItems": 9,
+                                          "maxItems": 10}).regex)
+    for n in range(7, 13):
+        assert bool(re.fullmatch(regex, json.dumps(list(range(n))))) == (9 <= n <= 10), n
+    optional = expand_marks(schema_to_regex({"type": "array", "items": {"type": "integer"}, "maxItems": 10}).regex)
+    assert re.fullmatch(optional, "[]") and re.fullmatch(optional, "[1]") and not re.fullmatch(optional, "[" + "1," * 10 + "1]")
+
+
+def test_cache_round_trip_and_concat_keep_the_item_counters(llama3):
+    schema = array_schema(20, 30)
+    built = compile_schema(schema, llama3)
+    loaded = compile_schema(schema, llama3)
+    for name in ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next"):
+        assert np.array_equal(getattr(built, name), getattr(loaded, name)), name
+    plain = compile_schema({"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}, llama3)
+    both, offsets = TokenTable.concat([plain, built])
+    state = int(offsets[1])
+    for t in _ids(llama3, '{"a": [1'):
+        state = both.next_state(state, t)
+    assert both.item_hi[state] == 29 and both.item_lo[state] == 19
+    assert (both.item_hi[: plain.num_states] == -1).all()
+    key = int(both.item_key[-1])
+    assert both.item_next[-1] == both.next_state(key // both.logits_width, key % both.logits_width)

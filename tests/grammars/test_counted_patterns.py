@@ -1,0 +1,143 @@
+"""`pattern`s that are one anchored character set under one quantifier ride the string counter.
+
+`^[A-Za-z0-9_-]{1,64}$`, `^\\d{1,255}$`, `^.{0,1000}$` say exactly "low..high characters of a set":
+grammars/schema/pattern.counted_run recognises them and to_regex writes a counted body with that
+set, so any bound (8192 included) is exact, and min/maxLength beside the pattern intersect with
+it instead of being relaxed. A large quantifier inside a larger pattern is relaxed with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+from test_counted_strings import counted_vocab, extreme_walk, replay
+
+from surecall.errors import UnsupportedSchema
+from surecall.grammars.compile import compile_schema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.pattern import counted_run
+from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
+from surecall.grammars.walk import accepts, decode, random_walk
+
+SIZES = [1, 48, 49, 60, 512, 8192]
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def llama3(data_dir):
+    from conftest import cached_vocab
+
+    return cached_vocab("llama3")
+
+
+def pattern_schema(pattern: str, **lengths) -> dict:
+    return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern, **lengths}},
+            "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("^[a-z]{1,64}$", ("[a-z]", 1, 64)),
+    ("^\\d{3,}$", ("[0-9]", 3, None)),
+    ("^x$", ("x", 1, 1)),
+    ("^[a-z]+?$", ("[a-z]", 1, None)),
+    ("[a-z]{3}", None),  # unanchored: a search, any text around it
+    ("^[a-z]{3}", None),
+    ("^(?:ab){3}$", None),
+    ("^[a-z]{2,300}-\\d+$", None),
+    ("^a$|^b$", None),
+])
+def test_counted_run_recognises_one_quantified_set(pattern, expected):
+    assert counted_run(pattern) == expected
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_pattern_bounds_hit_both_ends_exactly_and_validate(llama3, size):
+    lo = max(1, size // 2)
+    schema = pattern_schema(f"^[A-Za-z0-9_-]{{{lo},{size}}}$")
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_counts == (size > 8)  # tiny runs are spelled out
+    rng = np.random.default_rng(size)
+    for early, expected in ((True, lo), (False, size)) if table.has_counts else ():
+        doc = json.loads(decode(llama3, extreme_walk(table, rng, early)))
+        jsonschema.validate(doc, schema)
+        assert len(doc["a"]) == expected
+    for i in range(3):  # walks cut by a tight max_tokens still validate
+        budget = int(table.dist[0]) + i
+        ids = random_walk(table, llama3, rng, max_tokens=budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        doc = json.loads(decode(llama3, ids))
+        jsonschema.validate(doc, schema)
+        assert lo <= len(doc["a"]) <= size
+
+
+def test_min_and_max_length_intersect_with_the_quantifier(llama3):
+    schema = pattern_schema("^\\d{1,255}$", minLength=60, maxLength=100)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == []
+    rng = np.random.default_rng(3)
+    lengths = {len(json.loads(decode(llama3, extreme_walk(table, rng, early)))["a"]) for early in (True, False)}
+    assert lengths == {60, 100}
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "string", "pattern": "^[a-z]{5,9}$", "maxLength": 4})
+
+
+def test_the_closing_quote_follows_the_counter_with_the_set():
+    vocab = counted_vocab()
+    table = compile_schema(pattern_schema("^[a-c]{9,10}$"), vocab)
+    assert table.has_counts
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    start, abc = [ids[b'{"a": "']], [ids[b"abc"]] * 3
+    assert accepts(table, start + abc + [ids[b'"}']])
+    assert accepts(table, start + abc + [ids[b'a"}']])
+    assert not accepts(table, start + abc[:2] + [ids[b"ab"], ids[b'"}']])  # eight characters: below
+    assert not accepts(table, start + abc + [ids[b"ab"], ids[b'"}']])  # eleven: above
+    assert not accepts(table, start + [ids[b"x"]] + abc + [ids[b'"}']])  # outside the set
+    state, counter = replay(table, start + abc)
+    assert counter == 9 and table.count_allows(state, counter, np.asarray([ids[b'"}']]))[0]
+    assert not table.count_allows(state, 8, np.asarray([ids[b'"}']]))[0]
+
+
+def test_dot_counts_escapes_once_and_never_allows_a_line_terminator():
+    vocab = counted_vocab()
+    schema = pattern_schema("^.{9}$")
+    table = compile_schema(schema, vocab)
+    assert table.has_counts
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    seven = [ids[b"abc"], ids[b"abc"], ids[b"a"]]
+    ok = [ids[b'{"a": "'], *seven, ids[b'\\"'], ids[b"\xc3\xa9"], ids[b'"}']]
+    assert accepts(table, ok)
+    jsonschema.validate(json.loads(decode(vocab, ok)), schema)
+    assert not accepts(table, [ids[b'{"a": "'], *seven, ids[b"\\n"], ids[b"a"], ids[b'"}']])
+
+
+def test_expand_counts_spells_the_set_for_python_re():
+    regex = expand_counts(schema_to_regex({"type": "string", "pattern": "^[a-c]{2,30}$", "maxLength": 12}).regex)
+    assert re.fullmatch(regex, '"' + "a" * 12 + '"') and re.fullmatch(regex, '"ab"')
+    assert not re.fullmatch(regex, '"a"') and not re.fullmatch(regex, '"' + "a" * 13 + '"')
+    assert not re.fullmatch(regex, '"ad"')
+
+
+def test_without_counters_small_bounds_materialise_and_large_ones_are_relaxed_with_a_reason():
+    plain = GrammarOptions(counted_lengths=False)
+    small = schema_to_regex({"type": "string", "pattern": "^[a-c]{2,3}$", "maxLength": 2}, plain)
+    assert small.relaxed == [] and re.fullmatch(small.regex, '"ab"') and not re.fullmatch(small.regex, '"abc"')
+    large = schema_to_regex({"type": "string", "pattern": "^[a-c]{2,300}$"}, plain)
+    assert large.relaxed == [("", "pattern")] and "max_bounded_length" in large.reasons[("", "pattern")]
+
+
+def test_a_large_quantifier_inside_a_larger_pattern_is_relaxed_with_its_reason(llama3):
+    schema = {"type": "string", "pattern": "^[a-z]{2,300}-\\d+$"}
+    result = schema_to_regex(schema)
+    assert result.relaxed == [("", "pattern")]
+    assert "inside a larger pattern" in result.reasons[("", "pattern")]
+    table = compile_schema(pattern_schema("^[a-z]{2,300}-\\d+$"), llama3)
+    assert table.meta["relaxed_reasons"] == ["a repetition bound above max_bounded_length=48 inside a larger "
+                                             "pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)"]

@@ -1,0 +1,121 @@
+"""The compact TokenTable layout (grammars/table.py): distinct mask rows, default next + exceptions.
+
+A dense table (one mask row per state, full CSR rows) and its compact form must describe the
+same transitions; `concat` stores mask rows shared between grammars once; the disk cache does
+not read an entry of an older format.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from surecall.grammars import cache as table_cache
+from surecall.grammars.compile import compile_regex
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.table import TokenTable
+from surecall.grammars.vocab.core import Vocab
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _dense(rng, num_states=7, vocab_size=90, width=100):
+    """Random dense rows: a few repeated, next states skewed so a default exists; state 6 has none."""
+    stop = vocab_size - 1
+    rows = []
+    for s in range(num_states):
+        if s == num_states - 1:
+            rows.append(({}, True))
+            continue
+        if s % 3 == 2:  # a repeat of the previous state's row (its mask row is stored once)
+            rows.append(rows[-1])
+            continue
+        toks = np.flatnonzero(rng.random(vocab_size - 1) < 0.4)
+        nexts = np.where(rng.random(toks.size) < 0.8, (s + 1) % num_states, rng.integers(0, num_states, toks.size))
+        rows.append((dict(zip(toks.tolist(), nexts.tolist(), strict=True)), s == 4))
+    bits = np.zeros((num_states, (width + 31) // 32 * 32), dtype=bool)
+    ptr, tok, nxt = [0], [], []
+    for s, (row, accepting) in enumerate(rows):
+        items = sorted(row.items())
+        tok += [t for t, _ in items]
+        nxt += [n for _, n in items]
+        ptr.append(len(tok))
+        bits[s, [t for t, _ in items]] = True
+        bits[s, stop] = accepting
+    mask = np.ascontiguousarray(np.packbits(bits, axis=1, bitorder="little").view(np.int32))
+    accept = np.array([a for _, a in rows])
+    fields = {"accept": accept, "dist": np.where(accept, 0, 1).astype(np.int32), "vocab_size": vocab_size,
+              "logits_width": width, "stop_ids": np.array([stop], dtype=np.int32)}
+    return mask, np.array(ptr, np.int32), np.array(tok, np.int32), np.array(nxt, np.int32), fields
+
+
+def test_from_dense_keeps_every_transition_and_stores_less():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(0))
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    assert table.mask.shape[0] < mask.shape[0] and table.num_exceptions < tok.size
+    assert table.num_transitions == tok.size
+    for s in range(table.num_states):
+        toks, nexts = table.transitions(s)
+        assert np.array_equal(toks, tok[ptr[s] : ptr[s + 1]]) and np.array_equal(nexts, nxt[ptr[s] : ptr[s + 1]])
+        assert np.array_equal(table.mask_words(s), mask[s])
+        probe = np.arange(-1, table.logits_width + 2)
+        expected = [table.next_state(s, int(t)) for t in probe]
+        assert table.next_states(s, probe).tolist() == [-1 if e is None else e for e in expected]
+        assert table.next_state(s, int(fields["stop_ids"][0])) is None, "a stop id is never a transition"
+    assert table.trans_default[table.num_states - 1] == -1 and table.trans_default[0] == 1
+
+
+def test_from_dense_refuses_a_mask_of_the_wrong_height():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(1))
+    with pytest.raises(ValueError, match="Invalid mask: expected 7 rows"):
+        TokenTable.from_dense(mask[:-1], ptr, tok, nxt, **fields)
+
+
+def test_concat_stores_shared_mask_rows_once():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(2))
+    a = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    both, offsets = TokenTable.concat([a, a])
+    assert both.mask.shape[0] == a.mask.shape[0] and both.num_states == 2 * a.num_states
+    for s in range(a.num_states):
+        toks, nexts = both.transitions(int(offsets[1]) + s)
+        mine = a.transitions(s)
+        assert np.array_equal(toks, mine[0]) and np.array_equal(nexts, mine[1] + offsets[1])
+    assert np.all(both.trans_default[offsets[1] :][a.trans_default < 0] == -1)
+
+
+def _vocab() -> Vocab:
+    pieces = tuple(bytes([b]) for b in range(256)) + (b'"ab', b"cd", b'e"', b"")
+    return Vocab(token_bytes=pieces, special_ids=frozenset({len(pieces) - 1}), stop_ids=(len(pieces) - 1,),
+                 logits_width=len(pieces) + 5, format="test", name="layout")
+
+
+def test_string_body_rows_are_stored_once_and_mostly_defaults():
+    table = compile_regex(r'\["[a-e]{0,6}"(?:,"[a-e]*")*\]', _vocab(), GrammarOptions(), use_cache=False)
+    assert table.mask.shape[0] < table.num_states
+    assert table.num_exceptions < table.num_transitions // 2
+    assert table.meta["exceptions"] == table.num_exceptions and table.meta["mask_rows"] == table.mask.shape[0]
+
+
+def test_cache_entry_of_an_older_format_is_not_read():
+    vocab = _vocab()
+    regex = r'"[a-e]{1,4}"'
+    compile_regex(regex, vocab, GrammarOptions())
+    key = table_cache.entry_key("regex", regex, vocab, GrammarOptions())
+    entry = table_cache.entry_path(key)
+    header = json.loads((entry / "header.json").read_text())
+    assert header["format"] == table_cache.CACHE_FORMAT and "exc_tok" in header["arrays"]
+    header["format"] = 2
+    (entry / "header.json").write_text(json.dumps(header))
+    assert table_cache.load(key) is None and not entry.exists()
+
+
+def test_dense_transitions_is_the_full_csr():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(3))
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    got_ptr, got_tok, got_next = table.dense_transitions()
+    assert np.array_equal(got_ptr, ptr) and np.array_equal(got_tok, tok) and np.array_equal(got_next, nxt)
