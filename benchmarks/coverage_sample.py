@@ -27,7 +27,6 @@ from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
 from surecall.grammars.vocab.shared import require_shared
 
 
-
 def sample(per_subset: int, seed: int) -> list[tuple[str, dict]]:
     rows = []
     for path in sorted(glob.glob(os.path.join(require_shared("jsonschemabench"), "*.jsonl"))):
