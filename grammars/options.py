@@ -29,9 +29,16 @@ class GrammarOptions:
     max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
         cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
     max_any_depth: nesting depth of values under an unconstrained schema (`{}` / `true`).
-    allow_additional_properties: False closes every object to its declared properties (stricter
-        than JSON Schema's default, never looser); True lets undeclared keys follow them where
-        the schema allows it.
+    allow_additional_properties: False (default) closes an object with declared properties and no
+        `additionalProperties` keyword to those properties (stricter than JSON Schema's default,
+        never looser); True lets undeclared keys follow them. An explicit `additionalProperties:
+        true` or schema and a free-form object always take extra keys after the declared ones
+        (an extra key never spells a declared name: no duplicate of a declared key); keys that
+        match `patternProperties` are written from the pattern (and then no other extra keys).
+    any_property_order: False (default) writes properties in the schema's declared order only
+        (so does xgrammar; valid JSON in another order is rejected). True accepts any order for
+        objects of at most schema.to_regex.MAX_ANY_ORDER (4) declared properties and no extra
+        keys; larger objects keep declared order (the regex would grow as n!).
     max_regex_length: a schema whose regex grows past this many characters is unsupported
         (recursion and nested optional properties can grow it exponentially).
     time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them.
@@ -45,6 +52,7 @@ class GrammarOptions:
     max_ref_depth: int = 3
     max_any_depth: int = 2
     allow_additional_properties: bool = False
+    any_property_order: bool = False
     max_regex_length: int = 1_000_000
     time_budget_s: float = 30.0
     memory_budget_bytes: int = 2 << 30
@@ -71,6 +79,8 @@ class GrammarOptions:
                 "Invalid allow_additional_properties: expected a bool, "
                 f"got {self.allow_additional_properties!r}"
             )
+        if not isinstance(self.any_property_order, bool):
+            raise ValueError(f"Invalid any_property_order: expected a bool, got {self.any_property_order!r}")
         if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:
             raise ValueError(f"Invalid time_budget_s: expected a number > 0, got {self.time_budget_s!r}")
         _check_int("memory_budget_bytes", self.memory_budget_bytes, 1 << 20, 1 << 50)

@@ -52,19 +52,25 @@ class PatternUnsupported(ValueError):
 class Translated:
     regex: str  # the string body (without quotes)
     is_exact: bool
+    is_subset: bool = True  # every string the regex matches is one the pattern finds a match in
 
 
-def translate_pattern(pattern: str, max_repeat: int) -> Translated:
-    """String-body regex for strings in which `pattern` finds a match."""
+def translate_pattern(pattern: str, max_repeat: int, narrow: bool = False) -> Translated:
+    """String-body regex for strings in which `pattern` finds a match.
+
+    A repetition bound above `max_repeat` is widened (unbounded: looser, not a subset), or with
+    `narrow` lowered to `max_repeat` (stricter: a subset, as object keys need).
+    """
     any_run = f"{STRING_CHAR}*"
-    out, is_exact = [], True
+    out, is_exact, is_subset = [], True, True
     for branch in _top_branches(pattern):
-        parser = _Parser(branch, max_repeat)
+        parser = _Parser(branch, max_repeat, narrow)
         for starts, body, ends in parser.parse_top():
             out.append(("" if starts else any_run) + body + ("" if ends else any_run))
         is_exact = is_exact and parser.is_exact
+        is_subset = is_subset and parser.is_subset
     regex = out[0] if len(out) == 1 else "|".join(f"(?:{b})" for b in out)
-    return Translated(regex=regex, is_exact=is_exact)
+    return Translated(regex=regex, is_exact=is_exact, is_subset=is_subset)
 
 
 def counted_run(pattern: str) -> tuple[str, int, int | None] | None:
@@ -155,11 +161,13 @@ def _unwrap_group(branch: str) -> str | None:
 class _Parser:
     """Recursive descent over the pattern; emits regex text directly (None = matches nothing)."""
 
-    def __init__(self, pattern: str, max_repeat: int):
+    def __init__(self, pattern: str, max_repeat: int, narrow: bool = False):
         self.src = pattern
         self.pos = 0
         self.max_repeat = max_repeat
+        self.narrow = narrow
         self.is_exact = True
+        self.is_subset = True
 
     def fail(self, what: str) -> PatternUnsupported:
         return PatternUnsupported(f"{what} at offset {self.pos} of pattern {self.src!r}")
@@ -230,9 +238,13 @@ class _Parser:
         if atom is None:
             return "" if low == 0 else None
         if low > self.max_repeat:
-            self.is_exact, low = False, self.max_repeat
+            self.is_exact, self.is_subset, low = False, False, self.max_repeat
         if high is not None and high > self.max_repeat:
-            self.is_exact, high = False, None
+            self.is_exact = False
+            if self.narrow:
+                high = max(low, self.max_repeat)
+            else:
+                self.is_subset, high = False, None
         if low == 0 and high is None:
             return f"(?:{atom})*"
         if low == 1 and high is None:

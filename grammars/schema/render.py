@@ -2,7 +2,8 @@
 
 `grammar_dumps(value, schema, options)` writes compact-or-one-space JSON (per the options'
 separators), object keys in the schema's declared property order (the order the grammar
-demands), then any undeclared keys in their own order; integral floats under an integer type
+demands by default), then any undeclared keys in their own order (values under the
+patternProperties schema their key matches, else additionalProperties); integral floats under an integer type
 become integers. For anyOf/oneOf it picks the first branch whose regex accepts the rendering.
 It does not validate: a value the schema rejects is rendered all the same.
 """
@@ -84,7 +85,7 @@ class _Renderer:
         order = [k for k in props if k in value] + [k for k in value if k not in props]
         parts = []
         for key in order:
-            sub = props.get(key, extra)
+            sub = props[key] if key in props else _pattern_schema(schema, key, extra)
             parts.append(self.plain(key) + self.key_sep + self.dumps(value[key], sub))
         return "{" + self.item_sep.join(parts) + "}"
 
@@ -96,6 +97,17 @@ class _Renderer:
             prefix, rest = list(schema.get("prefixItems", [])), items
         parts = [self.dumps(v, prefix[i] if i < len(prefix) else rest) for i, v in enumerate(value)]
         return "[" + self.item_sep.join(parts) + "]"
+
+
+def _pattern_schema(schema: dict, key: str, extra: object) -> object:
+    """The schema of an undeclared key: the first patternProperties schema it matches, else `extra`."""
+    for pattern, sub in (schema.get("patternProperties") or {}).items():
+        try:
+            if re.search(pattern, key):
+                return sub
+        except re.error:
+            continue
+    return extra
 
 
 def _branch_regex(conv: Converter, branch: object) -> str | None:

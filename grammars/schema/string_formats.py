@@ -42,10 +42,15 @@ _DOMAIN = f"(?:{_LABEL}\\.){{1,3}}[a-zA-Z]{{2,12}}"
 _LOCAL_ATOM = "[a-zA-Z0-9_%+-]{1,20}"  # three atoms and two dots stay within 64
 EMAIL = f"{_LOCAL_ATOM}(?:\\.{_LOCAL_ATOM}){{0,2}}@{_DOMAIN}"
 _PCHAR = "(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
-URI = (
-    f"(?:https?|ftp)://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?"
-    f"(?:/{_PCHAR}*)*(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
-)
+# RFC 3986 section 3: scheme ":" hier-part ["?" query] ["#" fragment], any scheme. hier-part is
+# "//" authority path-abempty (the host may be empty: file:///etc), or a path that is absolute,
+# rootless (urn:isbn:0451450523, mailto:a@b) or empty. Hosts are reg-names of bounded labels.
+_SCHEME = "[a-zA-Z][a-zA-Z0-9+.-]{0,15}"
+_USERINFO = "(?:[a-zA-Z0-9._~!$&'()*+,;=:-]|%[0-9a-fA-F]{2}){1,32}@"
+_AUTHORITY = f"(?:{_USERINFO})?(?:{_LABEL}(?:\\.{_LABEL}){{0,3}})?(?::[0-9]{{1,5}})?"
+_SEGMENTS = f"{_PCHAR}+(?:/{_PCHAR}*)*"
+_HIER_PART = f"(?://{_AUTHORITY}(?:/{_PCHAR}*)*|/(?:{_SEGMENTS})?|{_SEGMENTS})?"
+URI = f"{_SCHEME}:{_HIER_PART}(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
 
 STRING_FORMATS: dict[str, str] = {
     "date": DATE,

@@ -2,11 +2,15 @@
 
 `schema_to_regex(schema, options)` validates the schema (JSON Schema metaschema, by its
 `$schema` or 2020-12), then walks it: objects list their declared properties in declared order
-(required ones always, optional ones maybe, closed unless options allow more), arrays honour
+(required ones always, optional ones maybe; any order for small objects with
+options.any_property_order), then extra keys where `additionalProperties` is written out, the
+object is free-form, options allow them, or `patternProperties` match; arrays honour
 prefixItems/items and min/maxItems (any size: counted arrays, marked for compile.py), strings
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
-enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. It
+enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
+`$ref` target is converted once per nesting context and its regex reused (still inlined: one
+regex, one DFA). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -42,7 +46,7 @@ _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # Restrict values, never enforced by the grammar: always listed when their type is possible.
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
-_RELAXED_OBJECT = ("patternProperties", "propertyNames", "dependentRequired", "unevaluatedProperties")
+_RELAXED_OBJECT = ("propertyNames", "dependentRequired", "unevaluatedProperties")
 _RELAXED_ARRAY = ("contains", "unevaluatedItems")
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
@@ -107,9 +111,20 @@ def pointer_join(pointer: str, *parts: object) -> str:
 
 
 def json_literal(value: object, options: GrammarOptions) -> str:
-    """Regex matching the canonical grammar-style spelling of one JSON value."""
-    item_sep, key_sep = options.separators()
-    text = json.dumps(value, ensure_ascii=False, separators=(item_sep, key_sep), allow_nan=False)
+    """Regex matching one JSON value spelled canonically, with the whitespace the options allow
+    wherever JSON allows it (object keys in the value's own order)."""
+    ws = options.whitespace_regex()
+    if isinstance(value, dict):
+        members = [f"{_text_literal(k)}{ws}:{ws}{json_literal(v, options)}" for k, v in value.items()]
+        return f"\\{{{ws}" + (f"{ws},{ws}".join(members) + ws if members else "") + "\\}"
+    if isinstance(value, list):
+        items = [json_literal(v, options) for v in value]
+        return f"\\[{ws}" + (f"{ws},{ws}".join(items) + ws if items else "") + "\\]"
+    return _text_literal(value)
+
+
+def _text_literal(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return "".join(lex.regex_char(ord(c)) for c in text)
 
 
@@ -250,6 +265,12 @@ class Converter:
         self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
+        # Each $ref target's regex is converted once per nesting context and reused: (ref,
+        # depths of the refs being expanded) -> regex. The string is still inlined at each use.
+        self.ref_regex: dict[tuple, str | None] = {}
+        self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
+        self.ref_stack: list[str] = []
+        self.any_regex: dict[int, str] = {}
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
@@ -263,8 +284,18 @@ class Converter:
     def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
         if regex is not None and len(regex) > self.options.max_regex_length:
             raise UnsupportedSchema(
-                f"the regex grows past max_regex_length={self.options.max_regex_length}", ptr, keyword)
+                f"the regex grows past max_regex_length={self.options.max_regex_length}{self.ref_growth()}",
+                ptr, keyword)
         return regex
+
+    def ref_growth(self) -> str:
+        """Which $ref is being expanded and which one the regex inlines most (for size errors)."""
+        if not self.ref_uses:
+            return ""
+        ref, (uses, chars) = max(self.ref_uses.items(), key=lambda kv: kv[1][0] * kv[1][1])
+        inside = f" inside $ref {self.ref_stack[-1]!r};" if self.ref_stack else ";"
+        return (f"{inside} $ref {ref!r} grows it most: inlined {uses} times, {chars} characters each "
+                "(lower max_ref_depth or give the schema fewer repeated references)")
 
     # -- entry ---------------------------------------------------------------------------
     def convert(self, schema: object, ptr: str) -> str | None:
@@ -315,6 +346,8 @@ class Converter:
 
     # -- references and combinators ------------------------------------------------------
     def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
+        if not ref.startswith("#") and "#" in ref and ref.split("#", 1)[0] == self.root_id():
+            ref = "#" + ref.split("#", 1)[1]  # the document's own absolute URI
         if not ref.startswith("#"):
             raise UnsupportedSchema(f"only local references are supported, got {ref!r}", ptr, "$ref")
         fragment = ref[1:]
@@ -333,6 +366,13 @@ class Converter:
                 raise SchemaError(f"reference {ref!r} does not resolve", ptr, "$ref")
         return node, fragment
 
+    def root_id(self) -> str | None:
+        """The root's `$id` (draft 4: `id`) without its fragment, when it is an absolute URI."""
+        if not isinstance(self.root, dict):
+            return None
+        root_id = self.root.get("$id", self.root.get("id"))
+        return root_id.split("#", 1)[0] if isinstance(root_id, str) and ":" in root_id else None
+
     def convert_ref(self, schema: dict, ptr: str) -> str | None:
         target, target_ptr = self.resolve(schema["$ref"], ptr)
         rest = {k: v for k, v in schema.items() if k != "$ref"}
@@ -341,13 +381,25 @@ class Converter:
         if depth >= self.options.max_ref_depth + 1:
             self.truncated_at = self.truncated_at or ptr
             return None
+        if any(k in _ASSERTING for k in rest):
+            # the validator reports the target's keywords under the referencing schema's path
+            return self.expand_ref(ref, depth, lambda: self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr))
+        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d)))
+        if key not in self.ref_regex:
+            self.ref_regex[key] = self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr))
+        regex = self.ref_regex[key]
+        if regex is not None:
+            uses = self.ref_uses.setdefault(ref, [0, len(regex)])
+            uses[0] += 1
+        return regex
+
+    def expand_ref(self, ref: str, depth: int, convert) -> str | None:
         self.ref_depth[ref] = depth + 1
+        self.ref_stack.append(ref)
         try:
-            if any(k in _ASSERTING for k in rest):
-                # the validator reports the target's keywords under the referencing schema's path
-                return self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr)
-            return self.convert(target, target_ptr)
+            return convert()
         finally:
+            self.ref_stack.pop()
             self.ref_depth[ref] = depth
 
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
@@ -482,8 +534,9 @@ class Converter:
         if types_a != {"object"}:
             return False
         props = emitted.get("properties", {})
-        is_closed = bool(props) and (emitted.get("additionalProperties") is False
-                                     or not self.options.allow_additional_properties)
+        is_open = self.options.allow_additional_properties or "additionalProperties" in emitted
+        is_closed = bool(props) and not emitted.get("patternProperties") and (
+            emitted.get("additionalProperties") is False or not is_open)
         required_b = other.get("required", [])
         written = set(props) | set(emitted.get("required", []))  # required-undeclared are written too
         if is_closed and any(name not in written for name in required_b):
@@ -551,14 +604,17 @@ class Converter:
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
 
     def any_value(self, depth: int) -> str:
+        """Any JSON value nested at most `depth` containers deep (built once per depth)."""
         if depth <= 0:
             return _SCALARS
-        inner = self.any_value(depth - 1)
-        ws, sep = self.ws, f"{self.ws},{self.ws}"
-        member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
-        obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
-        arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
-        return f"{_SCALARS}|{obj}|{arr}"
+        if depth not in self.any_regex:
+            inner = self.any_value(depth - 1)
+            ws, sep = self.ws, f"{self.ws},{self.ws}"
+            member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
+            obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
+            arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
+            self.any_regex[depth] = f"{_SCALARS}|{obj}|{arr}"
+        return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------
     def convert_string(self, schema: dict, ptr: str) -> str | None:
@@ -788,7 +844,10 @@ class Converter:
                 continue
             key = '"' + lex.escape_literal(name) + '"'
             members.append((f"{key}{self.ws}:{self.ws}{_group(value)}", name in required))
-        extra = self.extra_member(extra_schema, list(props), ptr)
+        repeated = self.pattern_members(schema, list(props), ptr)
+        if not schema.get("patternProperties"):  # an extra key must not match a pattern: kept closed
+            repeated.append(self.extra_member(schema, extra_schema, list(props), ptr))
+        extra = _alternation(repeated)
         num_required = sum(req for _, req in members)
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
@@ -803,9 +862,15 @@ class Converter:
         if high is not None and (has_extra or num_declared > high):
             self.relax(ptr, "maxProperties")
 
-    def extra_member(self, extra_schema: object, declared: list[str], ptr: str) -> str | None:
-        # A free-form object (nothing declared) keeps its extra keys; declared ones close by policy.
-        if extra_schema is False or (declared and not self.options.allow_additional_properties):
+    def extra_member(self, schema: dict, extra_schema: object, declared: list[str], ptr: str) -> str | None:
+        """One undeclared member (key none of `declared`: no duplicate of a declared key), or None.
+
+        A free-form object (nothing declared) and one whose `additionalProperties` is written
+        out (true or a schema) take extra keys; other objects with declared properties close by
+        policy (options.allow_additional_properties). Extra keys follow the declared ones.
+        """
+        is_explicit = "additionalProperties" in schema
+        if extra_schema is False or (declared and not (is_explicit or self.options.allow_additional_properties)):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
         if value is None:
@@ -813,30 +878,120 @@ class Converter:
         key = '"' + _string_not_in(declared) + '"'
         return f"{key}{self.ws}:{self.ws}{_group(value)}"
 
+    def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
+        """One member regex per patternProperties pattern whose keys the grammar can write exactly.
+
+        A pattern is used when its translation writes only matching keys (bounds above
+        max_bounded_length lowered to it) and no declared name matches it (a pattern key could
+        then repeat a declared one), and not at all beside `propertyNames`. A key matching two
+        patterns must satisfy both schemas, which separate members do not enforce: with more than
+        one pattern, or any left out, `patternProperties` is listed as relaxed (left-out ones
+        are stricter).
+        """
+        patterns = schema.get("patternProperties") or {}
+        members: list[str] = []
+        if "propertyNames" in schema:  # pattern keys would have to meet it too: left out
+            if patterns:
+                self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside propertyNames")
+            return members
+        for pattern, sub in patterns.items():
+            body = self.pattern_key_body(pattern, declared)
+            value = None if body is None else self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
+            if value is not None:
+                members.append(f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}')
+        if len(patterns) > 1:
+            self.relax(ptr, "patternProperties", "a key matching two patterns must satisfy both schemas")
+        elif len(members) < len(patterns):
+            self.relax(ptr, "patternProperties", "the pattern has no exact translation or matches a declared name "
+                       "(its keys are not written)")
+        return members
+
+    def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:
+        try:
+            translated = translate_pattern(pattern, self.options.max_bounded_length, narrow=True)
+            if any(re.search(pattern, name) for name in declared):
+                return None
+        except (PatternUnsupported, re.error):
+            return None
+        return translated.regex if translated.is_subset else None  # stricter keys are fine
+
     def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
                      ptr: str) -> str | None:
         """`{...}` with the members in order (optional ones maybe), then extras, comma-separated.
 
-        Built left to right so each member's regex appears at most twice: `written` is every
-        non-empty way to write the members so far (all required ones among them present).
+        The optional members before the first required one (and the extras, when nothing is
+        required) form a run written by `_any_subset`; from the first required member on, each
+        member is one flat `sep m` or `(?:sep m)?`, and the extras `(?:sep extra)*`.
         """
         sep = f"{self.ws},{self.ws}"
-        written: str | None = None
-        seen_required = False
-        for regex, is_required in [*members, *([(extra, False)] if extra else [])]:
-            repeat = "*" if regex is extra else "?"
-            if written is not None:
-                written = f"{written}{sep}{regex}" if is_required else f"{written}(?:{sep}{regex}){repeat}"
-            if not seen_required:
-                alone = f"{regex}(?:{sep}{regex})*" if regex is extra else regex
-                written = alone if written is None else f"(?:{written}|{alone})"
-            seen_required = seen_required or is_required
-            self.check_size(written, ptr, "properties")
-        if written is None:
-            return None if nonempty else f"\\{{{self.ws}\\}}"
-        if not seen_required and not nonempty:
+        if self.options.any_property_order and extra is None and 2 <= len(members) <= MAX_ANY_ORDER:
+            written = self.check_size(_any_order(members, sep), ptr, "properties")
+            if any(req for _, req in members) or nonempty:
+                return f"\\{{{self.ws}{written}{self.ws}\\}}"
             return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+        first_required = next((i for i, (_, req) in enumerate(members) if req), None)
+        if first_required is None:
+            run = [(m, f"(?:{sep}{m})?") for m, _ in members]
+            if extra is not None:
+                run.append((f"{extra}(?:{sep}{extra})*", f"(?:{sep}{extra})*"))
+            if not run:
+                return None if nonempty else f"\\{{{self.ws}\\}}"
+            written = self.check_size(_any_subset(run), ptr, "properties")
+            if nonempty:
+                return f"\\{{{self.ws}{written}{self.ws}\\}}"
+            return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+        run = [(m, f"(?:{sep}{m})?") for m, _ in members[:first_required]]
+        written = members[first_required][0]
+        if run:
+            written = f"(?:{_any_subset(run)}{sep})?{written}"
+        for regex, is_required in members[first_required + 1:]:
+            written += f"{sep}{regex}" if is_required else f"(?:{sep}{regex})?"
+            self.check_size(written, ptr, "properties")
+        if extra is not None:
+            written += f"(?:{sep}{extra})*"
+        self.check_size(written, ptr, "properties")
         return f"\\{{{self.ws}{written}{self.ws}\\}}"
+
+
+# options.any_property_order permutes objects of at most this many declared members and no
+# extra keys (the regex holds each member about e * n! / n times); larger ones keep declared order.
+MAX_ANY_ORDER = 4
+
+
+def _any_order(members: list[tuple[str, bool]], sep: str) -> str:
+    """Regex for the members in any order: each at most once, every required one present."""
+    branches = []
+    for i, (regex, _) in enumerate(members):
+        rest = members[:i] + members[i + 1:]
+        if not rest:
+            branches.append(regex)
+            continue
+        after = f"{sep}{_any_order(rest, sep)}"
+        branches.append(regex + (after if any(req for _, req in rest) else f"(?:{after})?"))
+    return _group("|".join(_group(b) for b in branches)) if len(branches) > 1 else branches[0]
+
+
+# Past this many members a run is split in halves (regex nesting O(log n), not O(n): the
+# regex parser of outlines-core stops at a nesting depth of 250, "error building NFA").
+_LINEAR_RUN = 16
+
+
+def _any_subset(run: list[tuple[str, str]]) -> str:
+    """Regex for every non-empty in-order selection of `run`'s items, comma-separated.
+
+    Each item is (written first, written after another item: with its separator). Short runs
+    nest left to right (each item appears at most twice); long ones split in halves: a
+    selection starts in the left half (then any of the right half follows) or in the right.
+    """
+    if len(run) <= _LINEAR_RUN:
+        written = run[0][0]
+        for first, after in run[1:]:
+            written = f"(?:{written}{after}|{first})"
+        return written
+    half = len(run) // 2
+    left, right = run[:half], run[half:]
+    tail = "".join(after for _, after in right)
+    return f"(?:{_any_subset(left)}{tail}|{_any_subset(right)})"
 
 
 def _localize_additional(own: dict, other: dict) -> dict:
@@ -999,4 +1154,14 @@ def _number_bounds_overlap(schema: dict) -> bool:
 
 
 def _json_equal(a: object, b: object) -> bool:
-    return json.dumps(_unmarked(a), sort_keys=True) == json.dumps(_unmarked(b), sort_keys=True)
+    """JSON equality: key order ignored, 1 == 1.0 (JSON Schema compares numbers by value)."""
+    return json.dumps(_numbers_by_value(_unmarked(a)), sort_keys=True) == json.dumps(
+        _numbers_by_value(_unmarked(b)), sort_keys=True)
+
+
+def _numbers_by_value(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _numbers_by_value(v) for k, v in value.items()}
+    return [_numbers_by_value(v) for v in value] if isinstance(value, list) else value

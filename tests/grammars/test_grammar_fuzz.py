@@ -108,13 +108,13 @@ def check_instances(schema_id, schema, tests, table, regex, encoder, vocab, opti
 
 
 def _regex_matcher(regex: str):
-    """fullmatch by Python's re; by outlines-core's byte DFA past 20k characters, where re's
-    backtracking can take minutes on one invalid instance (Github_medium---o71260). Counted
+    """fullmatch by Python's re; by outlines-core's byte DFA past 10k characters, where re's
+    backtracking can take minutes on one invalid instance (Github_medium---o71260, 19k). Counted
     strings are spelled out (`expand_counts`): the language the table's counters enforce."""
     from surecall.grammars.schema.to_regex import expand_marks
 
     regex = expand_marks(regex, OPTIONS.whitespace_regex())
-    if len(regex) <= 20_000:
+    if len(regex) <= 10_000:
         pattern = re.compile(regex, re.DOTALL)
         return lambda text: bool(pattern.fullmatch(text))
     from surecall.grammars.automaton import regex_to_dfa

@@ -495,7 +495,7 @@ def _bench_records(data_dir, subset: str, num: int, seed: int = 0) -> list[dict]
     return [r for r in records if r.get("tests")][:num]
 
 
-def _compile_or_none(schema, options, max_length=20_000):
+def _compile_or_none(schema, options, max_length=40_000):
     try:
         result = schema_to_regex(schema, options)
     except SchemaError:

@@ -1,0 +1,262 @@
+"""Coverage fixes of schema_to_regex: free-form values, open objects, patternProperties, literals, uri, long objects.
+
+Each class is checked end to end on the byte DFA: the schema compiles, its valid instances are
+accepted in every whitespace style the options allow, and random byte walks through the DFA
+produce documents that validate against the original schema (the `jsonschema` package).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+
+import jsonschema
+import numpy as np
+import pytest
+
+from surecall.errors import UnsupportedSchema
+from surecall.grammars.automaton import ByteDFA, regex_to_dfa
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.render import grammar_dumps
+from surecall.grammars.schema.to_regex import schema_to_regex
+
+STYLES = (GrammarOptions(), GrammarOptions(whitespace="none"))
+
+
+def dfa_of(schema, options=None) -> ByteDFA:
+    return regex_to_dfa(schema_to_regex(schema, options or GrammarOptions()).regex)
+
+
+def accepted_in_every_style(schema, value, dfa: ByteDFA) -> bool:
+    """`value` rendered compact, with one space, and one space everywhere JSON allows it
+    (test values hold no brackets inside strings and list keys in declared order)."""
+    texts = [grammar_dumps(value, schema, o) for o in STYLES]
+    spaced = json.dumps(value, ensure_ascii=False, separators=(" , ", " : "))
+    for a, b in [("{", "{ "), ("[", "[ "), ("}", " }"), ("]", " ]"), ("{  }", "{ }"), ("[  ]", "[ ]")]:
+        spaced = spaced.replace(a, b)
+    return all(dfa.matches(t.encode()) for t in [*texts, spaced])
+
+
+def random_walk(dfa: ByteDFA, rng: np.random.Generator, max_steps: int = 300) -> bytes:
+    """Random bytes through the DFA, stopping at acceptance by chance, then by the shortest way."""
+    state, out = 0, bytearray()
+    for _ in range(max_steps):
+        if dfa.accept[state] and rng.random() < 0.25:
+            return bytes(out)
+        choices = np.flatnonzero(dfa.trans[state] >= 0)
+        if choices.size == 0:
+            return bytes(out)
+        byte = int(rng.choice(choices))
+        out.append(byte)
+        state = int(dfa.trans[state, byte])
+    return bytes(out) + _shortest_to_accept(dfa, state)
+
+
+def _shortest_to_accept(dfa: ByteDFA, state: int) -> bytes:
+    back = {state: None}
+    queue = deque([state])
+    while queue:
+        s = queue.popleft()
+        if dfa.accept[s]:
+            path = bytearray()
+            while back[s] is not None:
+                s, byte = back[s]
+                path.append(byte)
+            return bytes(reversed(path))
+        for byte in np.flatnonzero(dfa.trans[s] >= 0):
+            t = int(dfa.trans[s, byte])
+            if t not in back:
+                back[t] = (s, int(byte))
+                queue.append(t)
+    raise AssertionError("a pruned DFA state cannot reach acceptance")
+
+
+def assert_walks_validate(schema, dfa: ByteDFA, num_walks: int = 40) -> None:
+    rng = np.random.default_rng(0)
+    validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)(schema)
+    for _ in range(num_walks):
+        text = random_walk(dfa, rng).decode("utf-8")
+        errors = [e.message for e in validator.iter_errors(json.loads(text))]
+        assert not errors, (text, errors)
+
+
+# --- the byte DFA of nested regexes -----------------------------------------------------------
+def test_free_form_object_compiles_and_nests_to_max_any_depth():
+    schema = {"type": "object"}
+    dfa = dfa_of(schema)
+    for value in [{}, {"a": 1}, {"a": {"b": [1, "x", None]}, "c": [{}]}, {"é": "ü\n"}]:
+        assert accepted_in_every_style(schema, value, dfa), value
+    assert not dfa.matches(b'{"a": {"b": {"c": [1]}}}')  # 4 containers: past max_any_depth=2
+    assert not dfa.matches(b"[]")
+    assert_walks_validate(schema, dfa)
+
+
+def test_deeper_free_form_values_when_asked():
+    dfa = dfa_of(True, GrammarOptions(max_any_depth=4))
+    assert dfa.matches(b'{"a": {"b": {"c": [1]}}}')
+
+
+@pytest.mark.parametrize("regex, texts", [
+    ('x(?:ab)*y|"[^"]*"', ["xy", "xababy", '""', '"x\x0e"', "xa", "x", ""]),
+    ("\\x0e?a", ["a", "\x0ea", "\x0e", "\x0e\x0ea"]),  # the builder's leading byte inside a regex
+])
+def test_byte_dfa_language_equals_the_regex(regex, texts):
+    dfa = regex_to_dfa(regex)
+    for text in texts:
+        assert dfa.matches(text.encode()) == (re.fullmatch(regex, text) is not None), text
+
+
+# --- open objects ------------------------------------------------------------------------------
+def test_explicit_additional_properties_true_opens_the_object():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}
+    dfa = dfa_of(schema)
+    for value in [{"a": 1}, {"a": 1, "b": [1, {"c": None}]}, {"b": "x", "c": 2}, {}]:
+        assert accepted_in_every_style(schema, value, dfa), value
+    assert not dfa.matches(b'{"a": 1, "a": 2}')  # an extra key never repeats a declared one
+    assert not dfa.matches(b'{"a": "x"}')
+    closed = dfa_of({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert not closed.matches(b'{"a": 1, "b": 2}')  # unwritten: closed by policy (options)
+    assert_walks_validate(schema, dfa)
+
+
+def test_additional_properties_schema_types_the_extra_values():
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+              "additionalProperties": {"type": "string", "enum": ["x", "y"]}}
+    dfa = dfa_of(schema)
+    assert accepted_in_every_style(schema, {"id": 1, "tag": "x", "other": "y"}, dfa)
+    assert not dfa.matches(b'{"id": 1, "tag": 2}')
+    assert not dfa.matches(b'{"tag": "x"}')
+    assert_walks_validate(schema, dfa)
+
+
+def test_pattern_properties_with_closed_additional_properties():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "patternProperties": {"^x-[a-z]+$": {"type": "integer"}}, "additionalProperties": False}
+    result = schema_to_regex(schema)
+    assert ("", "patternProperties") not in result.relaxed
+    dfa = regex_to_dfa(result.regex)
+    for value in [{}, {"name": "n"}, {"name": "n", "x-a": 1, "x-bc": 2}, {"x-q": 3}]:
+        assert accepted_in_every_style(schema, value, dfa), value
+    for bad in [b'{"y": 1}', b'{"x-a": "s"}', b'{"x-": 1}', b'{"x-A": 1}']:
+        assert not dfa.matches(bad), bad
+    assert_walks_validate(schema, dfa)
+
+
+def test_pattern_properties_left_to_the_validator_are_listed():
+    two = {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "string"}},
+           "additionalProperties": False}
+    assert ("", "patternProperties") in schema_to_regex(two).relaxed  # a key may match both
+    clash = {"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}}
+    assert ("", "patternProperties") in schema_to_regex(clash).relaxed  # "ab" would repeat
+
+
+# --- literals and formats ---------------------------------------------------------------------
+def test_const_and_enum_containers_take_the_allowed_whitespace():
+    value = {"a": [1, 2], "b": {"c": None}, "d": [], "e": {}}
+    for schema in [{"const": value}, {"enum": [value, [1, {"x": "y"}]]}]:
+        dfa = dfa_of(schema)
+        assert accepted_in_every_style(schema, value, dfa)
+        assert dfa.matches(b'{"a":[1,2],"b":{"c":null},"d":[],"e":{}}')
+        assert dfa.matches(b'{ "a" : [ 1 , 2 ] , "b" : { "c" : null } , "d" : [ ] , "e" : { } }')
+        assert not dfa.matches(b'{"a":  [1,2],"b":{"c":null},"d":[],"e":{}}')  # at most one space
+        assert_walks_validate(schema, dfa, 10)
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("file://x", True), ("file:///etc/hosts", True), ("urn:isbn:0451450523", True), ("mailto:a@b", True),
+    ("https://user@example.com:8080/a/b?q=1#f", True), ("tag:example.com,2005:x", True),
+    ("1http://x", False), ("not a uri", False), ("http://a b", False), ("", False),
+])
+def test_uri_admits_every_rfc3986_scheme(text, ok):
+    dfa = dfa_of({"type": "string", "format": "uri"})
+    assert dfa.matches(json.dumps(text).encode()) == ok
+
+
+# --- large objects and references -------------------------------------------------------------
+def test_object_with_many_optional_properties_builds_its_dfa():
+    props = {f"p{i}": {"type": "integer"} for i in range(120)}
+    schema = {"type": "object", "properties": props}
+    dfa = dfa_of(schema)  # nested 120 deep, outlines-core failed with "error building NFA"
+    for value in [{}, {"p0": 1}, {"p119": 2}, {f"p{i}": i for i in range(0, 120, 7)}]:
+        assert accepted_in_every_style(schema, value, dfa), value
+    assert not dfa.matches(b'{"p3": 1, "p2": 1}')  # declared order
+    with_required = {**schema, "required": ["p60"]}
+    dfa = dfa_of(with_required)
+    assert accepted_in_every_style(with_required, {"p1": 1, "p60": 2, "p99": 3}, dfa)
+    assert not dfa.matches(b'{"p1": 1}')
+    assert_walks_validate(with_required, dfa, 10)
+
+
+def test_size_error_names_the_reference_that_grows():
+    leaf = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(8)}}
+    schema = {"$defs": {"leaf": leaf},
+              "type": "object", "properties": {f"p{i}": {"$ref": "#/$defs/leaf"} for i in range(40)}}
+    with pytest.raises(UnsupportedSchema, match=r"\$ref '#/\$defs/leaf' grows it most: inlined \d+ times"):
+        schema_to_regex(schema, GrammarOptions(max_regex_length=5000))
+    assert schema_to_regex(schema).regex  # within the default limit
+
+
+def test_pattern_keys_above_max_bounded_length_are_narrowed_not_dropped():
+    schema = {"type": "object", "patternProperties": {"^[a-z]{1,255}$": {"type": "integer"}},
+              "additionalProperties": False}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []  # every key written matches: the grammar is only stricter
+    dfa = regex_to_dfa(result.regex)
+    assert dfa.matches(b'{"temperature": 25, "humidity": 60}')
+    assert dfa.matches(('{"' + "a" * 48 + '": 1}').encode())
+    assert not dfa.matches(('{"' + "a" * 49 + '": 1}').encode())  # valid, but past the narrowed bound
+    assert_walks_validate(schema, dfa)
+
+
+def test_reference_to_the_documents_own_id_resolves():
+    schema = {"$id": "https://example.com/s.json", "type": "object",
+              "properties": {"n": {"$ref": "https://example.com/s.json#/$defs/n"}},
+              "$defs": {"n": {"type": "integer"}}}
+    dfa = dfa_of(schema)
+    assert dfa.matches(b'{"n": 3}') and not dfa.matches(b'{"n": "x"}')
+    with pytest.raises(UnsupportedSchema, match="only local references"):
+        schema_to_regex({"$ref": "https://other.example/s.json#/x"})
+
+
+# --- property order -----------------------------------------------------------------------------
+def test_any_property_order_for_small_objects():
+    schema = {"type": "object", "required": ["b"],
+              "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "null"}}}
+    options = GrammarOptions(any_property_order=True)
+    dfa = dfa_of(schema, options)
+    for text in [b'{"b": "x"}', b'{"c": null, "b": "x", "a": 1}', b'{"b":"x","a":1}', b'{"a": 1, "b": ""}']:
+        assert dfa.matches(text), text
+    for text in [b'{"a": 1}', b"{}", b'{"a": 1, "a": 2, "b": ""}', b'{"b": "", "b": ""}']:
+        assert not dfa.matches(text), text
+    assert not dfa_of(schema).matches(b'{"b": "x", "a": 1}')  # declared order by default
+    assert_walks_validate(schema, dfa)
+
+
+def test_any_property_order_keeps_declared_order_past_the_bound():
+    props = {f"p{i}": {"type": "integer"} for i in range(5)}
+    dfa = dfa_of({"type": "object", "properties": props}, GrammarOptions(any_property_order=True))
+    assert dfa.matches(b'{"p0": 1, "p4": 2}') and not dfa.matches(b'{"p4": 2, "p0": 1}')
+
+
+def test_any_property_order_must_be_a_bool():
+    with pytest.raises(ValueError, match="Invalid any_property_order"):
+        GrammarOptions(any_property_order="yes")
+
+
+# --- combinators ------------------------------------------------------------------------------
+def test_all_of_compares_numbers_by_value():
+    schema = {"allOf": [{"const": 1}, {"const": 1.0}]}  # was reported unsatisfiable
+    assert dfa_of(schema).matches(b"1")
+    enum = {"allOf": [{"enum": [1, "a", {"k": 2}]}, {"enum": [1.0, {"k": 2.0}]}]}
+    dfa = dfa_of(enum)
+    assert dfa.matches(b"1") and dfa.matches(b'{"k": 2}') and not dfa.matches(b'"a"')
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"allOf": [{"const": 1}, {"const": 2}]})
+
+
+def test_small_one_of_with_contains_and_not_compiles():
+    schema = {"oneOf": [{"type": "array", "contains": {"type": "integer"}, "items": {"type": ["integer", "string"]}},
+                        {"type": "object", "not": {"required": ["x"]}, "properties": {"y": {"type": "string"}}}]}
+    dfa = dfa_of(schema)  # each branch nests free-form-sized values: timed out before the leading byte
+    assert dfa.matches(b'[1, "a"]') and dfa.matches(b'{"y": "s"}')
