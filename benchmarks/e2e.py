@@ -11,7 +11,7 @@ back-to-back pairs, steadier on a loaded machine) and grammar compile time, a ta
 JSON line. Results go to benchmarks/results/e2e_<device>.{json,md}.
 
     TRITON_INTERPRET=1 .venv/bin/python benchmarks/e2e.py --device cpu --model tiny --batches 1,4,16 --max-tokens 40
-    python benchmarks/e2e.py --device cuda --model qwen2-0.5b --batches 1,16,128 --cuda-graphs auto   # on the H200
+    python benchmarks/e2e.py --device cuda --model qwen2-0.5b --batches 1,16,128   # on the H200
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("xgrammar", "outlines")
-CUDA_GRAPHS = {"auto": None, "on": True, "off": False}  # --cuda-graphs -> EngineConfig(cuda_graphs=...)
 
 # Real shapes of public models (random weights cost the same per step as trained ones).
 SHAPES = {
@@ -262,8 +261,6 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--cuda-graphs", default="auto", choices=sorted(CUDA_GRAPHS),
-                        help="our decode step: auto = captured on CUDA when the model allows, never on CPU")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default 1 on CPU: a tiny model on a shared box is fastest and "
                              "least noisy single-threaded, OpenMP spin-waits otherwise; untouched on CUDA)")
@@ -288,9 +285,7 @@ def main(argv=None) -> int:
     # 1. model, vocabulary, tools, grammar (ours and the peer's), timed compiles
     vocab = load_vocab(model_name)
     model = build_model(model_name, vocab.logits_width, args.device, dtype)
-    # compact_batches=False: per-step times compare like with like (constrained rows end earlier).
-    config = EngineConfig(max_batch_size=max(batches), cuda_graphs=CUDA_GRAPHS[args.cuda_graphs],
-                          compact_batches=False)
+    config = EngineConfig(max_batch_size=max(batches))
     llm = LLM(model, tokenizer=vocab, config=config)
     tools = seed_tools()
     fmt = get_format(llm.default_format)
@@ -348,7 +343,7 @@ def main(argv=None) -> int:
                     "load_average_1m": os.getloadavg()[0], "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET")},
         "model": model_name, "vocab": SHAPES[model_name]["vocab"], "dtype": str(dtype), "tool_format": fmt.name,
         "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": "surecall.kernels:" + resolve_backend("auto", llm.runner.device),
-        "cuda_graphs": args.cuda_graphs, "engine_cuda_graphs": llm.config.cuda_graphs,
+        "cuda_graphs": "none (the engine core runs its step eagerly)",
         "compile_s": {"ours": ours_compile_s, **{name: peers[name][1] for name in PEERS}},
         "peers_skipped": {name: peers[name][2] for name in PEERS if peers[name][2]},
         "table": {"num_states": table.num_states, "dist_start": int(table.dist[0]), "relaxed": table.relaxed},

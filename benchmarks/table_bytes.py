@@ -28,11 +28,11 @@ from compile import Worker, _pct, load_subsets, seed_catalog_figures  # noqa: E4
 
 def seed_layout() -> dict:
     """States, mask rows, exceptions and transitions of the seed catalog's table (this process)."""
+    from compile import catalog_union_schema
+
     from surecall.grammars.compile import compile_schema
     from surecall.grammars.vocab.loaders import load_shared
     from surecall.tools.catalog import seed_tools
-
-    from compile import catalog_union_schema
 
     table = compile_schema(catalog_union_schema(seed_tools()), load_shared("llama3"), use_cache=False)
     out = {"states": table.num_states, "table_bytes": table.nbytes, "relaxed": len(table.relaxed)}

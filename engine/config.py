@@ -1,7 +1,7 @@
 """Engine and sampling configuration: one validated dataclass per concern.
 
-`EngineConfig` is how the engine runs (stop-check interval, CUDA graphs, batch limit, grammar
-options); `SamplingParams` is what one request asks for (temperature, top-k/p, budget, seed,
+`EngineConfig` is how the engine runs (batch limit, sequence limit, grammar options, kernel
+checks); `SamplingParams` is what one request asks for (temperature, top-k/p, budget, seed,
 logprobs). Both check their values in `__post_init__` and raise
 `ValueError("Invalid X: expected Y, got Z")`. Neither holds tensors or touches a model.
 """
@@ -49,26 +49,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    stop_check_interval: int = 8  # steps between host syncs that look for finished rows
-    cuda_graphs: bool | None = None  # static-shape decode step per batch bucket (preallocated KV cache),
-    # captured in a CUDA graph on CUDA, eager on CPU. None = wherever the model allows it, silently falling back
-    # to the dynamic cache; True = the same but warn when falling back; False = dynamic cache (grows per step)
-    max_batch_size: int = 256  # rows per forward pass; larger requests are split
-    compact_batches: bool = True  # at stop checks, drop finished rows once the batch would halve
+    max_batch_size: int = 256  # rows the engine core runs at once (its max_num_seqs); more wait their turn
     max_seq_len: int | None = None  # prompt + generation limit; None = the model's max positions
     grammar_options: Any = None  # surecall.grammars.options.GrammarOptions or None for defaults
     check_kernel_inputs: bool = False  # validate kernel inputs every step (host syncs: debugging only)
     attn_implementation: str | None = None  # passed to transformers when loading from a directory
 
     def __post_init__(self):
-        if not _is_int(self.stop_check_interval) or self.stop_check_interval < 1:
-            raise ValueError(
-                f"Invalid stop_check_interval: expected an integer >= 1, got {self.stop_check_interval!r}"
-            )
-        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"Invalid cuda_graphs: expected None (auto) or a bool, got {self.cuda_graphs!r}")
-        if not isinstance(self.compact_batches, bool):
-            raise ValueError(f"Invalid compact_batches: expected a bool, got {self.compact_batches!r}")
         if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
             raise ValueError(f"Invalid max_batch_size: expected an integer >= 1, got {self.max_batch_size!r}")
         if self.max_seq_len is not None and (not _is_int(self.max_seq_len) or self.max_seq_len < 2):

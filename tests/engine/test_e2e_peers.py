@@ -47,14 +47,6 @@ def test_hf_tokenizer_has_our_ids_and_bytes(e2e, llama3):
     assert tok.eos_token_id == llama3.eos_id
 
 
-def test_cuda_graphs_flag_maps_to_engine_config(e2e):
-    from surecall.config import EngineConfig
-
-    assert e2e.CUDA_GRAPHS == {"auto": None, "on": True, "off": False}
-    for value in e2e.CUDA_GRAPHS.values():
-        assert EngineConfig(cuda_graphs=value).cuda_graphs is value
-
-
 def test_missing_peers_are_skipped_with_a_reason(e2e, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "outlines", None)

@@ -44,7 +44,7 @@ def llama(data_dir):
     from surecall.llm import LLM
 
     vocab = cached_vocab("llama3")
-    return LLM(_tiny("llama", vocab.logits_width), tokenizer=vocab, config=EngineConfig(stop_check_interval=4))
+    return LLM(_tiny("llama", vocab.logits_width), tokenizer=vocab, config=EngineConfig())
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def stories(data_dir):
 def llm(stories):
     from surecall.llm import LLM
 
-    return LLM(stories / "hf", config=EngineConfig(stop_check_interval=4))
+    return LLM(stories / "hf", config=EngineConfig())
 
 
 def test_stories_greedy_matches_llama2c(stories, llm):
@@ -131,9 +131,7 @@ def test_sampling_params_are_validated(kwargs, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"stop_check_interval": 0}, "Invalid stop_check_interval"),
         ({"max_batch_size": 0}, "Invalid max_batch_size"),
-        ({"cuda_graphs": 1}, "Invalid cuda_graphs"),
         ({"max_seq_len": 1}, "Invalid max_seq_len"),
     ],
 )

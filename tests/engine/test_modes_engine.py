@@ -61,7 +61,7 @@ def models(data_dir):
 
     from surecall.llm import LLM
 
-    config = EngineConfig(stop_check_interval=4)
+    config = EngineConfig()
     qwen = _qwen25_vocab()
     llama, mistral = cached_vocab("llama3"), cached_vocab("mistral-v0.3")
     brace = llama.token_bytes.index(b"{")
@@ -307,7 +307,7 @@ def test_request_wide_errors(models):
 def shipped():
     from surecall.llm import LLM
 
-    return LLM(config=EngineConfig(stop_check_interval=4))
+    return LLM(config=EngineConfig())
 
 
 def _chat(n: int) -> list[list[dict]]:
