@@ -77,22 +77,30 @@ def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
 # one: a free-form object took 30 s for 485 states. A leading byte that JSON text never holds
 # ends every search thread that starts past byte 0, so only the anchored automaton is built;
 # the start then moves past it. Byte 0x0E is used by no mark (counted 0x01-0x05, 0x10-0x1F;
-# tool-mode placeholders 0x03-0x08, 0x0B); were it in a regex, the language would not change.
+# item marks 0x03-0x05, tool-mode placeholders 0x03-0x08); were it in a regex, the language would not change.
 _SEARCH_CUT = 0x0E
+# outlines-core's DFA also drops the edges that leave an accepting state when it could stop there
+# (a root-level number accepted "1" but not "1.5"). The regex is built followed by this end byte:
+# a state accepts iff it has an edge on it; that edge is then removed. JSON text and every mark
+# leave 0x0F unused (a string body excludes control bytes), so the language does not change.
+_END_MARK = 0x0F
 
 
 def _anchored_transitions(regex: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """outlines-core's DFA of `regex` as (trans, accept, start), built behind `_SEARCH_CUT`."""
+    """outlines-core's DFA of `regex` as (trans, accept, start), between `_SEARCH_CUT` and `_END_MARK`."""
     from outlines_core import Index
 
     try:
-        index = Index(f"\\x{_SEARCH_CUT:02x}(?:{regex})", _byte_vocabulary())
+        index = Index(f"\\x{_SEARCH_CUT:02x}(?:{regex})\\x{_END_MARK:02x}", _byte_vocabulary())
     except Exception as exc:  # outlines-core raises plain ValueError/RuntimeError
         raise SchemaError(f"regex does not compile: {exc}", pointer="", keyword="regex") from exc
     trans, accept, start = _densify(index.get_transitions(), index.get_initial_state(),
                                     set(index.get_final_states()))
     start = int(trans[start, _SEARCH_CUT])
-    if start < 0:
+    ends = trans[:, _END_MARK]
+    accept = (ends >= 0) & accept[np.maximum(ends, 0)]
+    trans[:, _END_MARK] = -1
+    if start < 0 or not accept.any():
         raise SchemaError("the grammar matches no text at all", pointer="", keyword="regex")
     return trans, accept, start
 

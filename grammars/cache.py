@@ -27,7 +27,8 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 3  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows, default + exceptions)
+CACHE_FORMAT = 4  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+# default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16

@@ -27,7 +27,7 @@ from surecall.grammars.schema.to_regex import schema_to_regex
 
 SENTINEL_BASE = 0xF8  # bytes 0xF8..0xFF never occur in UTF-8
 # Raw control bytes that JSON strings, whitespace and glue never hold, and that the counted-string
-# marks of `schema.to_regex` (0x01, 0x02, 0x10-0x1F) do not use: placeholders 0x03-0x08, end 0x0B.
+# marks of `schema.to_regex` (0x01, 0x02, 0x10-0x1F) do not use: placeholders 0x03-0x08.
 _PLACEHOLDER_BASE = 0x03
 _MAX_CONTROLS = 6
 MODE_KINDS = ("text", "auto", "calls", "json")
@@ -206,18 +206,9 @@ def calls_regex(grammar: ModeGrammar, options: GrammarOptions) -> tuple[str, lis
     return f"{start}{open_}{call}{each}{more}{close}", relaxed
 
 
-_END = 0x0B  # an end marker: outlines-core drops the edges out of an accepting state that lead
-# to a non-accepting one (`x(?:ab)*` accepts "x" only), so every regex here ends in this byte,
-# which is then removed and the states before it made accepting.
-
-
 def ended_dfa(regex: str) -> ByteDFA:
-    """The byte DFA of `regex`, robust to accepting states with outgoing edges (see `_END`)."""
-    dfa = regex_to_dfa(f"(?:{regex})\\x{_END:02x}")
-    trans = dfa.trans.copy()
-    accept = trans[:, _END] >= 0
-    trans[:, _END] = -1
-    return prune(trans, accept)
+    """The byte DFA of `regex`; accepting states keep their outgoing edges (automaton._END_MARK)."""
+    return regex_to_dfa(regex)
 
 
 def _relabel(dfa: ByteDFA, count: int) -> ByteDFA:

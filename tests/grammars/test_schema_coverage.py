@@ -260,3 +260,27 @@ def test_small_one_of_with_contains_and_not_compiles():
                         {"type": "object", "not": {"required": ["x"]}, "properties": {"y": {"type": "string"}}}]}
     dfa = dfa_of(schema)  # each branch nests free-form-sized values: timed out before the leading byte
     assert dfa.matches(b'[1, "a"]') and dfa.matches(b'{"y": "s"}')
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "number"}, ["1", "1.5", "-2.25", "1e5", "0.125E-3"], ["1.", ".5", "01", "1e"]),
+    ({"type": "integer"}, ["0", "-7", "15"], ["1.5", "-"]),
+    ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, ["12", '"x"'], ["12x"]),
+])
+def test_a_root_scalar_keeps_the_edges_out_of_an_accepting_state(schema, good, bad):
+    """outlines-core drops the edges that leave a state where the text could already stop; the
+    end byte (automaton._END_MARK) keeps them: a root-level number takes "1.5", not only "1"."""
+    dfa = regex_to_dfa(schema_to_regex(schema).regex)
+    assert [t for t in good if not dfa.matches(t.encode())] == []
+    assert [t for t in bad if dfa.matches(t.encode())] == []
+
+
+def test_a_root_number_table_continues_after_an_accepting_digit(data_dir):
+    from surecall.grammars import compile_schema, load_vocab
+
+    vocab = load_vocab("shared:gpt2")
+    table = compile_schema({"type": "number"}, vocab, use_cache=False)
+    one, dot = vocab.token_bytes.index(b"1"), vocab.token_bytes.index(b".")
+    after_one = table.next_state(0, one)
+    assert after_one is not None and table.accept[after_one]
+    assert table.next_state(after_one, dot) is not None  # "1" may go on to "1.5"
