@@ -481,7 +481,9 @@ class Converter:
             return False
         elif key == "uniqueItems":
             out[key] = bool(old) or bool(value)
-        elif key in ("additionalProperties", "items", "additionalItems", "not") and not (
+        elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
+            out[key] = {"type": sorted(_negated_types(old) | _negated_types(value))}  # not A and not B
+        elif key in ("additionalProperties", "items", "additionalItems") and not (
                 isinstance(old, list) or isinstance(value, list)):
             out[key] = {"allOf": [old, value]}
         elif key in ("pattern", "format", "multipleOf", *_RELAXED_ANY, *_RELAXED_OBJECT, *_RELAXED_ARRAY):

@@ -284,3 +284,15 @@ def test_a_root_number_table_continues_after_an_accepting_digit(data_dir):
     after_one = table.next_state(0, one)
     assert after_one is not None and table.accept[after_one]
     assert table.next_state(after_one, dot) is not None  # "1" may go on to "1.5"
+
+
+def test_two_nots_under_allof_are_both_accounted_for():
+    """not A and not B: simple type negations are both enforced; any other second `not` is listed
+    as relaxed under its own branch (it was merged into `not (A and B)`, looser and mislabelled)."""
+    types = schema_to_regex({"allOf": [{"not": {"type": "string"}}, {"not": {"type": "null"}}],
+                             "type": ["string", "null", "integer"]})
+    dfa = regex_to_dfa(types.regex)
+    assert dfa.matches(b"12") and not dfa.matches(b'"x"') and not dfa.matches(b"null")
+    assert types.relaxed == []
+    other = schema_to_regex({"type": "object", "allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]})
+    assert sorted(other.relaxed) == [("/allOf/0", "not"), ("/allOf/1", "not")]
