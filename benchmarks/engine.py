@@ -147,6 +147,17 @@ def free_vs_constrained(llm, msgs, tools, batch: int, max_tokens: int, seed: int
             "overhead": cons_s / free_s - 1 if free_s else None}
 
 
+def free_vs_constrained_repeated(llm, msgs, tools, batch: int, max_tokens: int, seed: int, repeats: int = 5) -> dict:
+    """free_vs_constrained `repeats` times (seeds seed..seed+repeats-1): the median overhead and every run's.
+
+    One run is ~30 steps of a few ms on a shared machine, so single overheads swing by +-15%.
+    """
+    runs = [free_vs_constrained(llm, msgs, tools, batch, max_tokens, seed + r) for r in range(repeats)]
+    ordered = sorted(runs, key=lambda r: r["overhead"])
+    median = ordered[len(ordered) // 2]
+    return {**median, "repeats": repeats, "overheads": [r["overhead"] for r in runs]}
+
+
 # --- online --------------------------------------------------------------------------------------
 def online_core(engine, msgs, tools, rate: float, n: int, max_tokens: int, seed: int) -> dict:
     from surecall.config import SamplingParams
@@ -233,7 +244,7 @@ def main(argv=None) -> int:
     llm.generate(msgs[:2], tools=tools)  # warm up: compile, allocate
     report = {"benchmark": "engine", "rows": args.rows, "max_tokens": args.max_tokens, "torch": torch.__version__,
               "offline": offline(llm, msgs[: args.rows], tools, args.max_tokens, args.seed)}
-    report["free_vs_constrained"] = [free_vs_constrained(llm, msgs, tools, b, args.max_tokens, args.seed)
+    report["free_vs_constrained"] = [free_vs_constrained_repeated(llm, msgs, tools, b, args.max_tokens, args.seed)
                                      for b in (1, args.rows)]
     engine, drain = AsyncLLM(llm), AsyncLLM(llm, scheduling="drain")
     try:
@@ -270,11 +281,13 @@ def write(report: dict, stem: Path) -> None:
         lines.append(f"| {name} | {row['wall_s']:.2f} | {row['tokens']} | {row['tok_per_s']:.0f} | {row['ok']}/{report['rows']} "
                      f"| {hits} | {' | '.join(ratios)} |")
     lines += ["", "## Free vs constrained step (the core)", "",
-              "Mean step time over the steps in which every row decodes (the same count for both); goal: constrained "
-              "within 15% of free.", "", "| batch | steps | free ms | constrained ms | overhead |", "|---|---|---|---|---|"]
+              "Mean step time over the steps in which every row decodes (the same count for both); the run with the "
+              "median overhead of 5 (seeds differ), and every run's overhead; goal: constrained within 15% of free.", "",
+              "| batch | steps | free ms | constrained ms | overhead (median) | overheads of the runs |", "|---|---|---|---|---|---|"]
     for row in report.get("free_vs_constrained", []):
+        runs = ", ".join(f"{o:+.0%}" for o in row.get("overheads", [row["overhead"]]))
         lines.append(f"| {row['batch']} | {row['steps']} | {row['free_step_ms']:.2f} | {row['constrained_step_ms']:.2f} | "
-                     f"{row['overhead']:+.0%} |")
+                     f"{row['overhead']:+.0%} | {runs} |")
     lines += ["", "## Online (Poisson arrivals)", "",
               "static (drain) = the same core admitting a new batch only when the running one is done.", "",
               "| rate req/s | engine | wall s | valid | TTFT p50 / p99 s | inter-token p50 / p99 ms |",
