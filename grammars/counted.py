@@ -364,6 +364,12 @@ def counted_dist(table: TokenTable) -> np.ndarray:
     n = table.num_states
     need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
     src, dst, weight = _counted_edges(table, need0)
+    return dist_to_accept(n, table.accept, src, dst, weight)
+
+
+def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Dijkstra from the accepting states over weighted edges src -> dst (duplicates allowed):
+    per state, the lightest total weight to acceptance (-1 where none)."""
     # One edge per (source, target), its lightest weight; then predecessor lists by target.
     order = np.lexsort((weight, dst, src))
     src, dst, weight = src[order], dst[order], weight[order]
@@ -373,7 +379,7 @@ def counted_dist(table: TokenTable) -> np.ndarray:
     for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
         pred[t].append((s, w))
     dist = np.full(n, -1, dtype=np.int64)
-    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
+    heap = [(0, int(s)) for s in np.flatnonzero(accept)]
     heapq.heapify(heap)
     while heap:
         d, t = heapq.heappop(heap)

@@ -15,7 +15,6 @@ builds no CSR and runs no kernels; the kernels' side is kernels/items.py.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from surecall.grammars.counted import (
     _drop_inplace,
     _follow_mark,
     cut_marks_renumbered,
+    dist_to_accept,
 )
 from surecall.grammars.schema.to_regex import ITEM_ENTER, ITEM_EXIT, ITEM_SEP
 from surecall.grammars.table import TokenTable
@@ -290,30 +290,11 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray, csr: _Csr) -> N
 
 
 def _weighted_dist(table: TokenTable, csr: _Csr, extra: np.ndarray) -> np.ndarray:
-    """counted.counted_dist's Dijkstra over every transition, each edge charged `extra` more."""
+    """counted.dist_to_accept over every transition, each edge charged `extra` more."""
     weight = 1 + extra + _body_entry(table, csr.owner, csr.tok, csr.nxt)
     usable = _usable(table, csr.owner, csr.tok)
     src, dst, weight = csr.owner[usable], csr.nxt[usable].astype(np.int64), weight[usable]
-    order = np.lexsort((weight, dst, src))
-    src, dst, weight = src[order], dst[order], weight[order]
-    first = np.ones(src.size, dtype=bool)
-    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    n = table.num_states
-    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
-        pred[t].append((s, w))
-    dist = np.full(n, -1, dtype=np.int64)
-    heap = [(0, int(s)) for s in np.flatnonzero(table.accept)]
-    heapq.heapify(heap)
-    while heap:
-        d, t = heapq.heappop(heap)
-        if dist[t] >= 0:
-            continue
-        dist[t] = d
-        for s, w in pred[t]:
-            if dist[s] < 0:
-                heapq.heappush(heap, (d + w, s))
-    return dist.astype(np.int32)
+    return dist_to_accept(table.num_states, table.accept, src, dst, weight)
 
 
 def _required_costs(table: TokenTable, region: np.ndarray, csr: _Csr, extra: np.ndarray) -> np.ndarray:
