@@ -1,0 +1,311 @@
+"""The decode step as one static-shape function: forward -> items -> mask + sample -> advance -> finish.
+
+For a bucket (padded batch B in BATCH_BUCKETS, key length L_cap, sampling variant, live grammar
+tables) `GraphStep` keeps static buffers: one int64 input block [B, C] (token, position, grammar
+state, counters, budget, sampling params, seed/step, stop ids, block table per row) and one int32
+output block [B, 8] (token, logprob bits, next state, counters, a finish code per row). `_device_step`
+reads the one and writes the other with no host sync and no data-dependent shape: slot maps, mask,
+RNG keys (inside the sampler kernel), stop and budget checks all stay tensors. On CUDA it is captured
+once per bucket with torch.cuda.CUDAGraph (warm-up on a side stream, one memory pool for every
+bucket) and replayed; on CPU the same function runs eagerly on the same buffers. A step is one copy
+in, one replay, one copy out, then the Python bookkeeping of `apply_results`. Padding rows (position
+-1) write only the cache's trash slot and read only its pad slot. Each step gathers every row's K/V
+over L_cap keys (no dense views): simple and capturable, more memory traffic than the eager path.
+STATUS: the CUDA capture is UNVERIFIED until a GPU run; benchmarks/gpu/gpu_check_graph.sh checks
+captured == eager tokens, the `-m gpu` tests, and replay vs eager step time (constrained vs free).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from surecall.core.masks import attention_mask
+from surecall.kernels import DEAD_STATE, SamplingTensors, advance, sample
+from surecall.kernels._triton import HAS_TRITON, INTERPRET
+from surecall.kernels.items import advance_items, apply_item_mask_inplace, sample_remaining
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+MIN_KEY_BUCKET = 256  # key lengths are bucketed in powers of two from here (each a captured graph)
+MAX_STOP_IDS = 8  # stop ids per free row a graph checks; a row with more takes the eager step
+MAX_GRAPHS = 64  # captured buckets kept (least recently used out; their memory goes back to the pool)
+# input columns (int64); float32 values travel as their int32 bits
+TOKEN, POS, STATE, COUNTER, ITEM, REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(12)
+TABLE = STOPS + MAX_STOP_IDS
+# output columns (int32)
+OUT_TOKEN, OUT_LOGPROB, OUT_UNMASKED, OUT_STATE, OUT_COUNTER, OUT_ITEM, OUT_STATUS = range(7)
+NUM_OUT = 8
+# finish codes in OUT_STATUS
+GOES_ON, STOPPED, COMPLETE_AT_BUDGET, LENGTH, NO_TOKEN, DEAD = range(6)
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    batch: int  # padded rows
+    num_keys: int  # L_cap: key positions every row attends over (a multiple of the block size)
+    use_sort: bool  # top-k/top-p in the batch (the sort path)
+    want_unmasked: bool
+    table_id: int  # id() of the live DeviceTable (0: none); the bucket holds it, so the id stays unique
+    items_id: int
+
+
+class _Bucket:
+    """Static buffers of one bucket, and its graph once captured."""
+
+    def __init__(self, key: BucketKey, table, items, block_size: int, device: torch.device):
+        self.key, self.table, self.items = key, table, items
+        pin = device.type == "cuda"
+        self.inputs = torch.zeros((key.batch, TABLE + key.num_keys // block_size), dtype=torch.int64, device=device)
+        self.outputs = torch.zeros((key.batch, NUM_OUT), dtype=torch.int32, device=device)
+        self.host_in = torch.zeros(self.inputs.shape, dtype=torch.int64, pin_memory=pin)
+        self.host_out = torch.zeros(self.outputs.shape, dtype=torch.int32, pin_memory=pin)
+        kpos = torch.arange(key.num_keys, device=device)
+        self.kpos, self.kblock, self.koffset = kpos[None, :], (kpos // block_size)[None, :], (kpos % block_size)[None, :]
+        self.graph = None
+
+
+def backend_for(device: torch.device) -> str:
+    """The kernels' backend inside the step: Triton on CUDA and under TRITON_INTERPRET (the code that
+    is captured), else the torch paths (same tokens)."""
+    return "triton" if HAS_TRITON and (device.type == "cuda" or INTERPRET) else "torch"
+
+
+class GraphStep:
+    """Decode-only steps of an EngineCore on static buffers; captured per bucket on CUDA."""
+
+    def __init__(self, core, capture: bool | None = None):
+        self.core = core
+        self.device = core.device
+        self.capture = (self.device.type == "cuda") if capture is None else capture
+        self.backend = backend_for(self.device)
+        self.block_size = core.blocks.block_size
+        bs = self.block_size
+        self.max_keys = -(-core.max_model_len // bs) * bs
+        self.buckets: OrderedDict[BucketKey, _Bucket] = OrderedDict()
+        self.pool = None
+        self.num_captures = self.num_replays = self.num_eager = 0
+        self.capture_s = 0.0
+
+    # --- which steps it takes -----------------------------------------------------------------
+    def fits(self, works) -> bool:
+        """A decode-only batch this step runs (else the eager step does)."""
+        if not works or len(works) > BATCH_BUCKETS[-1] or self.core.check_kernel_inputs:
+            return False
+        return all(len(w.seq.payload.stop_ids) <= MAX_STOP_IDS and w.end <= self.max_keys
+                   and w.end - w.start == 1 for w in works)
+
+    def bucket_key(self, works, table, items) -> BucketKey:
+        batch = next(b for b in BATCH_BUCKETS if b >= len(works))
+        longest = max(w.end for w in works)
+        keys = MIN_KEY_BUCKET
+        while keys < longest:
+            keys *= 2
+        keys = min(-(-keys // self.block_size) * self.block_size, self.max_keys)
+        states = [w.seq.payload for w in works]
+        use_sort = any(st.sampling.top_k > 0 or st.sampling.top_p < 1.0 for st in states)
+        want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
+        return BucketKey(batch, keys, use_sort, want_unmasked, id(table) if table is not None else 0,
+                         id(items) if items is not None else 0)
+
+    # --- one step -----------------------------------------------------------------------------
+    def step(self, works) -> list:
+        """Run `works` (decode rows) through the bucket's step; the engine's StepOutputs."""
+        core = self.core
+        table, offsets = core.grammars.current()
+        items = core.grammars.item_table
+        bucket = self._bucket(self.bucket_key(works, table, items), table, items)
+        pack_inputs(bucket.host_in.numpy(), works, offsets)
+        bucket.inputs.copy_(bucket.host_in, non_blocking=True)
+        self._run(bucket)
+        bucket.host_out.copy_(bucket.outputs, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the step's one sync: its tokens
+        return apply_results(core, works, bucket.host_out.numpy(), offsets, table, items, bucket.key.want_unmasked)
+
+    def _bucket(self, key: BucketKey, table, items) -> _Bucket:
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(key, table, items, self.block_size, self.device)
+            self.buckets[key] = bucket
+            while len(self.buckets) > MAX_GRAPHS:
+                self.buckets.popitem(last=False)
+        self.buckets.move_to_end(key)
+        return bucket
+
+    def _run(self, bucket: _Bucket) -> None:
+        if not self.capture:
+            self.num_eager += 1
+            self.device_step(bucket)
+            return
+        if bucket.graph is None:
+            self._capture(bucket)
+        bucket.graph.replay()
+        self.num_replays += 1
+
+    def _capture(self, bucket: _Bucket) -> None:
+        """Warm up on a side stream (Triton compiles, the allocator settles), then capture."""
+        start = time.perf_counter()
+        # The warm-up runs the real inputs: it writes the same K/V into the same slots as the replay.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.device_step(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.device_step(bucket)
+        bucket.graph = graph
+        self.num_captures += 1
+        self.capture_s += time.perf_counter() - start
+
+    # --- the captured function --------------------------------------------------------------
+    def device_step(self, bucket: _Bucket) -> None:
+        """bucket.inputs -> bucket.outputs with device ops only (what the CUDA graph holds)."""
+        core, key, inp = self.core, bucket.key, bucket.inputs
+        table, items = bucket.table, bucket.items
+        # 1. slot maps and mask from positions and block tables
+        pos = inp[:, POS]
+        real = pos >= 0
+        at = pos.clamp_min(0)
+        tables = inp[:, TABLE:]
+        write = tables.gather(1, (at // self.block_size)[:, None])[:, 0] * self.block_size + at % self.block_size
+        write = torch.where(real, write, core.kv.trash_slot)
+        valid = (bucket.kpos <= at[:, None]) & real[:, None]
+        read = tables.gather(1, bucket.kblock.expand(key.batch, -1)) * self.block_size + bucket.koffset
+        read = torch.where(valid, read, core.kv.pad_slot)
+        allowed = (valid | ((bucket.kpos == 0) & ~real[:, None]))[:, None, :]  # padding rows see one key
+        qpos = torch.where(real, pos, -1)[:, None]
+        mask = attention_mask(allowed, bucket.kpos, qpos, core.model.config, core.is_sdpa, core.kv.k[0].dtype)
+        # 2. forward over the paged cache
+        core.kv.bind_static(write, read)
+        try:
+            out = core.model(input_ids=inp[:, TOKEN:TOKEN + 1], attention_mask=mask, position_ids=at[:, None],
+                             logits_to_keep=1, use_cache=True, **{core.keyword: core.kv})
+        finally:
+            core.kv.unbind()
+        logits = out.logits[:, -1, :].float()
+        # 3. items, mask + sample, advance
+        states = inp[:, STATE].to(torch.int32)
+        remaining = inp[:, REMAINING].to(torch.int32)
+        counters = inp[:, COUNTER].to(torch.int32) if table is not None and table.has_counts else None
+        item_counters = inp[:, ITEM].to(torch.int32) if items is not None else None
+        params = SamplingTensors(_floats(inp[:, TEMP]), inp[:, TOP_K].to(torch.int32), _floats(inp[:, TOP_P]),
+                                 inp[:, SEED].contiguous(), inp[:, STEP].contiguous(), use_top_k_top_p=key.use_sort)
+        budget = remaining.clamp_min(1)
+        if items is not None and table is not None:
+            apply_item_mask_inplace(logits, table, items, states, item_counters, budget, counters=counters,
+                                    backend=self.backend)
+            budget = sample_remaining(items, states, budget)
+        drawn = sample(logits, table, states if table is not None else None, params, remaining=budget,
+                       return_unmasked_logprobs=key.want_unmasked, check=False, backend=self.backend,
+                       counters=counters, sync_free=True)
+        tokens = drawn.tokens
+        is_constrained = states >= 0
+        nxt, fin_grammar = states, torch.zeros_like(is_constrained)
+        next_counters, next_items = inp[:, COUNTER].to(torch.int32), inp[:, ITEM].to(torch.int32)
+        if table is not None:
+            moved = advance(torch.where(is_constrained & (tokens >= 0), states, -1), tokens.clamp_min(0), table,
+                            check=False, backend=self.backend, counters=counters)
+            nxt, fin_grammar = moved[0], moved[1]
+            if counters is not None:
+                next_counters = moved[2]
+            if items is not None:
+                next_items = advance_items(items, states, tokens, item_counters)
+        # 4. finish codes (the stop / budget / error rules of the eager step)
+        is_stop = (tokens[:, None] == inp[:, STOPS:TABLE]).any(dim=1)
+        by_stop = torch.where(is_constrained, fin_grammar, is_stop)
+        at_budget = remaining <= 1
+        accepts = table.accept[nxt.clamp_min(0).long()] if table is not None else torch.zeros_like(is_constrained)
+        status = torch.where(at_budget, torch.where(is_constrained & accepts, COMPLETE_AT_BUDGET, LENGTH), GOES_ON)
+        status = torch.where(by_stop, STOPPED, status)
+        status = torch.where(is_constrained & (nxt == DEAD_STATE), DEAD, status)
+        status = torch.where(tokens < 0, NO_TOKEN, status)
+        # 5. one output block
+        unmasked = drawn.unmasked_logprobs if drawn.unmasked_logprobs is not None else drawn.logprobs
+        columns = (tokens.to(torch.int32), drawn.logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
+                   next_counters, next_items, status.to(torch.int32), torch.zeros_like(nxt))
+        bucket.outputs.copy_(torch.stack(columns, dim=1))
+
+
+def _floats(column: torch.Tensor) -> torch.Tensor:
+    """float32 values sent as their int32 bits in an int64 column."""
+    return column.to(torch.int32).view(torch.float32)
+
+
+def pack_inputs(host: np.ndarray, works, offsets: dict) -> None:
+    """Fill the host input block [B, C] for `works`; rows past them are padding (position -1)."""
+    host[:] = 0
+    host[:, POS] = -1
+    host[:, STATE] = -1
+    host[:, REMAINING] = 1
+    host[:, STOPS:TABLE] = -1
+    for b, w in enumerate(works):
+        seq, st = w.seq, w.seq.payload
+        row = host[b]
+        row[TOKEN] = seq.token_ids[w.start]
+        row[POS] = w.start
+        row[STATE] = offsets[st.table_key] + st.state if st.table_key is not None else -1
+        row[COUNTER], row[ITEM] = st.counter, st.item_counter
+        row[REMAINING] = st.sampling.max_tokens - len(st.generated)
+        row[TEMP] = _bits(st.sampling.temperature)
+        row[TOP_K] = st.sampling.top_k
+        row[TOP_P] = _bits(st.sampling.top_p)
+        row[SEED] = st.seed
+        row[STEP] = len(st.generated) - len(st.forced)
+        stops = sorted(st.stop_ids)
+        row[STOPS:STOPS + len(stops)] = stops
+        row[TABLE:TABLE + len(seq.block_table)] = seq.block_table[: host.shape[1] - TABLE]
+
+
+def _bits(value: float) -> int:
+    return int(np.float32(value).view(np.int32))
+
+
+def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, want_unmasked: bool) -> list:
+    """The eager step's bookkeeping from the output block: tokens appended, states moved, rows finished."""
+    from surecall.core.engine import StepOutput
+
+    logprobs = out[:, OUT_LOGPROB].view(np.float32)
+    unmasked = out[:, OUT_UNMASKED].view(np.float32)
+    counted = table is not None and table.has_counts
+    now = time.perf_counter()
+    outputs = []
+    for i, work in enumerate(works):
+        seq, st = work.seq, work.seq.payload
+        seq.num_computed = work.end
+        core.blocks.register_full(seq.block_table, seq.token_ids, seq.num_computed, seq.block_hashes)
+        token, status = int(out[i, OUT_TOKEN]), int(out[i, OUT_STATUS])
+        step = len(st.generated) - len(st.forced)
+        if status in (NO_TOKEN, DEAD):
+            st.error = (f"at step {step}, the grammar mask of state {st.state} allows no token" if status == NO_TOKEN
+                        else f"at step {step}, token {token} is not allowed in grammar state {st.state}")
+            core._finish(seq, "error")
+            outputs.append(StepOutput(seq.request_id, [], True, st, seq))
+            continue
+        st.generated.append(token)
+        st.logprobs.append(float(logprobs[i]))
+        if want_unmasked and st.sampling.unmasked_logprobs:
+            st.unmasked_logprobs.append(float(unmasked[i]))
+        if st.first_token_s is None:
+            st.first_token_s = now
+        seq.token_ids.append(token)
+        if st.table_key is not None:
+            st.state = int(out[i, OUT_STATE]) - offsets[st.table_key]
+            if counted:
+                st.counter = int(out[i, OUT_COUNTER])
+            if items is not None:
+                st.item_counter = int(out[i, OUT_ITEM])
+        if status == STOPPED:
+            st.by_stop = True
+            core._finish(seq, "stop")
+        elif status in (COMPLETE_AT_BUDGET, LENGTH):
+            core._finish(seq, "stop" if status == COMPLETE_AT_BUDGET else "length")
+        outputs.append(StepOutput(seq.request_id, [token], st.finish_reason is not None, st, seq))
+    return outputs
