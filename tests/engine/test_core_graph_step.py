@@ -1,0 +1,216 @@
+"""The static-buffer decode step (core/graph_step.py): same results as the eager step, no host sync,
+inert padding rows; on CUDA the captured graph equals the eager step (`-m gpu`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from surecall.config import EngineConfig, SamplingParams
+from surecall.core import EngineCore
+from surecall.core import graph_step as gs
+from surecall.kernels._triton import INTERPRET
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.no_sync import HostSyncError, NoHostSync  # noqa: E402
+
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="the step's kernels run on CPU under TRITON_INTERPRET=1")
+
+TOOLS = [
+    {"name": "note", "description": "Write a note.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 3, "maxLength": 12}},
+        "required": ["text"], "additionalProperties": False}},
+    {"name": "pick", "description": "Pick numbers.", "parameters": {
+        "type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 9},
+                                               "minItems": 12, "maxItems": 14}},
+        "required": ["n"], "additionalProperties": False}},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from surecall.llm import LLM
+
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def grammars(tiny):
+    from surecall.core.prompts import render_prompt
+
+    fmt = tiny._format(None)
+    out = []
+    for tool in TOOLS:
+        table = tiny.compile([tool])
+        key = tiny._table_key(tiny._row_tools([tool], 0, {}), fmt)
+        prompt = render_prompt([{"role": "user", "content": f"use {tool['name']}"}], tiny.tokenizer, [tool], 0)
+        out.append((table, key, prompt))
+    assert out[0][0].has_counts and out[1][0].has_items
+    return out
+
+
+def _requests(tiny, grammars, use_sort: bool):
+    """Mixed rows: free and constrained, seeds, greedy, tight budgets, unmasked logprobs."""
+    rows = []
+    for i in range(6):
+        table, key, prompt = grammars[i % 2]
+        tight = int(table.dist[0])
+        params = SamplingParams(temperature=(0.0, 1.0, 0.8)[i % 3], max_tokens=tight + (0, 3, 9)[i % 3], seed=11 + i,
+                                unmasked_logprobs=i == 1, top_k=5 if use_sort and i % 3 == 1 else 0,
+                                top_p=0.9 if use_sort and i % 3 == 2 else 1.0)
+        rows.append((f"c{i}", prompt, params, table, key))
+    for i in range(3):
+        prompt = tiny.count_tokens(f"user: request {i} about file_{i}.py\nassistant:")
+        params = SamplingParams(temperature=(0.0, 1.0, 0.7)[i], max_tokens=(4, 30, 12)[i], seed=40 + i,
+                                unmasked_logprobs=i == 2, top_k=7 if use_sort and i == 1 else 0)
+        rows.append((f"f{i}", prompt, params, None, None))
+    return rows
+
+
+def _run(tiny, rows, graph: bool, **kw):
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=256, graph_step=graph, **kw)
+    seqs = {rid: core.add_request(rid, prompt, params, stop_ids=(2,), table=table, table_key=key)
+            for rid, prompt, params, table, key in rows}
+    steps = []
+    while core.has_unfinished:
+        steps.append({o.request_id: (tuple(o.new_token_ids), o.state.state, o.state.counter, o.state.item_counter,
+                                     o.finished, o.state.finish_reason) for o in core.step()})
+    return core, steps, {rid: seq.payload for rid, seq in seqs.items()}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("use_sort", [False, True])
+def test_static_step_equals_the_eager_step(tiny, grammars, use_sort):
+    rows = _requests(tiny, grammars, use_sort)
+    eager_core, eager_steps, eager = _run(tiny, rows, graph=False)
+    graph_core, graph_steps, graph = _run(tiny, rows, graph=True)
+    assert eager_core.graph is None and graph_core.graph.num_eager > 5  # the static step really ran
+    assert graph_steps == eager_steps  # tokens, next states, counters, item counters, finishes, every step
+    for rid, ref in eager.items():
+        got = graph[rid]
+        assert (got.generated, got.finish_reason, got.error, got.by_stop) == (
+            ref.generated, ref.finish_reason, ref.error, ref.by_stop), rid
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-5), rid
+        assert torch.allclose(torch.tensor(got.unmasked_logprobs), torch.tensor(ref.unmasked_logprobs), atol=1e-5)
+    assert {st.finish_reason for st in eager.values()} >= {"stop", "length"}
+    seen = [v for step in graph_steps for v in step.values()]
+    assert any(v[2] > 0 for v in seen) and any(v[3] > 0 for v in seen)  # string and item counters moved
+
+
+def _guarded(monkeypatch):
+    calls = []
+    original = gs.GraphStep.device_step
+
+    def device_step(self, bucket):
+        with NoHostSync():
+            original(self, bucket)
+        calls.append(bucket.key)
+
+    monkeypatch.setattr(gs.GraphStep, "device_step", device_step)
+    return calls
+
+
+@needs_interpreter
+@pytest.mark.parametrize("use_sort", [False, True])
+def test_the_static_step_makes_no_host_sync(tiny, grammars, monkeypatch, use_sort):
+    calls = _guarded(monkeypatch)
+    core, _, states = _run(tiny, _requests(tiny, grammars, use_sort), graph=True)
+    assert len(calls) == core.graph.num_eager > 5
+    assert all(st.error is None for st in states.values())  # a HostSyncError would fail the step's rows
+
+
+@needs_interpreter
+def test_the_guard_catches_the_eager_steps_syncs(tiny):
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=False)
+    core.add_request("a", tiny.count_tokens("user: hi\nassistant:"), SamplingParams(temperature=0, max_tokens=4))
+    plan = core.scheduler.schedule()
+    sampled = core._forward_all(plan)
+    with pytest.raises(HostSyncError, match="host sync"), NoHostSync():
+        core._sample_and_advance(sampled)
+    with pytest.raises(HostSyncError, match="nonzero"), NoHostSync():
+        torch.arange(4).nonzero()
+
+
+@needs_interpreter
+def test_padding_rows_are_inert(tiny, grammars, monkeypatch):
+    rows = [(rid, p, dataclasses.replace(s, max_tokens=10), t, k)
+            for rid, p, s, t, k in _requests(tiny, grammars, use_sort=False)[1:4]]
+    _, small_steps, small = _run(tiny, rows, graph=True)  # 3 rows in a bucket of 4
+    monkeypatch.setattr(gs, "BATCH_BUCKETS", (16, 512))
+    core, big_steps, big = _run(tiny, rows, graph=True)  # the same rows with 13 padding rows
+    assert {key.batch for key in core.graph.buckets} == {16}
+    assert big_steps == small_steps
+    for rid, st in small.items():
+        assert big[rid].generated == st.generated  # logprobs: the forward's float sums vary with the batch shape
+        assert torch.allclose(torch.tensor(big[rid].logprobs), torch.tensor(st.logprobs), atol=1e-5)
+    # one decode step writes the rows' new slots and the trash slot, nothing else
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
+    seqs = [core.add_request(rid, p, s, stop_ids=(2,), table=t, table_key=k) for rid, p, s, t, k in rows]
+    while core.graph.num_eager == 0:  # prefill (eager), then the first static step
+        core.step()
+    before = [k.clone() for k in core.kv.k]
+    core.step()
+    assert core.graph.num_eager == 2 and all(seq.payload.finish_reason is None for seq in seqs)
+    written = {seq.block_table[(seq.num_tokens - 2) // 16] * 16 + (seq.num_tokens - 2) % 16 for seq in seqs}
+    changed = set((before[0] != core.kv.k[0]).any(dim=2).any(dim=0).nonzero()[:, 0].tolist())
+    assert changed - {core.kv.trash_slot} == written
+    assert all(torch.equal(b[:, core.kv.pad_slot], k[:, core.kv.pad_slot]) for b, k in zip(before, core.kv.k))
+
+
+def test_engine_config_graph_step_option():
+    assert EngineConfig().graph_step is None and EngineConfig(graph_step=False).graph_step is False
+    with pytest.raises(ValueError, match="Invalid graph_step: expected None or a bool"):
+        EngineConfig(graph_step="yes")
+
+
+def test_cpu_default_is_the_eager_step(tiny):
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64)
+    assert core.graph is None  # on CPU only when asked
+
+
+# --- CUDA: the captured graph -------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_sort", [False, True])
+def test_captured_graph_equals_the_eager_step_on_gpu(grammars, use_sort):
+    from surecall.llm import LLM
+
+    llm = LLM(device="cuda")
+    rows = _requests(llm, grammars, use_sort)
+    _, eager_steps, eager = _run(llm, rows, graph=False)
+    core, graph_steps, graph = _run(llm, rows, graph=True)
+    assert core.graph.capture and core.graph.num_captures >= 1 and core.graph.num_replays > 5
+    assert graph_steps == eager_steps
+    for rid, ref in eager.items():
+        assert graph[rid].generated == ref.generated
+        assert torch.allclose(torch.tensor(graph[rid].logprobs), torch.tensor(ref.logprobs), atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_the_static_step_makes_no_host_sync_on_gpu(grammars, monkeypatch):
+    from surecall.llm import LLM
+
+    llm = LLM(device="cuda")
+    original = gs.GraphStep.device_step
+    calls = []
+
+    def device_step(self, bucket):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            original(self, bucket)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        calls.append(bucket.key)
+
+    monkeypatch.setattr(gs.GraphStep, "device_step", device_step)
+    core = EngineCore(llm.runner.model, pad_id=0, block_size=16, num_blocks=256, graph_step=True)
+    core.graph.capture = False  # the same function, run eagerly, so a sync raises instead of breaking capture
+    seqs = [core.add_request(rid, p, s, stop_ids=(2,), table=t, table_key=k)
+            for rid, p, s, t, k in _requests(llm, grammars, use_sort=True)]
+    core.run_to_completion()
+    assert calls and all(seq.payload.error is None for seq in seqs), [seq.payload.error for seq in seqs]
