@@ -7,7 +7,7 @@ request are concatenated into one device table (rebuilt only when the set of gra
 so rows with different tools share a step. A request that can never fit (prompt + max_tokens
 past the model's positions or the whole block pool) is refused when added; an exception inside
 a step fails that step's requests with the error and the engine goes on. It does not tokenize,
-render prompts or parse calls (`surecall.llm`), and runs eagerly (no CUDA graph yet). Under a
+render prompts or parse calls (`surecall.llm`); decode-only steps may take `graph_step.py`. Under a
 transformers version the cache adapter was not tested with (`kv_cache.paged_cache_supported`) it
 warns once and runs plain: no paged cache, no prefix cache, each step recomputes every row.
 """

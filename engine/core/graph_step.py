@@ -18,6 +18,7 @@ captured == eager tokens, the `-m gpu` tests, and replay vs eager step time (con
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -142,7 +143,16 @@ class GraphStep:
             self.device_step(bucket)
             return
         if bucket.graph is None:
-            self._capture(bucket)
+            try:
+                self._capture(bucket)
+            except Exception as exc:  # noqa: BLE001 - a model or kernel that cannot be captured still runs
+                warnings.warn(f"CUDA graph capture of the decode step failed ({type(exc).__name__}: {exc}); "
+                              "running the same step eagerly from now on", RuntimeWarning, stacklevel=2)
+                self.capture = False
+                self.buckets.clear()
+                self.num_eager += 1
+                self.device_step(bucket)  # the warm-up's K/V writes are this step's: running it again is safe
+                return
         bucket.graph.replay()
         self.num_replays += 1
 

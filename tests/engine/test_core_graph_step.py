@@ -214,3 +214,23 @@ def test_the_static_step_makes_no_host_sync_on_gpu(grammars, monkeypatch):
             for rid, p, s, t, k in _requests(llm, grammars, use_sort=True)]
     core.run_to_completion()
     assert calls and all(seq.payload.error is None for seq in seqs), [seq.payload.error for seq in seqs]
+
+
+@needs_interpreter
+def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
+    def broken(self, bucket):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(gs.GraphStep, "_capture", broken)
+    prompt = tiny.count_tokens("user: hi\nassistant:")
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    ref = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=False)
+    want = ref.add_request("a", prompt, params)
+    ref.run_to_completion()
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
+    core.graph.capture = True
+    got = core.add_request("a", prompt, params)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the decode step failed"):
+        core.run_to_completion()
+    assert got.payload.generated == want.payload.generated and not core.graph.capture
+    assert core.graph.num_eager == 5 and core.graph.num_replays == 0
