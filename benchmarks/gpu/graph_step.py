@@ -76,7 +76,7 @@ def check_tokens(llm, table, steps: int) -> dict:
 
 
 def time_steps(llm, table, batch: int, constrained: bool, graph: bool, steps: int, warmup: int = 3) -> dict:
-    max_tokens = warmup + steps + 8
+    max_tokens = int(table.dist[0]) + warmup + steps + 8  # room for a complete call past the timed steps
     core = make_core(llm, batch, max_tokens, graph)
     add_rows(core, llm, table, batch, max_tokens, (lambda i: True) if constrained else (lambda i: False))
     while core.has_unfinished and (core.num_steps == 0 or core.last_step_prefill):
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     table = compile_catalog(seed_tools(), vocab, llm.default_format, None, use_cache=False)
     report = {"bench": "graph_step", "model": name, "device": args.device, "dtype": str(dtype),
               "machine": torch.cuda.get_device_name() if gpu else platform.processor() or platform.machine(),
-              "torch": torch.__version__, "check": check_tokens(llm, table, steps=max(8, args.steps)), "cases": []}
+              "torch": torch.__version__, "check": check_tokens(llm, table, steps=int(table.dist[0]) + 8), "cases": []}
     print(f"check: {report['check']}")
     print(f"{'batch':>6} {'mode':>12} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'rows':>6}")
     for batch in batches:

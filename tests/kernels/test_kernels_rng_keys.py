@@ -49,3 +49,18 @@ def test_in_kernel_row_keys_equal_the_torch_keys_on_gpu():
     got_a, got_b = _kernel_keys(seed, step)
     ref_a, ref_b = row_keys(seed, step)
     assert torch.equal(got_a, ref_a) and torch.equal(got_b, ref_b)
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_sync_free_sampling_draws_the_same_tokens(top_k):
+    from surecall.kernels import SamplingTensors, sample
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 3000, generator=gen) * 4
+    logits[1] = 0.0  # a flat row: every column near the top
+    params = SamplingTensors.build([1.0, 0.7, 0.0, 1.3, 1.0, 0.5], [top_k] * 6, [1.0, 1.0, 1.0, 0.9, 1.0, 1.0],
+                                   [3, 4, 5, 6, 2**62 + 1, 0], [0, 1, 2, 3, 4, 2**40])
+    ref = sample(logits, None, None, params, backend="torch")
+    free = sample(logits, None, None, params, backend="torch", sync_free=True)
+    assert torch.equal(ref.tokens, free.tokens)
+    assert torch.allclose(ref.logprobs, free.logprobs, atol=1e-5)
