@@ -1,18 +1,14 @@
-"""The decode step as one static-shape function: forward -> items -> mask + sample -> advance -> finish.
+"""The decode step as one static-shape function: forward -> items -> mask + sample -> advance -> finish codes.
 
-For a bucket (padded batch B in BATCH_BUCKETS, key length L_cap, sampling variant, live grammar
-tables) `GraphStep` keeps static buffers: one int64 input block [B, C] (token, position, grammar
-state, counters, budget, sampling params, seed/step, stop ids, block table per row) and one int32
-output block [B, 8] (token, logprob bits, next state, counters, a finish code per row). `_device_step`
-reads the one and writes the other with no host sync and no data-dependent shape: slot maps, mask,
-RNG keys (inside the sampler kernel), stop and budget checks all stay tensors. On CUDA it is captured
-once per bucket with torch.cuda.CUDAGraph (warm-up on a side stream, one memory pool for every
-bucket) and replayed; on CPU the same function runs eagerly on the same buffers. A step is one copy
-in, one replay, one copy out, then the Python bookkeeping of `apply_results`. Padding rows (position
--1) write only the cache's trash slot and read only its pad slot. Each step gathers every row's K/V
-over L_cap keys (no dense views): simple and capturable, more memory traffic than the eager path.
-STATUS: the CUDA capture is UNVERIFIED until a GPU run; benchmarks/gpu/gpu_check_graph.sh checks
-captured == eager tokens, the `-m gpu` tests, and replay vs eager step time (constrained vs free).
+Per bucket (padded batch in BATCH_BUCKETS, key length, sampling variant, live tables) it keeps static
+buffers: an int64 input block (token, position, state, counters, budget, sampling params, seed/step,
+stop ids, block table per row) and an int32 output block. `device_step` maps one to the other with
+no host sync and no data-dependent shape (slot maps, mask, RNG keys in the sampler kernel, stop and
+budget rules all stay tensors); on CUDA it is captured once per bucket (side-stream warm-up, one
+memory pool) and replayed, on CPU run eagerly on the same buffers. Padding rows (position -1) write
+only the trash slot. It gathers every row's K/V each step (no dense views) and leaves prefill to the
+eager step. STATUS: the CUDA capture is UNVERIFIED until a GPU run; benchmarks/gpu/gpu_check_graph.sh
+checks replay == eager tokens, the `-m gpu` tests, and step time eager vs graph, free vs constrained.
 """
 
 from __future__ import annotations
@@ -178,70 +174,76 @@ class GraphStep:
     # --- the captured function --------------------------------------------------------------
     def device_step(self, bucket: _Bucket) -> None:
         """bucket.inputs -> bucket.outputs with device ops only (what the CUDA graph holds)."""
-        core, key, inp = self.core, bucket.key, bucket.inputs
-        table, items = bucket.table, bucket.items
-        # 1. slot maps and mask from positions and block tables
+        logits = self._forward(bucket)  # 1-2. slot maps and mask, forward over the paged cache
+        tokens, logprobs, unmasked, nxt, fin_grammar, counters, items = self._sample_and_advance(bucket, logits)
+        status = self._finish_codes(bucket, tokens, nxt, fin_grammar)  # 4. stop / budget / error rules
+        columns = (tokens.to(torch.int32), logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
+                   counters, items, status.to(torch.int32), torch.zeros_like(nxt))
+        bucket.outputs.copy_(torch.stack(columns, dim=1))  # 5. one output block
+
+    def _forward(self, bucket: _Bucket) -> torch.Tensor:
+        """Logits [B, V] float32 of each row's next token (padding rows: pad keys only, trash writes)."""
+        core, inp, bs = self.core, bucket.inputs, self.block_size
         pos = inp[:, POS]
         real = pos >= 0
         at = pos.clamp_min(0)
         tables = inp[:, TABLE:]
-        write = tables.gather(1, (at // self.block_size)[:, None])[:, 0] * self.block_size + at % self.block_size
-        write = torch.where(real, write, core.kv.trash_slot)
+        write = torch.where(real, tables.gather(1, (at // bs)[:, None])[:, 0] * bs + at % bs, core.kv.trash_slot)
         valid = (bucket.kpos <= at[:, None]) & real[:, None]
-        read = tables.gather(1, bucket.kblock.expand(key.batch, -1)) * self.block_size + bucket.koffset
+        read = tables.gather(1, bucket.kblock.expand(bucket.key.batch, -1)) * bs + bucket.koffset
         read = torch.where(valid, read, core.kv.pad_slot)
         allowed = (valid | ((bucket.kpos == 0) & ~real[:, None]))[:, None, :]  # padding rows see one key
         qpos = torch.where(real, pos, -1)[:, None]
         mask = attention_mask(allowed, bucket.kpos, qpos, core.model.config, core.is_sdpa, core.kv.k[0].dtype)
-        # 2. forward over the paged cache
         core.kv.bind_static(write, read)
         try:
             out = core.model(input_ids=inp[:, TOKEN:TOKEN + 1], attention_mask=mask, position_ids=at[:, None],
                              logits_to_keep=1, use_cache=True, **{core.keyword: core.kv})
         finally:
             core.kv.unbind()
-        logits = out.logits[:, -1, :].float()
-        # 3. items, mask + sample, advance
+        return out.logits[:, -1, :].float()
+
+    def _sample_and_advance(self, bucket: _Bucket, logits: torch.Tensor):
+        """3. item mask, mask + sample, advance: (tokens, logprobs, unmasked, next states, grammar
+        finished, next counters, next item counters), all [B]."""
+        inp, table, items, key = bucket.inputs, bucket.table, bucket.items, bucket.key
         states = inp[:, STATE].to(torch.int32)
-        remaining = inp[:, REMAINING].to(torch.int32)
-        counters = inp[:, COUNTER].to(torch.int32) if table is not None and table.has_counts else None
-        item_counters = inp[:, ITEM].to(torch.int32) if items is not None else None
+        counters = inp[:, COUNTER].to(torch.int32)
+        item_counters = inp[:, ITEM].to(torch.int32)
+        counted = counters if table is not None and table.has_counts else None
         params = SamplingTensors(_floats(inp[:, TEMP]), inp[:, TOP_K].to(torch.int32), _floats(inp[:, TOP_P]),
                                  inp[:, SEED].contiguous(), inp[:, STEP].contiguous(), use_top_k_top_p=key.use_sort)
-        budget = remaining.clamp_min(1)
+        budget = inp[:, REMAINING].to(torch.int32).clamp_min(1)
         if items is not None and table is not None:
-            apply_item_mask_inplace(logits, table, items, states, item_counters, budget, counters=counters,
+            apply_item_mask_inplace(logits, table, items, states, item_counters, budget, counters=counted,
                                     backend=self.backend)
             budget = sample_remaining(items, states, budget)
         drawn = sample(logits, table, states if table is not None else None, params, remaining=budget,
                        return_unmasked_logprobs=key.want_unmasked, check=False, backend=self.backend,
-                       counters=counters, sync_free=True)
+                       counters=counted, sync_free=True)
         tokens = drawn.tokens
-        is_constrained = states >= 0
-        nxt, fin_grammar = states, torch.zeros_like(is_constrained)
-        next_counters, next_items = inp[:, COUNTER].to(torch.int32), inp[:, ITEM].to(torch.int32)
-        if table is not None:
-            moved = advance(torch.where(is_constrained & (tokens >= 0), states, -1), tokens.clamp_min(0), table,
-                            check=False, backend=self.backend, counters=counters)
-            nxt, fin_grammar = moved[0], moved[1]
-            if counters is not None:
-                next_counters = moved[2]
-            if items is not None:
-                next_items = advance_items(items, states, tokens, item_counters)
-        # 4. finish codes (the stop / budget / error rules of the eager step)
+        unmasked = drawn.unmasked_logprobs if drawn.unmasked_logprobs is not None else drawn.logprobs
+        if table is None:
+            return tokens, drawn.logprobs, unmasked, states, torch.zeros_like(states, dtype=torch.bool), counters, \
+                item_counters
+        moved = advance(torch.where((states >= 0) & (tokens >= 0), states, -1), tokens.clamp_min(0), table,
+                        check=False, backend=self.backend, counters=counted)
+        next_counters = moved[2] if counted is not None else counters
+        next_items = advance_items(items, states, tokens, item_counters) if items is not None else item_counters
+        return tokens, drawn.logprobs, unmasked, moved[0], moved[1], next_counters, next_items
+
+    def _finish_codes(self, bucket: _Bucket, tokens, nxt, fin_grammar) -> torch.Tensor:
+        """Each row's finish code, in the eager step's order: no token, dead state, stop, budget."""
+        inp, table = bucket.inputs, bucket.table
+        is_constrained = inp[:, STATE] >= 0
         is_stop = (tokens[:, None] == inp[:, STOPS:TABLE]).any(dim=1)
         by_stop = torch.where(is_constrained, fin_grammar, is_stop)
-        at_budget = remaining <= 1
         accepts = table.accept[nxt.clamp_min(0).long()] if table is not None else torch.zeros_like(is_constrained)
+        at_budget = inp[:, REMAINING] <= 1
         status = torch.where(at_budget, torch.where(is_constrained & accepts, COMPLETE_AT_BUDGET, LENGTH), GOES_ON)
         status = torch.where(by_stop, STOPPED, status)
         status = torch.where(is_constrained & (nxt == DEAD_STATE), DEAD, status)
-        status = torch.where(tokens < 0, NO_TOKEN, status)
-        # 5. one output block
-        unmasked = drawn.unmasked_logprobs if drawn.unmasked_logprobs is not None else drawn.logprobs
-        columns = (tokens.to(torch.int32), drawn.logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
-                   next_counters, next_items, status.to(torch.int32), torch.zeros_like(nxt))
-        bucket.outputs.copy_(torch.stack(columns, dim=1))
+        return torch.where(tokens < 0, NO_TOKEN, status)
 
 
 def _floats(column: torch.Tensor) -> torch.Tensor:
