@@ -30,6 +30,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MIN_KEY_BUCKET = 256  # key lengths are bucketed in powers of two from here (each a captured graph)
 MAX_STOP_IDS = 8  # stop ids per free row a graph checks; a row with more takes the eager step
 MAX_GRAPHS = 64  # captured buckets kept (least recently used out; their memory goes back to the pool)
+# padded rows x key length a bucket may gather per layer and step; past it the eager step (dense views) runs
+MAX_BUCKET_KEYS = 1 << 20
 # input columns (int64); float32 values travel as their int32 bits
 TOKEN, POS, STATE, COUNTER, ITEM, REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(12)
 TABLE = STOPS + MAX_STOP_IDS
@@ -92,16 +94,22 @@ class GraphStep:
         """A decode-only batch this step runs (else the eager step does)."""
         if not works or len(works) > BATCH_BUCKETS[-1] or self.core.check_kernel_inputs:
             return False
-        return all(len(w.seq.payload.stop_ids) <= MAX_STOP_IDS and w.end <= self.max_keys
-                   and w.end - w.start == 1 for w in works)
+        if not all(len(w.seq.payload.stop_ids) <= MAX_STOP_IDS and w.end - w.start == 1 for w in works):
+            return False
+        batch, keys = self._sizes(works)
+        return batch * keys <= MAX_BUCKET_KEYS
 
-    def bucket_key(self, works, table, items) -> BucketKey:
+    def _sizes(self, works) -> tuple[int, int]:
+        """(padded rows, key length) of the bucket `works` go to."""
         batch = next(b for b in BATCH_BUCKETS if b >= len(works))
         longest = max(w.end for w in works)
         keys = MIN_KEY_BUCKET
         while keys < longest:
             keys *= 2
-        keys = min(-(-keys // self.block_size) * self.block_size, self.max_keys)
+        return batch, min(-(-keys // self.block_size) * self.block_size, self.max_keys)
+
+    def bucket_key(self, works, table, items) -> BucketKey:
+        batch, keys = self._sizes(works)
         states = [w.seq.payload for w in works]
         use_sort = any(st.sampling.top_k > 0 or st.sampling.top_p < 1.0 for st in states)
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)

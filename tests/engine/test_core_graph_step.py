@@ -228,3 +228,16 @@ def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
         core.run_to_completion()
     assert got.payload.generated == want.payload.generated and not core.graph.capture
     assert core.graph.num_eager == 5 and core.graph.num_replays == 0
+
+
+def test_batches_past_the_bucket_limits_take_the_eager_step(tiny, monkeypatch):
+    monkeypatch.setattr(gs, "MAX_BUCKET_KEYS", 128)  # below the smallest bucket: rows x keys never fit
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
+    seq = core.add_request("a", tiny.count_tokens("user: hi\nassistant:"), SamplingParams(temperature=0, max_tokens=4))
+    many = core.add_request("b", tiny.count_tokens("user: yo\nassistant:"), SamplingParams(temperature=0, max_tokens=4),
+                            stop_ids=range(3, 3 + gs.MAX_STOP_IDS + 1))
+    core.run_to_completion()
+    assert core.graph.num_eager == 0 and core.graph.buckets == {}
+    assert len(seq.payload.generated) == 4 and len(many.payload.generated) >= 1
+    monkeypatch.setattr(gs, "MAX_BUCKET_KEYS", 1 << 20)
+    assert not core.graph.fits([type("W", (), {"seq": many, "start": 5, "end": 6})()])  # too many stop ids
