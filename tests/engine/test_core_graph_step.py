@@ -241,3 +241,22 @@ def test_batches_past_the_bucket_limits_take_the_eager_step(tiny, monkeypatch):
     assert len(seq.payload.generated) == 4 and len(many.payload.generated) >= 1
     monkeypatch.setattr(gs, "MAX_BUCKET_KEYS", 1 << 20)
     assert not core.graph.fits([type("W", (), {"seq": many, "start": 5, "end": 6})()])  # too many stop ids
+
+
+@needs_interpreter
+def test_stories260k_greedy_ids_through_the_static_step(data_dir, monkeypatch):
+    import json
+
+    from surecall.llm import LLM
+
+    stories = data_dir / "models" / "stories260K"
+    if not (stories / "hf" / "model.safetensors").is_file():
+        pytest.skip(f"stories260K checkpoint not found under {stories}")
+    expected = json.loads((stories / "expected_greedy.json").read_text())
+    monkeypatch.setattr(gs, "MIN_KEY_BUCKET", 64)  # key buckets 64, 128, 256: rows move between them
+    llm = LLM(stories / "hf", config=EngineConfig(graph_step=True))
+    [result] = llm.generate([expected["prompt_ids"]], sampling=SamplingParams(temperature=0, max_tokens=256),
+                            constrained=False)
+    assert result.token_ids == expected["generated_ids"]  # 255 static steps, across two key-bucket edges
+    graph = llm._engine.graph
+    assert graph.num_eager == 255 and {key.num_keys for key in graph.buckets} == {64, 128, 256}
