@@ -13,6 +13,7 @@ checks replay == eager tokens, the `-m gpu` tests, and step time eager vs graph,
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections import OrderedDict
@@ -260,32 +261,40 @@ def _floats(column: torch.Tensor) -> torch.Tensor:
 
 
 def pack_inputs(host: np.ndarray, works, offsets: dict) -> None:
-    """Fill the host input block [B, C] for `works`; rows past them are padding (position -1)."""
+    """Fill the host input block [B, C] for `works`; rows past them are padding (position -1).
+
+    Column by column from Python lists (perf: per-element numpy stores cost ~5x more at batch 512).
+    """
+    n = len(works)
+    seqs = [w.seq for w in works]
+    states = [seq.payload for seq in seqs]
     host[:] = 0
-    host[:, POS] = -1
+    host[n:, POS] = -1
     host[:, STATE] = -1
     host[:, REMAINING] = 1
     host[:, STOPS:TABLE] = -1
-    for b, w in enumerate(works):
-        seq, st = w.seq, w.seq.payload
-        row = host[b]
-        row[TOKEN] = seq.token_ids[w.start]
-        row[POS] = w.start
-        row[STATE] = offsets[st.table_key] + st.state if st.table_key is not None else -1
-        row[COUNTER], row[ITEM] = st.counter, st.item_counter
-        row[REMAINING] = st.sampling.max_tokens - len(st.generated)
-        row[TEMP] = _bits(st.sampling.temperature)
-        row[TOP_K] = st.sampling.top_k
-        row[TOP_P] = _bits(st.sampling.top_p)
-        row[SEED] = st.seed
-        row[STEP] = len(st.generated) - len(st.forced)
-        stops = sorted(st.stop_ids)
-        row[STOPS:STOPS + len(stops)] = stops
-        row[TABLE:TABLE + len(seq.block_table)] = seq.block_table[: host.shape[1] - TABLE]
+    host[:n, TOKEN] = [seq.token_ids[w.start] for seq, w in zip(seqs, works, strict=True)]
+    host[:n, POS] = [w.start for w in works]
+    host[:n, STATE] = [offsets[st.table_key] + st.state if st.table_key is not None else -1 for st in states]
+    host[:n, COUNTER] = [st.counter for st in states]
+    host[:n, ITEM] = [st.item_counter for st in states]
+    host[:n, REMAINING] = [st.sampling.max_tokens - len(st.generated) for st in states]
+    host[:n, TEMP] = np.array([st.sampling.temperature for st in states], dtype=np.float32).view(np.int32)
+    host[:n, TOP_K] = [st.sampling.top_k for st in states]
+    host[:n, TOP_P] = np.array([st.sampling.top_p for st in states], dtype=np.float32).view(np.int32)
+    host[:n, SEED] = [st.seed for st in states]
+    host[:n, STEP] = [len(st.generated) - len(st.forced) for st in states]
+    _fill_ragged(host, STOPS, [list(st.stop_ids) for st in states])
+    width = host.shape[1] - TABLE
+    _fill_ragged(host, TABLE, [seq.block_table[:width] for seq in seqs])
 
 
-def _bits(value: float) -> int:
-    return int(np.float32(value).view(np.int32))
+def _fill_ragged(host: np.ndarray, column: int, rows: list[list[int]]) -> None:
+    """host[b, column : column + len(rows[b])] = rows[b] for every b, in one scatter."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    host[np.repeat(np.arange(len(rows)), lengths), column + np.arange(flat.shape[0]) - starts] = flat
 
 
 def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, want_unmasked: bool) -> list:
