@@ -7,7 +7,8 @@ no host sync and no data-dependent shape (slot maps, mask, RNG keys in the sampl
 budget rules all stay tensors); on CUDA it is captured once per bucket (side-stream warm-up, one
 memory pool) and replayed, on CPU run eagerly on the same buffers. Padding rows (position -1) write
 only the trash slot. It gathers every row's K/V each step (no dense views) and leaves prefill to the
-eager step. STATUS: the CUDA capture is UNVERIFIED until a GPU run; benchmarks/gpu/gpu_check_graph.sh
+eager step. A fresh graph's first replay is compared with the warm-up's eager outputs of the same
+inputs; a difference turns graphs off with a warning. STATUS: the CUDA capture is UNVERIFIED until a GPU run; benchmarks/gpu/gpu_check_graph.sh
 checks replay == eager tokens, the `-m gpu` tests, and step time eager vs graph, free vs constrained.
 """
 
@@ -66,6 +67,7 @@ class _Bucket:
         kpos = torch.arange(key.num_keys, device=device)
         self.kpos, self.kblock, self.koffset = kpos[None, :], (kpos // block_size)[None, :], (kpos % block_size)[None, :]
         self.graph = None
+        self.check = None  # after capture: the eager outputs of the same inputs, until the first replay
 
 
 def backend_for(device: torch.device) -> str:
@@ -160,6 +162,26 @@ class GraphStep:
                 return
         bucket.graph.replay()
         self.num_replays += 1
+        if bucket.check is not None:
+            self._check_first_replay(bucket)
+
+    def _check_first_replay(self, bucket: _Bucket) -> None:
+        """A fresh graph's first replay against the warm-up's eager outputs of the same inputs.
+
+        Tokens, states, counters and finish codes must be equal, logprobs within 1e-4; otherwise the
+        graphs go off (with a warning) and the eager result is the step's."""
+        eager, bucket.check = bucket.check, None
+        got = bucket.outputs
+        exact = [OUT_TOKEN, OUT_STATE, OUT_COUNTER, OUT_ITEM, OUT_STATUS]
+        same = torch.equal(got[:, exact], eager[:, exact]) and all(
+            torch.allclose(got[:, c].view(torch.float32), eager[:, c].view(torch.float32), atol=1e-4, equal_nan=True)
+            for c in (OUT_LOGPROB, OUT_UNMASKED))
+        if not same:
+            warnings.warn("the captured decode step's first replay differs from the same step run eagerly; "
+                          "running the step eagerly from now on", RuntimeWarning, stacklevel=3)
+            self.capture = False
+            self.buckets.clear()
+            got.copy_(eager)
 
     def _capture(self, bucket: _Bucket) -> None:
         """Warm up on a side stream (Triton compiles, the allocator settles), then capture."""
@@ -171,6 +193,7 @@ class GraphStep:
             for _ in range(2):
                 self.device_step(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        bucket.check = bucket.outputs.clone()  # the eager result the first replay must equal
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -230,6 +230,36 @@ def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
     assert core.graph.num_eager == 5 and core.graph.num_replays == 0
 
 
+@needs_interpreter
+def test_a_first_replay_that_differs_from_eager_turns_graphs_off(tiny, monkeypatch):
+    class WrongGraph:  # a capture that replays a different token than the eager step
+        def __init__(self, step, bucket):
+            self.step, self.bucket = step, bucket
+
+        def replay(self):
+            self.step.device_step(self.bucket)
+            self.bucket.outputs[:, gs.OUT_TOKEN] += 1
+
+    def fake_capture(self, bucket):
+        self.device_step(bucket)
+        bucket.check = bucket.outputs.clone()
+        bucket.graph = WrongGraph(self, bucket)
+
+    monkeypatch.setattr(gs.GraphStep, "_capture", fake_capture)
+    prompt = tiny.count_tokens("user: hi\nassistant:")
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    ref = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=False)
+    want = ref.add_request("a", prompt, params)
+    ref.run_to_completion()
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
+    core.graph.capture = True
+    got = core.add_request("a", prompt, params)
+    with pytest.warns(RuntimeWarning, match="first replay differs from the same step run eagerly"):
+        core.run_to_completion()
+    assert got.payload.generated == want.payload.generated and not core.graph.capture
+    assert core.graph.num_replays == 1 and core.graph.num_eager == 4
+
+
 def test_batches_past_the_bucket_limits_take_the_eager_step(tiny, monkeypatch):
     monkeypatch.setattr(gs, "MAX_BUCKET_KEYS", 128)  # below the smallest bucket: rows x keys never fit
     core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
