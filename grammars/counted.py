@@ -192,14 +192,20 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
 
 def _merge_rows(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Rows that agree wherever both are defined share one (a token dead in a state is masked out
-    there, so its value is free); returns the int8 rows and each input row's merged row."""
+    there, so its value is free); returns the int8 rows and each input row's merged row.
+
+    Greedy, in order: a row joins the first merged row it agrees with, compared on the row's
+    defined tokens only (most rows define few: a mid-character state's continuation bytes).
+    """
     merged: list[np.ndarray] = []
     where = np.zeros(len(rows), dtype=np.int32)
     for i, row in enumerate(rows):
+        defined = np.flatnonzero(row != _FREE)
+        values = row[defined]
         for j, m in enumerate(merged):
-            both = (row != _FREE) & (m != _FREE)
-            if np.array_equal(row[both], m[both]):
-                np.copyto(m, row, where=m == _FREE)
+            seen = m[defined]
+            if not ((seen != _FREE) & (seen != values)).any():
+                m[defined] = values
                 where[i] = j
                 break
         else:
@@ -344,13 +350,21 @@ def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> 
     if (table.count_lo > 0).any() and fill < 1:
         raise CountedCutError("no token adds one character to a string body: a minLength cannot be reached")
     table.count_fill = max(1, int(fill))
-    width = table.logits_width
-    pairs = sorted((int(new_id[q]) * width + t, c) for (q, t), c in entries.items() if new_id[q] >= 0)
-    table.count_entry_key = np.asarray([k for k, _ in pairs], dtype=np.int64)
-    table.count_entry_val = np.asarray([c for _, c in pairs], dtype=np.int32)
+    table.count_entry_key, table.count_entry_val = _entry_arrays(entries, new_id, table.logits_width)
     table.dist = counted_dist(table)
     if (table.dist < 0).any():
         raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
+
+
+def _entry_arrays(entries: dict, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted keys new_id[q] * width + t, counters) of the entries whose state survived."""
+    pairs = np.fromiter((x for qt in entries for x in qt), dtype=np.int64, count=2 * len(entries)).reshape(-1, 2)
+    vals = np.fromiter(entries.values(), dtype=np.int64, count=len(entries))
+    q = new_id[pairs[:, 0]].astype(np.int64)
+    keep = q >= 0
+    key = q[keep] * width + pairs[keep, 1]
+    order = np.argsort(key, kind="stable")  # (state, token) pairs are distinct: so are the keys
+    return key[order], vals[keep][order].astype(np.int32)
 
 
 def counted_dist(table: TokenTable) -> np.ndarray:
@@ -370,15 +384,16 @@ def counted_dist(table: TokenTable) -> np.ndarray:
 def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Dijkstra from the accepting states over weighted edges src -> dst (duplicates allowed):
     per state, the lightest total weight to acceptance (-1 where none)."""
-    # One edge per (source, target), its lightest weight; then predecessor lists by target.
+    # One edge per (source, target), its lightest weight; then predecessors grouped by target.
     order = np.lexsort((weight, dst, src))
     src, dst, weight = src[order], dst[order], weight[order]
     first = np.ones(src.size, dtype=bool)
     first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
-        pred[t].append((s, w))
-    dist = np.full(n, -1, dtype=np.int64)
+    src, dst, weight = src[first], dst[first], weight[first]
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
+    pred_src, pred_w = src[by_dst].tolist(), weight[by_dst].tolist()
+    dist = [-1] * n
     heap = [(0, int(s)) for s in np.flatnonzero(accept)]
     heapq.heapify(heap)
     while heap:
@@ -386,10 +401,11 @@ def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray,
         if dist[t] >= 0:
             continue
         dist[t] = d
-        for s, w in pred[t]:
+        for i in range(ptr[t], ptr[t + 1]):
+            s = pred_src[i]
             if dist[s] < 0:
-                heapq.heappush(heap, (d + w, s))
-    return dist.astype(np.int32)
+                heapq.heappush(heap, (d + pred_w[i], s))
+    return np.asarray(dist, dtype=np.int32)
 
 
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -407,15 +423,18 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
     starts_none: dict[int, np.ndarray] = {}  # count row -> tokens that start no character there
-    for s in np.flatnonzero(~plain).tolist():
-        r = int(table.count_row[s])
-        if r not in starts_none:
-            starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
-        tok = starts_none[r]
-        nxt = table.next_states(s, tok).astype(np.int64)
-        tok, nxt = tok[nxt >= 0], nxt[nxt >= 0]
-        closes = table.count_chars[r, tok] == 1
-        src.append(np.full(nxt.size, s, dtype=np.int64))
-        dst.append(nxt)
-        weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
+    states = np.flatnonzero(~plain)
+    rows = table.count_row[states].astype(np.int64)
+    for r in np.unique(rows).tolist():
+        starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
+    sizes = np.asarray([starts_none[r].size for r in rows.tolist()], dtype=np.int64)
+    s = np.repeat(states, sizes)
+    tok = np.concatenate([starts_none[r] for r in rows.tolist()] or [np.zeros(0, np.int64)])
+    nxt = table.next_states_many(s, tok).astype(np.int64)
+    ok = nxt >= 0
+    s, tok, nxt = s[ok], tok[ok], nxt[ok]
+    closes = table.count_chars[table.count_row[s], tok] == 1
+    src.append(s)
+    dst.append(nxt)
+    weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
     return (np.concatenate(src).astype(np.int64), np.concatenate(dst), np.concatenate(weight).astype(np.int64))
