@@ -267,16 +267,7 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     Only tokens with a `"` can open or close a counted string: walked per (state, token) from
     where the source state's own body (if any) was closed, or from the start otherwise.
     """
-    quotes = np.concatenate([[0], np.cumsum(vi.flat == _QUOTE)])
-    has_quote = quotes[vi.off + vi.lens] > quotes[vi.off]
-    src, tok = [], []
-    for q, row in enumerate(rows):
-        t = row.tok[has_quote[row.tok]]
-        if row.base is not None and regions.region[q] < 0:  # only a donated row could open a body here
-            t = np.concatenate([t, row.base.tok[has_quote[row.base.tok]]])
-        src.append(np.full(t.size, q, dtype=np.int64))
-        tok.append(t.astype(np.int64))
-    src, tok = np.concatenate(src), np.concatenate(tok)
+    src, tok = _quoted_pairs(rows, regions, vi.has_quote)
     ok, post, enters = _walk_static(dfa, regions, vi, src, tok)
     bad = {}
     for q, t in zip(src[~ok].tolist(), tok[~ok].tolist(), strict=True):
@@ -284,7 +275,23 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     for q, toks in bad.items():
         _drop_inplace(rows, q, np.asarray(sorted(toks), dtype=np.int32))
     keep = ok & enters & (post != 0)
-    return {(int(q), int(t)): int(c) for q, t, c in zip(src[keep], tok[keep], post[keep], strict=True)}
+    return {(q, t): c for q, t, c in zip(src[keep].tolist(), tok[keep].tolist(), post[keep].tolist(), strict=True)}
+
+
+def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(state, token) int64 pairs of every row's tokens holding a `"`, per state its own tokens
+    then (for a donated row outside a body: only it could open a body here) its class part's."""
+    own = [row.tok for row in rows]
+    donated = [q for q, row in enumerate(rows) if row.base is not None and regions.region[q] < 0]
+    own_tok = np.concatenate(own).astype(np.int64) if own else np.zeros(0, dtype=np.int64)
+    own_key = 2 * np.repeat(np.arange(len(rows), dtype=np.int64), [t.size for t in own])
+    pick = has_quote[own_tok]
+    based = [rows[q].base.quoted_tok for q in donated]  # the class walk's quoted tokens, found once
+    tok = np.concatenate([own_tok[pick], *based]).astype(np.int64)
+    key = np.concatenate([own_key[pick], np.repeat(2 * np.asarray(donated, dtype=np.int64) + 1,
+                                                   [t.size for t in based])]).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    return key[order] >> 1, tok[order]
 
 
 def _walk_static(dfa, regions, vi, src, tok):

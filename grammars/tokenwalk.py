@@ -50,6 +50,7 @@ class ClassWalk:
     leave_tok: np.ndarray  # int32 sorted ids of the tokens that leave the class
     leave_local: np.ndarray  # int64 local state they leave from
     leave_pos: np.ndarray  # int64 byte offset of the leaving byte
+    quoted_tok: np.ndarray  # int32 sorted: the ids among `tok` whose bytes hold a `"` (counted.check_entries)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class VocabIndex:
     grp2_ptr: np.ndarray  # int64 [257*256+1] the same by (first byte, second byte or 256 for one-byte tokens)
     grp2_ids: np.ndarray  # int32 [num normal]
     grp2_count: np.ndarray  # int64 [257*256]
+    has_quote: np.ndarray  # bool [V]: the token's bytes hold a `"` (only those can open or close a string)
     classes: dict = field(default_factory=dict)  # shape signature -> ClassWalk
 
     @staticmethod
@@ -115,9 +117,11 @@ class VocabIndex:
         count2 = np.bincount(key2, minlength=256 * 257).astype(np.int64)
         ptr2 = np.zeros(256 * 257 + 1, dtype=np.int64)
         ptr2[1:] = np.cumsum(count2)
+        quotes = np.concatenate([[0], np.cumsum(flat == ord('"'))])
+        has_quote = quotes[off + lens] > quotes[off]
         # Token ids as int32 end to end: the table stores them so, and casting 10^6-long rows costs.
         return VocabIndex(v, flat, off, lens, first_byte, ptr, order.astype(np.int32), count, ptr2,
-                          order2.astype(np.int32), count2)
+                          order2.astype(np.int32), count2, has_quote)
 
     def tokens_with_first(self, live: np.ndarray) -> np.ndarray:
         """Ids whose first byte b has live[b] (bool [256]), grouped by first byte."""
@@ -254,7 +258,7 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     result = ClassWalk(tok=tok, end=end[stay], ends=np.unique(end[stay]).astype(np.int64),
                        words=np.packbits(bits, bitorder="little").view(np.uint32), first_bytes=first_bytes,
                        leave_tok=cand[leave], leave_local=(-2 - end[leave]).astype(np.int64),
-                       leave_pos=(end_pos[leave] - 1).astype(np.int64))
+                       leave_pos=(end_pos[leave] - 1).astype(np.int64), quoted_tok=tok[vi.has_quote[tok]])
     vi.classes[key] = result
     return result
 
