@@ -323,12 +323,13 @@ def _refine(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     """Moore's coarsest partition of the states (block id per state), signatures hashed."""
     n = accept.shape[0]
     t = trans[:, np.unique(byte_classes(trans))]  # [n, C]
+    t = np.where(t < 0, n, t).astype(np.intp)  # dead (-1) reads the last slot; intp gathers fastest
     weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
     block = accept.astype(np.int64)
     count = int(np.unique(block).size)
     padded = np.empty(n + 1, dtype=np.int64)
     while True:
-        padded[:n], padded[n] = block, -1  # index -1 (dead) reads the last slot
+        padded[:n], padded[n] = block, -1
         with np.errstate(over="ignore"):
             h = padded.view(np.uint64)[t] @ weights[1:] + block.view(np.uint64) * weights[0]
         _, block = np.unique(h, return_inverse=True)

@@ -443,18 +443,29 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
         buf[ids] = -1
     if short:
         lo_hi = np.asarray(short, dtype=np.int64)
-        in_short = np.zeros(state.size + 1, dtype=np.int64)
-        np.add.at(in_short, lo_hi[:, 0], 1)
-        np.add.at(in_short, lo_hi[:, 1], -1)
-        pick = np.flatnonzero(np.cumsum(in_short[:-1]))
-        st, tk, en = state[pick], tok[pick], end[pick]
-        order = np.lexsort((tk, st))
-        st, tk, en = st[order], tk[order], en[order]
-        at = 0
-        for lo, hi in short:
-            rows[int(st[at])] = (tk[at : at + hi - lo], en[at : at + hi - lo])
-            at += hi - lo
+        sizes = lo_hi[:, 1] - lo_hi[:, 0]
+        pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo_hi[:, 0] - (np.cumsum(sizes) - sizes), sizes)
+        st, tk, en = _sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        heads = st[np.asarray(bounds[:-1], dtype=np.int64)].tolist()
+        for i, q in enumerate(heads):
+            rows[q] = (tk[bounds[i] : bounds[i + 1]], en[bounds[i] : bounds[i + 1]])
     return rows
+
+
+def _sort_by_state_token(state, tok, end, vocab_size: int):
+    """(state, token, end) triples sorted by (state, token): one sort of packed int64 keys (the
+    pairs are distinct) when they fit, else a lexsort."""
+    span = int(end.max()) + 1 if end.size else 1
+    top = (int(state.max()) + 1 if state.size else 1) * vocab_size * span
+    if top >= 2**62:
+        order = np.lexsort((tok, state))
+        return state[order], tok[order], end[order]
+    key = (state.astype(np.int64) * vocab_size + tok) * span + end
+    key.sort(kind="stable")  # a merge of sorted runs (the rows arrive in first-byte groups)
+    pair, end_sorted = np.divmod(key, span)
+    st, tk = np.divmod(pair, vocab_size)
+    return st.astype(state.dtype), tk.astype(tok.dtype), end_sorted.astype(end.dtype)
 
 
 def merge_rows(a, b):
