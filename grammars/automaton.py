@@ -356,17 +356,13 @@ def quotient_by(dfa: ByteDFA, block: np.ndarray):
 def successor_lists(trans: np.ndarray) -> list[list[int]]:
     """For each state, its distinct successor states in order of the smallest byte leading there."""
     n = trans.shape[0]
-    rows, byte = np.nonzero(trans >= 0)
-    targets = trans[rows, byte].astype(np.int64)
-    # One sort by (row, target, byte) finds each (row, target)'s smallest byte; a second sort
-    # by (row, that byte) gives the canonical order.
-    order = np.lexsort((byte, targets, rows))
-    rows, targets, byte = rows[order], targets[order], byte[order]
-    first = np.ones(rows.size, dtype=bool)
-    first[1:] = (rows[1:] != rows[:-1]) | (targets[1:] != targets[:-1])
-    rows, targets, byte = rows[first], targets[first], byte[first]
-    order = np.lexsort((byte, rows))
-    rows, targets = rows[order], targets[order]
+    flat_trans = trans.reshape(-1)
+    edge = np.flatnonzero(flat_trans >= 0)  # row-major: by (row, byte)
+    rows = edge // trans.shape[1]
+    # The first edge of each (row, target) is its smallest byte: keep those, in edge order.
+    _, first = np.unique(rows * (n + 1) + flat_trans[edge], return_index=True)
+    first.sort()
+    rows, targets = rows[first], flat_trans[edge[first]]
     bounds = np.searchsorted(rows, np.arange(n + 1))
     flat = targets.tolist()
     return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
