@@ -249,7 +249,7 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     plain = [q for q, part in enumerate(parts) if part[0] is None and part[2].size]
     based = [q for q, part in enumerate(parts) if part[0] is not None]
     default = np.full(num_states, -1, dtype=np.int32)
-    owner_parts, tok_parts, next_parts = [], [], []
+    runs = []  # (owner, tokens, next states): exceptions grouped by state, sorted inside
     if plain:
         own = [parts[q] for q in plain]
         owner = np.repeat(np.asarray(plain, dtype=np.int64), [p[2].size for p in own])
@@ -257,25 +257,36 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         nxt = np.concatenate([p[3] for p in own]).astype(np.int64)
         default[plain] = _most_common(owner, nxt, num_states)
         exc = nxt != default[owner]
-        owner_parts.append(owner[exc])
-        tok_parts.append(tok[exc])
-        next_parts.append(nxt[exc])
-    based_default, based_tok, based_next = _exceptions_based([parts[q] for q in based])
-    default[based] = based_default
-    owner_parts.append(np.repeat(np.asarray(based, dtype=np.int64), [t.size for t in based_tok]))
-    tok_parts += based_tok
-    next_parts += based_next
-    owner = np.concatenate(owner_parts)
-    by_state = np.argsort(owner, kind="stable")  # each state's exceptions stay sorted by token
+        runs.append((owner[exc], tok[exc], nxt[exc]))
+    if based:
+        based_default, based_tok, based_next = _exceptions_based([parts[q] for q in based])
+        default[based] = based_default
+        runs.append((np.repeat(np.asarray(based, dtype=np.int64), [t.size for t in based_tok]),
+                     np.concatenate(based_tok), np.concatenate(based_next)))
     ptr = np.zeros(num_states + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum(np.bincount(owner, minlength=num_states))
-    tok = np.concatenate(tok_parts).astype(np.int32)[by_state] if tok_parts else _NO_TOKENS
-    nxt = np.concatenate(next_parts).astype(np.int32)[by_state] if next_parts else _NO_TOKENS
+    for owner, _, _ in runs:
+        ptr[1:] += np.bincount(owner, minlength=num_states)
+    ptr = np.cumsum(ptr)
+    tok = np.empty(int(ptr[-1]), dtype=np.int32)
+    nxt = np.empty(int(ptr[-1]), dtype=np.int32)
+    for owner, t, x in runs:  # each entry at its state's offset plus its rank in its run (no sort)
+        if owner.size:
+            starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+            at = ptr[owner] + np.arange(owner.size) - np.repeat(starts, np.diff(np.append(starts, owner.size)))
+            tok[at], nxt[at] = t, x
     return default, ptr.astype(np.int32), tok, nxt
+
+
+_DENSE_COUNTS = 1 << 20  # (owners x states) count matrices up to this size are counted densely
 
 
 def _most_common(owner: np.ndarray, nxt: np.ndarray, num_states: int) -> np.ndarray:
     """Per distinct owner (ascending), its most common next state, the smallest on a tie."""
+    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))  # owner is grouped
+    if starts.size * num_states <= _DENSE_COUNTS:
+        rank = np.repeat(np.arange(starts.size, dtype=np.int64), np.diff(np.append(starts, owner.size)))
+        counts = np.bincount(rank * num_states + nxt, minlength=starts.size * num_states)
+        return counts.reshape(starts.size, num_states).argmax(axis=1).astype(np.int32)  # first max: smallest
     key, count = np.unique(owner * num_states + nxt, return_counts=True)
     who, target = key // num_states, key % num_states
     best = np.lexsort((target, -count, who))
