@@ -392,11 +392,7 @@ def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray,
     """Dijkstra from the accepting states over weighted edges src -> dst (duplicates allowed):
     per state, the lightest total weight to acceptance (-1 where none)."""
     # One edge per (source, target), its lightest weight; then predecessors grouped by target.
-    order = np.lexsort((weight, dst, src))
-    src, dst, weight = src[order], dst[order], weight[order]
-    first = np.ones(src.size, dtype=bool)
-    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    src, dst, weight = src[first], dst[first], weight[first]
+    src, dst, weight = _lightest_edges(n, src, dst, weight)
     by_dst = np.argsort(dst, kind="stable")
     ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
     pred_src, pred_w = src[by_dst].tolist(), weight[by_dst].tolist()
@@ -413,6 +409,24 @@ def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray,
             if dist[s] < 0:
                 heapq.heappush(heap, (d + pred_w[i], s))
     return np.asarray(dist, dtype=np.int32)
+
+
+def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray):
+    """(source, target, weight) once per distinct edge with its lightest weight, sorted by edge."""
+    span = int(weight.max()) + 1 if weight.size else 1
+    if n * n * span < 2**62 and (weight.size == 0 or int(weight.min()) >= 0):
+        key = (src * n + dst) * span + weight
+        key.sort(kind="stable")  # the edges arrive in sorted runs
+        edge, light = np.divmod(key, span)
+        first = np.ones(edge.size, dtype=bool)
+        first[1:] = edge[1:] != edge[:-1]
+        s, d = np.divmod(edge[first], n)
+        return s, d, light[first]
+    order = np.lexsort((weight, dst, src))
+    src, dst, weight = src[order], dst[order], weight[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    return src[first], dst[first], weight[first]
 
 
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -204,15 +204,15 @@ class TokenTable:
         """int32 per (states[i], tokens[i]) pair: `next_states` vectorised over pairs of states too."""
         states = np.asarray(states, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
-        ok = (tokens >= 0) & (tokens < 32 * self.num_words)
+        width = 32 * self.num_words
+        ok = (tokens >= 0) & (tokens < width)
         safe = np.where(ok, tokens, 0)
-        words = self.mask.view(np.uint32)[self.mask_row[states], safe >> 5]
+        words = self.mask.view(np.uint32).reshape(-1).take(self.mask_row[states] * np.int64(self.num_words) + (safe >> 5))
         ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
-        if self.stop_ids.size:
-            ok &= ~np.isin(tokens, self.stop_ids)
+        for stop in self.stop_ids.tolist():
+            ok &= tokens != stop
         out = np.where(ok, self.trans_default[states], -1).astype(np.int32)
         if self.exc_tok.size and states.size:
-            width = np.int64(32 * self.num_words)
             owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
             exc_key = owner * width + self.exc_tok  # sorted: states ascending, tokens sorted inside
             key = states * width + safe
