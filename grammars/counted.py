@@ -171,6 +171,7 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
     """
     row_of = np.full(dfa.num_states, -1, dtype=np.int32)
     rows: list[np.ndarray] = []
+    defined: list[np.ndarray] = []
     by_sig: dict[bytes, int] = {}
     fill = MAX_FILL
     for r in range(regions.num_regions):
@@ -181,26 +182,30 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
             if key not in vi.classes:
                 vi.classes[key] = _walk_local(local, vi)
             values, k = vi.classes[key]
+            if ("counted-defined", sig) not in vi.classes:  # each row's defined tokens, found once per shape
+                vi.classes[("counted-defined", sig)] = [np.flatnonzero(v != _FREE) for v in values]
             by_sig[sig] = len(rows)
             rows.extend(values)
+            defined.extend(vi.classes[("counted-defined", sig)])
             fill = min(fill, k)
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    merged, where = _merge_rows(rows)
+    merged, where = _merge_rows(rows, defined)
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
     return row_of, merged, fill
 
 
-def _merge_rows(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows that agree wherever both are defined share one (a token dead in a state is masked out
     there, so its value is free); returns the int8 rows and each input row's merged row.
 
     Greedy, in order: a row joins the first merged row it agrees with, compared on the row's
-    defined tokens only (most rows define few: a mid-character state's continuation bytes).
+    defined tokens only (most rows define few: a mid-character state's continuation bytes);
+    `defined_tokens` are those per row when the caller has them.
     """
     merged: list[np.ndarray] = []
     where = np.zeros(len(rows), dtype=np.int32)
     for i, row in enumerate(rows):
-        defined = np.flatnonzero(row != _FREE)
+        defined = np.flatnonzero(row != _FREE) if defined_tokens is None else defined_tokens[i]
         values = row[defined]
         for j, m in enumerate(merged):
             seen = m[defined]
