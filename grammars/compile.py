@@ -362,7 +362,12 @@ def _edges(rows: list[Row], own: _Extras, n: int) -> tuple[np.ndarray, np.ndarra
     ends = [rows[q].g[rows[q].base.ends] for q in based]
     src = np.concatenate([own.owner, np.repeat(np.asarray(based, dtype=np.int64), [e.size for e in ends])])
     dst = np.concatenate([own.nxt, *ends]).astype(np.int64) if ends else own.nxt
-    key = np.unique(src * n + dst)
+    if n * n <= _DENSE_COUNTS * 8:  # a bitmap over all (source, target) pairs: no sort
+        seen = np.zeros(n * n, dtype=bool)
+        seen[src * n + dst] = True
+        key = np.flatnonzero(seen)
+    else:
+        key = np.unique(src * n + dst)
     return key // n, key % n
 
 
