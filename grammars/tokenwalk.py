@@ -287,7 +287,12 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     #    later on, walked per state from where they leave.
     exit_jobs = []  # (state, tokens, global start states, byte offsets)
     shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
-    for q in np.flatnonzero(cyclic).tolist():
+    comp, chains, in_chain = _chain_regions(dfa, succ, comp, cyclic)
+    for root in chains:  # an acyclic chain's shape is seen from its root (not always its smallest id)
+        table, g, sig = _region_shape(dfa, succ, comp, root)
+        shapes[comp[root]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
+    classy = cyclic | in_chain
+    for q in np.flatnonzero(classy).tolist():
         if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
             table, g, sig = _region_shape(dfa, succ, comp, q)
             shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
@@ -300,18 +305,38 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
         walk_bytes[q] &= table[start] < -1
     _run_exit_jobs(dfa, vi, rows, exit_jobs)
     # 2. Acyclic states: copy from a donor where the byte rows agree.
-    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
+    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes, classy)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes)
     out = []
+    pieces = []  # (state, tokens, next states) of chain rows: a chain's walk is shared, its rows are plain
     for q in range(dfa.num_states):
         row, extra = rows[q], walked.get(q)
-        if row is None:
+        if in_chain[q]:
+            pieces += [(q, row.base.tok, row.g[row.base.end]), (q, row.tok, row.nxt), (q, *(extra or (_EMPTY, _EMPTY)))]
+            row = None
+        elif row is None:
             row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
         elif extra is not None:
             row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
         out.append(row)
+    if pieces:
+        _plain_rows_inplace(out, pieces, vi.vocab_size)
     return out
+
+
+def _plain_rows_inplace(out: list, pieces: list, vocab_size: int) -> None:
+    """Fill out[q] with the plain Row of the (disjoint) pieces of each q, sorted by token in one sort."""
+    sizes = [t.size for _, t, _ in pieces]
+    state = np.repeat(np.asarray([q for q, _, _ in pieces], dtype=np.int32), sizes)
+    tok = np.concatenate([t for _, t, _ in pieces]).astype(np.int32)
+    nxt = np.concatenate([x for _, _, x in pieces]).astype(np.int32)
+    state, tok, nxt = _sort_by_state_token(state, tok, nxt, vocab_size)
+    qs = sorted({q for q, _, _ in pieces})
+    lo = np.searchsorted(state, qs, side="left").tolist()
+    hi = np.searchsorted(state, qs, side="right").tolist()
+    for q, a, b in zip(qs, lo, hi, strict=True):
+        out[q] = Row(None, None, tok[a:b], nxt[a:b])
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -332,7 +357,51 @@ def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
         rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
 
 
-def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
+_MIN_CHAIN_BYTES = 8  # an acyclic state with this many non-structural bytes roots a chain region
+_NON_STRUCTURAL = np.ones(256, dtype=bool)
+_NON_STRUCTURAL[list(_STRUCTURAL)] = False
+
+
+def _chain_regions(dfa: ByteDFA, succ, comp: np.ndarray, cyclic: np.ndarray):
+    """(region ids with acyclic chains added, their roots, bool [S] in a chain): bounded repetitions of a class
+    (the digits of a JSON number, `[0-9]{0,14}`) that recur across a grammar and across grammars.
+
+    A chain is rooted at an acyclic state with at least _MIN_CHAIN_BYTES non-structural bytes
+    (a literal or a property name has one per state) and holds the acyclic states it reaches
+    over non-structural bytes that no earlier chain holds; it needs two states or more. Its
+    walks are then shared by shape, like a cyclic class's (exact: tokens leaving a region are
+    walked per state).
+    """
+    roots = np.flatnonzero(~cyclic & ((dfa.trans[:, _NON_STRUCTURAL] >= 0).sum(axis=1) >= _MIN_CHAIN_BYTES))
+    in_chain = np.zeros(dfa.num_states, dtype=bool)
+    if not roots.size:
+        return comp, [], in_chain
+    comp = comp.copy()
+    taken = cyclic.copy()
+    next_id = int(comp.max()) + 1
+    chains = []
+    for root in roots.tolist():
+        if taken[root]:
+            continue
+        members, queue = [root], deque([root])
+        taken[root] = True
+        while queue:
+            for t in succ[queue.popleft()]:
+                if not taken[t]:
+                    taken[t] = True
+                    members.append(t)
+                    queue.append(t)
+        if len(members) < 2:
+            taken[root] = False  # a lone state: the generic walk is cheaper
+            continue
+        comp[members] = next_id
+        in_chain[members] = True
+        next_id += 1
+        chains.append(root)
+    return comp, chains, in_chain
+
+
+def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes, classy=None) -> None:
     """Fill `rows` for acyclic states from the best-agreeing class row; clear those bytes.
 
     Candidate donors are the region states a state's live bytes lead to (the first character
@@ -341,7 +410,7 @@ def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
     is_donor = np.zeros(dfa.num_states + 1, dtype=bool)  # slot -1 (dead) stays False
     for q in np.flatnonzero(cyclic).tolist():
         is_donor[q] = rows[q].size >= _MIN_DONOR_TOKENS
-    acyclic = np.flatnonzero(~cyclic)
+    acyclic = np.flatnonzero(~(cyclic if classy is None else classy))  # states without a class row yet
     if not acyclic.size or not is_donor.any():
         return
     # Every (acyclic state, donor it reaches on a byte still to walk), once.
