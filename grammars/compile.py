@@ -246,10 +246,16 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     one reuse its per-walk counts and exceptions (cached by walk), one state at a time.
     """
     num_states = len(parts)
-    plain = [q for q, part in enumerate(parts) if part[0] is None and part[2].size]
+    plain = [q for q, part in enumerate(parts) if part[0] is None and 0 < part[2].size <= _BIG_ROW]
+    big = [q for q, part in enumerate(parts) if part[0] is None and part[2].size > _BIG_ROW]
     based = [q for q, part in enumerate(parts) if part[0] is not None]
     default = np.full(num_states, -1, dtype=np.int32)
     runs = []  # (owner, tokens, next states): exceptions grouped by state, sorted inside
+    for q in big:  # one by one: a bincount per row
+        _, _, tok, nxt = parts[q]
+        default[q] = d = int(np.argmax(np.bincount(nxt)))
+        exc = nxt != d
+        runs.append((np.full(int(exc.sum()), q, dtype=np.int64), tok[exc], nxt[exc]))
     if plain:
         own = [parts[q] for q in plain]
         owner = np.repeat(np.asarray(plain, dtype=np.int64), [p[2].size for p in own])
@@ -344,23 +350,31 @@ def _exceptions_based(parts: list) -> tuple[list, list, list]:
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
+_BIG_ROW = 4096  # rows with more extra tokens are handled one by one (batching them only copies)
+
+
 class _Extras:
-    """Every row's own (extra) tokens as one CSR over the DFA's states."""
+    """The own (extra) tokens of every row up to _BIG_ROW of them, as one CSR over the DFA's states."""
 
     def __init__(self, rows: list[Row]):
         sizes = np.fromiter((row.tok.size for row in rows), dtype=np.int64, count=len(rows))
+        self.big = np.flatnonzero(sizes > _BIG_ROW).tolist()
+        sizes[self.big] = 0
         self.ptr = np.zeros(len(rows) + 1, dtype=np.int64)
         self.ptr[1:] = np.cumsum(sizes)
         self.owner = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
-        self.tok = np.concatenate([row.tok for row in rows]).astype(np.int32) if rows else _NO_TOKENS
-        self.nxt = np.concatenate([row.nxt for row in rows]).astype(np.int64) if rows else _NO_TOKENS
+        small = [row.tok for row, size in zip(rows, sizes.tolist(), strict=True) if size]
+        self.tok = np.concatenate(small).astype(np.int32) if small else _NO_TOKENS
+        small = [row.nxt for row, size in zip(rows, sizes.tolist(), strict=True) if size]
+        self.nxt = np.concatenate(small).astype(np.int64) if small else _NO_TOKENS.astype(np.int64)
 
 
 def _edges(rows: list[Row], own: _Extras, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct token edges (source, target) of the DFA states, sorted by source then target."""
     based = [q for q, row in enumerate(rows) if row.base is not None]
-    ends = [rows[q].g[rows[q].base.ends] for q in based]
-    src = np.concatenate([own.owner, np.repeat(np.asarray(based, dtype=np.int64), [e.size for e in ends])])
+    ends = [rows[q].g[rows[q].base.ends] for q in based] + [_distinct(rows[q].nxt, n) for q in own.big]
+    owners = np.asarray(based + own.big, dtype=np.int64)
+    src = np.concatenate([own.owner, np.repeat(owners, [e.size for e in ends])])
     dst = np.concatenate([own.nxt, *ends]).astype(np.int64) if ends else own.nxt
     if n * n <= _DENSE_COUNTS * 8:  # a bitmap over all (source, target) pairs: no sort
         seen = np.zeros(n * n, dtype=bool)
@@ -369,6 +383,15 @@ def _edges(rows: list[Row], own: _Extras, n: int) -> tuple[np.ndarray, np.ndarra
     else:
         key = np.unique(src * n + dst)
     return key // n, key % n
+
+
+def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
+    """Distinct next states of one row, ascending."""
+    if not nexts.size:
+        return nexts.astype(np.int64)
+    if n <= 4 * nexts.size + 4096:
+        return np.flatnonzero(np.bincount(nexts, minlength=n))
+    return np.unique(nexts).astype(np.int64)
 
 
 def _adjacency(src: np.ndarray, dst: np.ndarray, n: int) -> list[list[int]]:
@@ -396,9 +419,14 @@ def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np
     bounds = kept.tolist()
     parts = []
     maps: dict[int, np.ndarray] = {}  # id(region map) -> its new ids, once per region
+    big = set(own.big)
     for i, q in enumerate(order.tolist()):
         row = rows[q]
         t, x = tok[bounds[i] : bounds[i + 1]], nxt[bounds[i] : bounds[i + 1]]
+        if q in big:
+            mapped = new_id[row.nxt]
+            ok = mapped >= 0
+            t, x = (row.tok, mapped) if ok.all() else (row.tok[ok], mapped[ok])
         base = row.base
         if base is None:
             parts.append((None, None, t, x))

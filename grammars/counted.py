@@ -286,7 +286,7 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
 def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(state, token) int64 pairs of every row's tokens holding a `"`, per state its own tokens
     then (for a donated row outside a body: only it could open a body here) its class part's."""
-    own = [row.tok for row in rows]
+    own = [row.tok if row.tok.size <= 4096 else row.tok[has_quote[row.tok]] for row in rows]  # big: filtered first
     donated = [q for q, row in enumerate(rows) if row.base is not None and regions.region[q] < 0]
     own_tok = np.concatenate(own).astype(np.int64) if own else np.zeros(0, dtype=np.int64)
     own_key = 2 * np.repeat(np.arange(len(rows), dtype=np.int64), [t.size for t in own])

@@ -8,6 +8,8 @@ Walking every token from every state is the whole cost of a compile, so the walk
   tokens that leave the component (a `"` and what follows) are walked per state.
 - Donors. An acyclic state whose byte row agrees with a lexical-class state on most first bytes
   (the first character of a `minLength: 1` string) copies that state's row for those bytes.
+- Chains. The acyclic class positions left (a JSON number's bounded digits, `[0-9]{0,14}`) are
+  cut into short chains walked like lexical classes (by shape, cached); their rows are plain.
 - Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
   token's first two bytes, with no compaction (pairs in decreasing token length).
 A state's `Row` keeps its class part shared (the class walk plus its region's id map) next to
@@ -285,27 +287,17 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     rows: list[Row | None] = [None] * dfa.num_states
     # 1. Lexical-class states: the shared class part, then the tokens that leave the class
     #    later on, walked per state from where they leave.
-    exit_jobs = []  # (state, tokens, global start states, byte offsets)
     shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
-    comp, chains, in_chain = _chain_regions(dfa, succ, comp, cyclic)
-    for root in chains:  # an acyclic chain's shape is seen from its root (not always its smallest id)
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(cyclic).tolist(), rows, walk_bytes, shapes)
+    # 2. Acyclic states: copy from a donor where the byte rows agree.
+    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
+    # 2b. Acyclic class positions left (a number's digits): chains, walked like classes by shape.
+    has_row = np.fromiter((row is not None for row in rows), dtype=bool, count=dfa.num_states)
+    comp, chains, in_chain = _chain_regions(dfa, succ, comp, cyclic | has_row)
+    for root in chains:  # a chain's shape is seen from its root (not always its smallest id)
         table, g, sig = _region_shape(dfa, succ, comp, root)
         shapes[comp[root]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
-    classy = cyclic | in_chain
-    for q in np.flatnonzero(classy).tolist():
-        if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
-            table, g, sig = _region_shape(dfa, succ, comp, q)
-            shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
-        table, g, sig, local = shapes[comp[q]]
-        start = local[q]
-        cw = _class_walk(vi, table, sig, start)
-        if cw.leave_tok.size:
-            exit_jobs.append((q, cw.leave_tok, g[cw.leave_local], cw.leave_pos))
-        rows[q] = Row(cw, g, _EMPTY, _EMPTY)
-        walk_bytes[q] &= table[start] < -1
-    _run_exit_jobs(dfa, vi, rows, exit_jobs)
-    # 2. Acyclic states: copy from a donor where the byte rows agree.
-    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes, classy)
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes)
     out = []
@@ -323,6 +315,24 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     if pieces:
         _plain_rows_inplace(out, pieces, vi.vocab_size)
     return out
+
+
+def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, shapes) -> None:
+    """Class rows of `states` (their regions' shapes cached in `shapes`), then the tokens that
+    leave the class later on, walked per state from where they leave (one batch)."""
+    exit_jobs = []  # (state, tokens, global start states, byte offsets)
+    for q in states:
+        if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
+            table, g, sig = _region_shape(dfa, succ, comp, q)
+            shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
+        table, g, sig, local = shapes[comp[q]]
+        start = local[q]
+        cw = _class_walk(vi, table, sig, start)
+        if cw.leave_tok.size:
+            exit_jobs.append((q, cw.leave_tok, g[cw.leave_local], cw.leave_pos))
+        rows[q] = Row(cw, g, _EMPTY, _EMPTY)
+        walk_bytes[q] &= table[start] < -1
+    _run_exit_jobs(dfa, vi, rows, exit_jobs)
 
 
 def _plain_rows_inplace(out: list, pieces: list, vocab_size: int) -> None:
@@ -357,43 +367,44 @@ def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
         rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
 
 
-_MIN_CHAIN_BYTES = 8  # an acyclic state with this many non-structural bytes roots a chain region
+_MIN_CHAIN_BYTES = 8  # an acyclic state with this many non-structural bytes is a class position
+_MAX_CHAIN_STATES = 64  # a chain's class walks are one call per state: keep chains short
 _NON_STRUCTURAL = np.ones(256, dtype=bool)
 _NON_STRUCTURAL[list(_STRUCTURAL)] = False
 
 
-def _chain_regions(dfa: ByteDFA, succ, comp: np.ndarray, cyclic: np.ndarray):
-    """(region ids with acyclic chains added, their roots, bool [S] in a chain): bounded repetitions of a class
-    (the digits of a JSON number, `[0-9]{0,14}`) that recur across a grammar and across grammars.
+def _chain_regions(dfa: ByteDFA, succ, comp: np.ndarray, done: np.ndarray):
+    """(region ids with acyclic chains added, their roots, bool [S] in a chain): bounded
+    repetitions of a class (the digits of a JSON number, `[0-9]{0,14}`), which recur across a
+    grammar and across grammars. States in `done` (cyclic, or given a donor's row) are left out.
 
-    A chain is rooted at an acyclic state with at least _MIN_CHAIN_BYTES non-structural bytes
-    (a literal or a property name has one per state) and holds the acyclic states it reaches
-    over non-structural bytes that no earlier chain holds; it needs two states or more. Its
-    walks are then shared by shape, like a cyclic class's (exact: tokens leaving a region are
-    walked per state).
+    A chain holds acyclic class positions (states with at least _MIN_CHAIN_BYTES non-structural
+    bytes: a literal, a property name or an enum has one or a few per state) connected over
+    non-structural bytes, from its first-numbered one, at most _MAX_CHAIN_STATES, two or more.
+    Its walks are then shared by shape, like a cyclic class's (exact: tokens leaving a region
+    are walked per state).
     """
-    roots = np.flatnonzero(~cyclic & ((dfa.trans[:, _NON_STRUCTURAL] >= 0).sum(axis=1) >= _MIN_CHAIN_BYTES))
+    wide = ~done & ((dfa.trans[:, _NON_STRUCTURAL] >= 0).sum(axis=1) >= _MIN_CHAIN_BYTES)
     in_chain = np.zeros(dfa.num_states, dtype=bool)
-    if not roots.size:
+    if wide.sum() < 2:
         return comp, [], in_chain
     comp = comp.copy()
-    taken = cyclic.copy()
+    taken = ~wide
     next_id = int(comp.max()) + 1
     chains = []
-    for root in roots.tolist():
+    for root in np.flatnonzero(wide).tolist():
         if taken[root]:
             continue
         members, queue = [root], deque([root])
         taken[root] = True
-        while queue:
+        while queue and len(members) < _MAX_CHAIN_STATES:
             for t in succ[queue.popleft()]:
-                if not taken[t]:
+                if not taken[t] and len(members) < _MAX_CHAIN_STATES:
                     taken[t] = True
                     members.append(t)
                     queue.append(t)
         if len(members) < 2:
-            taken[root] = False  # a lone state: the generic walk is cheaper
-            continue
+            continue  # a lone position: the generic walk is cheaper
         comp[members] = next_id
         in_chain[members] = True
         next_id += 1
@@ -401,7 +412,7 @@ def _chain_regions(dfa: ByteDFA, succ, comp: np.ndarray, cyclic: np.ndarray):
     return comp, chains, in_chain
 
 
-def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes, classy=None) -> None:
+def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
     """Fill `rows` for acyclic states from the best-agreeing class row; clear those bytes.
 
     Candidate donors are the region states a state's live bytes lead to (the first character
@@ -410,7 +421,7 @@ def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes, classy=None) -> No
     is_donor = np.zeros(dfa.num_states + 1, dtype=bool)  # slot -1 (dead) stays False
     for q in np.flatnonzero(cyclic).tolist():
         is_donor[q] = rows[q].size >= _MIN_DONOR_TOKENS
-    acyclic = np.flatnonzero(~(cyclic if classy is None else classy))  # states without a class row yet
+    acyclic = np.flatnonzero(~cyclic)
     if not acyclic.size or not is_donor.any():
         return
     # Every (acyclic state, donor it reaches on a byte still to walk), once.
