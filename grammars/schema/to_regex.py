@@ -9,8 +9,8 @@ prefixItems/items and min/maxItems (any size: counted arrays, marked for compile
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
 enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
-`$ref` target is converted once per nesting context and its regex reused (still inlined: one
-regex, one DFA). It
+`$ref` target is converted once per nesting context and its regex reused: inlined, or with
+`splice` any value regex past SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -35,6 +35,7 @@ from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.splice import Pieces
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -68,13 +69,19 @@ class RegexResult:
     regex: str
     relaxed: list[tuple[str, str]] = field(default_factory=list)
     reasons: dict[tuple[str, str], str] = field(default_factory=dict)  # why each relaxed pair is not enforced
+    pieces: list[str] = field(default_factory=list)  # with splice: the sub-regexes its placeholders stand for
 
 
-def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) -> RegexResult:
-    """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`."""
+def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, splice: bool = False) -> RegexResult:
+    """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`.
+
+    With `splice`, values whose regex is longer than SPLICE_MIN_CHARS are written as placeholders
+    (grammars/splice.py) and their regexes returned in `pieces`: `splice.build_spliced` joins them
+    at the DFA level, so the text stays small however often a `$ref` is used.
+    """
     options = options or GrammarOptions()
     check_schema(schema)
-    conv = Converter(schema, options)
+    conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
     try:
         regex = conv.convert(schema, "")
     except RecursionError:
@@ -86,7 +93,8 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) 
                 f"recursion cannot end within max_ref_depth={options.max_ref_depth}",
                 conv.truncated_at, "$ref")
         raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
-    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed))
+    pieces = [] if conv.pieces is None else list(conv.pieces.regexes)
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces)
 
 
 def check_schema(schema: object) -> None:
@@ -244,6 +252,10 @@ def expand_marks(regex: str, ws: str | None = None) -> str:
     return expand_counts(expand_items(regex, ws))
 
 
+# With splicing, a value whose regex is longer than this becomes a sub-automaton (grammars/splice.py).
+SPLICE_MIN_CHARS = 2000
+
+
 def _group(regex: str) -> str:
     return f"(?:{regex})"
 
@@ -258,8 +270,9 @@ def _alternation(branches: list[str | None]) -> str | None:
 class Converter:
     """One walk over one schema document; collects relaxed keywords as it goes."""
 
-    def __init__(self, root: dict | bool, options: GrammarOptions):
+    def __init__(self, root: dict | bool, options: GrammarOptions, pieces: Pieces | None = None):
         self.root = root
+        self.pieces = pieces  # None: every value inlined as text; else large ones become placeholders
         self.options = options
         self.ws = options.whitespace_regex()
         self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
@@ -308,9 +321,19 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k not in (_AT, _FROM)}
         outer, self.origins = self.origins, (ptr, origins)
         try:
-            return self.check_size(self.convert_unchecked(schema, ptr), ptr)
+            return self.as_piece(self.check_size(self.convert_unchecked(schema, ptr), ptr))
         finally:
             self.origins = outer
+
+    def as_piece(self, regex: str | None) -> str | None:
+        """`regex`, or when splicing and it is long, the placeholder of a sub-automaton built once."""
+        if self.pieces is None or regex is None or len(regex) <= SPLICE_MIN_CHARS:
+            return regex
+        return self.pieces.add(regex)
+
+    def holds_item_counter(self, regex: str) -> bool:
+        """Whether `regex` holds a counted array (inside a spliced piece too)."""
+        return self.pieces.holds_items(regex) if self.pieces is not None else _ITEM_ENTER_TEXT in regex
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:
         if schema is False:
@@ -765,7 +788,7 @@ class Converter:
         high = None if high is None else int(high)
         if high is not None and low > high:
             return None
-        if _ITEM_ENTER_TEXT in rest:
+        if self.holds_item_counter(rest):
             why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold a counted "
                    "array (one item counter per row; widened: the validator checks it)")
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)

@@ -1,0 +1,248 @@
+"""Large subschemas as sub-automata: each compiled once, spliced into the parent's byte DFA.
+
+schema.to_regex (with `splice=True`) writes a large value as a placeholder, PLACEHOLDER_LEAD
+(byte 0x00: JSON text escapes it and no mark uses it) then 4 index letters `A`-`P`, and keeps
+the value's regex in a `Pieces` registry. `build_spliced` builds each piece's DFA once,
+bottom-up (a piece may hold placeholders of earlier pieces), then the parent's, and replaces
+every placeholder path s --lead, index--> t by a copy of the piece's DFA entered from s and left
+for t (one copy per distinct (piece, t)); a subset construction makes the result deterministic,
+then it is pruned and minimised. The language is the inlined regex's, so the minimal DFA is the
+same (marks are plain bytes in it): the token walk, counters and tables do not change. It saves
+regex text and outlines-core time, not states: the DFA is as large as the inlined one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from surecall.errors import CompileBudgetExceeded
+from surecall.grammars.automaton import ByteDFA, minimize, prune
+
+PLACEHOLDER_LEAD = 0x00
+_INDEX_BASE = ord("A")  # index digits are the letters A-P (one hex nibble each)
+_INDEX_DIGITS = 4
+MAX_PIECES = 16**_INDEX_DIGITS
+_PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
+# The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
+# DFA), prune's edge lists and minimise's hashed signatures (measured ~9 KB on JSON DFAs).
+_BYTES_PER_STATE = 12 * 1024
+
+
+def placeholder(index: int) -> str:
+    """The regex text standing for piece `index`: `\\x00` then 4 letters (the nibbles, high first)."""
+    if not 0 <= index < MAX_PIECES:
+        raise ValueError(f"Invalid piece index: expected 0..{MAX_PIECES - 1}, got {index}")
+    letters = "".join(chr(_INDEX_BASE + ((index >> (4 * i)) & 15)) for i in range(_INDEX_DIGITS - 1, -1, -1))
+    return f"\\x00{letters}"
+
+
+def placeholders_in(regex: str) -> set[int]:
+    """Indices of the placeholders written in `regex` (by its text; may over-report, never miss)."""
+    return {sum((ord(c) - _INDEX_BASE) << (4 * (3 - i)) for i, c in enumerate(m)) for m in _PLACEHOLDER_TEXT.findall(regex)}
+
+
+class Pieces:
+    """Sub-regexes by index; equal texts share one index. `has_items[i]`: piece i holds an item
+    counter mark (directly or inside a piece it uses), as schema.to_regex must know."""
+
+    def __init__(self, item_mark_text: str):
+        self.regexes: list[str] = []
+        self.has_items: list[bool] = []
+        self._index: dict[str, int] = {}
+        self._item_mark_text = item_mark_text
+
+    def add(self, regex: str) -> str:
+        """The placeholder for `regex` (registered on first sight)."""
+        index = self._index.get(regex)
+        if index is None:
+            if len(self.regexes) >= MAX_PIECES:
+                raise CompileBudgetExceeded(f"the schema needs more than {MAX_PIECES} spliced sub-automata")
+            index = self._index[regex] = len(self.regexes)
+            self.regexes.append(regex)
+            self.has_items.append(self.holds_items(regex))
+        return placeholder(index)
+
+    def holds_items(self, regex: str) -> bool:
+        """Whether `regex` holds an item counter mark, looking through its placeholders."""
+        return self._item_mark_text in regex or any(
+            i < len(self.has_items) and self.has_items[i] for i in placeholders_in(regex))
+
+
+def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
+                  memory_budget_bytes: int) -> ByteDFA:
+    """The byte DFA of `regex` with every placeholder replaced by its piece's language.
+
+    `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
+    built once, on first use, and spliced itself before use. Raises CompileBudgetExceeded when a
+    joined automaton would exceed `memory_budget_bytes`.
+    """
+    max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
+    built: dict[tuple[int, ...], ByteDFA] = {}
+
+    def sub_of(key: tuple[int, ...], user: int) -> ByteDFA:
+        if not all(0 <= i < min(user, len(pieces)) for i in key):  # pieces hold earlier pieces only: no cycle
+            raise ValueError(f"Invalid placeholder: pieces {key} used by piece {user} of {len(pieces)}")
+        if key not in built:
+            if len(key) == 1:
+                built[key] = splice_dfa(build(pieces[key[0]]), lambda k: sub_of(k, key[0]), max_states)
+            else:  # alternatives at one place: their union, built once for every user
+                built[key] = union_dfa([sub_of((i,), user) for i in key], max_states)
+        return built[key]
+
+    return splice_dfa(build(regex), lambda k: sub_of(k, len(pieces)), max_states)
+
+
+def find_placeholders(dfa: ByteDFA) -> list[tuple[int, int, int]]:
+    """Every placeholder path (s, piece index, t): s --lead--> 4 index letters --> t."""
+    found = []
+    for s in np.flatnonzero(dfa.trans[:, PLACEHOLDER_LEAD] >= 0).tolist():
+        frontier = [(int(dfa.trans[s, PLACEHOLDER_LEAD]), 0)]
+        for _ in range(_INDEX_DIGITS):
+            step = []
+            for u, value in frontier:
+                row = dfa.trans[u]
+                digits = row[_INDEX_BASE : _INDEX_BASE + 16]
+                if int((row >= 0).sum()) != int((digits >= 0).sum()):
+                    raise ValueError(f"Invalid placeholder: state {u} after the lead byte has a non-index edge")
+                step += [(int(digits[d]), value * 16 + d) for d in np.flatnonzero(digits >= 0).tolist()]
+            frontier = step
+        found += [(s, index, t) for t, index in frontier]
+    return found
+
+
+def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], max_states: int) -> ByteDFA:
+    """`parent` with each placeholder path replaced by a copy of its piece's DFA, determinised,
+    pruned and minimised (returned unchanged when it has no placeholder).
+
+    Pieces that are alternatives between the same s and t are one sub-automaton, their union:
+    `sub_of` gets the sorted tuple of their indices (one index for a lone piece).
+    """
+    found = find_placeholders(parent)
+    if not found:
+        return parent
+    grouped: dict[tuple[int, int], set[int]] = {}
+    for s, index, t in found:
+        grouped.setdefault((s, t), set()).add(index)
+    # 1. One copy per distinct (sub-automaton, exit state); the NFA's states are parent's, then the copies'.
+    copies: dict[tuple[tuple[int, ...], int], int] = {}
+    subs: list[ByteDFA] = [parent]
+    entries: list[tuple[int, int]] = []
+    size = parent.num_states
+    for (s, t), indices in grouped.items():
+        key = (tuple(sorted(indices)), t)
+        if key not in copies:
+            copies[key] = size
+            subs.append(sub_of(key[0]))
+            size += subs[-1].num_states
+            _check_states(size, max_states)
+        entries.append((s, copies[key]))
+    exits = [t for _, t in copies]
+    trans, accept, eps = _joined(subs, exits)
+    trans[: parent.num_states, PLACEHOLDER_LEAD] = -1  # the placeholder paths become epsilon moves
+    for s, start in entries:
+        eps.setdefault(s, []).append(start)  # a copy's start is its state 0
+    # 2. Back to a DFA (mostly singleton subsets), then prune and minimise.
+    return minimize(prune(*_determinize(trans, accept, eps, 0)))
+
+
+def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
+    """The minimal DFA of the union of the `subs`' languages (subset construction from a fresh start)."""
+    _check_states(1 + sum(d.num_states for d in subs), max_states)
+    trans, accept, eps = _joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)), *subs], None)
+    offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
+    eps[0] = offsets.tolist()
+    return minimize(prune(*_determinize(trans, accept, eps, 0)))
+
+
+def _joined(dfas: list[ByteDFA], exits: list[int] | None):
+    """(trans, accept, eps) of the DFAs side by side, ids shifted; with `exits`, dfas[1 + i] is a
+    copy whose accepting states move (epsilon) to state exits[i] of dfas[0] instead of accepting."""
+    size = sum(d.num_states for d in dfas)
+    trans = np.empty((size, 256), dtype=np.int32)
+    accept = np.zeros(size, dtype=bool)
+    eps: dict[int, list[int]] = {}
+    offset = 0
+    for i, dfa in enumerate(dfas):
+        block = trans[offset : offset + dfa.num_states]
+        np.add(dfa.trans, offset, out=block)
+        block[dfa.trans < 0] = -1
+        if exits is None or i == 0:
+            accept[offset : offset + dfa.num_states] = dfa.accept
+        else:
+            for q in np.flatnonzero(dfa.accept).tolist():
+                eps[offset + q] = [exits[i - 1]]
+        offset += dfa.num_states
+    return trans, accept, eps
+
+
+def _check_states(size: int, max_states: int) -> None:
+    if size > max_states:
+        raise CompileBudgetExceeded(
+            f"splicing sub-automata needs more than {max_states} states (the memory budget allows "
+            f"~{_BYTES_PER_STATE // 1024} KiB each); simplify the schema or raise memory_budget_bytes")
+
+
+def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int):
+    """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start).
+
+    A state without epsilon moves keeps its id (its row, mapped through the closures, in one
+    numpy step); only epsilon closures and the subsets they lead to get new rows, one by one.
+    """
+    n = trans.shape[0]
+    # An inert state (no edge, not accepting: a copy's final state, a placeholder's source with
+    # nothing else to do) adds nothing to a subset: leaving it out keeps most subsets singletons.
+    inert = ~accept & (trans < 0).all(axis=1)
+    closure = {x: tuple(y for y in _closure(x, eps) if not inert[y]) for x in eps}
+    ids: dict[tuple[int, ...], int] = {}
+    subsets: list[tuple[int, ...]] = []
+
+    def subset_id(members: tuple[int, ...]) -> int:
+        if not members:
+            return -1
+        if len(members) == 1 and members[0] not in eps:
+            return members[0]
+        k = ids.get(members)
+        if k is None:
+            k = ids[members] = n + len(subsets)
+            subsets.append(members)
+        return k
+
+    closure_id = np.arange(n + 1, dtype=np.int32)
+    closure_id[n] = -1  # index -1 (dead) reads the last slot
+    for x, members in closure.items():
+        closure_id[x] = subset_id(members)
+    plain_rows = closure_id[trans]
+    rows, accepts = [], []
+    done = 0
+    while done < len(subsets):
+        members = np.asarray(subsets[done], dtype=np.int64)
+        done += 1
+        block = trans[members]  # [k, 256]
+        top = block.max(axis=0)
+        row = closure_id[top]
+        for b in np.flatnonzero(((block >= 0) & (block != top)).any(axis=0)).tolist():
+            targets = set(block[:, b][block[:, b] >= 0].tolist())
+            union = set()
+            for y in targets:
+                union.update(closure.get(y, (y,)))
+            row[b] = subset_id(tuple(sorted(y for y in union if not inert[y])))
+        rows.append(row)
+        accepts.append(bool(accept[members].any()))
+    out_trans = np.concatenate([plain_rows, np.asarray(rows, dtype=np.int32).reshape(-1, 256)])
+    out_accept = np.concatenate([accept, np.asarray(accepts, dtype=bool)])
+    return out_trans, out_accept, int(closure_id[start])
+
+
+def _closure(x: int, eps: dict[int, list[int]]) -> tuple[int, ...]:
+    """The states reachable from `x` by epsilon moves (x included), sorted."""
+    seen = {x}
+    stack = [x]
+    while stack:
+        for y in eps.get(stack.pop(), ()):
+            if y not in seen:
+                seen.add(y)
+                stack.append(y)
+    return tuple(sorted(seen))
