@@ -13,6 +13,7 @@ regex text and outlines-core time, not states: the DFA is as large as the inline
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 
@@ -81,18 +82,31 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
+    canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
+    first_of: dict[bytes, int] = {}
 
-    def sub_of(key: tuple[int, ...], user: int) -> ByteDFA:
-        if not all(0 <= i < min(user, len(pieces)) for i in key):  # pieces hold earlier pieces only: no cycle
-            raise ValueError(f"Invalid placeholder: pieces {key} used by piece {user} of {len(pieces)}")
-        if key not in built:
-            if len(key) == 1:
-                built[key] = splice_dfa(build(pieces[key[0]]), lambda k: sub_of(k, key[0]), max_states)
-            else:  # alternatives at one place: their union, built once for every user
-                built[key] = union_dfa([sub_of((i,), user) for i in key], max_states)
+    def canonical_of(index: int, user: int) -> int:
+        if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
+            raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
+        if index not in canonical:
+            dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            canonical[index] = first_of.setdefault(_digest(dfa), index)
+            built.setdefault((canonical[index],), dfa)
+        return canonical[index]
+
+    def sub_of(key: tuple[int, ...]) -> ByteDFA:
+        if key not in built:  # alternatives at one place: their union, built once for every user
+            built[key] = union_dfa([built[(i,)] for i in key], max_states)
         return built[key]
 
-    return splice_dfa(build(regex), lambda k: sub_of(k, len(pieces)), max_states)
+    return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)
+
+
+def _digest(dfa: ByteDFA) -> bytes:
+    """Equal for equal DFAs: pruned minimal DFAs in BFS order are equal iff their languages are."""
+    h = hashlib.blake2b(np.ascontiguousarray(dfa.trans).tobytes(), digest_size=20)
+    h.update(dfa.accept.tobytes())
+    return h.digest()
 
 
 def find_placeholders(dfa: ByteDFA) -> list[tuple[int, int, int]]:
@@ -113,18 +127,39 @@ def find_placeholders(dfa: ByteDFA) -> list[tuple[int, int, int]]:
     return found
 
 
-def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], max_states: int) -> ByteDFA:
-    """`parent` with each placeholder path replaced by a copy of its piece's DFA, determinised,
-    pruned and minimised (returned unchanged when it has no placeholder).
+def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonical: Callable[[int], int]):
+    """(minimal parent, its placeholder moves (s, canonical piece, t)): each placeholder path is one
+    move on a symbol of its own (column 256 + k), pieces with equal DFAs share a symbol, and the
+    parent is minimised over that alphabet (states told apart only by which of two equal pieces
+    follows are merged before any copy is made)."""
+    symbols = sorted({canonical(index) for _, index, _ in found})
+    column = {piece: 256 + k for k, piece in enumerate(symbols)}
+    trans = np.full((parent.num_states, 256 + len(symbols)), -1, dtype=np.int32)
+    trans[:, :256] = parent.trans
+    trans[:, PLACEHOLDER_LEAD] = -1  # the index states become unreachable: pruned
+    for s, index, t in found:
+        trans[s, column[canonical(index)]] = t
+    small = minimize(prune(trans, parent.accept))
+    rows, cols = np.nonzero(small.trans[:, 256:] >= 0)
+    moves = [(int(r), symbols[int(c)], int(small.trans[r, 256 + c])) for r, c in zip(rows, cols)]
+    return ByteDFA(np.ascontiguousarray(small.trans[:, :256]), small.accept), moves
 
-    Pieces that are alternatives between the same s and t are one sub-automaton, their union:
-    `sub_of` gets the sorted tuple of their indices (one index for a lone piece).
+
+def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], canonical: Callable[[int], int],
+               max_states: int) -> ByteDFA:
+    """`parent` with each placeholder path replaced by a copy of its piece's DFA, determinised
+    and pruned, minimised where subsets merged states (returned unchanged without placeholders).
+
+    `canonical(index)` names the piece (building it first); pieces that are alternatives between
+    the same s and t are one sub-automaton, their union: `sub_of` gets the sorted tuple of their
+    canonical indices (one index for a lone piece).
     """
     found = find_placeholders(parent)
     if not found:
         return parent
+    parent, moves = symbolic_parent(parent, found, canonical)
     grouped: dict[tuple[int, int], set[int]] = {}
-    for s, index, t in found:
+    for s, index, t in moves:
         grouped.setdefault((s, t), set()).add(index)
     # 1. One copy per distinct (sub-automaton, exit state); the NFA's states are parent's, then the copies'.
     copies: dict[tuple[tuple[int, ...], int], int] = {}
@@ -141,11 +176,13 @@ def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], ma
         entries.append((s, copies[key]))
     exits = [t for _, t in copies]
     trans, accept, eps = _joined(subs, exits)
-    trans[: parent.num_states, PLACEHOLDER_LEAD] = -1  # the placeholder paths become epsilon moves
     for s, start in entries:
         eps.setdefault(s, []).append(start)  # a copy's start is its state 0
-    # 2. Back to a DFA (mostly singleton subsets), then prune and minimise.
-    return minimize(prune(*_determinize(trans, accept, eps, 0)))
+    # 2. Back to a DFA. Components are minimal and pairwise distinct, so only states merged into
+    #    subsets (alternatives sharing first bytes) leave equivalent states: minimise then.
+    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0)
+    dfa = prune(dfa_trans, dfa_accept, start)
+    return minimize(dfa) if is_merged else dfa
 
 
 def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
@@ -154,7 +191,8 @@ def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
     trans, accept, eps = _joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)), *subs], None)
     offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
     eps[0] = offsets.tolist()
-    return minimize(prune(*_determinize(trans, accept, eps, 0)))
+    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0)
+    return minimize(prune(dfa_trans, dfa_accept, start))
 
 
 def _joined(dfas: list[ByteDFA], exits: list[int] | None):
@@ -186,7 +224,8 @@ def _check_states(size: int, max_states: int) -> None:
 
 
 def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int):
-    """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start).
+    """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start, whether
+    some subset holds two or more live states).
 
     A state without epsilon moves keeps its id (its row, mapped through the closures, in one
     numpy step); only epsilon closures and the subsets they lead to get new rows, one by one.
@@ -233,7 +272,8 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
         accepts.append(bool(accept[members].any()))
     out_trans = np.concatenate([plain_rows, np.asarray(rows, dtype=np.int32).reshape(-1, 256)])
     out_accept = np.concatenate([accept, np.asarray(accepts, dtype=bool)])
-    return out_trans, out_accept, int(closure_id[start])
+    is_merged = any(len(members) > 1 for members in subsets)
+    return out_trans, out_accept, int(closure_id[start]), is_merged
 
 
 def _closure(x: int, eps: dict[int, list[int]]) -> tuple[int, ...]:

@@ -202,7 +202,7 @@ def test_budget_and_malformed_placeholders_raise():
         splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 64 * 1024)
     with pytest.raises(ValueError, match="Invalid piece index"):
         splice.placeholder(splice.MAX_PIECES)
-    with pytest.raises(ValueError, match="Invalid placeholder: pieces"):
+    with pytest.raises(ValueError, match="Invalid placeholder: piece 3"):
         splice.build_spliced(splice.placeholder(3), ["a"], regex_to_dfa, 2 << 30)
     with pytest.raises(ValueError, match="after the lead byte has a non-index edge"):
         splice.find_placeholders(regex_to_dfa("\\x00(?:AAAA|x)"))
