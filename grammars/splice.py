@@ -223,26 +223,35 @@ def _check_states(size: int, max_states: int) -> None:
             f"~{_BYTES_PER_STATE // 1024} KiB each); simplify the schema or raise memory_budget_bytes")
 
 
+_BATCH_BYTES = 64 << 20  # the subset construction's gathered rows per batch of subsets
+
+
 def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int):
     """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start, whether
     some subset holds two or more live states).
 
-    A state without epsilon moves keeps its id (its row, mapped through the closures, in one
-    numpy step); only epsilon closures and the subsets they lead to get new rows, one by one.
+    A state keeps its id as a singleton (its row mapped through the closures in one numpy
+    step); only subsets of two or more states get new rows, a batch of subsets at a time: their
+    members' rows are gathered, closed, sorted and deduplicated in numpy, and only each distinct
+    new subset costs a dict look-up.
     """
     n = trans.shape[0]
     # An inert state (no edge, not accepting: a copy's final state, a placeholder's source with
     # nothing else to do) adds nothing to a subset: leaving it out keeps most subsets singletons.
     inert = ~accept & (trans < 0).all(axis=1)
     closure = {x: tuple(y for y in _closure(x, eps) if not inert[y]) for x in eps}
+    width = max([1, *map(len, closure.values())])
+    closed = np.full((n + 1, width), n, dtype=np.int32)  # each state's closure; n pads (and is "none")
+    closed[:n, 0] = np.where(inert, n, np.arange(n, dtype=np.int32))
+    for x, members in closure.items():
+        closed[x] = n
+        closed[x, : len(members)] = members
     ids: dict[tuple[int, ...], int] = {}
     subsets: list[tuple[int, ...]] = []
 
     def subset_id(members: tuple[int, ...]) -> int:
-        if not members:
-            return -1
-        if len(members) == 1 and members[0] not in eps:
-            return members[0]
+        if len(members) <= 1:  # a closed singleton is the state itself; none is dead
+            return members[0] if members else -1
         k = ids.get(members)
         if k is None:
             k = ids[members] = n + len(subsets)
@@ -253,27 +262,45 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
     closure_id[n] = -1  # index -1 (dead) reads the last slot
     for x, members in closure.items():
         closure_id[x] = subset_id(members)
-    plain_rows = closure_id[trans]
-    rows, accepts = [], []
+    rows = [closure_id[trans]]
+    accepts = [accept]
+    padded = np.vstack([np.where(trans < 0, n, trans), np.full((1, 256), n, dtype=np.int32)])
     done = 0
     while done < len(subsets):
-        members = np.asarray(subsets[done], dtype=np.int64)
-        done += 1
-        block = trans[members]  # [k, 256]
-        top = block.max(axis=0)
-        row = closure_id[top]
-        for b in np.flatnonzero(((block >= 0) & (block != top)).any(axis=0)).tolist():
-            targets = set(block[:, b][block[:, b] >= 0].tolist())
-            union = set()
-            for y in targets:
-                union.update(closure.get(y, (y,)))
-            row[b] = subset_id(tuple(sorted(y for y in union if not inert[y])))
+        k = max(len(m) for m in subsets[done : done + 64])
+        batch = subsets[done : done + max(1, _BATCH_BYTES // (k * width * 256 * 4 * 2))]
+        done += len(batch)
+        row, acc = _subset_rows(batch, padded, closed, accept, subset_id)
         rows.append(row)
-        accepts.append(bool(accept[members].any()))
-    out_trans = np.concatenate([plain_rows, np.asarray(rows, dtype=np.int32).reshape(-1, 256)])
-    out_accept = np.concatenate([accept, np.asarray(accepts, dtype=bool)])
-    is_merged = any(len(members) > 1 for members in subsets)
-    return out_trans, out_accept, int(closure_id[start]), is_merged
+        accepts.append(acc)
+    out_trans = np.concatenate(rows)
+    return out_trans, np.concatenate(accepts), int(closure_id[start]), bool(subsets)
+
+
+def _subset_rows(batch: list[tuple[int, ...]], padded: np.ndarray, closed: np.ndarray, accept: np.ndarray,
+                 subset_id: Callable[[tuple[int, ...]], int]) -> tuple[np.ndarray, np.ndarray]:
+    """The DFA rows (int32 [B, 256]) and acceptance of a batch of subsets (`padded`: trans with
+    dead as n and a row n of n; `closed`: each state's closure padded with n)."""
+    n = padded.shape[0] - 1
+    k = max(map(len, batch))
+    members = np.full((len(batch), k), n, dtype=np.int32)
+    for i, m in enumerate(batch):
+        members[i, : len(m)] = m
+    # [B, 256, k * width]: every member's successor, closed, per byte; sorted, duplicates to n.
+    succ = closed[padded[members]].transpose(0, 2, 1, 3).reshape(len(batch), 256, -1)
+    succ.sort(axis=2)
+    succ[:, :, 1:][succ[:, :, 1:] == succ[:, :, :-1]] = n
+    succ.sort(axis=2)
+    count = (succ < n).sum(axis=2)
+    row = np.where(count == 1, succ[:, :, 0], -1).astype(np.int32)
+    many = np.nonzero(count > 1)
+    if many[0].size:
+        wide = succ[many[0], many[1], : int(count.max())]
+        keys, inverse = np.unique(wide, axis=0, return_inverse=True)
+        new_ids = np.asarray([subset_id(tuple(x for x in key if x < n)) for key in keys.tolist()], dtype=np.int32)
+        row[many] = new_ids[inverse.reshape(-1)]
+    accept_padded = np.append(accept, False)
+    return row, accept_padded[members].any(axis=1)
 
 
 def _closure(x: int, eps: dict[int, list[int]]) -> tuple[int, ...]:
