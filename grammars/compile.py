@@ -1,6 +1,7 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
-Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
+Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py; a schema's
+large values as sub-automata spliced in, splice.py) -> count
 marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
 renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
 bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big

@@ -1,14 +1,14 @@
 """Large subschemas as sub-automata: each compiled once, spliced into the parent's byte DFA.
 
-schema.to_regex (with `splice=True`) writes a large value as a placeholder, PLACEHOLDER_LEAD
-(byte 0x00: JSON text escapes it and no mark uses it) then 4 index letters `A`-`P`, and keeps
-the value's regex in a `Pieces` registry. `build_spliced` builds each piece's DFA once,
-bottom-up (a piece may hold placeholders of earlier pieces), then the parent's, and replaces
-every placeholder path s --lead, index--> t by a copy of the piece's DFA entered from s and left
-for t (one copy per distinct (piece, t)); a subset construction makes the result deterministic,
-then it is pruned and minimised. The language is the inlined regex's, so the minimal DFA is the
-same (marks are plain bytes in it): the token walk, counters and tables do not change. It saves
-regex text and outlines-core time, not states: the DFA is as large as the inlined one.
+schema.to_regex (`splice=True`) writes a large value as a placeholder: PLACEHOLDER_LEAD (byte
+0x00: JSON text escapes it, no mark uses it) and 4 index letters `A`-`P`; `Pieces` keeps its regex.
+`build_spliced` builds each piece's DFA once, bottom-up (pieces hold earlier pieces), pieces with
+equal DFAs sharing one symbol; each placeholder path s --lead, index--> t of the (minimised over
+those symbols) parent becomes an epsilon move into a copy of the piece's DFA that leaves for t, one
+copy per (piece, t) (alternatives at one place: one copy of their union), and a subset construction
+makes it deterministic. The language is the inlined regex's, and the result its minimal DFA on
+JSON schemas (tests check it array for array): marks are plain bytes in it, so the token walk,
+counters and tables do not change. It saves regex text and outlines-core time, not DFA states.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], ca
         eps.setdefault(s, []).append(start)  # a copy's start is its state 0
     # 2. Back to a DFA. Components are minimal and pairwise distinct, so only states merged into
     #    subsets (alternatives sharing first bytes) leave equivalent states: minimise then.
-    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0)
+    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0, max_states)
     dfa = prune(dfa_trans, dfa_accept, start)
     return minimize(dfa) if is_merged else dfa
 
@@ -191,7 +191,7 @@ def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
     trans, accept, eps = _joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)), *subs], None)
     offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
     eps[0] = offsets.tolist()
-    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0)
+    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0, max_states)
     return minimize(prune(dfa_trans, dfa_accept, start))
 
 
@@ -226,7 +226,7 @@ def _check_states(size: int, max_states: int) -> None:
 _BATCH_BYTES = 64 << 20  # the subset construction's gathered rows per batch of subsets
 
 
-def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int):
+def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int, max_states: int):
     """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start, whether
     some subset holds two or more live states).
 
@@ -271,6 +271,7 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
         batch = subsets[done : done + max(1, _BATCH_BYTES // (k * width * 256 * 4 * 2))]
         done += len(batch)
         row, acc = _subset_rows(batch, padded, closed, accept, subset_id)
+        _check_states(n + len(subsets), max_states)  # alternatives can multiply subsets
         rows.append(row)
         accepts.append(acc)
     out_trans = np.concatenate(rows)

@@ -206,3 +206,10 @@ def test_budget_and_malformed_placeholders_raise():
         splice.build_spliced(splice.placeholder(3), ["a"], regex_to_dfa, 2 << 30)
     with pytest.raises(ValueError, match="after the lead byte has a non-index edge"):
         splice.find_placeholders(regex_to_dfa("\\x00(?:AAAA|x)"))
+
+
+def test_union_past_the_state_budget_raises():
+    left, right = regex_to_dfa("a[bc]*"), regex_to_dfa("a[bd]*")
+    assert splice.union_dfa([left, right], 64).matches(b"abdb")
+    with pytest.raises(CompileBudgetExceeded, match="splicing sub-automata needs more than 5 states"):
+        splice.union_dfa([left, right], 5)
