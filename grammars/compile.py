@@ -129,7 +129,8 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     # 1. Regex -> pruned byte DFA; with pieces (placeholders in the regex), one DFA per piece,
     #    spliced into the parent's (splice.py).
     if pieces:
-        dfa = build_spliced(regex, pieces, lambda r: _regex_dfa(r, options, clock), options.memory_budget_bytes)
+        dfa = build_spliced(regex, pieces, lambda r: _regex_dfa(r, options, clock), options.memory_budget_bytes,
+                            lambda: clock.check("byte DFA (splice)"))
         meta = {**meta, "pieces": len(pieces)}
     else:
         dfa = _regex_dfa(regex, options, clock)

@@ -73,12 +73,13 @@ class Pieces:
 
 
 def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
-                  memory_budget_bytes: int) -> ByteDFA:
+                  memory_budget_bytes: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
     """The byte DFA of `regex` with every placeholder replaced by its piece's language.
 
     `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
-    built once, on first use, and spliced itself before use. Raises CompileBudgetExceeded when a
-    joined automaton would exceed `memory_budget_bytes`.
+    built once, on first use, and spliced itself before use; `check()` runs after each splice (a
+    time budget raises there). Raises CompileBudgetExceeded when a joined automaton would exceed
+    `memory_budget_bytes`.
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
@@ -90,6 +91,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
         if index not in canonical:
             dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            check()
             canonical[index] = first_of.setdefault(_digest(dfa), index)
             built.setdefault((canonical[index],), dfa)
         return canonical[index]
@@ -97,6 +99,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     def sub_of(key: tuple[int, ...]) -> ByteDFA:
         if key not in built:  # alternatives at one place: their union, built once for every user
             built[key] = union_dfa([built[(i,)] for i in key], max_states)
+            check()
         return built[key]
 
     return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)

@@ -213,3 +213,16 @@ def test_union_past_the_state_budget_raises():
     assert splice.union_dfa([left, right], 64).matches(b"abdb")
     with pytest.raises(CompileBudgetExceeded, match="splicing sub-automata needs more than 5 states"):
         splice.union_dfa([left, right], 5)
+
+
+def test_check_runs_after_every_splice():
+    result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
+    calls = []
+    splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, lambda: calls.append(1))
+    assert len(calls) >= len({i for p in [result.regex, *result.pieces] for i in splice.placeholders_in(p)})
+
+    def out_of_time():
+        raise CompileBudgetExceeded("compile ran past its time budget")
+
+    with pytest.raises(CompileBudgetExceeded, match="time budget"):
+        splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, out_of_time)
