@@ -139,7 +139,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock)
 
 
-def _regex_dfa(regex: str, options, clock: "_Clock") -> ByteDFA:
+def _regex_dfa(regex: str, options, clock: _Clock) -> ByteDFA:
     """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first)."""
     if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
         raise CompileBudgetExceeded(

@@ -42,7 +42,8 @@ def placeholder(index: int) -> str:
 
 def placeholders_in(regex: str) -> set[int]:
     """Indices of the placeholders written in `regex` (by its text; may over-report, never miss)."""
-    return {sum((ord(c) - _INDEX_BASE) << (4 * (3 - i)) for i, c in enumerate(m)) for m in _PLACEHOLDER_TEXT.findall(regex)}
+    return {sum((ord(c) - _INDEX_BASE) << (4 * (_INDEX_DIGITS - 1 - i)) for i, c in enumerate(letters))
+            for letters in _PLACEHOLDER_TEXT.findall(regex)}
 
 
 class Pieces:
