@@ -282,6 +282,8 @@ class Converter:
         # depths of the refs being expanded) -> regex. The string is still inlined at each use.
         self.ref_regex: dict[tuple, str | None] = {}
         self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
+        self.ref_reach: dict[str, frozenset[str]] = {}  # ref -> the refs its expansion can meet
+        self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
         self.any_regex: dict[int, str] = {}
         self.truncated_at: str | None = None
@@ -407,7 +409,8 @@ class Converter:
         if any(k in _ASSERTING for k in rest):
             # the validator reports the target's keywords under the referencing schema's path
             return self.expand_ref(ref, depth, lambda: self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr))
-        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d)))
+        reach = self.refs_within(ref)  # only the depths its expansion can meet tell contexts apart
+        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d and r in reach)))
         if key not in self.ref_regex:
             self.ref_regex[key] = self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr))
         regex = self.ref_regex[key]
@@ -415,6 +418,27 @@ class Converter:
             uses = self.ref_uses.setdefault(ref, [0, len(regex)])
             uses[0] += 1
         return regex
+
+    def refs_within(self, ref: str) -> frozenset[str]:
+        """Every `$ref` the expansion of `ref` can meet: its target's, then theirs (a superset)."""
+        if ref not in self.ref_reach:
+            seen, stack = set(), [ref]
+            while stack:
+                r = stack.pop()
+                if r not in seen:
+                    seen.add(r)
+                    stack.extend(self.direct_refs(r))
+            self.ref_reach[ref] = frozenset(seen)
+        return self.ref_reach[ref]
+
+    def direct_refs(self, ref: str) -> set[str]:
+        if ref not in self.ref_direct:
+            try:
+                node, _ = self.resolve(ref, "")
+            except (SchemaError, UnsupportedSchema):
+                node = None
+            self.ref_direct[ref] = set(_refs_in(node))
+        return self.ref_direct[ref]
 
     def expand_ref(self, ref: str, depth: int, convert) -> str | None:
         self.ref_depth[ref] = depth + 1
@@ -1037,6 +1061,19 @@ def _localize_additional(own: dict, other: dict) -> dict:
             names += side["required"]
     added = {n: extra for n in dict.fromkeys(names) if n not in declared and not _pattern_schemas(patterns, n)}
     return {**own, "properties": {**declared, **added}} if added else own
+
+
+def _refs_in(node: object):
+    """Every `$ref` string written anywhere inside `node`."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("$ref"), str):
+                yield item["$ref"]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _at(sub: object, pointer: str) -> object:

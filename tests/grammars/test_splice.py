@@ -226,3 +226,20 @@ def test_check_runs_after_every_splice():
 
     with pytest.raises(CompileBudgetExceeded, match="time budget"):
         splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, out_of_time)
+
+
+def test_a_ref_is_converted_once_whatever_refs_enclose_it():
+    # a chain of diamonds: l{k} -> a{k}, b{k} -> l{k+1}; each non-recursive ref converts once,
+    # not once per path of enclosing refs (2^k of them)
+    defs = {"l12": {"type": "integer"}}
+    for k in range(11, -1, -1):
+        defs[f"a{k}"] = {"type": "array", "items": {"$ref": f"#/$defs/l{k + 1}"}}
+        defs[f"b{k}"] = {"type": "object", "properties": {"v": {"$ref": f"#/$defs/l{k + 1}"}}}
+        defs[f"l{k}"] = {"anyOf": [{"$ref": f"#/$defs/a{k}"}, {"$ref": f"#/$defs/b{k}"}]}
+    schema = {"$defs": defs, "$ref": "#/$defs/l0"}
+    conv = to_regex.Converter(schema, to_regex.GrammarOptions(), splice.Pieces("\\x03"))
+    regex = conv.convert(schema, "")
+    assert len(conv.ref_regex) == len(defs)
+    result = splice.build_spliced(regex, conv.pieces.regexes, regex_to_dfa, 2 << 30)
+    assert result.matches(b"[" * 12 + b"1" + b"]" * 12)
+    assert result.matches(b"{\"v\":" * 12 + b"1" + b"}" * 12)
