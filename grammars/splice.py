@@ -28,7 +28,7 @@ _INDEX_DIGITS = 4
 MAX_PIECES = 16**_INDEX_DIGITS
 _PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
 # The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
-# DFA), prune's edge lists and minimise's hashed signatures (measured ~9 KB on JSON DFAs).
+# DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).
 _BYTES_PER_STATE = 12 * 1024
 
 
