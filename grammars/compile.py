@@ -1,6 +1,7 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
-Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
+Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py; a schema's
+large values as sub-automata spliced in, splice.py) -> count
 marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
 renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
 bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
@@ -35,6 +36,7 @@ from surecall.grammars.counted import (
     check_entries,
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
+from surecall.grammars.splice import build_spliced
 from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -73,7 +75,7 @@ def compile_schema(schema: dict, vocab, options=None, use_cache: bool | str = Tr
     options = _options(options)
     key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
     return _through_cache(key, use_cache, lambda: _with_fallback(
-        lambda opts: schema_to_regex(schema, opts), vocab, options, {"kind": "schema"}))
+        lambda opts: schema_to_regex(schema, opts, splice=True), vocab, options, {"kind": "schema"}))
 
 
 def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool | str = True) -> TokenTable:
@@ -109,33 +111,47 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     result = to_regex(options)
     meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
     try:
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result),
+                                 _pieces(result))
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
         plain = dataclasses.replace(options, counted_lengths=False)
         result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result),
+                                  _pieces(result))
         table.meta["counted_fallback"] = str(exc)
         return table
 
 
-def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
+def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pieces=()) -> TokenTable:
     clock = _Clock(options.time_budget_s)
-    # 1. Regex -> pruned byte DFA (outlines-core cannot be interrupted: bound its input first).
+    # 1. Regex -> pruned byte DFA; with pieces (placeholders in the regex), one DFA per piece,
+    #    spliced into the parent's (splice.py).
+    if pieces:
+        dfa = build_spliced(regex, pieces, lambda r: _regex_dfa(r, options, clock), options.memory_budget_bytes,
+                            lambda: clock.check("byte DFA (splice)"))
+        meta = {**meta, "pieces": len(pieces)}
+    else:
+        dfa = _regex_dfa(regex, options, clock)
+    clock.check("byte DFA")
+    chars = len(regex) + sum(map(len, pieces))
+    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock)
+
+
+def _regex_dfa(regex: str, options, clock: _Clock) -> ByteDFA:
+    """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first)."""
     if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
         raise CompileBudgetExceeded(
             f"regex of {len(regex)} characters is too large to compile within the memory budget of "
             f"{options.memory_budget_bytes / 2**20:.0f} MiB (about {_BYTES_PER_REGEX_CHAR} bytes per character); "
             "lower max_ref_depth / max_any_depth / max_bounded_length or raise memory_budget_bytes"
         )
-    if len(regex) > _ISOLATE_REGEX_CHARS:
-        dfa = regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
-                                    options.memory_budget_bytes)
-    else:
-        dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
-    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": len(regex)}, clock)
+    if len(regex) > _ISOLATE_REGEX_CHARS:
+        return regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
+                                     options.memory_budget_bytes)
+    return regex_to_dfa(regex)
 
 
 def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None) -> TokenTable:
@@ -593,6 +609,10 @@ def _with_reasons(meta: dict, result) -> dict:
     """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
     reasons = getattr(result, "reasons", {})
     return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
+
+
+def _pieces(result) -> list[str]:
+    return list(getattr(result, "pieces", None) or [])
 
 
 def _pairs(relaxed) -> list[tuple[str, str]]:
