@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from surecall.kernels.mask import allowed_columns
-from surecall.kernels.rng import PRUNE_MARGIN, gumbel_torch
+from surecall.kernels.rng import PRUNE_MARGIN, gumbel_numpy, gumbel_torch
 from surecall.kernels.table import DeviceTable
 
 NEG_INF = float("-inf")
@@ -195,68 +195,106 @@ def row_sets(logits, table, states, remaining, counters, sparse_max: int):
     return out
 
 
-def draw_sparse(logits, rows: list[int], ids: list[torch.Tensor], inv_t, temperature, key_a, key_b):
-    """(tokens int64 [R], logprobs float32 [R]) for `rows` drawn over their allowed `ids` only.
+def draw_sparse(logits, rows: np.ndarray, ids: list[np.ndarray], inv_t: np.ndarray, temperature: np.ndarray,
+                key_a: np.ndarray, key_b: np.ndarray):
+    """(tokens int64 [R], logprobs float32 [R]) numpy, for `rows` drawn over their allowed `ids` only.
 
     The ids of all rows are one flat ragged array (segment = row); max, Gumbel argmax and
     logsumexp are segment reductions, so the cost is the number of allowed ids, not the vocabulary.
+    numpy on the host (a few dozen small torch ops cost more than the draw); exp, log and the
+    segment sum stay torch ops on the same arrays, so logprobs keep their bits.
     """
-    num = len(rows)
-    rows_t = torch.tensor(rows, dtype=torch.int64)
-    lens = torch.tensor([i.numel() for i in ids], dtype=torch.int64)
-    flat = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
-    seg = torch.repeat_interleave(torch.arange(num), lens)
-    at = rows_t[seg]
-    x = logits[at, flat].float() * inv_t[at]
-    top = torch.full((num,), NEG_INF).scatter_reduce_(0, seg, x, "amax")
+    tokens = np.full(len(rows), -1, dtype=np.int64)  # rows that allow nothing keep -1 / -inf
+    logprobs = np.full(len(rows), NEG_INF, dtype=np.float32)
+    lens = np.fromiter((i.size for i in ids), dtype=np.int64, count=len(ids))
+    live = np.flatnonzero(lens)
+    if not live.size:
+        return tokens, logprobs
+    rows_l, lens_l = rows[live], lens[live]
+    flat = np.concatenate([ids[i] for i in live])
+    starts = np.zeros(live.size, dtype=np.int64)
+    np.cumsum(lens_l[:-1], out=starts[1:])
+    seg = np.repeat(np.arange(live.size), lens_l)
+    at = rows_l[seg]
+    x = _gather(logits, at, flat) * inv_t[at]
+    top = np.maximum.reduceat(x, starts)
     # 1. keys: x + noise where a token can still win (rng.PRUNE_MARGIN), -inf elsewhere; x on greedy rows
-    is_random = (temperature[rows_t] != 0)[seg]
-    near = is_random & (x > NEG_INF) & (x >= top[seg] - PRUNE_MARGIN)
-    key = torch.where(is_random, torch.full_like(x, NEG_INF), x)
-    pick = torch.nonzero(near).flatten()
-    key[pick] = x[pick] + gumbel_torch(flat[pick], key_a[at[pick]], key_b[at[pick]])
+    is_random = (temperature[rows_l] != 0)[seg]
+    near = is_random & (x > NEG_INF) & (x >= (top - np.float32(PRUNE_MARGIN))[seg])
+    key = np.where(is_random, np.float32(NEG_INF), x)
+    pick = np.flatnonzero(near)
+    key[pick] = x[pick] + gumbel_numpy(flat[pick], key_a[at[pick]], key_b[at[pick]])
     # 2. argmax per row, lowest id on ties; -1 where nothing is allowed
-    best = torch.full((num,), NEG_INF).scatter_reduce_(0, seg, key, "amax")
-    cand = torch.where(key == best[seg], flat, torch.full_like(flat, NO_TOKEN))
-    tokens = torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, seg, cand, "amin")
-    tokens = torch.where(best == NEG_INF, torch.full_like(tokens, -1), tokens)
+    best = np.maximum.reduceat(key, starts)
+    tok = np.minimum.reduceat(np.where(key == best[seg], flat, NO_TOKEN), starts)
+    tok = np.where(best == NEG_INF, -1, tok)
     # 3. logprob under the masked, tempered distribution: x_token - logsumexp over the allowed ids
-    safe = torch.where(top == NEG_INF, torch.zeros_like(top), top)
-    total = torch.zeros(num).index_add_(0, seg, torch.exp(x - safe[seg]))
-    x_tok = logits[rows_t, tokens.clamp(min=0)].float() * inv_t[rows_t]
-    logprobs = torch.where(tokens >= 0, x_tok - (safe + torch.log(total)), torch.full_like(x_tok, NEG_INF))
+    safe = np.where(top == NEG_INF, np.float32(0.0), top)
+    total = torch.zeros(live.size).index_add_(0, torch.from_numpy(seg), torch.exp(torch.from_numpy(x - safe[seg])))
+    x_tok = _gather(logits, rows_l, np.maximum(tok, 0)) * inv_t[rows_l]
+    lp = x_tok - (safe + torch.log(total).numpy())
+    tokens[live], logprobs[live] = tok, np.where(tok >= 0, lp, np.float32(NEG_INF))
     return tokens, logprobs
 
 
-def draw_dense(x: torch.Tensor, temperature, key_a, key_b):
-    """(tokens int64 [R], logprobs float32 [R]) for the rows of `x` (float32 [R, width], -inf where
-    forbidden): noise only where a token can still win, gathered, then a segment argmax."""
-    top = x.amax(dim=1)
+def _gather(logits: torch.Tensor, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """float32 logits[rows, cols] (a numpy view of float32 logits; other dtypes gathered, then cast)."""
+    if logits.dtype == torch.float32:
+        return logits.numpy()[rows, cols]
+    return logits[torch.from_numpy(rows), torch.from_numpy(cols)].float().numpy()
+
+
+def draw_dense(x: torch.Tensor, temperature: np.ndarray, key_a: np.ndarray, key_b: np.ndarray):
+    """(tokens int64 [R], logprobs float32 [R]) numpy, for the rows of `x` (float32 [R, width], -inf
+    where forbidden): noise only where a token can still win, gathered, then a segment argmax.
+
+    The comparisons and index searches are numpy's (torch's bool compare + nonzero over a 128k row
+    cost ~6x more); the max, the noise and the log-softmax are the same ops on the same values.
+    """
+    xn = x.numpy()
+    top = x.amax(dim=1).numpy()
     is_random = temperature != 0
     # Rows with nothing allowed (top = -inf) or greedy get an unreachable threshold: no noise.
-    limit = torch.where(is_random & (top > NEG_INF), top - PRUNE_MARGIN, torch.full_like(top, float("inf")))
-    rows, cols = torch.nonzero(x >= limit[:, None], as_tuple=True)  # row-major: ids ascend per row
-    if rows.numel() * 4 > x.numel():  # flat rows: noise for every column beats gathering most of them
+    limit = np.where(is_random & (top > NEG_INF), top - np.float32(PRUNE_MARGIN), np.float32(np.inf))
+    flat = np.flatnonzero(xn >= limit[:, None])  # row-major: ids ascend per row
+    if flat.size * 4 > xn.size:  # flat rows: noise for every column beats gathering most of them
         every = torch.arange(x.shape[1])[None, :]
-        key = torch.where(is_random[:, None], x + gumbel_torch(every, key_a[:, None], key_b[:, None]), x)
-        tokens = key.max(dim=1).indices  # the reference's dense form: the same op on the same keys
+        a, b = torch.from_numpy(key_a)[:, None], torch.from_numpy(key_b)[:, None]
+        key = torch.where(torch.from_numpy(is_random)[:, None], x + gumbel_torch(every, a, b), x)
+        tokens = key.max(dim=1).indices.numpy()  # the reference's dense form: the same op on the same keys
     else:
-        tokens = _segment_argmax(x, rows, cols, key_a, key_b)
-    greedy = torch.nonzero(~is_random).flatten()
-    if greedy.numel():  # the reference's argmax (same op on the same row: same tie rule)
-        tokens[greedy] = x[greedy].max(dim=1).indices
-    tokens = torch.where(top == NEG_INF, torch.full_like(tokens, -1), tokens)
-    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens.clamp(min=0)[:, None])[:, 0]
-    return tokens, torch.where(tokens >= 0, logprobs, torch.full_like(logprobs, NEG_INF))
+        tokens = _segment_argmax(xn, flat, key_a, key_b)
+    greedy = np.flatnonzero(~is_random)
+    if greedy.size:  # the reference's argmax: the first (lowest) column of the row's maximum
+        tokens[greedy] = xn[greedy].argmax(axis=1)
+    tokens = np.where(top == NEG_INF, -1, tokens)
+    return tokens, _logprobs_of(x, tokens)
 
 
-def _segment_argmax(x, rows, cols, key_a, key_b) -> torch.Tensor:
-    """int64 [R]: per row, the lowest column of the best x + noise among the (rows, cols) gathered."""
-    key = x[rows, cols] + gumbel_torch(cols, key_a[rows], key_b[rows])
-    num = x.shape[0]
-    best = torch.full((num,), NEG_INF).scatter_reduce_(0, rows, key, "amax")
-    cand = torch.where(key == best[rows], cols, torch.full_like(cols, NO_TOKEN))
-    return torch.full((num,), NO_TOKEN, dtype=torch.int64).scatter_reduce_(0, rows, cand, "amin")
+def _logprobs_of(x: torch.Tensor, tokens: np.ndarray) -> np.ndarray:
+    """float32 [R]: log_softmax(x)[r, token] (-inf where token < 0), one row at a time (each row's
+    temporary stays in cache; the same kernel per row gives the batched call's bits)."""
+    out = np.full(len(tokens), NEG_INF, dtype=np.float32)
+    for r, t in enumerate(tokens.tolist()):
+        if t >= 0:
+            out[r] = torch.log_softmax(x[r], dim=0)[t]
+    return out
+
+
+def _segment_argmax(xn: np.ndarray, flat: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:
+    """int64 [R]: per row of `xn` ([R, width]), the lowest column of the best x + noise among the
+    flat (row-major, ascending) indices `flat`; NO_TOKEN on rows with none."""
+    tokens = np.full(xn.shape[0], NO_TOKEN, dtype=np.int64)
+    if not flat.size:
+        return tokens
+    rows, cols = np.divmod(flat, xn.shape[1])
+    key = xn.reshape(-1)[flat] + gumbel_numpy(cols, key_a[rows], key_b[rows])
+    starts = np.concatenate(([0], np.flatnonzero(rows[1:] != rows[:-1]) + 1))
+    best = np.maximum.reduceat(key, starts)
+    counts = np.diff(starts, append=flat.size)
+    cand = np.where(key == np.repeat(best, counts), cols, NO_TOKEN)
+    tokens[rows[starts]] = np.minimum.reduceat(cand, starts)
+    return tokens
 
 
 def masked_scaled(logits, table, states, remaining, counters, inv_t) -> torch.Tensor:
