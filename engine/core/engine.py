@@ -489,19 +489,25 @@ def _step_inputs(works: list[Work], block_size: int, pad_id: int, pad_slot: int,
     q = max(w.end - w.start for w in works)
     length = max(w.end for w in works)
     table_w = max(len(w.seq.block_table) for w in works)
-    ids = np.full((batch, q), pad_id, dtype=np.int64)
-    qpos = np.full((batch, q), -1, dtype=np.int64)
     tables = np.zeros((batch, table_w), dtype=np.int64)
-    ends = np.fromiter((w.end for w in works), dtype=np.int64, count=batch)
     for b, w in enumerate(works):
-        n = w.end - w.start
-        ids[b, q - n:] = w.seq.token_ids[w.start:w.end]
-        qpos[b, q - n:] = np.arange(w.start, w.end)
         tables[b, : len(w.seq.block_table)] = w.seq.block_table
+    ends = np.fromiter((w.end for w in works), dtype=np.int64, count=batch)
     kpos = np.arange(length)
     valid_key = kpos[None, :] < ends[:, None]
     read = tables[:, np.minimum(kpos // bs, table_w - 1)] * bs + kpos % bs
     read = np.where(valid_key, read, pad_slot)
+    if q == 1:  # a decode step: one real query per row, at its last position (it sees every valid key)
+        ids = np.array([[w.seq.token_ids[w.start]] for w in works], dtype=np.int64)
+        qpos = (ends - 1)[:, None]
+        write = np.array([[w.seq.block_table[w.start // bs] * bs + w.start % bs] for w in works], dtype=np.int64)
+        return ids, qpos, write, read, valid_key[:, None, :]
+    ids = np.full((batch, q), pad_id, dtype=np.int64)
+    qpos = np.full((batch, q), -1, dtype=np.int64)
+    for b, w in enumerate(works):
+        n = w.end - w.start
+        ids[b, q - n:] = w.seq.token_ids[w.start:w.end]
+        qpos[b, q - n:] = np.arange(w.start, w.end)
     real_q = qpos >= 0
     at = np.maximum(qpos, 0)
     write = np.where(real_q, np.take_along_axis(tables, at // bs, 1) * bs + at % bs, trash_slot)
