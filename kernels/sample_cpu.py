@@ -2,8 +2,9 @@
 
 A grammar row's allowed set is a function of its state, its counter bounds and its budget. Per
 (state, counter bounds) it is computed once (the mask bits through mask.py's accessor, the
-state's CSR slice searched once) and kept in a bounded LRU: the allowed ids sorted by the budget distance each is
-charged, so a binding budget keeps a prefix (a bisect, not a pass over the vocabulary). Rows that
+state's CSR slice searched once) and kept in a bounded LRU: the allowed ids, sorted (when first needed) by
+the budget distance each is charged, so a binding budget keeps a prefix (a bisect, not a pass over
+the vocabulary). Host work is numpy (torch's per-op cost dominates at a few rows). Rows that
 allow few tokens are drawn on those ids alone (noise, max and logsumexp over them only, batched
 as ragged segments); rows that allow many take the dense path (the cached ids of the columns
 they forbid are filled with -inf, noise only near each row's top). Tokens are
@@ -34,20 +35,32 @@ MAX_TABLES = 4  # tables whose caches are kept (the engine uses one concatenated
 
 @dataclass
 class AllowedSet:
-    """One (state, counter bounds) key's allowed tokens, ordered by budget distance then id."""
+    """One (state, counter bounds) key's allowed tokens; ordered by budget distance then id once
+    a binding budget or the sparse draw needs the order (a dense row without a binding budget only
+    needs the set: a 128k-id sort per counter value would cost more than the draw)."""
 
-    ids: torch.Tensor  # int64 [n] allowed token ids, sorted by (dist, id)
+    ids: np.ndarray  # int64 [n] allowed token ids: ascending, or by (dist, id) once is_sorted
     dist: np.ndarray  # int64 [n] tokens to acceptance the budget charges each id (0: not in the CSR)
+    is_sorted: bool = False
     outside: torch.Tensor | None = None  # int64 ids of the columns not allowed (made on first dense use)
 
     @property
     def nbytes(self) -> int:
-        return int(8 * self.ids.numel() + self.dist.nbytes + (0 if self.outside is None else 8 * self.outside.numel()))
+        return int(self.ids.nbytes + self.dist.nbytes + (0 if self.outside is None else 8 * self.outside.numel()))
+
+    def sort(self) -> None:
+        """Order by (dist, id): a stable sort of the ascending ids by dist (radix on small dists)."""
+        if self.is_sorted:
+            return
+        small = self.dist.size and 0 <= int(self.dist.min()) and int(self.dist.max()) < (1 << 15)
+        order = np.argsort(self.dist.astype(np.int16) if small else self.dist, kind="stable")
+        self.ids, self.dist, self.is_sorted = self.ids[order], self.dist[order], True
 
     def kept(self, remaining: int | None, binding: bool) -> int:
-        """How many ids (a prefix) the budget keeps: dist <= remaining - 1 on binding rows."""
+        """How many ids (a prefix, once sorted) the budget keeps: dist <= remaining - 1 on binding rows."""
         if remaining is None or not binding:
-            return int(self.ids.numel())
+            return int(self.ids.size)
+        self.sort()
         return int(np.searchsorted(self.dist, remaining - 1, side="right"))
 
 
@@ -96,14 +109,15 @@ class TableCache:
         """int64 ids of the columns the row's first `kept` ids leave out (the dense path fills them):
         those outside the allowed set (made once per entry) and the budget's cut-off tail."""
         if entry.outside is None:
-            mask = torch.ones(self.width, dtype=torch.bool)
+            mask = np.ones(self.width, dtype=bool)
             mask[entry.ids] = False
-            entry.outside = torch.nonzero(mask).flatten()
+            entry.outside = torch.from_numpy(np.flatnonzero(mask))
             self.nbytes += 8 * entry.outside.numel()
             self._evict()
-        if kept == entry.ids.numel():
+        if kept == entry.ids.size:
             return entry.outside
-        return torch.cat([entry.outside, entry.ids[kept:]])
+        entry.sort()  # kept < n only under a binding budget, which sorted it already
+        return torch.cat([entry.outside, torch.from_numpy(entry.ids[kept:])])
 
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes and len(self.entries) > 1:
@@ -111,27 +125,29 @@ class TableCache:
             self.nbytes -= old.nbytes
 
     def _build(self, t: DeviceTable, state: int, p: int | None, q: int | None) -> AllowedSet:
-        """The reference rule (allowed_columns, count_keep_torch, budget_drop_torch) for one key."""
-        ids, found, nxt = self._state_row(t, state)
-        stay_need = torch.full_like(ids, -1)
-        if p is not None:  # inside a counted body (count_keep_torch with counter folded into p, q)
-            r = self.count_row[state]
-            in_cols = ids < t.count_cols
-            v = t.count_chars[r, ids.clamp(max=t.count_cols - 1)].long()
-            v = torch.where(in_cols, v, torch.full_like(v, -1))
-            half, closes = torch.div(v, 2, rounding_mode="floor"), (v >= 0) & (v % 2 == 1)
-            ok = (v >= 0) & (half <= p) & (~closes | (half >= q))
-            need = torch.div((q - half).clamp(min=0) + t.count_fill - 1, t.count_fill, rounding_mode="floor")
-            ids, found, nxt = ids[ok], found[ok], nxt[ok]
-            stay_need = torch.where(~closes[ok], need[ok], torch.full_like(need[ok], -1))
-        charged = torch.where(stay_need >= 0, t.dist[nxt].long() + stay_need, t.dist_entry[nxt].long())
-        dist = torch.where(found, charged, torch.zeros_like(charged))  # a stop id: kept iff remaining >= 1
-        dist, order = torch.sort(dist, stable=True)  # ids are ascending: ties stay in id order
-        return AllowedSet(ids[order].contiguous(), dist.numpy())
+        """The reference rule (allowed_columns, count_keep_torch, budget_drop_torch) for one key.
 
-    def _state_row(self, t: DeviceTable, state: int):
-        """(allowed ids int64, in the CSR bool, next state int64 (0 where not)) of one state, shared
-        by its counter keys; a few states are kept."""
+        A counted state gets a key per counter value, so what does not depend on the counter (the
+        ids' character counts, next-state distances) is computed once per state (_state_row) and a
+        key costs a few numpy passes over the state's ids.
+        """
+        row = self._state_row(t, state)
+        if p is None:  # outside a counted body: every allowed id, charged its next state's entry distance
+            return AllowedSet(row.ids, np.where(row.found, row.dist_entry, 0))
+        # count_keep_torch with the counter folded into p, q: a token of `half` characters stays
+        # within the maximum iff half <= p, a closing one reaches the minimum iff half >= q
+        ok = row.counted & (row.half <= p) & (~row.closes | (row.half >= q))
+        sel = np.flatnonzero(ok)
+        half, closes = row.half[sel], row.closes[sel]
+        need = np.maximum(q - half, 0)  # characters still owed after a staying token, in tokens:
+        if t.count_fill > 1:
+            need = (need + (t.count_fill - 1)) // t.count_fill
+        charged = np.where(closes, row.dist_entry[sel], row.dist[sel] + need)
+        return AllowedSet(row.ids[sel], np.where(row.found[sel], charged, 0))  # a stop id: kept iff remaining >= 1
+
+    def _state_row(self, t: DeviceTable, state: int) -> _StateRow:
+        """One state's allowed ids and what its keys need of them, shared by its counter keys; a
+        few states are kept."""
         hit = self.rows.get(state)
         if hit is not None:
             self.rows.move_to_end(state)
@@ -142,19 +158,41 @@ class TableCache:
         lo, end = int(t.exc_ptr[state]), int(t.exc_ptr[state + 1])
         zeros = torch.zeros_like(ids)
         if end > lo:
-            row = t.exc_tok[lo:end].long()
-            pos = torch.searchsorted(row, ids).clamp(max=end - lo - 1)
-            in_exc, exc_next = row[pos] == ids, t.exc_next[lo + pos].long()
+            exc = t.exc_tok[lo:end].long()
+            pos = torch.searchsorted(exc, ids).clamp(max=end - lo - 1)
+            in_exc, exc_next = exc[pos] == ids, t.exc_next[lo + pos].long()
         else:
             in_exc, exc_next = torch.zeros(ids.shape, dtype=torch.bool), zeros
         default = int(t.trans_default[state])
         plain = (t.is_stop[ids] == 0) & (default >= 0)
         found = in_exc | plain
-        nxt = torch.where(in_exc, exc_next, torch.where(plain, torch.full_like(ids, max(default, 0)), zeros))
-        self.rows[state] = (ids, found, nxt)
+        nxt = torch.where(in_exc, exc_next, torch.where(plain, torch.full_like(ids, max(default, 0)), zeros)).numpy()
+        row = _StateRow(ids.numpy(), found.numpy(), t.dist.numpy()[nxt].astype(np.int64),
+                        t.dist_entry.numpy()[nxt].astype(np.int64))
+        r = self.count_row[state]
+        if r >= 0:  # a counted body: each id's characters (count_chars: 2 * chars + closes, -1: not a body token)
+            v = np.where(row.ids < t.count_cols, t.count_chars.numpy()[r][np.minimum(row.ids, t.count_cols - 1)], -1)
+            v = v.astype(np.int32)
+            row.counted, row.half, row.closes = v >= 0, v >> 1, (v >= 0) & ((v & 1) == 1)
+        self.rows[state] = row
         while len(self.rows) > MAX_STATE_ROWS:
             self.rows.popitem(last=False)
-        return ids, found, nxt
+        return row
+
+
+@dataclass
+class _StateRow:
+    """A state's allowed ids (ascending) with, per id: in the CSR (else a stop id), the next
+    state's distance and entry distance, and on a counted state its character count (half) and
+    whether it closes the body."""
+
+    ids: np.ndarray  # int64
+    found: np.ndarray  # bool
+    dist: np.ndarray  # int64 dist[next state]
+    dist_entry: np.ndarray  # int64 dist_entry[next state]
+    counted: np.ndarray | None = None  # bool: a body token (count_chars >= 0)
+    half: np.ndarray | None = None  # int32 characters the token adds
+    closes: np.ndarray | None = None  # bool
 
 
 _CACHES: OrderedDict = OrderedDict()  # id(table) -> (weakref to the table, width, TableCache)
@@ -189,7 +227,8 @@ def row_sets(logits, table, states, remaining, counters, sparse_max: int):
         entry = cache.get(table, key)
         kept = entry.kept(r, cache.binding(s, r))
         if kept <= sparse_max:
-            out.append(("sparse", entry.ids[:kept]))
+            entry.sort()  # the draw sums in this order: the same order gives the same logprob bits
+            out.append(("sparse", torch.from_numpy(entry.ids[:kept])))
         else:
             out.append(("dense", cache.forbidden(entry, kept)))
     return out
