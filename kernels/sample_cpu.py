@@ -279,7 +279,7 @@ def draw_sparse(logits, rows: np.ndarray, ids: list[np.ndarray], inv_t: np.ndarr
 def _gather(logits: torch.Tensor, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """float32 logits[rows, cols] (a numpy view of float32 logits; other dtypes gathered, then cast)."""
     if logits.dtype == torch.float32:
-        return logits.numpy()[rows, cols]
+        return logits.detach().numpy()[rows, cols]
     return logits[torch.from_numpy(rows), torch.from_numpy(cols)].float().numpy()
 
 
@@ -290,8 +290,8 @@ def draw_dense(x: torch.Tensor, temperature: np.ndarray, key_a: np.ndarray, key_
     The comparisons and index searches are numpy's (torch's bool compare + nonzero over a 128k row
     cost ~6x more); the max, the noise and the log-softmax are the same ops on the same values.
     """
-    xn = x.numpy()
-    top = x.amax(dim=1).numpy()
+    xn = x.detach().numpy()
+    top = x.amax(dim=1).detach().numpy()
     is_random = temperature != 0
     # Rows with nothing allowed (top = -inf) or greedy get an unreachable threshold: no noise.
     limit = np.where(is_random & (top > NEG_INF), top - np.float32(PRUNE_MARGIN), np.float32(np.inf))
