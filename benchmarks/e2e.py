@@ -8,7 +8,9 @@ package is missing). Checks correctness first (every constrained call of ours pa
 many of each peer's parse), warms up, then reports tokens/s, time per step, time to first token,
 t_mask (constrained minus free, per step; the two run alternately, and "paired" is the median over
 back-to-back pairs, steadier on a loaded machine) and grammar compile time, a table with ratios, and one
-JSON line. Results go to benchmarks/results/e2e_<device>.{json,md}.
+JSON line. Results go to benchmarks/results/e2e_<device>.{json,md}. Every arm's tokens/s is generated
+tokens (a row's padding after its stop id excluded) over the call's wall time; our time per step is
+decode time over decode steps, HF's is wall time over steps (its prefill included).
 
     TRITON_INTERPRET=1 .venv/bin/python benchmarks/e2e.py --device cpu --model tiny --batches 1,4,16 --max-tokens 40
     python benchmarks/e2e.py --device cuda --model qwen2-0.5b --batches 1,16,128   # on the H200
@@ -86,8 +88,8 @@ def run_ours(llm, prompts, tools, max_tokens: int, constrained: bool, seed: int)
     steps = max(t["num_steps"], 1)
     return {
         "wall_s": wall,
-        "step_s": t["decode_s"] / steps,
-        "ttft_s": t["prefill_s"] + t["decode_s"] / steps,
+        "step_s": t["decode_s"] / max(t["num_decode_steps"], 1),  # decode time over decode steps
+        "ttft_s": t["prefill_s"],  # the prefill step samples each row's first token
         "sample_s_per_step": t.get("sample_s", 0.0) / steps,  # sampling kernels (the mask fused in)
         "advance_s_per_step": t.get("advance_s", 0.0) / steps,  # grammar state advance
         "tokens": sum(r.num_tokens for r in results),
@@ -198,9 +200,10 @@ def run_hf(model, vocab, prompts, max_tokens: int, processors_factory, fmt, devi
     )
     sync(device)
     wall = time.perf_counter() - start
-    new = out[:, ids.shape[1] :].tolist()
-    steps = max(len(new[0]), 1)
     stops = set(vocab.stop_ids)
+    padded = out[:, ids.shape[1] :].tolist()
+    steps = max(len(padded[0]), 1)
+    new = [_until_stop(row, stops) for row in padded]  # a row that stopped early is padded: not generated
     texts = [b"".join(vocab.token_bytes[t] for t in row if t not in stops).decode("utf-8", "replace") for row in new]
     parsed = sum(check_call(t, fmt, []).error_kind != "malformed" for t in texts) if processors else 0
     run = {"wall_s": wall, "step_s": wall / steps, "tokens": sum(len(r) for r in new), "steps": steps,
@@ -208,6 +211,14 @@ def run_hf(model, vocab, prompts, max_tokens: int, processors_factory, fmt, devi
     if language is not None:  # a row cut by max_tokens must still be a prefix of the call language
         run["in_language"] = sum(language.fullmatch(t, partial=True) is not None for t in texts)
     return run
+
+
+def _until_stop(row: list[int], stops: set[int]) -> list[int]:
+    """A generated row up to and including its first stop id (HF pads the rest of a finished row)."""
+    for i, t in enumerate(row):
+        if t in stops:
+            return row[: i + 1]
+    return row
 
 
 def run_peer(model, vocab, prompts, max_tokens: int, factory, fmt, device: str, repeats: int, language):

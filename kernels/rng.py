@@ -110,6 +110,31 @@ def row_keys_numpy(seed: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.n
     return key_a, key_b
 
 
+HOST_KEY_ROWS = 16  # up to this many rows, Python ints beat ~12 numpy calls on tiny arrays
+
+
+def _fmix32_int(h: int) -> int:
+    h ^= h >> 16
+    h = (h * C1) & MASK32
+    h ^= h >> 13
+    h = (h * C2) & MASK32
+    return h ^ (h >> 16)
+
+
+def row_keys_host(seed: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """row_keys_numpy's uint32 keys; a few rows in Python ints (the per-step sampler's case)."""
+    if len(seed) > HOST_KEY_ROWS:
+        return row_keys_numpy(seed, step)
+    mask64 = (1 << 64) - 1
+    key_a, key_b = [], []
+    for s, t in zip(np.asarray(seed).tolist(), np.asarray(step).tolist(), strict=True):
+        s, t = s & mask64, t & mask64  # the int64's bits, as the numpy path's uint64 view
+        a = _fmix32_int((s & MASK32) ^ _fmix32_int((s >> 32) ^ SEED_SALT))
+        key_a.append(a)
+        key_b.append(_fmix32_int(a ^ (t & MASK32) ^ _fmix32_int((t >> 32) ^ STEP_SALT)))
+    return np.array(key_a, dtype=np.uint32), np.array(key_b, dtype=np.uint32)
+
+
 def gumbel_numpy(tokens: np.ndarray, key_a: np.ndarray, key_b: np.ndarray) -> np.ndarray:
     """gumbel_int64's bits with numpy uint32 (multiplication wraps mod 2**32 natively).
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from surecall.errors import KernelInputError
@@ -37,6 +38,7 @@ from surecall.kernels.rng import (
     gumbel_torch,
     gumbel_triton,
     row_keys,
+    row_keys_host,
     row_keys_int64,
     row_keys_triton,
 )
@@ -457,10 +459,9 @@ def sample_cpu(
 ) -> SampleOutput:
     """sample_torch's tokens on CPU tensors without its full-vocabulary temporaries (sample_cpu.py)."""
     batch, width = logits.shape
-    inv_t = _inverse_temperature(params.temperature)
-    key_a, key_b = row_keys(params.seed, params.step)
-    tokens = torch.empty(batch, dtype=torch.int64)
-    logprobs = torch.empty(batch, dtype=torch.float32)
+    temperature, inv_t, key_a, key_b = host_row_params(params)
+    tokens = np.empty(batch, dtype=np.int64)
+    logprobs = np.empty(batch, dtype=np.float32)
     # 1. each row's allowed set: none (free), a few ids (sparse) or a cached mask (dense)
     if table is None:
         sets = [("free", None)] * batch
@@ -471,25 +472,35 @@ def sample_cpu(
     dense = [b for b, (kind, _) in enumerate(sets) if kind != "sparse"]
     # 2. sparse rows: noise, max and logsumexp over the allowed ids only
     if sparse:
-        tok, lp = draw_sparse(logits, sparse, [sets[b][1] for b in sparse], inv_t, params.temperature, key_a, key_b)
-        tokens[sparse], logprobs[sparse] = tok, lp
+        at = np.array(sparse, dtype=np.int64)
+        tokens[at], logprobs[at] = draw_sparse(logits, at, [sets[b][1].numpy() for b in sparse], inv_t, temperature,
+                                               key_a, key_b)
     # 3. dense rows: the masked, tempered logits (as _masked_scaled), noise near each row's top
     if dense:
-        idx = torch.tensor(dense, dtype=torch.int64)
-        x = (logits if len(dense) == batch else logits[idx]).float()
+        at = np.array(dense, dtype=np.int64)
+        x = (logits if len(dense) == batch else logits[torch.from_numpy(at)]).float()
         masked = any(sets[b][0] == "dense" for b in dense)
         # x * 1 == x: skip the pass, unless the masking below would write into `logits` itself
-        if (masked and x is logits) or not bool((inv_t[idx] == 1).all()):
-            x = x * inv_t[idx, None]
+        if (masked and x is logits) or not bool((inv_t[at] == 1).all()):
+            x = x * torch.from_numpy(inv_t[at])[:, None]
         for i, b in enumerate(dense):
             if sets[b][0] == "dense":
                 x[i].index_fill_(0, sets[b][1], float("-inf"))
-        tok, lp = draw_dense(x, params.temperature[idx], key_a[idx], key_b[idx])
-        tokens[idx], logprobs[idx] = tok, lp
+        tokens[at], logprobs[at] = draw_dense(x, temperature[at], key_a[at], key_b[at])
+    tokens_t = torch.from_numpy(tokens)
     unmasked = (
-        _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
+        _logprob_of(logits.float() * torch.from_numpy(inv_t)[:, None], tokens_t) if return_unmasked_logprobs else None
     )
-    return SampleOutput(tokens, logprobs, unmasked)
+    return SampleOutput(tokens_t, torch.from_numpy(logprobs), unmasked)
+
+
+def host_row_params(params: SamplingTensors):
+    """numpy (temperature float32, 1 / T float32 (1 on greedy rows), key_a, key_b uint32) of CPU params:
+    _inverse_temperature's and row_keys's values, without a dozen torch ops on a few rows."""
+    temperature = params.temperature.numpy()
+    inv_t = np.where(temperature > 0, np.float32(1.0) / np.maximum(temperature, np.float32(1e-30)), np.float32(1.0))
+    key_a, key_b = row_keys_host(params.seed.numpy(), params.step.numpy())
+    return temperature, inv_t.astype(np.float32), key_a, key_b
 
 
 def _sample_sorted(

@@ -18,6 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from surecall.config import SamplingParams
@@ -66,6 +67,50 @@ class StepOutput:
     finished: bool
     state: RequestState
     seq: Sequence
+
+
+class Sampled:
+    """The rows a step samples for, in order, and their last-position logits.
+
+    Each forward adds its [B, keep, V] output; the rows' logits are one view of it when every row
+    of the forward samples (a decode step: no copy of batch x vocabulary floats), else a gather.
+    """
+
+    def __init__(self):
+        self.works: list[Work] = []
+        self.forced: list[torch.Tensor | None] = []  # [keep, V] per row when forced ids need logits
+        self._blocks: list[torch.Tensor] = []
+
+    def add(self, works: list[Work], logits: torch.Tensor, keep: int) -> None:
+        rows = [b for b, w in enumerate(works) if w.samples]
+        if not rows:
+            return
+        self.works += [works[b] for b in rows]
+        self.forced += [logits[b] if keep > 1 else None for b in rows]
+        self._blocks.append(logits[:, -1] if len(rows) == len(works) else logits[rows, -1])
+
+    def __len__(self) -> int:
+        return len(self.works)
+
+    def logits(self) -> torch.Tensor:
+        """[N, V] float32, row i the logits of works[i]."""
+        return self._blocks[0] if len(self._blocks) == 1 else torch.cat(self._blocks)
+
+
+@dataclass
+class _StepHost:
+    """One step's sampler and advance outputs as host lists (row i of each)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    unmasked: list[float] | None
+    next_states: list[int]  # in the concatenated table
+    finished: list[bool]  # the grammar ended (or, on a free row, unused)
+    constrained: list[bool]
+    counters: list[int] | None
+    items: list[int] | None
+    steps: list[int]
+    offsets: dict[str, int]
 
 
 MAX_DEVICE_TABLES = 16  # concatenations of live grammars kept on the device (least recently used out)
@@ -150,6 +195,7 @@ class EngineCore:
         self.num_preemptions = 0
         self.last_step_prefill = False  # the last step fed prompt chunks (not only one token per row)
         self.timings = {"sample_s": 0.0, "advance_s": 0.0}  # summed over steps (callers take differences)
+        self._static_params: tuple[tuple[int, ...], SamplingTensors] | None = None  # (batch key, its tensors)
         # decode-only steps on static buffers, one CUDA graph per bucket (graph_step.py); default: on CUDA
         use_graph = self.paged and (self.device.type == "cuda" if graph_step is None else graph_step)
         self.graph = GraphStep(self) if use_graph else None
@@ -230,9 +276,9 @@ class EngineCore:
                 outputs.append(StepOutput(work.seq.request_id, [], True, state, work.seq))
         return outputs
 
-    def _forward_all(self, plan: Plan) -> list[tuple[Work, torch.Tensor, torch.Tensor | None]]:
-        """Run the prefill chunks and the decodes; (work, last logits [V], forced-id logits or None) per sampling row."""
-        sampled = []
+    def _forward_all(self, plan: Plan) -> Sampled:
+        """Run the prefill chunks and the decodes; the rows that sample, with their logits."""
+        sampled = Sampled()
         for group in (plan.prefill, plan.decode):
             if not group:
                 continue
@@ -245,19 +291,17 @@ class EngineCore:
                                                  max(w.end for w in group))
                     group = [group[i] for i in order] if order is not None else group
                 logits = self._forward(group, keep)
-                for b, work in enumerate(group):
+                for work in group:
                     work.seq.num_computed = work.end
                     self.blocks.register_full(work.seq.block_table, work.seq.token_ids, work.seq.num_computed,
                                              work.seq.block_hashes)
-                    if work.samples:
-                        sampled.append((work, logits[b, -1], logits[b] if keep > 1 else None))
+                sampled.add(group, logits, keep)
                 continue
             for work in group:  # plain: nothing is cached, so only rows that sample run the model
                 work.seq.num_computed = work.end
             rows = [w for w in group if w.samples]
             if rows:
-                logits = self._forward_plain(rows, keep)
-                sampled += [(w, logits[b, -1], logits[b] if keep > 1 else None) for b, w in enumerate(rows)]
+                sampled.add(rows, self._forward_plain(rows, keep), keep)
         return sampled
 
     def _forward_plain(self, works: list[Work], keep: int) -> torch.Tensor:
@@ -278,127 +322,125 @@ class EngineCore:
 
     def _forward(self, works: list[Work], keep: int) -> torch.Tensor:
         """One forward over `works` (queries left-padded to the longest); logits [B, keep, V] float32."""
-        device, bs = self.device, self.blocks.block_size
-        q = max(w.end - w.start for w in works)
-        length = max(w.end for w in works)
-        batch = len(works)
-        ids = torch.full((batch, q), self.pad_id, dtype=torch.long)
-        qpos = torch.full((batch, q), -1, dtype=torch.long)
-        table_w = max(len(w.seq.block_table) for w in works)
-        tables = torch.zeros((batch, table_w), dtype=torch.long)
-        ends = torch.tensor([w.end for w in works], dtype=torch.long)
-        for b, w in enumerate(works):
-            n = w.end - w.start
-            ids[b, q - n:] = torch.tensor(w.seq.token_ids[w.start:w.end], dtype=torch.long)
-            qpos[b, q - n:] = torch.arange(w.start, w.end)
-            tables[b, : len(w.seq.block_table)] = torch.tensor(w.seq.block_table, dtype=torch.long)
-        kpos = torch.arange(length)[None, :].expand(batch, length)
-        valid_key = kpos < ends[:, None]
-        read = torch.gather(tables, 1, (kpos // bs).clamp(max=table_w - 1)) * bs + kpos % bs
-        read = torch.where(valid_key, read, self.kv.pad_slot)
-        real_q = qpos >= 0
-        write = torch.gather(tables, 1, (qpos.clamp_min(0) // bs)) * bs + qpos.clamp_min(0) % bs
-        write = torch.where(real_q, write, self.kv.trash_slot)
-        allowed = (kpos[:, None, :] <= qpos[:, :, None]) & valid_key[:, None, :]  # [B, q, L] causal per row
-        allowed[:, :, 0] |= ~real_q  # padding queries see one key: no fully masked row (no NaN)
-        mask = attention_mask(allowed.to(device), kpos.to(device), qpos.to(device), self.model.config, self.is_sdpa,
-                              next(self.model.parameters()).dtype)  # causal, and the model's sliding window
+        device = self.device
+        ids, qpos, write, read, allowed = _step_inputs(works, self.blocks.block_size, self.pad_id,
+                                                       self.kv.pad_slot, self.kv.trash_slot)
+        kpos = torch.arange(read.shape[1], device=device)[None, :]
+        mask = attention_mask(torch.from_numpy(allowed).to(device), kpos, torch.from_numpy(qpos).to(device),
+                              self.model.config, self.is_sdpa, next(self.model.parameters()).dtype)  # causal + window
         decode = all(w.end - w.start == 1 for w in works)
-        self.kv.bind(write.reshape(-1).to(device), read.to(device),
+        self.kv.bind(torch.from_numpy(write.reshape(-1)).to(device), torch.from_numpy(read).to(device),
                      decode_key=[_view_key(w) for w in works] if decode else None,
                      columns=[w.start for w in works] if decode else None)
         failed = True
         try:
-            out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=qpos.clamp_min(0).to(device),
+            out = self.model(input_ids=torch.from_numpy(ids).to(device), attention_mask=mask,
+                             position_ids=torch.from_numpy(np.maximum(qpos, 0)).to(device),
                              logits_to_keep=keep, use_cache=True, **{self.keyword: self.kv})
             failed = False
         finally:
             self.kv.unbind(failed)
         return out.logits[:, -keep:, :].float()
 
-    def _sample_and_advance(self, sampled) -> list[StepOutput]:
+    def _sample_and_advance(self, sampled: Sampled) -> list[StepOutput]:
         if not sampled:
             return []
-        device = self.device
-        seqs = [w.seq for w, _, _ in sampled]
+        seqs = [w.seq for w in sampled.works]
         states = [s.payload for s in seqs]
-        logits = torch.stack([lg for _, lg, _ in sampled])
+        logits = sampled.logits()
         dtable, offsets = self.grammars.current()
-        grammar_state = torch.tensor([offsets[st.table_key] + st.state if st.table_key is not None else -1
-                                      for st in states], dtype=torch.int32, device=device)
-        steps = [len(st.generated) - len(st.forced) for st in states]
-        remaining = torch.tensor([st.sampling.max_tokens - len(st.generated) for st in states], dtype=torch.int32,
-                                 device=device)
-        params = SamplingTensors.build([float(st.sampling.temperature) for st in states],
-                                       [st.sampling.top_k for st in states], [float(st.sampling.top_p) for st in states],
-                                       [st.seed for st in states], steps, device=device)
-        want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
-        counted = dtable is not None and dtable.has_counts
-        counters = torch.tensor([st.counter for st in states], dtype=torch.int32, device=device) if counted else None
         itable = self.grammars.item_table
-        items = torch.tensor([st.item_counter for st in states], dtype=torch.int32, device=device) if itable else None
+        grammar_state, remaining, counters, items, steps = self._row_tensors(states, dtable, offsets, itable)
+        params = self._sampling_tensors(seqs, states, steps)
+        want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
+        # 3. mask + sample
         mark = self._clock()
         budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, remaining.clamp_min(1))
         out = sample(logits, dtable, grammar_state, params, remaining=budget,
                      return_unmasked_logprobs=want_unmasked, check=self.check_kernel_inputs, counters=counters)
         tokens = out.tokens
         mark = self._lap("sample_s", mark)
+        # 4. advance grammars and counters
         is_constrained = grammar_state >= 0
         next_counters = next_items = None
         if dtable is not None:
             moved = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1), tokens.clamp_min(0),
                             dtable, check=False, counters=counters)
             nxt, fin_grammar = moved[0], moved[1]
-            next_counters = moved[2].tolist() if counted else None
+            next_counters = moved[2].tolist() if counters is not None else None
             next_items = advance_items(itable, grammar_state, tokens, items).tolist() if itable else None
             self._lap("advance_s", mark)
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)
-        tok_h, lp_h = tokens.tolist(), out.logprobs.tolist()
-        raw_h = out.unmasked_logprobs.tolist() if want_unmasked else None
-        nxt_h, fin_h, cons_h = nxt.tolist(), fin_grammar.tolist(), is_constrained.tolist()
+        # 5. finish rows (host lists: one transfer per tensor, not one per row)
+        host = _StepHost(tokens.tolist(), out.logprobs.tolist(),
+                         out.unmasked_logprobs.tolist() if want_unmasked else None, nxt.tolist(),
+                         fin_grammar.tolist(), is_constrained.tolist(), next_counters, next_items, steps, offsets)
         now = time.perf_counter()
-        outputs = []
-        for i, (seq, st) in enumerate(zip(seqs, states, strict=True)):
-            work, _, forced_logits = sampled[i]
-            if st.sampling.unmasked_logprobs and st.forced and not st.unmasked_logprobs and forced_logits is not None:
-                st.unmasked_logprobs = _forced_unmasked(forced_logits, st)
-            token = tok_h[i]
-            if token < 0:
-                st.error = f"at step {steps[i]}, the grammar mask of state {st.state} allows no token"
-                self._finish(seq, "error")
-                outputs.append(StepOutput(seq.request_id, [], True, st, seq))
-                continue
-            if cons_h[i] and nxt_h[i] == DEAD_STATE:
-                st.error = f"at step {steps[i]}, token {token} is not allowed in grammar state {st.state}"
-                self._finish(seq, "error")
-                outputs.append(StepOutput(seq.request_id, [], True, st, seq))
-                continue
-            st.generated.append(token)
-            st.logprobs.append(lp_h[i])
-            if raw_h is not None and st.sampling.unmasked_logprobs:
-                st.unmasked_logprobs.append(raw_h[i])
-            if st.first_token_s is None:
-                st.first_token_s = now
-            seq.token_ids.append(token)
-            if cons_h[i]:
-                st.state = nxt_h[i] - offsets[st.table_key]
-                if next_counters is not None:
-                    st.counter = int(next_counters[i])
-                if next_items is not None:
-                    st.item_counter = int(next_items[i])
-                done_by_stop = bool(fin_h[i])
-            else:
-                done_by_stop = token in st.stop_ids
-            if done_by_stop:
-                st.by_stop = True
-                self._finish(seq, "stop")
-            elif len(st.generated) >= st.sampling.max_tokens:
-                # a constrained row whose budget ends in an accepting state holds a complete call
-                complete = cons_h[i] and bool(self.grammars.tables[st.table_key].accept[st.state])
-                self._finish(seq, "stop" if complete else "length")
-            outputs.append(StepOutput(seq.request_id, [token], st.finish_reason is not None, st, seq))
-        return outputs
+        return [self._commit_row(i, seq, st, sampled.forced[i], host, now)
+                for i, (seq, st) in enumerate(zip(seqs, states, strict=True))]
+
+    def _row_tensors(self, states: list[RequestState], dtable, offsets: dict[str, int], itable):
+        """int32 [B] grammar states (concatenated table), remaining budgets, counters and item
+        counters (None without counted strings / arrays), and each row's decode step (a list)."""
+        device = self.device
+        grammar_state = torch.tensor([offsets[st.table_key] + st.state if st.table_key is not None else -1
+                                      for st in states], dtype=torch.int32, device=device)
+        remaining = torch.tensor([st.sampling.max_tokens - len(st.generated) for st in states], dtype=torch.int32,
+                                 device=device)
+        counted = dtable is not None and dtable.has_counts
+        counters = torch.tensor([st.counter for st in states], dtype=torch.int32, device=device) if counted else None
+        items = torch.tensor([st.item_counter for st in states], dtype=torch.int32, device=device) if itable else None
+        steps = [len(st.generated) - len(st.forced) for st in states]
+        return grammar_state, remaining, counters, items, steps
+
+    def _sampling_tensors(self, seqs: list[Sequence], states: list[RequestState], steps: list[int]) -> SamplingTensors:
+        """The rows' sampling parameters; those fixed per request are built once per batch
+        composition (a decode batch keeps it for many steps), the step counter every step."""
+        key = tuple(seq.arrival for seq in seqs)  # unique per sequence; its sampling never changes
+        if self._static_params is None or self._static_params[0] != key:
+            self._static_params = (key, SamplingTensors.build(
+                [float(st.sampling.temperature) for st in states], [st.sampling.top_k for st in states],
+                [float(st.sampling.top_p) for st in states], [st.seed for st in states], steps, device=self.device))
+        fixed = self._static_params[1]
+        return SamplingTensors(fixed.temperature, fixed.top_k, fixed.top_p, fixed.seed,
+                               torch.tensor(steps, dtype=torch.int64, device=self.device), fixed.use_top_k_top_p)
+
+    def _commit_row(self, i: int, seq: Sequence, st: RequestState, forced_logits, host: _StepHost,
+                    now: float) -> StepOutput:
+        """Append row i's token (or fail the row), move its grammar state, finish it when done."""
+        if st.sampling.unmasked_logprobs and st.forced and not st.unmasked_logprobs and forced_logits is not None:
+            st.unmasked_logprobs = _forced_unmasked(forced_logits, st)
+        token, constrained = host.tokens[i], host.constrained[i]
+        if token < 0 or (constrained and host.next_states[i] == DEAD_STATE):
+            st.error = (f"at step {host.steps[i]}, the grammar mask of state {st.state} allows no token" if token < 0
+                        else f"at step {host.steps[i]}, token {token} is not allowed in grammar state {st.state}")
+            self._finish(seq, "error")
+            return StepOutput(seq.request_id, [], True, st, seq)
+        st.generated.append(token)
+        st.logprobs.append(host.logprobs[i])
+        if host.unmasked is not None and st.sampling.unmasked_logprobs:
+            st.unmasked_logprobs.append(host.unmasked[i])
+        if st.first_token_s is None:
+            st.first_token_s = now
+        seq.token_ids.append(token)
+        if constrained:
+            st.state = host.next_states[i] - host.offsets[st.table_key]
+            if host.counters is not None:
+                st.counter = int(host.counters[i])
+            if host.items is not None:
+                st.item_counter = int(host.items[i])
+            done_by_stop = bool(host.finished[i])
+        else:
+            done_by_stop = token in st.stop_ids
+        if done_by_stop:
+            st.by_stop = True
+            self._finish(seq, "stop")
+        elif len(st.generated) >= st.sampling.max_tokens:
+            # a constrained row whose budget ends in an accepting state holds a complete call
+            complete = constrained and bool(self.grammars.tables[st.table_key].accept[st.state])
+            self._finish(seq, "stop" if complete else "length")
+        return StepOutput(seq.request_id, [token], st.finish_reason is not None, st, seq)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":  # the step syncs anyway (its tokens go to the host)
@@ -442,3 +484,40 @@ def _forced_unmasked(logits: torch.Tensor, st: RequestState) -> list[float]:
 def _view_key(work: Work) -> tuple:
     """Names a sequence's row in the cache's dense decode views (a recomputed one is a new row)."""
     return (work.seq.request_id, work.seq.arrival, work.seq.num_preemptions)
+
+
+def _step_inputs(works: list[Work], block_size: int, pad_id: int, pad_slot: int, trash_slot: int):
+    """numpy int64 (ids [B, q], query positions [B, q] (-1: padding), write slots [B, q], read
+    slots [B, L]) and the bool attention mask [B, q, L] of one forward, queries left-padded.
+
+    Built on the host in numpy: ~25 torch ops on a few rows cost more than the decode step's model.
+    """
+    batch, bs = len(works), block_size
+    q = max(w.end - w.start for w in works)
+    length = max(w.end for w in works)
+    table_w = max(len(w.seq.block_table) for w in works)
+    tables = np.zeros((batch, table_w), dtype=np.int64)
+    for b, w in enumerate(works):
+        tables[b, : len(w.seq.block_table)] = w.seq.block_table
+    ends = np.fromiter((w.end for w in works), dtype=np.int64, count=batch)
+    kpos = np.arange(length)
+    valid_key = kpos[None, :] < ends[:, None]
+    read = tables[:, np.minimum(kpos // bs, table_w - 1)] * bs + kpos % bs
+    read = np.where(valid_key, read, pad_slot)
+    if q == 1:  # a decode step: one real query per row, at its last position (it sees every valid key)
+        ids = np.array([[w.seq.token_ids[w.start]] for w in works], dtype=np.int64)
+        qpos = (ends - 1)[:, None]
+        write = np.array([[w.seq.block_table[w.start // bs] * bs + w.start % bs] for w in works], dtype=np.int64)
+        return ids, qpos, write, read, valid_key[:, None, :]
+    ids = np.full((batch, q), pad_id, dtype=np.int64)
+    qpos = np.full((batch, q), -1, dtype=np.int64)
+    for b, w in enumerate(works):
+        n = w.end - w.start
+        ids[b, q - n:] = w.seq.token_ids[w.start:w.end]
+        qpos[b, q - n:] = np.arange(w.start, w.end)
+    real_q = qpos >= 0
+    at = np.maximum(qpos, 0)
+    write = np.where(real_q, np.take_along_axis(tables, at // bs, 1) * bs + at % bs, trash_slot)
+    allowed = (kpos[None, None, :] <= qpos[:, :, None]) & valid_key[:, None, :]  # [B, q, L] causal per row
+    allowed[:, :, 0] |= ~real_q  # padding queries see one key: no fully masked row (no NaN)
+    return ids, qpos, write, read, allowed

@@ -76,3 +76,10 @@ def test_outlines_peer_keeps_rows_in_the_call_language(e2e, llama3):
     for seed in (0, 1):  # the second call reuses the processor after reset()
         run = e2e.run_hf(model, llama3, prompts, 12, factory, fmt, "cpu", seed, re.compile(pattern))
         assert run["in_language"] == run["rows"] == 3
+
+
+def test_peer_tokens_stop_at_the_first_stop_id(e2e):
+    """HF pads a row that stopped early with the pad (= stop) id: those are not generated tokens."""
+    assert e2e._until_stop([5, 7, 2, 2, 2], {2, 3}) == [5, 7, 2]
+    assert e2e._until_stop([3, 9], {2, 3}) == [3]
+    assert e2e._until_stop([5, 7, 9], {2, 3}) == [5, 7, 9]

@@ -248,6 +248,19 @@ def test_row_keys_numpy_path_equals_the_int64_arithmetic():
     assert torch.equal(key_a, ref_a) and torch.equal(key_b, ref_b) and key_a.dtype == torch.int64
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 17])  # the Python-int path up to HOST_KEY_ROWS, numpy above
+def test_row_keys_host_equals_the_numpy_path(rows):
+    from surecall.kernels import rng as rng_mod
+
+    gen = np.random.default_rng(rows)
+    seed = gen.integers(-(2**63), 2**63 - 1, size=rows, dtype=np.int64)
+    step = gen.integers(0, 2**40, size=rows)
+    seed[0], step[0] = -1, 2**33 + 5  # both halves of the int64s matter
+    host, ref = rng_mod.row_keys_host(seed, step), rng_mod.row_keys_numpy(seed, step)
+    for a, b in zip(host, ref, strict=True):
+        assert a.dtype == np.uint32 and np.array_equal(a, b)
+
+
 def test_gumbel_numpy_equals_the_int64_form():
     from surecall.kernels.rng import gumbel_int64, gumbel_numpy, row_keys
 
