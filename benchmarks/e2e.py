@@ -263,6 +263,16 @@ def median_of(runs: list[dict]) -> dict:
     return best
 
 
+def _graph_note(llm) -> str:
+    """What ran the decode steps: the captured graph step (CUDA default) or the eager step."""
+    core = getattr(llm, "_engine", None)
+    graph = getattr(core, "graph", None)
+    if graph is None:
+        return "none (decode steps ran eagerly)"
+    return (f"graph step: {graph.num_replays} replays of {graph.num_captures} captured buckets, "
+            f"{graph.num_eager} steps on static buffers without capture")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -354,7 +364,7 @@ def main(argv=None) -> int:
                     "load_average_1m": os.getloadavg()[0], "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET")},
         "model": model_name, "vocab": SHAPES[model_name]["vocab"], "dtype": str(dtype), "tool_format": fmt.name,
         "max_tokens": max_tokens, "prompt_len": args.prompt_len, "kernels": "surecall.kernels:" + resolve_backend("auto", llm.runner.device),
-        "cuda_graphs": "none (the engine core runs its step eagerly)",
+        "cuda_graphs": _graph_note(llm),
         "compile_s": {"ours": ours_compile_s, **{name: peers[name][1] for name in PEERS}},
         "peers_skipped": {name: peers[name][2] for name in PEERS if peers[name][2]},
         "table": {"num_states": table.num_states, "dist_start": int(table.dist[0]), "relaxed": table.relaxed},
