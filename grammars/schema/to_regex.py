@@ -157,9 +157,19 @@ def counted_string_regex(low: int, high: int | None, char: str = lex.STRING_CHAR
     return f'"{mark(COUNT_ENTER)}{body}*"{mark(COUNT_EXIT)}'
 
 
-_COUNTED = re.compile(
-    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})(.*?)" + r'\*"'
-    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+def counted_body_regex(body: str, high: int) -> str:
+    """`"` ENTER (?:body) `"` EXIT: a string `body` matches, of at most `high` characters (the
+    counter starts at the fewest characters the body needs: grammars/counted.py)."""
+
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, 0, min(high, NO_MAX_LENGTH)))
+
+    return f'"{mark(COUNT_ENTER)}{_group(body)}"{mark(COUNT_EXIT)}'
+
+
+_COUNTED = re.compile(  # a counted body holds no other mark
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(f"\\x{COUNT_ENTER:02x}")
+    + ").)*?)" + '"' + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
     re.DOTALL,
 )
 
@@ -172,7 +182,9 @@ def expand_counts(regex: str) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
         low, high = int(digits[:8], 16), int(digits[8:], 16)
         upper = "" if high == NO_MAX_LENGTH else str(high)
-        return f'"{m.group(2)}{{{low},{upper}}}"'
+        if m.group(2).endswith("*"):  # char*: the character under the counted bounds
+            return f'"{m.group(2)[:-1]}{{{low},{upper}}}"'
+        return f'"(?=(?:{lex.STRING_CHAR}){{{low},{upper}}}"){m.group(2)}"'  # a body: its length looked ahead
 
     return _COUNTED.sub(spelled, regex)
 
@@ -633,6 +645,8 @@ class Converter:
             else:
                 body = fmt
         if body is not None:
+            if self.options.counted_lengths and ("minLength" in schema or "maxLength" in schema):
+                return self.counted_body(schema, ptr, body)
             for key in ("minLength", "maxLength"):
                 if key in schema:
                     self.relax(ptr, key, "the string also has a pattern or format that is not one quantified "
@@ -657,6 +671,29 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return counted_string_regex(low, None if high is None else int(high))
+
+    def counted_body(self, schema: dict, ptr: str, body: str) -> str | None:
+        """A string of a pattern's (or format's) body whose maxLength a counter enforces (any size).
+        minLength is enforced where the body's own shortest match meets it, else relaxed."""
+        from surecall.grammars.counted import CountedCutError, body_fewest_chars  # counted imports this module
+
+        low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+        high = None if high is None else int(high)
+        try:
+            fewest = body_fewest_chars(body)
+        except CountedCutError as exc:
+            for key in ("minLength", "maxLength"):
+                if key in schema:
+                    self.relax(ptr, key, f"the string's pattern or format has a body no counter can ride ({exc})")
+            return f'"{_group(body)}"'
+        if high is not None and max(low, fewest) > high:
+            return None
+        if low > fewest:
+            self.relax(ptr, "minLength", f"minLength {low} is above the {fewest} characters the string's pattern "
+                       "or format needs (only maxLength is counted beside one; the validator checks it)")
+        if high is None:
+            return f'"{_group(body)}"'
+        return counted_body_regex(body, high)
 
     def counted_pattern(self, schema: dict) -> tuple[str, int, int | None] | None:
         """(character regex, low, high) of a `pattern` that is one anchored, quantified character
