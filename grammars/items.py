@@ -1,7 +1,7 @@
 """Counted arrays: minItems/maxItems of any size enforced by a per-row item counter.
 
-The regex marks a counted array `[` IENTER ... `,` ISEP ... `]` IEXIT (schema/to_regex.py:
-counted_array_regex). `cut_item_marks` removes the marks from the byte DFA and returns the
+The regex marks a counted array `[` MARK ... `,` MARK ... `]` MARK, one byte whose kind is the
+byte before it (schema/to_regex.py: counted_array_regex). `cut_item_marks` removes the marks from the byte DFA and returns the
 array's states as one region with its bounds, plus an event per (state, byte): an item
 separator, the closing `]`, or the opening `[`. `item_entries` walks every (state, token) pair
 that can cross such a byte and returns, sparsely, how many separators the token crosses, whether
@@ -28,11 +28,11 @@ from surecall.grammars.counted import (
     cut_marks_renumbered,
     dist_to_accept,
 )
-from surecall.grammars.schema.to_regex import ITEM_ENTER, ITEM_EXIT, ITEM_SEP
+from surecall.grammars.schema.to_regex import ITEM_MARK
 from surecall.grammars.table import TokenTable
 
 SEP, CLOSE, OPEN = 1, 2, 3  # events of a byte edge
-_BYTES = {ITEM_ENTER: (ord("["), OPEN), ITEM_SEP: (ord(","), SEP), ITEM_EXIT: (ord("]"), CLOSE)}
+_EVENTS = {ord("["): OPEN, ord(","): SEP, ord("]"): CLOSE}  # the byte before an item mark: its kind
 FLAG_CLOSES, FLAG_OPENS = 1, 2  # item_flag bits: the token closes its state's array / opens one
 _MAX_ROUNDS = 12  # dist <-> per-item cost rounds before a grammar is compiled without item counters
 
@@ -66,7 +66,7 @@ class ItemRegions:
 
 def cut_all_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions, ItemRegions | None]:
     """The DFA without string or item marks, its counted strings and its counted arrays (None: none)."""
-    if not (dfa.trans[:, list(_BYTES)] >= 0).any():
+    if not (dfa.trans[:, ITEM_MARK] >= 0).any():
         cut, regions = cut_marks_renumbered(dfa)[:2]
         return cut, regions, None
     marked, items = cut_item_marks(dfa)
@@ -82,25 +82,25 @@ def cut_item_marks(dfa: ByteDFA) -> tuple[ByteDFA, ItemRegions]:
     trans = dfa.trans.copy()
     events = np.zeros(trans.shape, dtype=np.int8)
     heads: dict[int, tuple[int, int]] = {}
-    for kind, (byte, event) in _BYTES.items():
-        for p in np.flatnonzero(trans[:, kind] >= 0).tolist():
-            if kind == ITEM_SEP:
-                if (trans[p] >= 0).sum() != 1:
-                    raise CountedCutError(f"state {p}: an item mark shares its state with other text")
-                target, bounds = int(trans[p, kind]), None
-            else:
-                target, bounds = _follow_mark(trans, p, kind)
-            into = trans == p
-            if not (into[:, byte].sum() == into.sum() > 0):
-                raise CountedCutError(f"state {p}: a counted array's mark follows another byte than {chr(byte)!r}")
-            if kind == ITEM_ENTER:
-                if heads.get(target, bounds) != bounds:
-                    raise CountedCutError(f"state {target}: one array with two pairs of bounds")
-                heads[target] = bounds
-            events[into] = event
-            trans[into] = target
-    for kind in _BYTES:
-        trans[:, kind] = -1
+    for p in np.flatnonzero(trans[:, ITEM_MARK] >= 0).tolist():
+        into = trans == p
+        before = np.unique(np.nonzero(into)[1])
+        if before.size != 1 or int(before[0]) not in _EVENTS:
+            raise CountedCutError(f"state {p}: an item mark follows {bytes(before.tolist())!r}, not one of '[', ',', ']'")
+        event = _EVENTS[int(before[0])]
+        if event == SEP:
+            if (trans[p] >= 0).sum() != 1:
+                raise CountedCutError(f"state {p}: an item mark shares its state with other text")
+            target, bounds = int(trans[p, ITEM_MARK]), None
+        else:
+            target, bounds = _follow_mark(trans, p, ITEM_MARK)
+        if event == OPEN:
+            if heads.get(target, bounds) != bounds:
+                raise CountedCutError(f"state {target}: one array with two pairs of bounds")
+            heads[target] = bounds
+        events[into] = event
+        trans[into] = target
+    trans[:, ITEM_MARK] = -1
     cut = ByteDFA(trans, dfa.accept.copy())
     return cut, _item_regions(cut, events, sorted(heads.items()))
 

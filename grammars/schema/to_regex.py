@@ -206,13 +206,16 @@ def relax_reason(keyword: str) -> str:
     return _REASONS.get(keyword, f"{keyword!r} is not enforced by the grammar (the validator checks it)")
 
 
-# A counted array is `[` IENTER ws (item (ws `,` ISEP ws item)*)? ws `]` IEXIT: IENTER and IEXIT
-# carry minItems/maxItems as 16 nibbles, ISEP is one byte after each item separator. compile.py
-# (grammars/counted.py: cut_item_marks) cuts them out like the string marks; a per-row item
+# A counted array is `[` MARK ws (item (ws `,` MARK ws item)*)? ws `]` MARK: one control byte
+# (ITEM_MARK, free of every other mark: counted strings 0x01, 0x02, 0x10-0x1F; tool-mode
+# placeholders 0x03-0x08; automaton's 0x0E, 0x0F) whose kind is the byte before it: after `[` and
+# `]` it carries minItems/maxItems as 16 nibbles, after `,` it is alone. compile.py
+# (grammars/items.py: cut_item_marks) cuts the marks out like the string marks; a per-row item
 # counter then counts the separators crossed. Items holding another counted array are not
 # counted (one item counter per row): such an outer array is materialised or relaxed.
-ITEM_ENTER, ITEM_SEP, ITEM_EXIT = 0x03, 0x04, 0x05
-_ITEM_ENTER_TEXT = f"\\x{ITEM_ENTER:02x}"
+ITEM_MARK = 0x0B
+_ITEM_MARK_TEXT = f"\\x{ITEM_MARK:02x}"
+_ITEM_ENTER_TEXT = "\\[" + _ITEM_MARK_TEXT
 
 
 def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
@@ -222,13 +225,13 @@ def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
     def mark(kind: int) -> str:
         return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
 
-    body = f"{_group(item)}(?:{ws},\\x{ITEM_SEP:02x}{ws}{_group(item)})*{ws}"
-    return f"\\[{mark(ITEM_ENTER)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_EXIT)}"
+    body = f"{_group(item)}(?:{ws},{_ITEM_MARK_TEXT}{ws}{_group(item)})*{ws}"
+    return f"\\[{mark(ITEM_MARK)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_MARK)}"
 
 
 _COUNTED_ARRAY = re.compile(
-    re.escape("\\[" + _ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]")
-    + re.escape(f"\\x{ITEM_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]" + _ITEM_MARK_TEXT)
+    + "(?:\\\\x1[0-9a-f]){16}",
     re.DOTALL,
 )
 
@@ -237,7 +240,7 @@ def expand_items(regex: str, ws: str | None = None) -> str:
     """`regex` with each counted array spelled out as `[item(,item){lo-1,hi-1}]` for Python `re`
     (`ws`: the whitespace regex it was written with, GrammarOptions' default when None)."""
     ws = GrammarOptions().whitespace_regex() if ws is None else ws
-    sep = f",\\x{ITEM_SEP:02x}"
+    sep = f",{_ITEM_MARK_TEXT}"
 
     def spelled(m: re.Match) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))

@@ -219,3 +219,25 @@ def test_cache_round_trip_and_concat_keep_the_item_counters(llama3):
     assert (both.item_hi[: plain.num_states] == -1).all()
     key = int(both.item_key[-1])
     assert both.item_next[-1] == both.next_state(key // both.logits_width, key % both.logits_width)
+
+
+@pytest.mark.parametrize("kind", ["calls", "auto"])
+def test_a_call_with_control_tokens_keeps_its_item_bounds(kind):
+    """Hermes with `<tool_call>` as a control id: the call regex holds placeholders 0x03.. that
+    tool_modes relabels; the item mark is another byte, so the array keeps its counter."""
+    from test_modes_grammar import _toy_vocab
+
+    from surecall.grammars.tool_modes import SYNTAX, ModeGrammar, compile_mode, find_controls
+
+    vocab = _toy_vocab()
+    schema = array_schema(10, 60)
+    grammar = ModeGrammar(kind, "hermes", (("f", schema),), True, controls=find_controls(vocab, SYNTAX["hermes"]))
+    assert grammar.controls
+    table = compile_mode(grammar, vocab, use_cache=False)
+    assert table.has_items and table.relaxed == [] and "counted_fallback" not in table.meta
+    tool_call = dict(grammar.controls)["<tool_call>"]
+    state = table.next_state(0, tool_call)
+    for piece in [b"\n", *[bytes([b]) for b in b'{"name": "f", "arguments": {"a": [1']]:
+        state = table.next_state(state, vocab.token_bytes.index(piece))
+        assert state is not None, piece
+    assert table.item_lo[state] == 9 and table.item_hi[state] == 59
