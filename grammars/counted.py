@@ -25,7 +25,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA, bfs_order, coreachable, regex_to_dfa, successor_lists
+from surecall.grammars.automaton import (
+    ByteDFA,
+    bfs_order,
+    coreachable,
+    regex_to_dfa,
+    successor_lists,
+)
 from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT
 from surecall.grammars.table import TokenTable
 

@@ -20,7 +20,7 @@ import torch
 
 from surecall.errors import KernelInputError
 from surecall.grammars.table import TokenTable
-from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels._triton import launch_options, lower_bound, resolve_backend, tl, triton
 from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
 from surecall.kernels.table import DeviceTable
 
@@ -145,25 +145,11 @@ def _item_mask_kernel(
                 live = ((packed[:, None] >> bits[None, :]) & 1) != 0
                 live = live & (tl.load(is_stop_ptr + tok, mask=live, other=0) == 0)
                 # the next state: the state's exceptions (fixed-step binary search), else its default
-                a = tl.zeros_like(tok) + x0
-                b = tl.zeros_like(tok) + x1
-                for _ in range(num_search_steps):
-                    act = a < b
-                    mid = a + (b - a) // 2
-                    right = tl.load(exc_tok_ptr + mid, mask=act, other=0) < tok
-                    a = tl.where(act & right, mid + 1, a)
-                    b = tl.where(act & (right == 0), mid, b)
+                a = lower_bound(exc_tok_ptr, tl.zeros_like(tok) + x0, tl.zeros_like(tok) + x1, tok, num_search_steps)
                 found = live & (a < x1) & (tl.load(exc_tok_ptr + a, mask=live & (a < x1), other=-1) == tok)
                 nxt = tl.where(found, tl.load(exc_next_ptr + a, mask=found, other=0), tl.maximum(default, 0))
                 # the token's item entry, if any
-                a = tl.zeros_like(tok) + e0
-                b = tl.zeros_like(tok) + e1
-                for _ in range(num_item_steps):
-                    act = a < b
-                    mid = a + (b - a) // 2
-                    right = tl.load(item_tok_ptr + mid, mask=act, other=0) < tok
-                    a = tl.where(act & right, mid + 1, a)
-                    b = tl.where(act & (right == 0), mid, b)
+                a = lower_bound(item_tok_ptr, tl.zeros_like(tok) + e0, tl.zeros_like(tok) + e1, tok, num_item_steps)
                 hit = live & (a < e1) & (tl.load(item_tok_ptr + a, mask=live & (a < e1), other=-1) == tok)
                 _refuse(out_ptr, tok, nxt, live, hit, a, state, k, rem, counter, hi >= 0, lo, hi,
                         dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr,

@@ -678,7 +678,8 @@ class Converter:
     def counted_body(self, schema: dict, ptr: str, body: str) -> str | None:
         """A string of a pattern's (or format's) body whose maxLength a counter enforces (any size).
         minLength is enforced where the body's own shortest match meets it, else relaxed."""
-        from surecall.grammars.counted import CountedCutError, body_fewest_chars  # counted imports this module
+        # grammars.counted imports this module: imported here
+        from surecall.grammars.counted import CountedCutError, body_fewest_chars
 
         low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
         high = None if high is None else int(high)
