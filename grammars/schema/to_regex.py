@@ -211,11 +211,23 @@ def relax_reason(keyword: str) -> str:
 # placeholders 0x03-0x08; automaton's 0x0E, 0x0F) whose kind is the byte before it: after `[` and
 # `]` it carries minItems/maxItems as 16 nibbles, after `,` it is alone. compile.py
 # (grammars/items.py: cut_item_marks) cuts the marks out like the string marks; a per-row item
-# counter then counts the separators crossed. Items holding another counted array are not
-# counted (one item counter per row): such an outer array is materialised or relaxed.
+# counter then counts the separators crossed. Arrays of counted arrays are counted at every
+# level (a per-row stack of counters) up to MAX_ITEM_DEPTH open at once; an outer array beyond
+# that is materialised or relaxed.
 ITEM_MARK = 0x0B
+MAX_ITEM_DEPTH = 4
 _ITEM_MARK_TEXT = f"\\x{ITEM_MARK:02x}"
 _ITEM_ENTER_TEXT = "\\[" + _ITEM_MARK_TEXT
+_ITEM_EXIT_TEXT = "\\]" + _ITEM_MARK_TEXT
+
+
+def counted_array_depth(regex: str) -> int:
+    """How many counted arrays `regex` opens inside each other at most (0: none)."""
+    depth = deepest = 0
+    for m in re.finditer(re.escape(_ITEM_ENTER_TEXT) + "|" + re.escape(_ITEM_EXIT_TEXT), regex):
+        depth += 1 if m.group(0) == _ITEM_ENTER_TEXT else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
@@ -229,9 +241,9 @@ def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
     return f"\\[{mark(ITEM_MARK)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_MARK)}"
 
 
-_COUNTED_ARRAY = re.compile(
-    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]" + _ITEM_MARK_TEXT)
-    + "(?:\\\\x1[0-9a-f]){16}",
+_COUNTED_ARRAY = re.compile(  # an innermost counted array (no other opens inside it)
+    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(_ITEM_ENTER_TEXT) + ").)*?)"
+    + re.escape(_ITEM_EXIT_TEXT) + "(?:\\\\x1[0-9a-f]){16}",
     re.DOTALL,
 )
 
@@ -251,7 +263,11 @@ def expand_items(regex: str, ws: str | None = None) -> str:
         body = f"(?:{item})(?:{ws},{ws}(?:{item})){{{max(low - 1, 0)},{upper}}}{ws}"
         return f"\\[{ws}{body if low >= 1 else _group(body) + '?'}\\]"
 
-    return _COUNTED_ARRAY.sub(spelled, regex)
+    while True:  # innermost arrays first: each outer one is innermost once its items are spelled
+        expanded = _COUNTED_ARRAY.sub(spelled, regex)
+        if expanded == regex:
+            return regex
+        regex = expanded
 
 
 def expand_marks(regex: str, ws: str | None = None) -> str:
@@ -801,14 +817,16 @@ class Converter:
 
     def counted_array(self, schema: dict, rest: str, ptr: str) -> str | None:
         """An array of `rest` items whose minItems/maxItems (any size) an item counter enforces; items
-        holding a counted array of their own fall back (spelled out up to max_bounded_length, else relaxed)."""
+        holding MAX_ITEM_DEPTH counted arrays inside each other fall back (spelled out up to
+        max_bounded_length, else relaxed)."""
         low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
         high = None if high is None else int(high)
         if high is not None and low > high:
             return None
-        if _ITEM_ENTER_TEXT in rest:
-            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold a counted "
-                   "array (one item counter per row; widened: the validator checks it)")
+        if counted_array_depth(rest) >= MAX_ITEM_DEPTH:
+            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold "
+                   f"{MAX_ITEM_DEPTH} counted arrays inside each other (a row counts at most {MAX_ITEM_DEPTH} "
+                   "open at once; widened: the validator checks it)")
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)
             return self.array_regex([], rest, low, high)
         return counted_array_regex(rest, low, high, self.ws)
