@@ -230,14 +230,19 @@ def counted_array_depth(regex: str) -> int:
     return deepest
 
 
-def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
-    """The marked regex of an array of `low..high` items that each match `item`."""
+def counted_array_regex(item: str, low: int, high: int | None, ws: str, prefix: tuple[str, ...] = ()) -> str:
+    """The marked regex of an array of `low..high` items that each match `item` (after the
+    `prefix` items, in order, as far as the array reaches: prefixItems)."""
     high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
 
     def mark(kind: int) -> str:
         return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
 
-    body = f"{_group(item)}(?:{ws},{_ITEM_MARK_TEXT}{ws}{_group(item)})*{ws}"
+    sep = f"{ws},{_ITEM_MARK_TEXT}{ws}"
+    body = f"{_group(item)}(?:{sep}{_group(item)})*"
+    for p in reversed(prefix):
+        body = f"{_group(p)}(?:{sep}{body})?"
+    body += ws
     return f"\\[{mark(ITEM_MARK)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_MARK)}"
 
 
@@ -257,11 +262,13 @@ def expand_items(regex: str, ws: str | None = None) -> str:
     def spelled(m: re.Match) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
         low, high = int(digits[:8], 16), int(digits[8:], 16)
-        left = m.group(2).split(sep, 1)[0]  # ws, "(?:" when optional, "(?:item)", "(?:", ws
-        item = left[len(ws) + (0 if low >= 1 else 3) + 3 : len(left) - len(ws) - 4]
-        upper = "" if high == NO_MAX_LENGTH else str(high - 1)
-        body = f"(?:{item})(?:{ws},{ws}(?:{item})){{{max(low - 1, 0)},{upper}}}{ws}"
-        return f"\\[{ws}{body if low >= 1 else _group(body) + '?'}\\]"
+        # pieces between separators: ws, "(?:" when optional, then "(?:item)(?:" each; the last
+        # "(?:item))*", one ")?" per prefix item, ws, ")?" when optional
+        pieces = m.group(2).split(f"{ws}{sep}{ws}")
+        first = pieces[0][len(ws) + (0 if low >= 1 else 3) :]
+        items = [first[3:-4]] + [p[3:-4] for p in pieces[1:-1]]
+        *prefix, item = items
+        return array_regex(prefix, item, low, None if high == NO_MAX_LENGTH else high, ws)
 
     while True:  # innermost arrays first: each outer one is innermost once its items are spelled
         expanded = _COUNTED_ARRAY.sub(spelled, regex)
@@ -273,6 +280,30 @@ def expand_items(regex: str, ws: str | None = None) -> str:
 def expand_marks(regex: str, ws: str | None = None) -> str:
     """Both kinds of counted regions spelled out (expand_counts after expand_items)."""
     return expand_counts(expand_items(regex, ws))
+
+
+def array_regex(items: list[str], rest: str | None, low: int, high: int | None, ws: str) -> str:
+    """`[` the prefix `items` in order, then `rest` items, `low..high` in all `]`, spelled out."""
+    sep = f"{ws},{ws}"
+    count = len(items) if high is None else min(len(items), high)
+    tail = ""
+    if rest is not None and (high is None or high > count):
+        rest_low = max(1, low - count)
+        rest_high = "" if high is None else str(high - count - 1)
+        more = f"(?:{sep}{_group(rest)}){{{rest_low - 1},{rest_high}}}"
+        tail = _group(rest) + more
+    body = tail if count == 0 else None
+    # build from the last prefix item backwards: item i, then (optionally) the rest
+    for i in range(count - 1, -1, -1):
+        after = body if i < count - 1 else tail
+        if after:
+            after = f"{sep}{after}" if i + 1 < low else f"(?:{sep}{after})?"
+        body = _group(items[i]) + (after or "")
+    if not body:
+        return f"\\[{ws}\\]"
+    if low >= 1:
+        return f"\\[{ws}{body}{ws}\\]"
+    return f"\\[{ws}(?:{body}{ws})?\\]"
 
 
 def _group(regex: str) -> str:
@@ -762,9 +793,6 @@ class Converter:
         low = int(schema.get(min_key, 0))
         high = schema.get(max_key)
         high = None if high is None else int(high)
-        if why is None and min_key == "minItems" and self.options.counted_lengths:
-            why = (f"above max_bounded_length={limit} with prefixItems (only a plain item list is counted; "
-                   "widened: the validator checks it)")
         why = why or f"above max_bounded_length={limit} and not counted (widened: the validator checks it)"
         if low > limit:
             self.relax(ptr, min_key, why)
@@ -815,26 +843,28 @@ class Converter:
         return self.options.counted_lengths and (low > _MATERIALISED_RUN or (
             high is not None and int(high) > _MATERIALISED_RUN))
 
-    def counted_array(self, schema: dict, rest: str, ptr: str) -> str | None:
-        """An array of `rest` items whose minItems/maxItems (any size) an item counter enforces; items
-        holding MAX_ITEM_DEPTH counted arrays inside each other fall back (spelled out up to
-        max_bounded_length, else relaxed)."""
+    def counted_array(self, schema: dict, rest: str, ptr: str, prefix: tuple[str, ...] = ()) -> str | None:
+        """An array of `rest` items (after the `prefix` items) whose minItems/maxItems (any size) an
+        item counter enforces; items holding MAX_ITEM_DEPTH counted arrays inside each other fall
+        back (spelled out up to max_bounded_length, else relaxed)."""
         low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
         high = None if high is None else int(high)
         if high is not None and low > high:
             return None
-        if counted_array_depth(rest) >= MAX_ITEM_DEPTH:
+        if max(counted_array_depth(r) for r in (rest, *prefix)) >= MAX_ITEM_DEPTH:
             why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold "
                    f"{MAX_ITEM_DEPTH} counted arrays inside each other (a row counts at most {MAX_ITEM_DEPTH} "
                    "open at once; widened: the validator checks it)")
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)
-            return self.array_regex([], rest, low, high)
-        return counted_array_regex(rest, low, high, self.ws)
+            return self.array_regex(list(prefix), rest, low, high)
+        return counted_array_regex(rest, low, high, self.ws, tuple(prefix))
 
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
-        if self.wants_item_counter(schema) and not prefix:
+        counted = self.wants_item_counter(schema)
+        if counted:  # counted, or (items: false) spelled out to the prefix's length: exact either way
             low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+            high = None if high is None else int(high)
         else:
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
         if schema.get("uniqueItems") is True and (high is None or high > 1):
@@ -848,8 +878,8 @@ class Converter:
             items, rest, high = items[:cut], None, cut if high is None else min(high, cut)
         else:
             rest = self.convert(rest_schema, rest_ptr)
-            if not items and rest is not None and self.wants_item_counter(schema):
-                return self.counted_array(schema, rest, ptr)
+            if rest is not None and counted:
+                return self.counted_array(schema, rest, ptr, tuple(items))
         if rest is None:
             high = len(items) if high is None else min(high, len(items))
         if high is not None and low > high:
@@ -857,26 +887,7 @@ class Converter:
         return self.array_regex(items, rest, low, high)
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
-        sep = f"{self.ws},{self.ws}"
-        count = len(items) if high is None else min(len(items), high)
-        tail = ""
-        if rest is not None and (high is None or high > count):
-            rest_low = max(1, low - count)
-            rest_high = "" if high is None else str(high - count - 1)
-            more = f"(?:{sep}{_group(rest)}){{{rest_low - 1},{rest_high}}}"
-            tail = _group(rest) + more
-        body = tail if count == 0 else None
-        # build from the last prefix item backwards: item i, then (optionally) the rest
-        for i in range(count - 1, -1, -1):
-            after = body if i < count - 1 else tail
-            if after:
-                after = f"{sep}{after}" if i + 1 < low else f"(?:{sep}{after})?"
-            body = _group(items[i]) + (after or "")
-        if not body:
-            return f"\\[{self.ws}\\]"
-        if low >= 1:
-            return f"\\[{self.ws}{body}{self.ws}\\]"
-        return f"\\[{self.ws}(?:{body}{self.ws})?\\]"
+        return array_regex(items, rest, low, high, self.ws)
 
     # -- objects -------------------------------------------------------------------------
     def convert_object(self, schema: dict, ptr: str) -> str | None:

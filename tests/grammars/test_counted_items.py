@@ -270,9 +270,36 @@ def test_nested_counted_arrays_deeper_than_the_stack_fall_back_with_a_reason(lla
         jsonschema.validate(doc, {"type": "array", "items": deep, "maxItems": 2})
 
 
-def test_prefix_items_with_a_large_bound_stay_relaxed_with_a_reason():
-    result = schema_to_regex({"type": "array", "prefixItems": [{"type": "integer"}], "maxItems": 100})
-    assert result.relaxed == [("", "maxItems")] and "prefixItems" in result.reasons[("", "maxItems")]
+def prefix_schema(lo: int, hi: int) -> dict:
+    arr = {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "boolean"}],
+           "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": lo, "maxItems": hi}
+    return {"type": "object", "properties": {"a": arr}, "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_prefix_items_with_bounds_are_counted_and_hit_both_ends(llama3, size):
+    lo, hi = max(1, size // 2), size
+    schema = prefix_schema(lo, hi)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_items == (hi > 8)
+    rng = np.random.default_rng(size)
+    for prefer, expected in (("min", lo), ("max", hi)):
+        doc = json.loads(decode(llama3, walk(table, rng, 50 * size + 100, prefer)))
+        jsonschema.validate(doc, schema)
+        assert len(doc["a"]) == expected
+    for i in range(3):  # walks cut by a tight max_tokens still validate
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+def test_prefix_items_without_more_items_are_spelled_to_the_prefix():
+    arr = {"type": "array", "prefixItems": [{"type": "integer"}] * 3, "items": False, "minItems": 2, "maxItems": 100}
+    result = schema_to_regex(arr)
+    assert result.relaxed == []
+    regex = expand_marks(result.regex)
+    assert [bool(re.fullmatch(regex, json.dumps(list(range(n))))) for n in range(5)] == [False, False, True, True, False]
 
 
 def test_expand_marks_spells_the_bounds_for_python_re():
@@ -280,6 +307,17 @@ def test_expand_marks_spells_the_bounds_for_python_re():
                                           "maxItems": 10}).regex)
     for n in range(7, 13):
         assert bool(re.fullmatch(regex, json.dumps(list(range(n))))) == (9 <= n <= 10), n
+    tuple_ = expand_marks(schema_to_regex({"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "null"}],
+                                           "items": {"type": "integer"}, "minItems": 0, "maxItems": 10}).regex)
+    assert re.fullmatch(tuple_, "[]") and re.fullmatch(tuple_, "[true]") and re.fullmatch(tuple_, "[true, null, 3]")
+    assert re.fullmatch(tuple_, json.dumps([True, None] + [1] * 8)) and not re.fullmatch(tuple_, "[null]")
+    assert not re.fullmatch(tuple_, json.dumps([True, None] + [1] * 9))
+    nested = expand_marks(schema_to_regex({"type": "array", "items": {"type": "array", "items": {"type": "integer"},
+                                                                        "minItems": 9, "maxItems": 9},
+                                           "minItems": 9, "maxItems": 10}).regex)
+    row = list(range(9))
+    assert re.fullmatch(nested, json.dumps([row] * 9)) and re.fullmatch(nested, json.dumps([row] * 10))
+    assert not re.fullmatch(nested, json.dumps([row] * 11)) and not re.fullmatch(nested, json.dumps([row[:8]] * 9))
     optional = expand_marks(schema_to_regex({"type": "array", "items": {"type": "integer"}, "maxItems": 10}).regex)
     assert re.fullmatch(optional, "[]") and re.fullmatch(optional, "[1]") and not re.fullmatch(optional, "[" + "1," * 10 + "1]")
 
