@@ -17,14 +17,16 @@ to a device is the kernels' job.
 
 Counters (optional, `count_row is not None`). A state inside a length-bounded string body has
 `count_row[s] >= 0`; each batch row then carries one int32 counter c: the characters started
-in the body so far (an escape or a multi-byte character is one). With v = count_chars[row, t]
-(2 * characters token t starts there + 1 if it closes the string; -1: never), t is kept iff
-v >= 0, c + v//2 <= count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the
-counter is c + v//2 if t stays in the body, else count_entry_val at key s * logits_width + t
-(0 when absent: the characters t starts in the body it opens). `dist` of a counted state
-excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c), need_s(c) =
-ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged need(0).
-One counter per row suffices: a counted body holds no other counted value.
+in the body so far (an escape or a multi-byte character is one) plus the fewest characters the
+body still needs before its closing quote from the row's state (0 for a `char*` body; a body
+written by a `pattern` or `format` may need more: grammars/counted.py), so c never decreases
+and a row under its maximum can always close. With v = count_chars[row, t] (2 * what token t
+adds to c there + 1 if it closes the string; -1: never), t is kept iff v >= 0, c + v//2 <=
+count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the counter is c + v//2 if t
+stays in the body, else count_entry_val at key s * logits_width + t (0 when absent). `dist` of
+a counted state excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c),
+need_s(c) = ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged
+need(0). One counter per row suffices: a counted body holds no other counted value.
 
 Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
 inside a counted array has `item_hi[s] >= 0` and item_depth[s] >= 1 arrays open (at most
