@@ -43,6 +43,7 @@ INVALID = -1  # char_rows value of a token that leaves a body other than by its 
 _FREE = -128  # while merging rows: a token dead in that state (any value will do)
 BOUNDARY = 0  # phase of a body state where the next byte starts a character
 NUM_PHASES = 16
+MAX_COUNTED_BODY_STATES = 128  # a pattern or format body counted beside its maxLength (body_fewest_chars)
 
 
 def _phase_table() -> np.ndarray:
@@ -225,12 +226,16 @@ def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) 
 @lru_cache(maxsize=512)
 def body_fewest_chars(body: str) -> int:
     """The fewest characters of any string body `body` (a string-body regex) matches, found as the
-    counter finds it (raises CountedCutError where a counter could not ride that body)."""
+    counter finds it (raises CountedCutError where a counter could not ride that body, or where its
+    MAX_COUNTED_BODY_STATES would make the counter's rows cost more than they are worth)."""
     dfa = regex_to_dfa(f'"(?:{body})"')
     head = int(dfa.trans[0, _QUOTE])
     if head < 0:
         raise CountedCutError("the string body matches nothing")
     members, phases = _body_phases(dfa.trans, head)
+    if members.size > MAX_COUNTED_BODY_STATES:
+        raise CountedCutError(f"its body has {members.size} states, above the {MAX_COUNTED_BODY_STATES} a counter "
+                              "rides (one row of the vocabulary each)")
     rest = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
     return int(rest[members == head][0])
 

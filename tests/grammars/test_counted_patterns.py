@@ -207,6 +207,14 @@ def test_min_length_beside_a_pattern_is_kept_where_the_pattern_implies_it_else_r
         schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "maxLength": 2})
 
 
+def test_a_body_with_too_many_states_keeps_its_length_relaxed_with_a_reason():
+    result = schema_to_regex({"type": "string", "format": "email", "maxLength": 1024})
+    assert result.relaxed == [("", "maxLength")]
+    assert "states, above the 128 a counter rides" in result.reasons[("", "maxLength")]
+    counted = schema_to_regex({"type": "string", "format": "date-time", "maxLength": 30})
+    assert counted.relaxed == []
+
+
 def test_expand_counts_spells_a_counted_pattern_body_for_python_re():
     regex = expand_counts(schema_to_regex({"type": "string", "pattern": BODY_PATTERN, "maxLength": 5}).regex)
     assert re.fullmatch(regex, '"ab-cd"') and re.fullmatch(regex, '"a"')
