@@ -64,7 +64,8 @@ class AsyncLLM:
                                max_num_batched_tokens=max_num_batched_tokens,
                                max_model_len=self.llm.config.max_seq_len or self.llm.runner.max_positions,
                                enable_prefix_caching=enable_prefix_caching, pad_id=self.llm._pad_id(),
-                               check_kernel_inputs=self.llm.config.check_kernel_inputs, scheduling=scheduling)
+                               check_kernel_inputs=self.llm.config.check_kernel_inputs, scheduling=scheduling,
+                               graph_step=self.llm.config.graph_step)
         self._lock = threading.Lock()  # guards the core between the step thread and submitters
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}

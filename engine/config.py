@@ -54,12 +54,17 @@ class EngineConfig:
     grammar_options: Any = None  # surecall.grammars.options.GrammarOptions or None for defaults
     check_kernel_inputs: bool = False  # validate kernel inputs every step (host syncs: debugging only)
     attn_implementation: str | None = None  # passed to transformers when loading from a directory
+    # decode-only steps on static buffers, one CUDA graph per batch bucket (core/graph_step.py);
+    # None: on for CUDA, off for CPU (there it runs the same function eagerly: slower than the eager step)
+    graph_step: bool | None = None
 
     def __post_init__(self):
         if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
             raise ValueError(f"Invalid max_batch_size: expected an integer >= 1, got {self.max_batch_size!r}")
         if self.max_seq_len is not None and (not _is_int(self.max_seq_len) or self.max_seq_len < 2):
             raise ValueError(f"Invalid max_seq_len: expected None or an integer >= 2, got {self.max_seq_len!r}")
+        if self.graph_step is not None and not isinstance(self.graph_step, bool):
+            raise ValueError(f"Invalid graph_step: expected None or a bool, got {self.graph_step!r}")
         if not isinstance(self.check_kernel_inputs, bool):
             raise ValueError(
                 f"Invalid check_kernel_inputs: expected a bool, got {self.check_kernel_inputs!r}"

@@ -333,7 +333,8 @@ class LLM:
             default = EngineCore.default_num_blocks(self.runner.model, block, self._max_len())
             self._engine = EngineCore(self.runner.model, block_size=block, num_blocks=max(want, default),
                                       max_num_seqs=self.config.max_batch_size, max_model_len=self._max_len(),
-                                      pad_id=self._pad_id(), check_kernel_inputs=self.config.check_kernel_inputs)
+                                      pad_id=self._pad_id(), check_kernel_inputs=self.config.check_kernel_inputs,
+                                      graph_step=self.config.graph_step)
         return self._engine
 
     def _max_len(self) -> int:

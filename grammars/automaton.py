@@ -320,23 +320,56 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
 
 
 def _refine(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Moore's coarsest partition of the states (block id per state), signatures hashed."""
+    """Moore's coarsest partition of the states (block id per state), signatures hashed.
+
+    A worklist form of Moore's rounds: a round re-signs only the blocks holding a predecessor
+    of a state that changed block in the round before, and a split block keeps its id for one
+    of its parts, so the rounds after the first few touch few states. The fixpoint
+    is the same coarsest stable partition (dead = -1 is its own class throughout).
+    """
     n = accept.shape[0]
     t = trans[:, np.unique(byte_classes(trans))]  # [n, C]
+    t = np.where(t < 0, n, t).astype(np.intp)  # dead (-1) reads the last slot; intp gathers fastest
     weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
-    block = accept.astype(np.int64)
-    count = int(np.unique(block).size)
+    _, block = np.unique(accept, return_inverse=True)
+    block = block.reshape(-1).astype(np.int64)
+    count = int(block.max()) + 1 if n else 0
+    pred_ptr, pred = _predecessors(t, n)
     padded = np.empty(n + 1, dtype=np.int64)
-    while True:
-        padded[:n], padded[n] = block, -1  # index -1 (dead) reads the last slot
+    padded[n] = -1
+    members = np.arange(n, dtype=np.int64)
+    while members.size:
+        padded[:n] = block
+        own = block[members]
         with np.errstate(over="ignore"):
-            h = padded.view(np.uint64)[t] @ weights[1:] + block.view(np.uint64) * weights[0]
-        _, block = np.unique(h, return_inverse=True)
-        block = block.reshape(-1).astype(np.int64)
-        new_count = int(block.max()) + 1
-        if new_count == count:
-            return block
-        count = new_count
+            h = padded.view(np.uint64)[t[members]] @ weights[1:] + own.view(np.uint64) * weights[0]
+        _, group = np.unique(h, return_inverse=True)
+        group = group.reshape(-1)
+        keeper = np.empty(count, dtype=np.int64)
+        keeper[own] = group  # one member's group per block keeps the block's id (any one will do)
+        moved = group != keeper[own]
+        if not moved.any():
+            break
+        changed = members[moved]
+        block[changed] = count + group[moved]  # fresh ids (with gaps: made dense at the end)
+        count += int(group.max()) + 1
+        lo, hi = pred_ptr[changed], pred_ptr[changed + 1]
+        sizes = hi - lo
+        touched = pred[np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)]
+        affected = np.zeros(count, dtype=bool)
+        affected[block[touched]] = True
+        members = np.flatnonzero(affected[block])
+    return np.unique(block, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _predecessors(t: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr [n + 1], sources) CSR of the edges of `t` ([n, C], n = dead) grouped by target."""
+    dst = t.reshape(-1)
+    src = np.repeat(np.arange(n, dtype=np.int64), t.shape[1])
+    live = dst < n
+    dst, src = dst[live], src[live]
+    order = np.argsort(dst, kind="stable")
+    return np.searchsorted(dst[order], np.arange(n + 1)), src[order]
 
 
 def quotient_by(dfa: ByteDFA, block: np.ndarray):
@@ -355,17 +388,13 @@ def quotient_by(dfa: ByteDFA, block: np.ndarray):
 def successor_lists(trans: np.ndarray) -> list[list[int]]:
     """For each state, its distinct successor states in order of the smallest byte leading there."""
     n = trans.shape[0]
-    rows, byte = np.nonzero(trans >= 0)
-    targets = trans[rows, byte].astype(np.int64)
-    # One sort by (row, target, byte) finds each (row, target)'s smallest byte; a second sort
-    # by (row, that byte) gives the canonical order.
-    order = np.lexsort((byte, targets, rows))
-    rows, targets, byte = rows[order], targets[order], byte[order]
-    first = np.ones(rows.size, dtype=bool)
-    first[1:] = (rows[1:] != rows[:-1]) | (targets[1:] != targets[:-1])
-    rows, targets, byte = rows[first], targets[first], byte[first]
-    order = np.lexsort((byte, rows))
-    rows, targets = rows[order], targets[order]
+    flat_trans = trans.reshape(-1)
+    edge = np.flatnonzero(flat_trans >= 0)  # row-major: by (row, byte)
+    rows = edge // trans.shape[1]
+    # The first edge of each (row, target) is its smallest byte: keep those, in edge order.
+    _, first = np.unique(rows * (n + 1) + flat_trans[edge], return_index=True)
+    first.sort()
+    rows, targets = rows[first], flat_trans[edge[first]]
     bounds = np.searchsorted(rows, np.arange(n + 1))
     flat = targets.tolist()
     return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]

@@ -1,6 +1,7 @@
 """Schema / tool catalog / regex -> TokenTable over one vocabulary, with the disk cache inside.
 
-Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py) -> count
+Pipeline: schema.to_regex (or formats.catalog_regex) -> regex -> byte DFA (automaton.py; a schema's
+large values as sub-automata spliced in, splice.py) -> count
 marks cut out (counted.py; counted arrays: items.py) -> every state's tokens (tokenwalk.py) -> token-level pruning, dense
 renumbering, `dist` (counted: Dijkstra with the unmet minimums), the compact layout (distinct
 bitmask rows, default next + exceptions) and count rows (here). A grammar whose counted strings cannot be cut out is compiled again without counters. Budgets from GrammarOptions are checked between stages and before the big
@@ -35,6 +36,7 @@ from surecall.grammars.counted import (
     check_entries,
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
+from surecall.grammars.splice import build_spliced
 from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -73,7 +75,7 @@ def compile_schema(schema: dict, vocab, options=None, use_cache: bool | str = Tr
     options = _options(options)
     key = table_cache.entry_key("schema", _canonical(schema), vocab, options)
     return _through_cache(key, use_cache, lambda: _with_fallback(
-        lambda opts: schema_to_regex(schema, opts), vocab, options, {"kind": "schema"}))
+        lambda opts: schema_to_regex(schema, opts, splice=True), vocab, options, {"kind": "schema"}))
 
 
 def compile_catalog(tools, vocab, tool_format: str = "json", options=None, use_cache: bool | str = True) -> TokenTable:
@@ -109,33 +111,47 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     result = to_regex(options)
     meta = {**meta, "regex_ms": (time.perf_counter() - started) * 1e3}
     try:
-        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
+        return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result),
+                                 _pieces(result))
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
         plain = dataclasses.replace(options, counted_lengths=False)
         result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
+        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result),
+                                  _pieces(result))
         table.meta["counted_fallback"] = str(exc)
         return table
 
 
-def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict) -> TokenTable:
+def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pieces=()) -> TokenTable:
     clock = _Clock(options.time_budget_s)
-    # 1. Regex -> pruned byte DFA (outlines-core cannot be interrupted: bound its input first).
+    # 1. Regex -> pruned byte DFA; with pieces (placeholders in the regex), one DFA per piece,
+    #    spliced into the parent's (splice.py).
+    if pieces:
+        dfa = build_spliced(regex, pieces, lambda r: _regex_dfa(r, options, clock), options.memory_budget_bytes,
+                            lambda: clock.check("byte DFA (splice)"))
+        meta = {**meta, "pieces": len(pieces)}
+    else:
+        dfa = _regex_dfa(regex, options, clock)
+    clock.check("byte DFA")
+    chars = len(regex) + sum(map(len, pieces))
+    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock)
+
+
+def _regex_dfa(regex: str, options, clock: _Clock) -> ByteDFA:
+    """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first)."""
     if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
         raise CompileBudgetExceeded(
             f"regex of {len(regex)} characters is too large to compile within the memory budget of "
             f"{options.memory_budget_bytes / 2**20:.0f} MiB (about {_BYTES_PER_REGEX_CHAR} bytes per character); "
             "lower max_ref_depth / max_any_depth / max_bounded_length or raise memory_budget_bytes"
         )
-    if len(regex) > _ISOLATE_REGEX_CHARS:
-        dfa = regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
-                                    options.memory_budget_bytes)
-    else:
-        dfa = regex_to_dfa(regex)
     clock.check("byte DFA")
-    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": len(regex)}, clock)
+    if len(regex) > _ISOLATE_REGEX_CHARS:
+        return regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
+                                     options.memory_budget_bytes)
+    return regex_to_dfa(regex)
 
 
 def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None) -> TokenTable:
@@ -184,15 +200,15 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
     n = dfa.num_states
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
     _drop_stop_tokens_inplace(rows, _spelled(stop_ids, vocab))
-    succ = [_successors(row, n) for row in rows]
-    order = _live_states(succ, dfa.accept)
+    own = _Extras(rows)
+    edge_src, edge_dst = _edges(rows, own, n)
+    order = _live_states(_adjacency(edge_src, edge_dst, n), dfa.accept)
     new_id = np.full(n + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
-    parts = [_renumbered(rows[q], new_id) for q in order.tolist()]
+    parts = _renumbered_all(rows, own, order, new_id)
     accept = dfa.accept[order].copy()
     default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
     mask, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
-    edges = [new_id[succ[q]] for q in order.tolist()]
     table = TokenTable(
         mask=mask,
         mask_row=mask_row,
@@ -207,7 +223,9 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
         stop_ids=stop_ids,
     )
     if counts is None:
-        table.dist = _dist([e[e >= 0] for e in edges], accept)
+        src, dst = new_id[edge_src], new_id[edge_dst]
+        live = (src >= 0) & (dst >= 0)
+        table.dist = _dist(src[live], dst[live], accept)
     else:
         add_counts_inplace(table, counts, order, new_id)
     if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
@@ -238,28 +256,89 @@ def _drop_stop_tokens_inplace(rows: list[Row], stop_ids: np.ndarray) -> None:
 
 
 def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(trans_default, exc_ptr, exc_tok, exc_next): each state's most common next state and the rest."""
+    """(trans_default, exc_ptr, exc_tok, exc_next): each state's most common next state and the rest.
+
+    Rows without a class part are done together (one sort over all their tokens); rows with
+    one reuse its per-walk counts and exceptions (cached by walk), one state at a time.
+    """
     num_states = len(parts)
+    plain = [q for q, part in enumerate(parts) if part[0] is None and 0 < part[2].size <= _BIG_ROW]
+    big = [q for q, part in enumerate(parts) if part[0] is None and part[2].size > _BIG_ROW]
+    based = [q for q, part in enumerate(parts) if part[0] is not None]
     default = np.full(num_states, -1, dtype=np.int32)
-    rows_tok, rows_next = [], []
+    runs = []  # (owner, tokens, next states): exceptions grouped by state, sorted inside
+    for q in big:  # one by one: a bincount per row
+        _, _, tok, nxt = parts[q]
+        default[q] = d = int(np.argmax(np.bincount(nxt)))
+        exc = nxt != d
+        runs.append((np.full(int(exc.sum()), q, dtype=np.int64), tok[exc], nxt[exc]))
+    if plain:
+        own = [parts[q] for q in plain]
+        owner = np.repeat(np.asarray(plain, dtype=np.int64), [p[2].size for p in own])
+        tok = np.concatenate([p[2] for p in own])
+        nxt = np.concatenate([p[3] for p in own]).astype(np.int64)
+        default[plain] = _most_common(owner, nxt, num_states)
+        exc = nxt != default[owner]
+        runs.append((owner[exc], tok[exc], nxt[exc]))
+    if based:
+        based_default, based_tok, based_next = _exceptions_based([parts[q] for q in based])
+        default[based] = based_default
+        runs.append((np.repeat(np.asarray(based, dtype=np.int64), [t.size for t in based_tok]),
+                     np.concatenate(based_tok), np.concatenate(based_next)))
+    ptr = np.zeros(num_states + 1, dtype=np.int64)
+    for owner, _, _ in runs:
+        ptr[1:] += np.bincount(owner, minlength=num_states)
+    ptr = np.cumsum(ptr)
+    tok = np.empty(int(ptr[-1]), dtype=np.int32)
+    nxt = np.empty(int(ptr[-1]), dtype=np.int32)
+    for owner, t, x in runs:  # each entry at its state's offset plus its rank in its run (no sort)
+        if owner.size:
+            starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))
+            at = ptr[owner] + np.arange(owner.size) - np.repeat(starts, np.diff(np.append(starts, owner.size)))
+            tok[at], nxt[at] = t, x
+    return default, ptr.astype(np.int32), tok, nxt
+
+
+_DENSE_COUNTS = 1 << 20  # (owners x states) count matrices up to this size are counted densely
+
+
+def _most_common(owner: np.ndarray, nxt: np.ndarray, num_states: int) -> np.ndarray:
+    """Per distinct owner (ascending), its most common next state, the smallest on a tie."""
+    starts = np.flatnonzero(np.concatenate([[True], owner[1:] != owner[:-1]]))  # owner is grouped
+    if starts.size * num_states <= _DENSE_COUNTS:
+        rank = np.repeat(np.arange(starts.size, dtype=np.int64), np.diff(np.append(starts, owner.size)))
+        counts = np.bincount(rank * num_states + nxt, minlength=starts.size * num_states)
+        return counts.reshape(starts.size, num_states).argmax(axis=1).astype(np.int32)  # first max: smallest
+    key, count = np.unique(owner * num_states + nxt, return_counts=True)
+    who, target = key // num_states, key % num_states
+    best = np.lexsort((target, -count, who))
+    first = np.ones(best.size, dtype=bool)
+    first[1:] = who[best][1:] != who[best][:-1]
+    return target[best[first]].astype(np.int32)
+
+
+def _exceptions_based(parts: list) -> tuple[list, list, list]:
+    """(defaults, exception tokens, their next states) of rows that have a class part."""
+    defaults, rows_tok, rows_next = [], [], []
     ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
     base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> its exceptions
     pure: dict[int, tuple] = {}  # id(class walk) -> (local default, its exceptions) of a row without extras
-    for q, (base, m, tok, nxt) in enumerate(parts):
-        if base is not None and not tok.size and base.ends.size:  # a class part alone: shared
+    for base, m, tok, nxt in parts:
+        if not tok.size and base.ends.size:  # a class part alone: shared
             hit = pure.get(id(base))
             if hit is None:
                 local = np.bincount(base.end, minlength=m.size)
                 star = int(np.argmax(local))
                 keep = base.end != star
                 hit = pure[id(base)] = (star, base.tok[keep], base.end[keep])
-            default[q] = m[hit[0]]
+            defaults.append(m[hit[0]])
             rows_tok.append(hit[1])
             rows_next.append(m[hit[2]])
             continue
-        targets = _NO_TOKENS if base is None else m[base.ends]
+        targets = m[base.ends]
         size = max(int(nxt.max()) + 1 if nxt.size else 0, int(targets.max()) + 1 if targets.size else 0)
         if size == 0:
+            defaults.append(-1)
             rows_tok.append(_NO_TOKENS)
             rows_next.append(_NO_TOKENS)
             continue
@@ -270,55 +349,56 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
                 local = ends_count[id(base)] = np.bincount(base.end, minlength=m.size)[base.ends]
             counts[targets] += local
         d = int(np.argmax(counts))
-        default[q] = d
+        defaults.append(d)
         own = nxt != d
-        e_tok, e_next = tok[own], nxt[own]
-        if base is not None:
-            hits = np.flatnonzero(m[base.ends] == d)
-            key = (id(base), int(base.ends[hits[0]]) if hits.size else -1)
-            part = base_exc.get(key)
-            if part is None:
-                keep = base.end != key[1]
-                part = base_exc[key] = (base.tok[keep], base.end[keep])
-            e_tok, e_next = merge_rows((part[0], m[part[1]].astype(np.int32)), (e_tok, e_next))
+        hits = np.flatnonzero(targets == d)
+        key = (id(base), int(base.ends[hits[0]]) if hits.size else -1)
+        part = base_exc.get(key)
+        if part is None:
+            keep = base.end != key[1]
+            part = base_exc[key] = (base.tok[keep], base.end[keep])
+        e_tok, e_next = merge_rows((part[0], m[part[1]].astype(np.int32)), (tok[own], nxt[own]))
         rows_tok.append(e_tok)
         rows_next.append(e_next)
-    ptr = np.zeros(num_states + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([t.size for t in rows_tok])
-    return (default, ptr.astype(np.int32), np.concatenate(rows_tok).astype(np.int32),
-            np.concatenate(rows_next).astype(np.int32))
+    return np.asarray(defaults, dtype=np.int32), rows_tok, rows_next
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
-def _successors(row: Row, n: int) -> np.ndarray:
-    """Distinct next states of one row, ascending."""
-    own = _distinct(row.nxt, n)
-    if row.base is None:
-        return own
-    return np.union1d(row.g[row.base.ends], own)
+_BIG_ROW = 4096  # rows with more extra tokens are handled one by one (batching them only copies)
 
 
-def _renumbered(row: Row, new_id: np.ndarray):
-    """(shared class part or None, its region's new ids, extra tokens, their new next states).
+class _Extras:
+    """The own (extra) tokens of every row up to _BIG_ROW of them, as one CSR over the DFA's states."""
 
-    Tokens leading to a pruned state are dropped; a class part that would lose some is copied
-    out into the extras (rare: a state of the region is dead at token level).
-    """
-    mapped = new_id[row.nxt]
-    ok = mapped >= 0
-    tok, nxt = (row.tok, mapped) if ok.all() else (row.tok[ok], mapped[ok])
-    base = row.base
-    if base is None:
-        return None, None, tok, nxt
-    m = new_id[row.g]
-    if (m[base.ends] >= 0).all():
-        return base, m, tok, nxt
-    full = m[base.end]
-    keep = full >= 0
-    merged = merge_rows((base.tok[keep], full[keep]), (tok, nxt))
-    return None, None, *merged
+    def __init__(self, rows: list[Row]):
+        sizes = np.fromiter((row.tok.size for row in rows), dtype=np.int64, count=len(rows))
+        self.big = np.flatnonzero(sizes > _BIG_ROW).tolist()
+        sizes[self.big] = 0
+        self.ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        self.ptr[1:] = np.cumsum(sizes)
+        self.owner = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
+        small = [row.tok for row, size in zip(rows, sizes.tolist(), strict=True) if size]
+        self.tok = np.concatenate(small).astype(np.int32) if small else _NO_TOKENS
+        small = [row.nxt for row, size in zip(rows, sizes.tolist(), strict=True) if size]
+        self.nxt = np.concatenate(small).astype(np.int64) if small else _NO_TOKENS.astype(np.int64)
+
+
+def _edges(rows: list[Row], own: _Extras, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct token edges (source, target) of the DFA states, sorted by source then target."""
+    based = [q for q, row in enumerate(rows) if row.base is not None]
+    ends = [rows[q].g[rows[q].base.ends] for q in based] + [_distinct(rows[q].nxt, n) for q in own.big]
+    owners = np.asarray(based + own.big, dtype=np.int64)
+    src = np.concatenate([own.owner, np.repeat(owners, [e.size for e in ends])])
+    dst = np.concatenate([own.nxt, *ends]).astype(np.int64) if ends else own.nxt
+    if n * n <= _DENSE_COUNTS * 8:  # a bitmap over all (source, target) pairs: no sort
+        seen = np.zeros(n * n, dtype=bool)
+        seen[src * n + dst] = True
+        key = np.flatnonzero(seen)
+    else:
+        key = np.unique(src * n + dst)
+    return key // n, key % n
 
 
 def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
@@ -330,9 +410,57 @@ def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
     return np.unique(nexts).astype(np.int64)
 
 
-def _live_states(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
+def _adjacency(src: np.ndarray, dst: np.ndarray, n: int) -> list[list[int]]:
+    """Successor lists from edges sorted by source."""
+    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
+    flat = dst.tolist()
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np.ndarray) -> list:
+    """Per state of `order` (the new ids): (shared class part or None, its region's new ids,
+    extra tokens, their new next states).
+
+    Tokens leading to a pruned state are dropped; a class part that would lose some is copied
+    out into the extras (rare: a state of the region is dead at token level).
+    """
+    lo, hi = own.ptr[order], own.ptr[order + 1]
+    sizes = hi - lo
+    take = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+    mapped = new_id[own.nxt[take]]
+    ok = mapped >= 0
+    tok, nxt = own.tok[take][ok], mapped[ok]
+    kept = np.zeros(order.size + 1, dtype=np.int64)
+    kept[1:] = np.cumsum(np.bincount(np.repeat(np.arange(order.size), sizes)[ok], minlength=order.size))
+    bounds = kept.tolist()
+    parts = []
+    maps: dict[int, np.ndarray] = {}  # id(region map) -> its new ids, once per region
+    big = set(own.big)
+    for i, q in enumerate(order.tolist()):
+        row = rows[q]
+        t, x = tok[bounds[i] : bounds[i + 1]], nxt[bounds[i] : bounds[i + 1]]
+        if q in big:
+            mapped = new_id[row.nxt]
+            ok = mapped >= 0
+            t, x = (row.tok, mapped) if ok.all() else (row.tok[ok], mapped[ok])
+        base = row.base
+        if base is None:
+            parts.append((None, None, t, x))
+            continue
+        m = maps.get(id(row.g))
+        if m is None:
+            m = maps[id(row.g)] = new_id[row.g]
+        if (m[base.ends] >= 0).all():
+            parts.append((base, m, t, x))
+            continue
+        full = m[base.end]
+        keep = full >= 0
+        parts.append((None, None, *merge_rows((base.tok[keep], full[keep]), (t, x))))
+    return parts
+
+
+def _live_states(succ: list[list[int]], accept: np.ndarray) -> np.ndarray:
     """States reachable from 0 that reach acceptance over token transitions, in BFS order from 0."""
-    succ = [targets.tolist() for targets in succ]
     live = coreachable(succ, accept)
     if not live[0]:
         raise UnsupportedSchema(
@@ -389,23 +517,25 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
     return rows, index[key_of].astype(np.int32)
 
 
-def _dist(succ: list[np.ndarray], accept: np.ndarray) -> np.ndarray:
+def _dist(src: np.ndarray, dst: np.ndarray, accept: np.ndarray) -> np.ndarray:
     """Fewest tokens to an accepting state: BFS from the accepting states over reversed edges."""
     n = accept.shape[0]
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for s, targets in enumerate(succ):
-        for t in targets.tolist():
-            pred[t].append(s)
-    dist = np.full(n, -1, dtype=np.int32)
-    dist[accept] = 0
+    by_dst = np.argsort(dst, kind="stable")
+    bounds = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
+    pred = src[by_dst].tolist()
+    dist = [-1] * n
     queue = deque(np.flatnonzero(accept).tolist())
+    for t in queue:
+        dist[t] = 0
     while queue:
         t = queue.popleft()
-        for s in pred[t]:
+        d = dist[t] + 1
+        for i in range(bounds[t], bounds[t + 1]):
+            s = pred[i]
             if dist[s] < 0:
-                dist[s] = dist[t] + 1
+                dist[s] = d
                 queue.append(s)
-    return dist
+    return np.asarray(dist, dtype=np.int32)
 
 
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
@@ -479,6 +609,10 @@ def _with_reasons(meta: dict, result) -> dict:
     """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
     reasons = getattr(result, "reasons", {})
     return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
+
+
+def _pieces(result) -> list[str]:
+    return list(getattr(result, "pieces", None) or [])
 
 
 def _pairs(relaxed) -> list[tuple[str, str]]:

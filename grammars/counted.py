@@ -282,6 +282,7 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
     """
     row_of = np.full(dfa.num_states, -1, dtype=np.int32)
     rows: list[np.ndarray] = []
+    defined: list[np.ndarray] = []
     by_sig: dict[bytes, int] = {}
     fill = MAX_FILL
     for r in range(regions.num_regions):
@@ -293,26 +294,36 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
             if key not in vi.classes:
                 vi.classes[key] = _walk_local(local, boundary, rest, vi)
             values, k = vi.classes[key]
+            if ("counted-defined", sig) not in vi.classes:  # each row's defined tokens, found once per shape
+                vi.classes[("counted-defined", sig)] = [np.flatnonzero(v != _FREE) for v in values]
             by_sig[sig] = len(rows)
             rows.extend(values)
-        if regions.lo[r] > 0:
+            defined.extend(vi.classes[("counted-defined", sig)])
+        if regions.lo[r] > 0:  # only a body with a minimum needs fillers
             fill = min(fill, vi.classes[("counted", sig)][1])
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    merged, where = _merge_rows(rows)
+    merged, where = _merge_rows(rows, defined)
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
     return row_of, merged, fill
 
 
-def _merge_rows(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows that agree wherever both are defined share one (a token dead in a state is masked out
-    there, so its value is free); returns the int8 rows and each input row's merged row."""
+    there, so its value is free); returns the int8 rows and each input row's merged row.
+
+    Greedy, in order: a row joins the first merged row it agrees with, compared on the row's
+    defined tokens only (most rows define few: a mid-character state's continuation bytes);
+    `defined_tokens` are those per row when the caller has them.
+    """
     merged: list[np.ndarray] = []
     where = np.zeros(len(rows), dtype=np.int32)
     for i, row in enumerate(rows):
+        defined = np.flatnonzero(row != _FREE) if defined_tokens is None else defined_tokens[i]
+        values = row[defined]
         for j, m in enumerate(merged):
-            both = (row != _FREE) & (m != _FREE)
-            if np.array_equal(row[both], m[both]):
-                np.copyto(m, row, where=m == _FREE)
+            seen = m[defined]
+            if not ((seen != _FREE) & (seen != values)).any():
+                m[defined] = values
                 where[i] = j
                 break
         else:
@@ -378,16 +389,7 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     Only tokens with a `"` can open or close a counted string: walked per (state, token) from
     where the source state's own body (if any) was closed, or from the start otherwise.
     """
-    quotes = np.concatenate([[0], np.cumsum(vi.flat == _QUOTE)])
-    has_quote = quotes[vi.off + vi.lens] > quotes[vi.off]
-    src, tok = [], []
-    for q, row in enumerate(rows):
-        t = row.tok[has_quote[row.tok]]
-        if row.base is not None and regions.region[q] < 0:  # only a donated row could open a body here
-            t = np.concatenate([t, row.base.tok[has_quote[row.base.tok]]])
-        src.append(np.full(t.size, q, dtype=np.int64))
-        tok.append(t.astype(np.int64))
-    src, tok = np.concatenate(src), np.concatenate(tok)
+    src, tok = _quoted_pairs(rows, regions, vi.has_quote)
     ok, post, enters = _walk_static(dfa, regions, vi, src, tok)
     bad = {}
     for q, t in zip(src[~ok].tolist(), tok[~ok].tolist(), strict=True):
@@ -395,7 +397,23 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     for q, toks in bad.items():
         _drop_inplace(rows, q, np.asarray(sorted(toks), dtype=np.int32))
     keep = ok & enters & (post != 0)
-    return {(int(q), int(t)): int(c) for q, t, c in zip(src[keep], tok[keep], post[keep], strict=True)}
+    return {(q, t): c for q, t, c in zip(src[keep].tolist(), tok[keep].tolist(), post[keep].tolist(), strict=True)}
+
+
+def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(state, token) int64 pairs of every row's tokens holding a `"`, per state its own tokens
+    then (for a donated row outside a body: only it could open a body here) its class part's."""
+    own = [row.tok if row.tok.size <= 4096 else row.tok[has_quote[row.tok]] for row in rows]  # big: filtered first
+    donated = [q for q, row in enumerate(rows) if row.base is not None and regions.region[q] < 0]
+    own_tok = np.concatenate(own).astype(np.int64) if own else np.zeros(0, dtype=np.int64)
+    own_key = 2 * np.repeat(np.arange(len(rows), dtype=np.int64), [t.size for t in own])
+    pick = has_quote[own_tok]
+    based = [rows[q].base.quoted_tok for q in donated]  # the class walk's quoted tokens, found once
+    tok = np.concatenate([own_tok[pick], *based]).astype(np.int64)
+    key = np.concatenate([own_key[pick], np.repeat(2 * np.asarray(donated, dtype=np.int64) + 1,
+                                                   [t.size for t in based])]).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    return key[order] >> 1, tok[order]
 
 
 def _walk_static(dfa, regions, vi, src, tok):
@@ -463,13 +481,21 @@ def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> 
     if (table.count_lo > 0).any() and fill < 1:
         raise CountedCutError("no token adds one character to a string body: a minLength cannot be reached")
     table.count_fill = max(1, int(fill))
-    width = table.logits_width
-    pairs = sorted((int(new_id[q]) * width + t, c) for (q, t), c in entries.items() if new_id[q] >= 0)
-    table.count_entry_key = np.asarray([k for k, _ in pairs], dtype=np.int64)
-    table.count_entry_val = np.asarray([c for _, c in pairs], dtype=np.int32)
+    table.count_entry_key, table.count_entry_val = _entry_arrays(entries, new_id, table.logits_width)
     table.dist = counted_dist(table)
     if (table.dist < 0).any():
         raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
+
+
+def _entry_arrays(entries: dict, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted keys new_id[q] * width + t, counters) of the entries whose state survived."""
+    pairs = np.fromiter((x for qt in entries for x in qt), dtype=np.int64, count=2 * len(entries)).reshape(-1, 2)
+    vals = np.fromiter(entries.values(), dtype=np.int64, count=len(entries))
+    q = new_id[pairs[:, 0]].astype(np.int64)
+    keep = q >= 0
+    key = q[keep] * width + pairs[keep, 1]
+    order = np.argsort(key, kind="stable")  # (state, token) pairs are distinct: so are the keys
+    return key[order], vals[keep][order].astype(np.int32)
 
 
 def counted_dist(table: TokenTable) -> np.ndarray:
@@ -489,15 +515,12 @@ def counted_dist(table: TokenTable) -> np.ndarray:
 def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Dijkstra from the accepting states over weighted edges src -> dst (duplicates allowed):
     per state, the lightest total weight to acceptance (-1 where none)."""
-    # One edge per (source, target), its lightest weight; then predecessor lists by target.
-    order = np.lexsort((weight, dst, src))
-    src, dst, weight = src[order], dst[order], weight[order]
-    first = np.ones(src.size, dtype=bool)
-    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    pred: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for s, t, w in zip(src[first].tolist(), dst[first].tolist(), weight[first].tolist(), strict=True):
-        pred[t].append((s, w))
-    dist = np.full(n, -1, dtype=np.int64)
+    # One edge per (source, target), its lightest weight; then predecessors grouped by target.
+    src, dst, weight = _lightest_edges(n, src, dst, weight)
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
+    pred_src, pred_w = src[by_dst].tolist(), weight[by_dst].tolist()
+    dist = [-1] * n
     heap = [(0, int(s)) for s in np.flatnonzero(accept)]
     heapq.heapify(heap)
     while heap:
@@ -505,10 +528,29 @@ def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray,
         if dist[t] >= 0:
             continue
         dist[t] = d
-        for s, w in pred[t]:
+        for i in range(ptr[t], ptr[t + 1]):
+            s = pred_src[i]
             if dist[s] < 0:
-                heapq.heappush(heap, (d + w, s))
-    return dist.astype(np.int32)
+                heapq.heappush(heap, (d + pred_w[i], s))
+    return np.asarray(dist, dtype=np.int32)
+
+
+def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray):
+    """(source, target, weight) once per distinct edge with its lightest weight, sorted by edge."""
+    span = int(weight.max()) + 1 if weight.size else 1
+    if n * n * span < 2**62 and (weight.size == 0 or int(weight.min()) >= 0):
+        key = (src * n + dst) * span + weight
+        key.sort(kind="stable")  # the edges arrive in sorted runs
+        edge, light = np.divmod(key, span)
+        first = np.ones(edge.size, dtype=bool)
+        first[1:] = edge[1:] != edge[:-1]
+        s, d = np.divmod(edge[first], n)
+        return s, d, light[first]
+    order = np.lexsort((weight, dst, src))
+    src, dst, weight = src[order], dst[order], weight[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    return src[first], dst[first], weight[first]
 
 
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -526,15 +568,18 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
     starts_none: dict[int, np.ndarray] = {}  # count row -> tokens that start no character there
-    for s in np.flatnonzero(~plain).tolist():
-        r = int(table.count_row[s])
-        if r not in starts_none:
-            starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
-        tok = starts_none[r]
-        nxt = table.next_states(s, tok).astype(np.int64)
-        tok, nxt = tok[nxt >= 0], nxt[nxt >= 0]
-        closes = table.count_chars[r, tok] == 1
-        src.append(np.full(nxt.size, s, dtype=np.int64))
-        dst.append(nxt)
-        weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
+    states = np.flatnonzero(~plain)
+    rows = table.count_row[states].astype(np.int64)
+    for r in np.unique(rows).tolist():
+        starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
+    sizes = np.asarray([starts_none[r].size for r in rows.tolist()], dtype=np.int64)
+    s = np.repeat(states, sizes)
+    tok = np.concatenate([starts_none[r] for r in rows.tolist()] or [np.zeros(0, np.int64)])
+    nxt = table.next_states_many(s, tok).astype(np.int64)
+    ok = nxt >= 0
+    s, tok, nxt = s[ok], tok[ok], nxt[ok]
+    closes = table.count_chars[table.count_row[s], tok] == 1
+    src.append(s)
+    dst.append(nxt)
+    weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
     return (np.concatenate(src).astype(np.int64), np.concatenate(dst), np.concatenate(weight).astype(np.int64))

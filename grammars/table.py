@@ -209,6 +209,27 @@ class TokenTable:
             out[hit] = self.exc_next[lo:hi][at[hit]]
         return out
 
+    def next_states_many(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """int32 per (states[i], tokens[i]) pair: `next_states` vectorised over pairs of states too."""
+        states = np.asarray(states, dtype=np.int64)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        width = 32 * self.num_words
+        ok = (tokens >= 0) & (tokens < width)
+        safe = np.where(ok, tokens, 0)
+        words = self.mask.view(np.uint32).reshape(-1).take(self.mask_row[states] * np.int64(self.num_words) + (safe >> 5))
+        ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
+        for stop in self.stop_ids.tolist():
+            ok &= tokens != stop
+        out = np.where(ok, self.trans_default[states], -1).astype(np.int32)
+        if self.exc_tok.size and states.size:
+            owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
+            exc_key = owner * width + self.exc_tok  # sorted: states ascending, tokens sorted inside
+            key = states * width + safe
+            at = np.minimum(np.searchsorted(exc_key, key), exc_key.size - 1)
+            hit = ok & (exc_key[at] == key)
+            out[hit] = self.exc_next[at[hit]]
+        return out
+
     def next_state(self, state: int, token: int) -> int | None:
         """The state `token` leads to from `state`, or None when the token is not a transition."""
         if not 0 <= token < self.logits_width or bool((self.stop_ids == token).any()):

@@ -8,6 +8,8 @@ Walking every token from every state is the whole cost of a compile, so the walk
   tokens that leave the component (a `"` and what follows) are walked per state.
 - Donors. An acyclic state whose byte row agrees with a lexical-class state on most first bytes
   (the first character of a `minLength: 1` string) copies that state's row for those bytes.
+- Chains. The acyclic class positions left (a JSON number's bounded digits, `[0-9]{0,14}`) are
+  cut into short chains walked like lexical classes (by shape, cached); their rows are plain.
 - Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
   token's first two bytes, with no compaction (pairs in decreasing token length).
 A state's `Row` keeps its class part shared (the class walk plus its region's id map) next to
@@ -50,6 +52,7 @@ class ClassWalk:
     leave_tok: np.ndarray  # int32 sorted ids of the tokens that leave the class
     leave_local: np.ndarray  # int64 local state they leave from
     leave_pos: np.ndarray  # int64 byte offset of the leaving byte
+    quoted_tok: np.ndarray  # int32 sorted: the ids among `tok` whose bytes hold a `"` (counted.check_entries)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class VocabIndex:
     grp2_ptr: np.ndarray  # int64 [257*256+1] the same by (first byte, second byte or 256 for one-byte tokens)
     grp2_ids: np.ndarray  # int32 [num normal]
     grp2_count: np.ndarray  # int64 [257*256]
+    has_quote: np.ndarray  # bool [V]: the token's bytes hold a `"` (only those can open or close a string)
     classes: dict = field(default_factory=dict)  # shape signature -> ClassWalk
 
     @staticmethod
@@ -115,9 +119,11 @@ class VocabIndex:
         count2 = np.bincount(key2, minlength=256 * 257).astype(np.int64)
         ptr2 = np.zeros(256 * 257 + 1, dtype=np.int64)
         ptr2[1:] = np.cumsum(count2)
+        quotes = np.concatenate([[0], np.cumsum(flat == ord('"'))])
+        has_quote = quotes[off + lens] > quotes[off]
         # Token ids as int32 end to end: the table stores them so, and casting 10^6-long rows costs.
         return VocabIndex(v, flat, off, lens, first_byte, ptr, order.astype(np.int32), count, ptr2,
-                          order2.astype(np.int32), count2)
+                          order2.astype(np.int32), count2, has_quote)
 
     def tokens_with_first(self, live: np.ndarray) -> np.ndarray:
         """Ids whose first byte b has live[b] (bool [256]), grouped by first byte."""
@@ -254,7 +260,7 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     result = ClassWalk(tok=tok, end=end[stay], ends=np.unique(end[stay]).astype(np.int64),
                        words=np.packbits(bits, bitorder="little").view(np.uint32), first_bytes=first_bytes,
                        leave_tok=cand[leave], leave_local=(-2 - end[leave]).astype(np.int64),
-                       leave_pos=(end_pos[leave] - 1).astype(np.int64))
+                       leave_pos=(end_pos[leave] - 1).astype(np.int64), quoted_tok=tok[vi.has_quote[tok]])
     vi.classes[key] = result
     return result
 
@@ -281,9 +287,41 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     rows: list[Row | None] = [None] * dfa.num_states
     # 1. Lexical-class states: the shared class part, then the tokens that leave the class
     #    later on, walked per state from where they leave.
-    exit_jobs = []  # (state, tokens, global start states, byte offsets)
     shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
-    for q in np.flatnonzero(cyclic).tolist():
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(cyclic).tolist(), rows, walk_bytes, shapes)
+    # 2. Acyclic states: copy from a donor where the byte rows agree.
+    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
+    # 2b. Acyclic class positions left (a number's digits): chains, walked like classes by shape.
+    has_row = np.fromiter((row is not None for row in rows), dtype=bool, count=dfa.num_states)
+    comp, chains, in_chain = _chain_regions(dfa, succ, comp, cyclic | has_row)
+    for root in chains:  # a chain's shape is seen from its root (not always its smallest id)
+        table, g, sig = _region_shape(dfa, succ, comp, root)
+        shapes[comp[root]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes)
+    # 3. Everything left: one batched walk, pruned by the first two bytes.
+    walked = _walk_generic(dfa, vi, walk_bytes)
+    out = []
+    pieces = []  # (state, tokens, next states) of chain rows: a chain's walk is shared, its rows are plain
+    for q in range(dfa.num_states):
+        row, extra = rows[q], walked.get(q)
+        if in_chain[q]:
+            pieces += [(q, row.base.tok, row.g[row.base.end]), (q, row.tok, row.nxt), (q, *(extra or (_EMPTY, _EMPTY)))]
+            row = None
+        elif row is None:
+            row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
+        elif extra is not None:
+            row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
+        out.append(row)
+    if pieces:
+        _plain_rows_inplace(out, pieces, vi.vocab_size)
+    return out
+
+
+def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, shapes) -> None:
+    """Class rows of `states` (their regions' shapes cached in `shapes`), then the tokens that
+    leave the class later on, walked per state from where they leave (one batch)."""
+    exit_jobs = []  # (state, tokens, global start states, byte offsets)
+    for q in states:
         if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
             table, g, sig = _region_shape(dfa, succ, comp, q)
             shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
@@ -295,19 +333,20 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
         rows[q] = Row(cw, g, _EMPTY, _EMPTY)
         walk_bytes[q] &= table[start] < -1
     _run_exit_jobs(dfa, vi, rows, exit_jobs)
-    # 2. Acyclic states: copy from a donor where the byte rows agree.
-    _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
-    # 3. Everything left: one batched walk, pruned by the first two bytes.
-    walked = _walk_generic(dfa, vi, walk_bytes)
-    out = []
-    for q in range(dfa.num_states):
-        row, extra = rows[q], walked.get(q)
-        if row is None:
-            row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
-        elif extra is not None:
-            row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
-        out.append(row)
-    return out
+
+
+def _plain_rows_inplace(out: list, pieces: list, vocab_size: int) -> None:
+    """Fill out[q] with the plain Row of the (disjoint) pieces of each q, sorted by token in one sort."""
+    sizes = [t.size for _, t, _ in pieces]
+    state = np.repeat(np.asarray([q for q, _, _ in pieces], dtype=np.int32), sizes)
+    tok = np.concatenate([t for _, t, _ in pieces]).astype(np.int32)
+    nxt = np.concatenate([x for _, _, x in pieces]).astype(np.int32)
+    state, tok, nxt = _sort_by_state_token(state, tok, nxt, vocab_size)
+    qs = sorted({q for q, _, _ in pieces})
+    lo = np.searchsorted(state, qs, side="left").tolist()
+    hi = np.searchsorted(state, qs, side="right").tolist()
+    for q, a, b in zip(qs, lo, hi, strict=True):
+        out[q] = Row(None, None, tok[a:b], nxt[a:b])
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -326,6 +365,51 @@ def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
         at += leave_tok.size
         ok = part >= 0
         rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
+
+
+_MIN_CHAIN_BYTES = 8  # an acyclic state with this many non-structural bytes is a class position
+_MAX_CHAIN_STATES = 64  # a chain's class walks are one call per state: keep chains short
+_NON_STRUCTURAL = np.ones(256, dtype=bool)
+_NON_STRUCTURAL[list(_STRUCTURAL)] = False
+
+
+def _chain_regions(dfa: ByteDFA, succ, comp: np.ndarray, done: np.ndarray):
+    """(region ids with acyclic chains added, their roots, bool [S] in a chain): bounded
+    repetitions of a class (the digits of a JSON number, `[0-9]{0,14}`), which recur across a
+    grammar and across grammars. States in `done` (cyclic, or given a donor's row) are left out.
+
+    A chain holds acyclic class positions (states with at least _MIN_CHAIN_BYTES non-structural
+    bytes: a literal, a property name or an enum has one or a few per state) connected over
+    non-structural bytes, from its first-numbered one, at most _MAX_CHAIN_STATES, two or more.
+    Its walks are then shared by shape, like a cyclic class's (exact: tokens leaving a region
+    are walked per state).
+    """
+    wide = ~done & ((dfa.trans[:, _NON_STRUCTURAL] >= 0).sum(axis=1) >= _MIN_CHAIN_BYTES)
+    in_chain = np.zeros(dfa.num_states, dtype=bool)
+    if wide.sum() < 2:
+        return comp, [], in_chain
+    comp = comp.copy()
+    taken = ~wide
+    next_id = int(comp.max()) + 1
+    chains = []
+    for root in np.flatnonzero(wide).tolist():
+        if taken[root]:
+            continue
+        members, queue = [root], deque([root])
+        taken[root] = True
+        while queue and len(members) < _MAX_CHAIN_STATES:
+            for t in succ[queue.popleft()]:
+                if not taken[t] and len(members) < _MAX_CHAIN_STATES:
+                    taken[t] = True
+                    members.append(t)
+                    queue.append(t)
+        if len(members) < 2:
+            continue  # a lone position: the generic walk is cheaper
+        comp[members] = next_id
+        in_chain[members] = True
+        next_id += 1
+        chains.append(root)
+    return comp, chains, in_chain
 
 
 def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
@@ -439,18 +523,29 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
         buf[ids] = -1
     if short:
         lo_hi = np.asarray(short, dtype=np.int64)
-        in_short = np.zeros(state.size + 1, dtype=np.int64)
-        np.add.at(in_short, lo_hi[:, 0], 1)
-        np.add.at(in_short, lo_hi[:, 1], -1)
-        pick = np.flatnonzero(np.cumsum(in_short[:-1]))
-        st, tk, en = state[pick], tok[pick], end[pick]
-        order = np.lexsort((tk, st))
-        st, tk, en = st[order], tk[order], en[order]
-        at = 0
-        for lo, hi in short:
-            rows[int(st[at])] = (tk[at : at + hi - lo], en[at : at + hi - lo])
-            at += hi - lo
+        sizes = lo_hi[:, 1] - lo_hi[:, 0]
+        pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo_hi[:, 0] - (np.cumsum(sizes) - sizes), sizes)
+        st, tk, en = _sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        heads = st[np.asarray(bounds[:-1], dtype=np.int64)].tolist()
+        for i, q in enumerate(heads):
+            rows[q] = (tk[bounds[i] : bounds[i + 1]], en[bounds[i] : bounds[i + 1]])
     return rows
+
+
+def _sort_by_state_token(state, tok, end, vocab_size: int):
+    """(state, token, end) triples sorted by (state, token): one sort of packed int64 keys (the
+    pairs are distinct) when they fit, else a lexsort."""
+    span = int(end.max()) + 1 if end.size else 1
+    top = (int(state.max()) + 1 if state.size else 1) * vocab_size * span
+    if top >= 2**62:
+        order = np.lexsort((tok, state))
+        return state[order], tok[order], end[order]
+    key = (state.astype(np.int64) * vocab_size + tok) * span + end
+    key.sort(kind="stable")  # a merge of sorted runs (the rows arrive in first-byte groups)
+    pair, end_sorted = np.divmod(key, span)
+    st, tk = np.divmod(pair, vocab_size)
+    return st.astype(state.dtype), tk.astype(tok.dtype), end_sorted.astype(end.dtype)
 
 
 def merge_rows(a, b):

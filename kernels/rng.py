@@ -6,7 +6,9 @@ finaliser (fmix32) applied twice; the torch version does the same uint32 arithme
 with explicit masking. The uniform has 24 bits, and -log(-log(u)) is computed in float64 and
 rounded to float32, so the CPU path, the Triton interpreter and the GPU agree bit for bit
 (float32 `log` differs by an ulp between numpy, torch and CUDA on ~20% of inputs; float64
-then rounding to float32 was identical on 4M inputs). This module does no sampling itself.
+then rounding to float32 was identical on 4M inputs). `row_keys_triton` derives a row's keys
+inside a kernel from its (seed, step) (the fused sampler loads those, not precomputed keys: no
+~40 small torch ops per step before the launch). This module does no sampling itself.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torc
     if seed.device.type == "cpu" and step.device.type == "cpu":
         key_a, key_b = row_keys_numpy(seed.numpy(), step.numpy())
         return torch.from_numpy(key_a.astype(np.int64)), torch.from_numpy(key_b.astype(np.int64))
+    return row_keys_int64(seed, step)
+
+
+def row_keys_int64(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """row_keys in device-agnostic torch arithmetic (never leaves the tensors' device)."""
+    seed = seed.to(torch.int64)
+    step = step.to(torch.int64)
     key_a = fmix32_torch((seed & MASK32) ^ fmix32_torch(((seed >> 32) & MASK32) ^ SEED_SALT))
     key_b = fmix32_torch(
         key_a ^ (step & MASK32) ^ fmix32_torch(((step >> 32) & MASK32) ^ STEP_SALT)
@@ -145,3 +154,36 @@ def gumbel_triton(
     h = h ^ (h >> 16)
     u = ((h >> 8) | 1).to(tl.float64) * 5.9604644775390625e-08  # 2**-24
     return (-tl.log(-tl.log(u))).to(tl.float32)
+
+
+@triton.jit
+def row_keys_triton(
+    seed,  # int64 scalar: the row's seed
+    step,  # int64 scalar: the row's decode step
+):
+    # row_keys's bits: the int64 -> uint32 casts keep the low 32 bits, `>> 32` then cast the high ones.
+    h = (seed >> 32).to(tl.uint32) ^ 0x6A09E667  # SEED_SALT
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    h = h ^ (h >> 16)
+    key_a = seed.to(tl.uint32) ^ h
+    key_a = key_a ^ (key_a >> 16)
+    key_a = key_a * 0x85EBCA6B
+    key_a = key_a ^ (key_a >> 13)
+    key_a = key_a * 0xC2B2AE35
+    key_a = key_a ^ (key_a >> 16)
+    h = (step >> 32).to(tl.uint32) ^ 0xBB67AE85  # STEP_SALT
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    h = h ^ (h >> 16)
+    key_b = key_a ^ step.to(tl.uint32) ^ h
+    key_b = key_b ^ (key_b >> 16)
+    key_b = key_b * 0x85EBCA6B
+    key_b = key_b ^ (key_b >> 13)
+    key_b = key_b * 0xC2B2AE35
+    key_b = key_b ^ (key_b >> 16)
+    return key_a, key_b

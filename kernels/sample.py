@@ -11,7 +11,8 @@ A row whose mask allows nothing gets token -1 and logprob -inf (check=True raise
 On a table with counted strings the per-row `counters` join the mask (kernels/mask.py).
 
 Paths. Without top-k/top-p, two Triton kernels and no host sync: a split pass (each program
-reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax) and a combine pass. The
+reduces a fixed-size slice of a row: online logsumexp, Gumbel argmax; it derives the row's RNG
+keys from its seed and step itself) and a combine pass. The
 slice size depends on the vocabulary width only, never on the batch, so results are batch
 invariant. With top-k/top-p, a torch sort path (no host sync either). CPU tensors take
 `sample_cpu` (sample_cpu.py): `sample_torch`'s tokens without its full-vocabulary temporaries;
@@ -29,7 +30,16 @@ from surecall.kernels import checks
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
-from surecall.kernels.rng import GUMBEL_MAX, PRUNE_MARGIN, gumbel_torch, gumbel_triton, row_keys
+from surecall.kernels.rng import (
+    GUMBEL_MAX,
+    PRUNE_MARGIN,
+    gumbel_int64,
+    gumbel_torch,
+    gumbel_triton,
+    row_keys,
+    row_keys_int64,
+    row_keys_triton,
+)
 from surecall.kernels.sample_cpu import draw_dense, draw_sparse, masked_scaled, row_sets
 from surecall.kernels.table import DeviceTable
 
@@ -90,8 +100,8 @@ def _sample_split_kernel(
     num_search_steps,  # binary-search iterations over the longest exception row
     inv_temp_ptr,  # float32 [B] 1 / temperature (1 for greedy rows)
     temp_ptr,  # float32 [B] temperature; 0 = greedy (no noise)
-    key_a_ptr,  # int64 [B] first RNG key of the row (uint32 value)
-    key_b_ptr,  # int64 [B] second RNG key of the row
+    seed_ptr,  # int64 [B] the row's seed (its RNG keys are derived here: rng.row_keys_triton)
+    step_ptr,  # int64 [B] the row's decode step
     part_max_ptr,  # float32 [B, P] out: max of masked scaled logits in the slice
     part_sum_ptr,  # float32 [B, P] out: sum of exp(x - max) over the slice
     part_key_ptr,  # float32 [B, P] out: best Gumbel key in the slice
@@ -118,8 +128,7 @@ def _sample_split_kernel(
     split = tl.program_id(1)
     inv_t = tl.load(inv_temp_ptr + row)
     is_random = tl.load(temp_ptr + row) != 0.0
-    key_a = tl.load(key_a_ptr + row).to(tl.uint32)
-    key_b = tl.load(key_b_ptr + row).to(tl.uint32)
+    key_a, key_b = row_keys_triton(tl.load(seed_ptr + row), tl.load(step_ptr + row))
     # Scalars start as typed tensors: compiled Triton needs one type per variable across branches.
     state = tl.full([], -1, tl.int32)
     rem = tl.full([], 0, tl.int32)
@@ -278,9 +287,10 @@ def sample(
     backend: str = "auto",
     split_size: int | None = None,  # columns per program on the fused path (tests vary it)
     counters: torch.Tensor | None = None,  # [B] int32 characters started in a counted body
+    sync_free: bool = False,  # never touch the host, on CPU too (the captured decode step and its CPU tests)
 ) -> SampleOutput:
     """Draw one token per row from the masked, tempered distribution; no host sync when check=False
-    and `params.use_top_k_top_p` is set."""
+    and `params.use_top_k_top_p` is set (on CPU tensors only with `sync_free`: same tokens)."""
     if check:
         _check_inputs(logits, table, states, params, remaining, counters)
     if table is None:
@@ -288,11 +298,12 @@ def sample(
     path = resolve_backend(backend, logits.device)
     if params.needs_sort():
         return _sample_sorted(
-            logits, table, states, params, remaining, return_unmasked_logprobs, path, counters
+            logits, table, states, params, remaining, return_unmasked_logprobs, path, counters, sync_free
         )
     if path == "torch":
-        fn = sample_cpu if logits.device.type == "cpu" else sample_torch
-        return fn(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
+        if logits.device.type == "cpu" and not sync_free:
+            return sample_cpu(logits, table, states, params, remaining, return_unmasked_logprobs, counters)
+        return sample_torch(logits, table, states, params, remaining, return_unmasked_logprobs, counters, sync_free)
     return _launch(logits, table, states, params, remaining, return_unmasked_logprobs, split_size,
                    counters=counters)
 
@@ -326,7 +337,6 @@ def _launch(
     split_size = triton.cdiv(split_size, block_cols) * block_cols
     num_splits = triton.cdiv(width, split_size)
     inv_t = _inverse_temperature(params.temperature)
-    key_a, key_b = row_keys(params.seed, params.step)
     parts = [torch.empty(batch, num_splits, dtype=torch.float32, device=dev) for _ in range(5)]
     part_idx = torch.empty(batch, num_splits, dtype=torch.int32, device=dev)
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
@@ -343,7 +353,7 @@ def _launch(
         remaining if remaining is not None else inv_t,
         t.max_next_dist, t.exc_ptr, t.exc_tok, t.exc_next, t.trans_default, t.is_stop, t.dist,
         t.num_search_steps,
-        inv_t, params.temperature, key_a, key_b,
+        inv_t, params.temperature, params.seed, params.step,
         parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
         split_size, num_splits,
         counters if counters is not None else inv_t, t.count_row, t.count_lo, t.count_hi, t.count_chars,
@@ -394,12 +404,13 @@ def _masked_scaled(logits, table, states, remaining, inv_t, backend: str, counte
     return work * inv_t[:, None]
 
 
-def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors, sync_free: bool = False
+          ) -> torch.Tensor:
     """Gumbel-max over the rows of `xf` (argmax for greedy rows); -1 where everything is -inf."""
-    key_a, key_b = row_keys(params.seed, params.step)
+    key_a, key_b = (row_keys_int64 if sync_free else row_keys)(params.seed, params.step)
     is_random = (temperature != 0)[:, None]
     sparse = False
-    if xf.device.type == "cpu":
+    if xf.device.type == "cpu" and not sync_free:
         # Noise only where a token can still win (rng.PRUNE_MARGIN); same result, far less work,
         # unless most columns are near the top (flat rows): then dense noise beats gathering them.
         top = xf.max(dim=1, keepdim=True).values
@@ -412,7 +423,8 @@ def _draw(xf: torch.Tensor, temperature: torch.Tensor, params: SamplingTensors) 
         key[(xf < top - PRUNE_MARGIN) & is_random] = float("-inf")
     else:  # noise for every column (no host sync on GPU)
         cols = torch.arange(xf.shape[1], device=xf.device)[None, :]
-        key = torch.where(is_random, xf + gumbel_torch(cols, key_a[:, None], key_b[:, None]), xf)
+        noise = (gumbel_int64 if sync_free else gumbel_torch)(cols, key_a[:, None], key_b[:, None])
+        key = torch.where(is_random, xf + noise, xf)
     best, tok = key.max(dim=1)
     return torch.where(best == float("-inf"), torch.full_like(tok, -1), tok)
 
@@ -423,12 +435,12 @@ def _logprob_of(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def sample_torch(
-    logits, table, states, params, remaining=None, return_unmasked_logprobs=False, counters=None
+    logits, table, states, params, remaining=None, return_unmasked_logprobs=False, counters=None, sync_free=False
 ) -> SampleOutput:
     """Torch reference of the fused path (no top-k/top-p)."""
     inv_t = _inverse_temperature(params.temperature)
     xm = _masked_scaled(logits, table, states, remaining, inv_t, "torch", counters)
-    tokens = _draw(xm, params.temperature, params)
+    tokens = _draw(xm, params.temperature, params, sync_free)
     unmasked = (
         _logprob_of(logits.float() * inv_t[:, None], tokens) if return_unmasked_logprobs else None
     )
@@ -481,11 +493,11 @@ def sample_cpu(
 
 
 def _sample_sorted(
-    logits, table, states, params, remaining, want_unmasked, backend, counters=None
+    logits, table, states, params, remaining, want_unmasked, backend, counters=None, sync_free=False
 ) -> SampleOutput:
     """Top-k then top-p on the masked, tempered logits (sort path); greedy rows skip both."""
     inv_t = _inverse_temperature(params.temperature)
-    if backend == "torch" and logits.device.type == "cpu" and table is not None:  # the same xm, cached sets
+    if backend == "torch" and logits.device.type == "cpu" and table is not None and not sync_free:  # cached sets
         xm = masked_scaled(logits, table, states, remaining, counters, inv_t)
     else:
         xm = _masked_scaled(logits, table, states, remaining, inv_t, backend, counters)
@@ -499,7 +511,7 @@ def _sample_sorted(
     before = probs.cumsum(dim=1) - probs
     keep &= (top_p[:, None] >= 1.0) | (before < top_p[:, None])
     xf = torch.empty_like(xm).scatter_(1, order, torch.where(keep, sorted_x, float("-inf")))
-    tokens = _draw(xf, params.temperature, params)
+    tokens = _draw(xf, params.temperature, params, sync_free)
     unmasked = _logprob_of(logits.float() * inv_t[:, None], tokens) if want_unmasked else None
     return SampleOutput(tokens, _logprob_of(xf, tokens), unmasked)
 

@@ -15,7 +15,9 @@ slots and returns each row's K/V gathered by its block table, with a 4D mask per
 gather per layer, paid once per change of the decode batch: decode steps read a dense view the
 cache keeps and extends by one column a step (rows that leave are dropped by moving one row). On a
 GPU a paged-attention kernel would remove it. `LLM.generate` and `AsyncLLM` both run on this core
-(the one decode path). The step runs eagerly: capturing it in one CUDA graph is not done yet.
+(the one decode path). Decode-only steps can run `graph_step` (static buffers, one CUDA graph per
+batch bucket; on by default on CUDA, unverified until a GPU run); `masks` builds the 4D masks
+(causal, the model's sliding window).
 """
 
 from surecall.core.engine import EngineCore, RequestState, StepOutput

@@ -7,7 +7,7 @@ request are concatenated into one device table (rebuilt only when the set of gra
 so rows with different tools share a step. A request that can never fit (prompt + max_tokens
 past the model's positions or the whole block pool) is refused when added; an exception inside
 a step fails that step's requests with the error and the engine goes on. It does not tokenize,
-render prompts or parse calls (`surecall.llm`), and runs eagerly (no CUDA graph yet). Under a
+render prompts or parse calls (`surecall.llm`); decode-only steps may take `graph_step.py`. Under a
 transformers version the cache adapter was not tested with (`kv_cache.paged_cache_supported`) it
 warns once and runs plain: no paged cache, no prefix cache, each step recomputes every row.
 """
@@ -22,12 +22,14 @@ import torch
 
 from surecall.config import SamplingParams
 from surecall.core.blocks import BlockManager
+from surecall.core.graph_step import GraphStep
 from surecall.core.kv_cache import (
     PagedKVCache,
     bytes_per_token,
     cache_keyword,
     paged_cache_supported,
 )
+from surecall.core.masks import attention_mask
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
@@ -125,7 +127,7 @@ class EngineCore:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
                  max_model_len: int | None = None, enable_prefix_caching: bool = True, pad_id: int = 0,
-                 check_kernel_inputs: bool = False, scheduling: str = "continuous"):
+                 check_kernel_inputs: bool = False, scheduling: str = "continuous", graph_step: bool | None = None):
         if max_num_batched_tokens < 2:
             raise ValueError(f"Invalid max_num_batched_tokens: expected >= 2, got {max_num_batched_tokens}")
         self.model = model
@@ -148,6 +150,9 @@ class EngineCore:
         self.num_preemptions = 0
         self.last_step_prefill = False  # the last step fed prompt chunks (not only one token per row)
         self.timings = {"sample_s": 0.0, "advance_s": 0.0}  # summed over steps (callers take differences)
+        # decode-only steps on static buffers, one CUDA graph per bucket (graph_step.py); default: on CUDA
+        use_graph = self.paged and (self.device.type == "cuda" if graph_step is None else graph_step)
+        self.graph = GraphStep(self) if use_graph else None
 
     @staticmethod
     def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -211,8 +216,11 @@ class EngineCore:
         if plan.is_empty:
             return []
         try:
-            sampled = self._forward_all(plan)  # 2. forward
-            outputs = self._sample_and_advance(sampled)  # 3-5. mask + sample, advance, finish rows
+            if self.graph is not None and not plan.prefill and self.graph.fits(plan.decode):
+                outputs = self.graph.step(plan.decode)  # 2-5. as below, one captured graph (graph_step.py)
+            else:
+                sampled = self._forward_all(plan)  # 2. forward
+                outputs = self._sample_and_advance(sampled)  # 3-5. mask + sample, advance, finish rows
         except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
             outputs = []
             for work in plan.decode + plan.prefill:
@@ -293,10 +301,8 @@ class EngineCore:
         write = torch.where(real_q, write, self.kv.trash_slot)
         allowed = (kpos[:, None, :] <= qpos[:, :, None]) & valid_key[:, None, :]  # [B, q, L] causal per row
         allowed[:, :, 0] |= ~real_q  # padding queries see one key: no fully masked row (no NaN)
-        mask = allowed[:, None].to(device)
-        if not self.is_sdpa:
-            dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+        mask = attention_mask(allowed.to(device), kpos.to(device), qpos.to(device), self.model.config, self.is_sdpa,
+                              next(self.model.parameters()).dtype)  # causal, and the model's sliding window
         decode = all(w.end - w.start == 1 for w in works)
         self.kv.bind(write.reshape(-1).to(device), read.to(device),
                      decode_key=[_view_key(w) for w in works] if decode else None,

@@ -8,8 +8,9 @@ the new K/V into their slots and returns each row's whole K/V gathered by its bl
 is the only module that meets transformers' cache API (a duck-typed `update`, so versions that
 pass `cache_kwargs=` or `kwargs=` both work). `paged_cache_supported` says whether the running
 transformers is one this adapter was tested with; outside that range it warns once and the engine
-runs its plain (cache-free) path instead of failing. It does not decide which tokens go where
-(`scheduler.py`) or build masks (`engine.py`).
+runs its plain (cache-free) path instead of failing. The captured decode step binds slot maps
+it computed on the device (`bind_static`: no dense views, every step one gather). It does not
+decide which tokens go where (`scheduler.py`) or build masks (`masks.py`).
 """
 
 from __future__ import annotations
@@ -154,6 +155,12 @@ class PagedKVCache:
             self.num_dense_rebuilds += 1
         self._dense_key, self._dense_cols = tuple(decode_key), list(columns)
         self._columns = torch.tensor(columns, dtype=torch.long, device=write_slots.device)
+
+    def bind_static(self, write_slots: torch.Tensor, read_slots: torch.Tensor) -> None:
+        """Slot maps computed on the device (the captured decode step, graph_step.py). Its K/V go
+        to the pools only, so the dense decode views are dropped: the next eager decode rebuilds."""
+        self._write, self._read, self._columns = write_slots, read_slots, None
+        self._dense_key, self._dense, self._planned = None, [None] * self.num_layers, None
 
     def unbind(self, failed: bool = False) -> None:
         self._write = self._read = self._columns = None

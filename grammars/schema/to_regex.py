@@ -9,8 +9,8 @@ prefixItems/items and min/maxItems (any size: counted arrays, marked for compile
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
 enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
-`$ref` target is converted once per nesting context and its regex reused (still inlined: one
-regex, one DFA). It
+`$ref` target is converted once per nesting context and its regex reused: inlined, or with
+`splice` any value regex past SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -35,6 +35,7 @@ from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.splice import Pieces, placeholders_in
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -68,13 +69,19 @@ class RegexResult:
     regex: str
     relaxed: list[tuple[str, str]] = field(default_factory=list)
     reasons: dict[tuple[str, str], str] = field(default_factory=dict)  # why each relaxed pair is not enforced
+    pieces: list[str] = field(default_factory=list)  # with splice: the sub-regexes its placeholders stand for
 
 
-def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) -> RegexResult:
-    """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`."""
+def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, splice: bool = False) -> RegexResult:
+    """Regex for the JSON texts (in the grammar's whitespace style) that satisfy `schema`.
+
+    With `splice`, values whose regex is longer than SPLICE_MIN_CHARS are written as placeholders
+    (grammars/splice.py) and their regexes returned in `pieces`: `splice.build_spliced` joins them
+    at the DFA level, so the text stays small however often a `$ref` is used.
+    """
     options = options or GrammarOptions()
     check_schema(schema)
-    conv = Converter(schema, options)
+    conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
     try:
         regex = conv.convert(schema, "")
     except RecursionError:
@@ -86,7 +93,8 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None) 
                 f"recursion cannot end within max_ref_depth={options.max_ref_depth}",
                 conv.truncated_at, "$ref")
         raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
-    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed))
+    pieces = [] if conv.pieces is None else list(conv.pieces.regexes)
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces)
 
 
 def check_schema(schema: object) -> None:
@@ -306,6 +314,10 @@ def array_regex(items: list[str], rest: str | None, low: int, high: int | None, 
     return f"\\[{ws}(?:{body}{ws})?\\]"
 
 
+# With splicing, a value whose regex is longer than this becomes a sub-automaton (grammars/splice.py).
+SPLICE_MIN_CHARS = 2000
+
+
 def _group(regex: str) -> str:
     return f"(?:{regex})"
 
@@ -320,8 +332,9 @@ def _alternation(branches: list[str | None]) -> str | None:
 class Converter:
     """One walk over one schema document; collects relaxed keywords as it goes."""
 
-    def __init__(self, root: dict | bool, options: GrammarOptions):
+    def __init__(self, root: dict | bool, options: GrammarOptions, pieces: Pieces | None = None):
         self.root = root
+        self.pieces = pieces  # None: every value inlined as text; else large ones become placeholders
         self.options = options
         self.ws = options.whitespace_regex()
         self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
@@ -331,6 +344,8 @@ class Converter:
         # depths of the refs being expanded) -> regex. The string is still inlined at each use.
         self.ref_regex: dict[tuple, str | None] = {}
         self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
+        self.ref_reach: dict[str, frozenset[str]] = {}  # ref -> the refs its expansion can meet
+        self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
         self.any_regex: dict[int, str] = {}
         self.truncated_at: str | None = None
@@ -370,9 +385,31 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k not in (_AT, _FROM)}
         outer, self.origins = self.origins, (ptr, origins)
         try:
-            return self.check_size(self.convert_unchecked(schema, ptr), ptr)
+            return self.as_piece(self.check_size(self.convert_unchecked(schema, ptr), ptr))
         finally:
             self.origins = outer
+
+    def as_piece(self, regex: str | None) -> str | None:
+        """`regex`, or when splicing and it is long, the placeholder of a sub-automaton built once."""
+        if self.pieces is None or regex is None or len(regex) <= SPLICE_MIN_CHARS:
+            return regex
+        return self.pieces.add(regex)
+
+    def item_nesting(self, regex: str) -> int:
+        """How many counted arrays `regex` opens inside each other at most (through spliced pieces:
+        an upper bound, the deepest piece it uses added to its own)."""
+        depth = counted_array_depth(regex)
+        if self.pieces is None or not self.holds_item_counter(regex):
+            return depth
+        cache = self.__dict__.setdefault("_piece_nesting", {})
+        for i in placeholders_in(regex):
+            if i < len(self.pieces.regexes) and i not in cache:
+                cache[i] = self.item_nesting(self.pieces.regexes[i])
+        return depth + max((cache.get(i, 0) for i in placeholders_in(regex)), default=0)
+
+    def holds_item_counter(self, regex: str) -> bool:
+        """Whether `regex` holds a counted array (inside a spliced piece too)."""
+        return self.pieces.holds_items(regex) if self.pieces is not None else _ITEM_ENTER_TEXT in regex
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:
         if schema is False:
@@ -446,7 +483,8 @@ class Converter:
         if any(k in _ASSERTING for k in rest):
             # the validator reports the target's keywords under the referencing schema's path
             return self.expand_ref(ref, depth, lambda: self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr))
-        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d)))
+        reach = self.refs_within(ref)  # only the depths its expansion can meet tell contexts apart
+        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d and r in reach)))
         if key not in self.ref_regex:
             self.ref_regex[key] = self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr))
         regex = self.ref_regex[key]
@@ -454,6 +492,27 @@ class Converter:
             uses = self.ref_uses.setdefault(ref, [0, len(regex)])
             uses[0] += 1
         return regex
+
+    def refs_within(self, ref: str) -> frozenset[str]:
+        """Every `$ref` the expansion of `ref` can meet: its target's, then theirs (a superset)."""
+        if ref not in self.ref_reach:
+            seen, stack = set(), [ref]
+            while stack:
+                r = stack.pop()
+                if r not in seen:
+                    seen.add(r)
+                    stack.extend(self.direct_refs(r))
+            self.ref_reach[ref] = frozenset(seen)
+        return self.ref_reach[ref]
+
+    def direct_refs(self, ref: str) -> set[str]:
+        if ref not in self.ref_direct:
+            try:
+                node, _ = self.resolve(ref, "")
+            except (SchemaError, UnsupportedSchema):
+                node = None
+            self.ref_direct[ref] = set(_refs_in(node))
+        return self.ref_direct[ref]
 
     def expand_ref(self, ref: str, depth: int, convert) -> str | None:
         self.ref_depth[ref] = depth + 1
@@ -851,7 +910,7 @@ class Converter:
         high = None if high is None else int(high)
         if high is not None and low > high:
             return None
-        if max(counted_array_depth(r) for r in (rest, *prefix)) >= MAX_ITEM_DEPTH:
+        if max(self.item_nesting(r) for r in (rest, *prefix)) >= MAX_ITEM_DEPTH:
             why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold "
                    f"{MAX_ITEM_DEPTH} counted arrays inside each other (a row counts at most {MAX_ITEM_DEPTH} "
                    "open at once; widened: the validator checks it)")
@@ -1084,6 +1143,19 @@ def _localize_additional(own: dict, other: dict) -> dict:
             names += side["required"]
     added = {n: extra for n in dict.fromkeys(names) if n not in declared and not _pattern_schemas(patterns, n)}
     return {**own, "properties": {**declared, **added}} if added else own
+
+
+def _refs_in(node: object):
+    """Every `$ref` string written anywhere inside `node`."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("$ref"), str):
+                yield item["$ref"]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _at(sub: object, pointer: str) -> object:

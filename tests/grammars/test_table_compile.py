@@ -17,6 +17,7 @@ import pytest
 
 from surecall.errors import CompileBudgetExceeded, RequestError
 from surecall.grammars import cache as table_cache
+from surecall.grammars import tokenwalk
 from surecall.grammars.automaton import regex_to_dfa
 from surecall.grammars.compile import build_table, compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
@@ -231,6 +232,29 @@ def test_rows_equal_reference_with_donors(regex):
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
         assert got == ref, f"state {q}: {len(got)} vs {len(ref)} tokens"
+
+
+# Two bounded-digit numbers (acyclic chains, as schema.to_regex writes JSON numbers): one shape.
+DIGIT_CHAINS = r'\{"a":-?(?:0|[1-9][0-9]{0,6})(?:\.[0-9]+)?,"b":-?(?:0|[1-9][0-9]{0,6})(?:\.[0-9]+)?,"c":"x"\}'
+
+
+def test_digit_chains_walked_once_per_shape_and_equal_reference():
+    vocab = wide_synthetic_vocab()
+    dfa = regex_to_dfa(DIGIT_CHAINS)
+    succ, comp, cyclic = tokenwalk.lexical_regions(dfa)
+    comp, roots, in_chain = tokenwalk._chain_regions(dfa, succ, comp, cyclic)
+    sigs = [tokenwalk._region_shape(dfa, succ, comp, r)[2] for r in roots]
+    assert len(roots) >= 2 and len(set(sigs)) < len(sigs), "the two numbers' chains share no shape"
+    assert not (in_chain & cyclic).any()
+    vi = VocabIndex.build(vocab)
+    rows = token_rows(dfa, vi)
+    assert all(rows[q].base is None for q in np.flatnonzero(in_chain)), "chain rows are plain downstream"
+    for q, (ref, row) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
+        tok, nxt = row.materialize()
+        assert {int(t): int(n) for t, n in zip(tok, nxt, strict=True)} == ref, f"state {q}"
+    table = build_table(dfa, rows, vocab)
+    for name, expected in reference_table(dfa, [r.materialize() for r in rows], vocab).items():
+        assert np.array_equal(dense_view(table)[name], expected), name
 
 
 def test_synthetic_table_invariants_and_walks():

@@ -70,6 +70,20 @@ def test_from_dense_keeps_every_transition_and_stores_less():
     assert table.trans_default[table.num_states - 1] == -1 and table.trans_default[0] == 1
 
 
+def test_next_states_many_is_next_states_over_pairs():
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(3))
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    probe = np.arange(-1, table.logits_width + 2)
+    states = np.repeat(np.arange(table.num_states), probe.size)
+    tokens = np.tile(probe, table.num_states)
+    expected = np.concatenate([table.next_states(s, probe) for s in range(table.num_states)])
+    got = table.next_states_many(states, tokens)
+    assert got.dtype == np.int32 and np.array_equal(got, expected)
+    assert (got >= 0).sum() == table.num_transitions
+    shuffled = np.random.default_rng(4).permutation(states.size)  # pairs in any order
+    assert np.array_equal(table.next_states_many(states[shuffled], tokens[shuffled]), expected[shuffled])
+
+
 def test_from_dense_refuses_a_mask_of_the_wrong_height():
     mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(1))
     with pytest.raises(ValueError, match="Invalid mask: expected 7 rows"):

@@ -26,7 +26,7 @@ POINTERS = {
     "rows_ptr": "*i64", "states_ptr": "*i32", "mask_ptr": "*i32", "remaining_ptr": "*i32",
     "max_next_dist_ptr": "*i32", "exc_ptr_ptr": "*i32", "exc_tok_ptr": "*i32", "exc_next_ptr": "*i32",
     "mask_row_ptr": "*i32", "trans_default_ptr": "*i32",
-    "dist_ptr": "*i32", "inv_temp_ptr": "*fp32", "temp_ptr": "*fp32", "key_a_ptr": "*i64", "key_b_ptr": "*i64",
+    "dist_ptr": "*i32", "inv_temp_ptr": "*fp32", "temp_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i64",
     "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_key_ptr": "*fp32", "part_idx_ptr": "*i32",
     "part_umax_ptr": "*fp32", "part_usum_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
     "unmasked_ptr": "*fp32", "next_ptr": "*i32", "finished_ptr": "*i8", "accept_ptr": "*i8", "is_stop_ptr": "*i8",

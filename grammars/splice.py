@@ -1,0 +1,320 @@
+"""Large subschemas as sub-automata: each compiled once, spliced into the parent's byte DFA.
+
+schema.to_regex (`splice=True`) writes a large value as a placeholder: PLACEHOLDER_LEAD (byte
+0x00: JSON text escapes it, no mark uses it) and 4 index letters `A`-`P`; `Pieces` keeps its regex.
+`build_spliced` builds each piece's DFA once, bottom-up (pieces hold earlier pieces), pieces with
+equal DFAs sharing one symbol; each placeholder path s --lead, index--> t of the (minimised over
+those symbols) parent becomes an epsilon move into a copy of the piece's DFA that leaves for t, one
+copy per (piece, t) (alternatives at one place: one copy of their union), and a subset construction
+makes it deterministic. The language is the inlined regex's, and the result its minimal DFA on
+JSON schemas (tests check it array for array): marks are plain bytes in it, so the token walk,
+counters and tables do not change. It saves regex text and outlines-core time, not DFA states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from surecall.errors import CompileBudgetExceeded
+from surecall.grammars.automaton import ByteDFA, minimize, prune
+
+PLACEHOLDER_LEAD = 0x00
+_INDEX_BASE = ord("A")  # index digits are the letters A-P (one hex nibble each)
+_INDEX_DIGITS = 4
+MAX_PIECES = 16**_INDEX_DIGITS
+_PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
+# The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
+# DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).
+_BYTES_PER_STATE = 12 * 1024
+
+
+def placeholder(index: int) -> str:
+    """The regex text standing for piece `index`: `\\x00` then 4 letters (the nibbles, high first)."""
+    if not 0 <= index < MAX_PIECES:
+        raise ValueError(f"Invalid piece index: expected 0..{MAX_PIECES - 1}, got {index}")
+    letters = "".join(chr(_INDEX_BASE + ((index >> (4 * i)) & 15)) for i in range(_INDEX_DIGITS - 1, -1, -1))
+    return f"\\x00{letters}"
+
+
+def placeholders_in(regex: str) -> set[int]:
+    """Indices of the placeholders written in `regex` (by its text; may over-report, never miss)."""
+    return {sum((ord(c) - _INDEX_BASE) << (4 * (_INDEX_DIGITS - 1 - i)) for i, c in enumerate(letters))
+            for letters in _PLACEHOLDER_TEXT.findall(regex)}
+
+
+class Pieces:
+    """Sub-regexes by index; equal texts share one index. `has_items[i]`: piece i holds an item
+    counter mark (directly or inside a piece it uses), as schema.to_regex must know."""
+
+    def __init__(self, item_mark_text: str):
+        self.regexes: list[str] = []
+        self.has_items: list[bool] = []
+        self._index: dict[str, int] = {}
+        self._item_mark_text = item_mark_text
+
+    def add(self, regex: str) -> str:
+        """The placeholder for `regex` (registered on first sight)."""
+        index = self._index.get(regex)
+        if index is None:
+            if len(self.regexes) >= MAX_PIECES:
+                raise CompileBudgetExceeded(f"the schema needs more than {MAX_PIECES} spliced sub-automata")
+            index = self._index[regex] = len(self.regexes)
+            self.regexes.append(regex)
+            self.has_items.append(self.holds_items(regex))
+        return placeholder(index)
+
+    def holds_items(self, regex: str) -> bool:
+        """Whether `regex` holds an item counter mark, looking through its placeholders."""
+        return self._item_mark_text in regex or any(
+            i < len(self.has_items) and self.has_items[i] for i in placeholders_in(regex))
+
+
+def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
+                  memory_budget_bytes: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
+    """The byte DFA of `regex` with every placeholder replaced by its piece's language.
+
+    `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
+    built once, on first use, and spliced itself before use; `check()` runs after each splice (a
+    time budget raises there). Raises CompileBudgetExceeded when a joined automaton would exceed
+    `memory_budget_bytes`.
+    """
+    max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
+    built: dict[tuple[int, ...], ByteDFA] = {}
+    canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
+    first_of: dict[bytes, int] = {}
+
+    def canonical_of(index: int, user: int) -> int:
+        if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
+            raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
+        if index not in canonical:
+            dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            check()
+            canonical[index] = first_of.setdefault(_digest(dfa), index)
+            built.setdefault((canonical[index],), dfa)
+        return canonical[index]
+
+    def sub_of(key: tuple[int, ...]) -> ByteDFA:
+        if key not in built:  # alternatives at one place: their union, built once for every user
+            built[key] = union_dfa([built[(i,)] for i in key], max_states)
+            check()
+        return built[key]
+
+    return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)
+
+
+def _digest(dfa: ByteDFA) -> bytes:
+    """Equal for equal DFAs: pruned minimal DFAs in BFS order are equal iff their languages are."""
+    h = hashlib.blake2b(np.ascontiguousarray(dfa.trans).tobytes(), digest_size=20)
+    h.update(dfa.accept.tobytes())
+    return h.digest()
+
+
+def find_placeholders(dfa: ByteDFA) -> list[tuple[int, int, int]]:
+    """Every placeholder path (s, piece index, t): s --lead--> 4 index letters --> t."""
+    found = []
+    for s in np.flatnonzero(dfa.trans[:, PLACEHOLDER_LEAD] >= 0).tolist():
+        frontier = [(int(dfa.trans[s, PLACEHOLDER_LEAD]), 0)]
+        for _ in range(_INDEX_DIGITS):
+            step = []
+            for u, value in frontier:
+                row = dfa.trans[u]
+                digits = row[_INDEX_BASE : _INDEX_BASE + 16]
+                if int((row >= 0).sum()) != int((digits >= 0).sum()):
+                    raise ValueError(f"Invalid placeholder: state {u} after the lead byte has a non-index edge")
+                step += [(int(digits[d]), value * 16 + d) for d in np.flatnonzero(digits >= 0).tolist()]
+            frontier = step
+        found += [(s, index, t) for t, index in frontier]
+    return found
+
+
+def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonical: Callable[[int], int]):
+    """(minimal parent, its placeholder moves (s, canonical piece, t)): each placeholder path is one
+    move on a symbol of its own (column 256 + k), pieces with equal DFAs share a symbol, and the
+    parent is minimised over that alphabet (states told apart only by which of two equal pieces
+    follows are merged before any copy is made)."""
+    symbols = sorted({canonical(index) for _, index, _ in found})
+    column = {piece: 256 + k for k, piece in enumerate(symbols)}
+    trans = np.full((parent.num_states, 256 + len(symbols)), -1, dtype=np.int32)
+    trans[:, :256] = parent.trans
+    trans[:, PLACEHOLDER_LEAD] = -1  # the index states become unreachable: pruned
+    for s, index, t in found:
+        trans[s, column[canonical(index)]] = t
+    small = minimize(prune(trans, parent.accept))
+    rows, cols = np.nonzero(small.trans[:, 256:] >= 0)
+    moves = [(int(r), symbols[int(c)], int(small.trans[r, 256 + c])) for r, c in zip(rows, cols)]
+    return ByteDFA(np.ascontiguousarray(small.trans[:, :256]), small.accept), moves
+
+
+def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], canonical: Callable[[int], int],
+               max_states: int) -> ByteDFA:
+    """`parent` with each placeholder path replaced by a copy of its piece's DFA, determinised
+    and pruned, minimised where subsets merged states (returned unchanged without placeholders).
+
+    `canonical(index)` names the piece (building it first); pieces that are alternatives between
+    the same s and t are one sub-automaton, their union: `sub_of` gets the sorted tuple of their
+    canonical indices (one index for a lone piece).
+    """
+    found = find_placeholders(parent)
+    if not found:
+        return parent
+    parent, moves = symbolic_parent(parent, found, canonical)
+    grouped: dict[tuple[int, int], set[int]] = {}
+    for s, index, t in moves:
+        grouped.setdefault((s, t), set()).add(index)
+    # 1. One copy per distinct (sub-automaton, exit state); the NFA's states are parent's, then the copies'.
+    copies: dict[tuple[tuple[int, ...], int], int] = {}
+    subs: list[ByteDFA] = [parent]
+    entries: list[tuple[int, int]] = []
+    size = parent.num_states
+    for (s, t), indices in grouped.items():
+        key = (tuple(sorted(indices)), t)
+        if key not in copies:
+            copies[key] = size
+            subs.append(sub_of(key[0]))
+            size += subs[-1].num_states
+            _check_states(size, max_states)
+        entries.append((s, copies[key]))
+    exits = [t for _, t in copies]
+    trans, accept, eps = _joined(subs, exits)
+    for s, start in entries:
+        eps.setdefault(s, []).append(start)  # a copy's start is its state 0
+    # 2. Back to a DFA. Components are minimal and pairwise distinct, so only states merged into
+    #    subsets (alternatives sharing first bytes) leave equivalent states: minimise then.
+    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0, max_states)
+    dfa = prune(dfa_trans, dfa_accept, start)
+    return minimize(dfa) if is_merged else dfa
+
+
+def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
+    """The minimal DFA of the union of the `subs`' languages (subset construction from a fresh start)."""
+    _check_states(1 + sum(d.num_states for d in subs), max_states)
+    trans, accept, eps = _joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)), *subs], None)
+    offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
+    eps[0] = offsets.tolist()
+    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0, max_states)
+    return minimize(prune(dfa_trans, dfa_accept, start))
+
+
+def _joined(dfas: list[ByteDFA], exits: list[int] | None):
+    """(trans, accept, eps) of the DFAs side by side, ids shifted; with `exits`, dfas[1 + i] is a
+    copy whose accepting states move (epsilon) to state exits[i] of dfas[0] instead of accepting."""
+    size = sum(d.num_states for d in dfas)
+    trans = np.empty((size, 256), dtype=np.int32)
+    accept = np.zeros(size, dtype=bool)
+    eps: dict[int, list[int]] = {}
+    offset = 0
+    for i, dfa in enumerate(dfas):
+        block = trans[offset : offset + dfa.num_states]
+        np.add(dfa.trans, offset, out=block)
+        block[dfa.trans < 0] = -1
+        if exits is None or i == 0:
+            accept[offset : offset + dfa.num_states] = dfa.accept
+        else:
+            for q in np.flatnonzero(dfa.accept).tolist():
+                eps[offset + q] = [exits[i - 1]]
+        offset += dfa.num_states
+    return trans, accept, eps
+
+
+def _check_states(size: int, max_states: int) -> None:
+    if size > max_states:
+        raise CompileBudgetExceeded(
+            f"splicing sub-automata needs more than {max_states} states (the memory budget allows "
+            f"~{_BYTES_PER_STATE // 1024} KiB each); simplify the schema or raise memory_budget_bytes")
+
+
+_BATCH_BYTES = 64 << 20  # the subset construction's gathered rows per batch of subsets
+
+
+def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int, max_states: int):
+    """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start, whether
+    some subset holds two or more live states).
+
+    A state keeps its id as a singleton (its row mapped through the closures in one numpy
+    step); only subsets of two or more states get new rows, a batch of subsets at a time: their
+    members' rows are gathered, closed, sorted and deduplicated in numpy, and only each distinct
+    new subset costs a dict look-up.
+    """
+    n = trans.shape[0]
+    # An inert state (no edge, not accepting: a copy's final state, a placeholder's source with
+    # nothing else to do) adds nothing to a subset: leaving it out keeps most subsets singletons.
+    inert = ~accept & (trans < 0).all(axis=1)
+    closure = {x: tuple(y for y in _closure(x, eps) if not inert[y]) for x in eps}
+    width = max([1, *map(len, closure.values())])
+    closed = np.full((n + 1, width), n, dtype=np.int32)  # each state's closure; n pads (and is "none")
+    closed[:n, 0] = np.where(inert, n, np.arange(n, dtype=np.int32))
+    for x, members in closure.items():
+        closed[x] = n
+        closed[x, : len(members)] = members
+    ids: dict[tuple[int, ...], int] = {}
+    subsets: list[tuple[int, ...]] = []
+
+    def subset_id(members: tuple[int, ...]) -> int:
+        if len(members) <= 1:  # a closed singleton is the state itself; none is dead
+            return members[0] if members else -1
+        k = ids.get(members)
+        if k is None:
+            k = ids[members] = n + len(subsets)
+            subsets.append(members)
+        return k
+
+    closure_id = np.arange(n + 1, dtype=np.int32)
+    closure_id[n] = -1  # index -1 (dead) reads the last slot
+    for x, members in closure.items():
+        closure_id[x] = subset_id(members)
+    rows = [closure_id[trans]]
+    accepts = [accept]
+    padded = np.vstack([np.where(trans < 0, n, trans), np.full((1, 256), n, dtype=np.int32)])
+    done = 0
+    while done < len(subsets):
+        k = max(len(m) for m in subsets[done : done + 64])
+        batch = subsets[done : done + max(1, _BATCH_BYTES // (k * width * 256 * 4 * 2))]
+        done += len(batch)
+        row, acc = _subset_rows(batch, padded, closed, accept, subset_id)
+        _check_states(n + len(subsets), max_states)  # alternatives can multiply subsets
+        rows.append(row)
+        accepts.append(acc)
+    out_trans = np.concatenate(rows)
+    return out_trans, np.concatenate(accepts), int(closure_id[start]), bool(subsets)
+
+
+def _subset_rows(batch: list[tuple[int, ...]], padded: np.ndarray, closed: np.ndarray, accept: np.ndarray,
+                 subset_id: Callable[[tuple[int, ...]], int]) -> tuple[np.ndarray, np.ndarray]:
+    """The DFA rows (int32 [B, 256]) and acceptance of a batch of subsets (`padded`: trans with
+    dead as n and a row n of n; `closed`: each state's closure padded with n)."""
+    n = padded.shape[0] - 1
+    k = max(map(len, batch))
+    members = np.full((len(batch), k), n, dtype=np.int32)
+    for i, m in enumerate(batch):
+        members[i, : len(m)] = m
+    # [B, 256, k * width]: every member's successor, closed, per byte; sorted, duplicates to n.
+    succ = closed[padded[members]].transpose(0, 2, 1, 3).reshape(len(batch), 256, -1)
+    succ.sort(axis=2)
+    succ[:, :, 1:][succ[:, :, 1:] == succ[:, :, :-1]] = n
+    succ.sort(axis=2)
+    count = (succ < n).sum(axis=2)
+    row = np.where(count == 1, succ[:, :, 0], -1).astype(np.int32)
+    many = np.nonzero(count > 1)
+    if many[0].size:
+        wide = succ[many[0], many[1], : int(count.max())]
+        keys, inverse = np.unique(wide, axis=0, return_inverse=True)
+        new_ids = np.asarray([subset_id(tuple(x for x in key if x < n)) for key in keys.tolist()], dtype=np.int32)
+        row[many] = new_ids[inverse.reshape(-1)]
+    accept_padded = np.append(accept, False)
+    return row, accept_padded[members].any(axis=1)
+
+
+def _closure(x: int, eps: dict[int, list[int]]) -> tuple[int, ...]:
+    """The states reachable from `x` by epsilon moves (x included), sorted."""
+    seen = {x}
+    stack = [x]
+    while stack:
+        for y in eps.get(stack.pop(), ()):
+            if y not in seen:
+                seen.add(y)
+                stack.append(y)
+    return tuple(sorted(seen))

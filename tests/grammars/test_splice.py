@@ -1,0 +1,245 @@
+"""Spliced sub-automata (grammars/splice.py) against the inlined regex they stand for.
+
+On schemas small enough to inline, the spliced byte DFA must be the inlined one's minimal DFA,
+array for array (minimal DFAs numbered in BFS order are unique), and agree with it on random
+walks, near misses and the schemas' own test instances; a schema whose inlined regex is past
+max_regex_length compiles once spliced. The splice threshold is lowered so that small schemas
+splice (nested pieces, unions of pieces, counted marks inside pieces).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema_rs
+import numpy as np
+import pytest
+
+from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
+from surecall.grammars import splice
+from surecall.grammars.automaton import ByteDFA, minimize, regex_to_dfa
+from surecall.grammars.compile import compile_regex, compile_schema
+from surecall.grammars.schema import to_regex
+from surecall.grammars.schema.to_regex import schema_to_regex
+from surecall.grammars.table import TABLE_ARRAYS
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.walk import accepts, decode, random_walk
+
+_STRING_OBJECT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 60},
+                                                   "tags": {"type": "array", "items": {"type": "string"},
+                                                            "maxItems": 20}},
+                  "required": ["name"]}
+SCHEMAS = {
+    "ref_used_often": {
+        "$defs": {"item": _STRING_OBJECT},
+        "type": "object",
+        "properties": {k: {"$ref": "#/$defs/item"} for k in "abcde"},
+        "required": ["c"],
+    },
+    "nested_refs": {
+        "$defs": {"leaf": _STRING_OBJECT,
+                  "mid": {"type": "object", "properties": {"x": {"$ref": "#/$defs/leaf"},
+                                                           "y": {"type": "array", "items": {"$ref": "#/$defs/leaf"}}}},
+                  "top": {"type": "array", "items": {"$ref": "#/$defs/mid"}, "minItems": 1, "maxItems": 12}},
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/top"}, "q": {"$ref": "#/$defs/mid"}},
+    },
+    "union_of_pieces": {  # alternatives sharing a prefix: a subset construction, not singletons
+        "anyOf": [
+            {"type": "object", "properties": {"kind": {"const": "a"}, "v": {"type": "integer", "minimum": 3}},
+             "required": ["kind"]},
+            {"type": "object", "properties": {"kind": {"const": "b"}, "v": {"type": "string"}}, "required": ["kind"]},
+            {"type": "array", "items": {"type": "number"}},
+        ],
+    },
+    "free_form_values": {"type": "object", "properties": {"meta": {"type": "object"}, "any": {}}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _small_pieces(monkeypatch, tmp_path):
+    monkeypatch.setattr(to_regex, "SPLICE_MIN_CHARS", 40)
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def inlined_and_spliced(schema) -> tuple[ByteDFA, ByteDFA, list[str]]:
+    inlined = schema_to_regex(schema)
+    spliced = schema_to_regex(schema, splice=True)
+    assert not inlined.pieces
+    dfa = splice.build_spliced(spliced.regex, spliced.pieces, regex_to_dfa, 2 << 30)
+    return minimize(regex_to_dfa(inlined.regex)), dfa, spliced.pieces
+
+
+def byte_walks(dfa: ByteDFA, rng: random.Random, num: int, max_len: int = 400) -> list[bytes]:
+    """Random accepted strings of `dfa`, and for each a near miss (one byte changed or cut)."""
+    out = []
+    for _ in range(num):
+        state, data = 0, bytearray()
+        while len(data) < max_len and not (dfa.accept[state] and rng.random() < 0.3):
+            live = np.flatnonzero(dfa.trans[state] >= 0)
+            if not live.size:
+                break
+            b = int(live[rng.randrange(live.size)])
+            data.append(b)
+            state = int(dfa.trans[state, b])
+        out.append(bytes(data))
+        if data:
+            miss = bytearray(data)
+            miss[rng.randrange(len(miss))] = rng.randrange(256)
+            out += [bytes(miss), bytes(data[:-1])]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_spliced_dfa_is_the_inlined_minimal_dfa(name):
+    inlined, spliced, pieces = inlined_and_spliced(SCHEMAS[name])
+    assert pieces, "the lowered threshold should make pieces"
+    assert spliced.num_states == inlined.num_states
+    np.testing.assert_array_equal(spliced.trans, inlined.trans)
+    np.testing.assert_array_equal(spliced.accept, inlined.accept)
+    for text in byte_walks(inlined, random.Random(name), 30):
+        assert spliced.matches(text) == inlined.matches(text)
+
+
+def test_nested_pieces_hold_placeholders_of_earlier_ones():
+    result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
+    users = [i for i, piece in enumerate(result.pieces) if splice.placeholders_in(piece)]
+    assert users, "some piece should hold another piece"
+    assert all(max(splice.placeholders_in(result.pieces[i])) < i for i in users)
+    assert len(result.regex) < sum(map(len, result.pieces))
+
+
+def test_placeholder_byte_never_reaches_the_dfa():
+    for schema in SCHEMAS.values():
+        _, spliced, _ = inlined_and_spliced(schema)
+        assert (spliced.trans[:, splice.PLACEHOLDER_LEAD] < 0).all()
+
+
+def _rows(subset: str, data_dir, count: int) -> list[dict]:
+    rows = [json.loads(line) for line in (data_dir / "jsonschemabench" / f"{subset}.jsonl").open()]
+    return random.Random(0).sample(rows, min(count, len(rows)))
+
+
+@pytest.mark.parametrize("subset", ["Github_medium", "Kubernetes", "Snowplow"])
+def test_benchmark_schemas_and_instances_agree(subset, data_dir):
+    checked = 0
+    for row in _rows(subset, data_dir, 12):
+        try:
+            inlined = schema_to_regex(row["schema"])
+            if len(inlined.regex) > 20000:
+                continue
+        except (UnsupportedSchema, ValueError):
+            continue
+        want, got, _ = inlined_and_spliced(row["schema"])
+        assert np.array_equal(got.trans, want.trans) and np.array_equal(got.accept, want.accept), row["id"]
+        for test in row.get("tests", []):
+            text = json.dumps(test.get("data"), separators=(",", ":"), ensure_ascii=False).encode()
+            assert got.matches(text) == want.matches(text), row["id"]
+        checked += 1
+    assert checked >= 4
+
+
+def _nested_arrays(levels: int) -> dict:
+    """Arrays of arrays: the inlined regex doubles per level (`item(,item)*`), the DFA grows by a few states."""
+    defs = {"l0": {"type": "object", "properties": {"id": {"type": "string", "format": "date-time"}},
+                   "required": ["id"]}}
+    for k in range(1, levels + 1):
+        defs[f"l{k}"] = {"type": "array", "items": {"$ref": f"#/$defs/l{k - 1}"}}
+    return {"$defs": defs, "$ref": f"#/$defs/l{levels}"}
+
+
+def byte_vocab() -> Vocab:
+    pieces = [bytes([b]) for b in range(256)] + [b'{"id":"', b'"}', b"[[", b"]]", b""]
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({len(pieces) - 1}), stop_ids=(len(pieces) - 1,),
+                 logits_width=len(pieces) + 3, format="test", name="splice-bytes")
+
+
+def test_schema_past_max_regex_length_compiles_spliced(monkeypatch):
+    monkeypatch.setattr(to_regex, "SPLICE_MIN_CHARS", 2000)
+    schema = _nested_arrays(14)
+    with pytest.raises(UnsupportedSchema, match="grows past max_regex_length"):
+        schema_to_regex(schema)
+    vocab = byte_vocab()
+    table = compile_schema(schema, vocab, use_cache=False)
+    assert table.meta["pieces"] >= 1
+    doc = "[" * 14 + '{"id":"2024-01-02T03:04:05Z"}' + "]" * 14
+    ids = [vocab.token_bytes.index(bytes([b])) for b in doc.encode()]
+    assert accepts(table, ids)
+    assert not accepts(table, ids[:-1])
+    rng = np.random.default_rng(0)
+    validator = jsonschema_rs.validator_for(schema)
+    for _ in range(8):
+        text = decode(vocab, random_walk(table, vocab, rng))
+        assert validator.is_valid(json.loads(text)), text
+
+
+def test_counted_marks_inside_pieces_make_the_same_table():
+    schema = SCHEMAS["nested_refs"]
+    vocab = byte_vocab()
+    spliced = compile_schema(schema, vocab, use_cache=False)
+    inlined = compile_regex(schema_to_regex(schema).regex, vocab, use_cache=False)
+    assert spliced.meta["pieces"] >= 2
+    for name in (*TABLE_ARRAYS, "count_row", "count_lo", "count_hi"):
+        if hasattr(inlined, name):
+            np.testing.assert_array_equal(getattr(spliced, name), getattr(inlined, name), err_msg=name)
+    assert inlined.num_states == spliced.num_states
+
+
+def test_item_counter_inside_a_piece_is_seen_through_its_placeholder():
+    inner = {"type": "array", "items": {"type": "integer"}, "maxItems": 30}
+    schema = {"type": "array", "items": {"type": "object", "properties": {"v": inner, "w": inner}}, "maxItems": 25}
+    plain, spliced = schema_to_regex(schema), schema_to_regex(schema, splice=True)
+    assert spliced.pieces
+    outer_counted = [r for r in [plain.regex, spliced.regex] if r.startswith("\\[\\x03")]
+    assert not outer_counted, "one item counter per row: the outer array is not counted"
+    assert spliced.relaxed == plain.relaxed
+
+
+def test_budget_and_malformed_placeholders_raise():
+    result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
+    with pytest.raises(CompileBudgetExceeded, match="splicing sub-automata needs more than"):
+        splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 64 * 1024)
+    with pytest.raises(ValueError, match="Invalid piece index"):
+        splice.placeholder(splice.MAX_PIECES)
+    with pytest.raises(ValueError, match="Invalid placeholder: piece 3"):
+        splice.build_spliced(splice.placeholder(3), ["a"], regex_to_dfa, 2 << 30)
+    with pytest.raises(ValueError, match="after the lead byte has a non-index edge"):
+        splice.find_placeholders(regex_to_dfa("\\x00(?:AAAA|x)"))
+
+
+def test_union_past_the_state_budget_raises():
+    left, right = regex_to_dfa("a[bc]*"), regex_to_dfa("a[bd]*")
+    assert splice.union_dfa([left, right], 64).matches(b"abdb")
+    with pytest.raises(CompileBudgetExceeded, match="splicing sub-automata needs more than 5 states"):
+        splice.union_dfa([left, right], 5)
+
+
+def test_check_runs_after_every_splice():
+    result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
+    calls = []
+    splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, lambda: calls.append(1))
+    assert len(calls) >= len({i for p in [result.regex, *result.pieces] for i in splice.placeholders_in(p)})
+
+    def out_of_time():
+        raise CompileBudgetExceeded("compile ran past its time budget")
+
+    with pytest.raises(CompileBudgetExceeded, match="time budget"):
+        splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, out_of_time)
+
+
+def test_a_ref_is_converted_once_whatever_refs_enclose_it():
+    # a chain of diamonds: l{k} -> a{k}, b{k} -> l{k+1}; each non-recursive ref converts once,
+    # not once per path of enclosing refs (2^k of them)
+    defs = {"l12": {"type": "integer"}}
+    for k in range(11, -1, -1):
+        defs[f"a{k}"] = {"type": "array", "items": {"$ref": f"#/$defs/l{k + 1}"}}
+        defs[f"b{k}"] = {"type": "object", "properties": {"v": {"$ref": f"#/$defs/l{k + 1}"}}}
+        defs[f"l{k}"] = {"anyOf": [{"$ref": f"#/$defs/a{k}"}, {"$ref": f"#/$defs/b{k}"}]}
+    schema = {"$defs": defs, "$ref": "#/$defs/l0"}
+    conv = to_regex.Converter(schema, to_regex.GrammarOptions(), splice.Pieces("\\x03"))
+    regex = conv.convert(schema, "")
+    assert len(conv.ref_regex) == len(defs)
+    result = splice.build_spliced(regex, conv.pieces.regexes, regex_to_dfa, 2 << 30)
+    assert result.matches(b"[" * 12 + b"1" + b"]" * 12)
+    assert result.matches(b"{\"v\":" * 12 + b"1" + b"}" * 12)
