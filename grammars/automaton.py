@@ -76,8 +76,8 @@ def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
 # start at any byte), which for nested JSON regexes is exponentially larger than the anchored
 # one: a free-form object took 30 s for 485 states. A leading byte that JSON text never holds
 # ends every search thread that starts past byte 0, so only the anchored automaton is built;
-# the start then moves past it. Byte 0x0E is used by no mark (splice placeholders 0x00; counted 0x01-0x05, 0x10-0x1F;
-# item marks 0x03-0x05, tool-mode placeholders 0x03-0x08); were it in a regex, the language would not change.
+# the start then moves past it. Byte 0x0E is used by no mark (splice placeholders 0x00; counted 0x01,
+# 0x02, 0x10-0x1F; item mark 0x0B; tool-mode placeholders 0x03-0x08); were it in a regex, the language would not change.
 _SEARCH_CUT = 0x0E
 # outlines-core's DFA also drops the edges that leave an accepting state when it could stop there
 # (a root-level number accepted "1" but not "1.5"). The regex is built followed by this end byte:

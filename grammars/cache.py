@@ -27,8 +27,9 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 4  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
-# default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK)
+CACHE_FORMAT = 5  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+# default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
+# 5: nested item counters (item_depth, item_below_*), counted pattern bodies
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16

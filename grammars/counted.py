@@ -1,26 +1,37 @@
 """Counted regions: string bodies whose length a per-row counter bounds, instead of one state per character.
 
-The regex marks each bounded string `"` ENTER body* `"` EXIT (schema/to_regex.py: counted_string_regex).
+The regex marks each bounded string `"` ENTER body `"` EXIT (schema/to_regex.py: counted_string_regex,
+counted_body_regex): the body is `char*` or any string-body regex (a `pattern` or `format`).
 `cut_marks` removes the marks from the byte DFA (edges into ENTER go to the body, edges into
-EXIT to what follows) and returns each body's states as one region with its (lo, hi) bounds.
-`char_rows` says, per counted state and token, how many characters the token starts inside the
-body and whether it closes the string (the dense rows the mask kernel reads); `check_entries`
-drops transitions that would break a bound statically (a token that opens and closes a whole
-string, or opens one with too many characters) and returns the counter each entering token
-sets. The counter counts characters *started* (a JSON escape or a multi-byte UTF-8 character is
-one, counted at its first byte), so a token ending mid-character never commits past `hi`.
-`add_counts_inplace` fills a built table's count fields and its counted `dist`. This module
-does not build CSR or mask rows (compile.py does) and runs no kernels.
+EXIT to what follows) and returns each body's states as one region with its (lo, hi) bounds, the
+JSON-text phase of each state (at a character boundary, inside an escape, inside a UTF-8
+character) and `rest`: the fewest characters the body still needs before its closing quote.
+The counter is the characters *started* so far plus `rest` of the row's state (a JSON escape or a
+multi-byte UTF-8 character is one, counted at its first byte), so it never decreases, closing
+needs counter >= lo and a token is kept only if the counter stays <= hi: a body's shortest way
+out always fits, so a row never runs into a dead end. `char_rows` says, per counted state and
+token, how much the token adds to the counter and whether it closes the string (the dense rows
+the mask kernel reads); `check_entries` drops transitions that break a bound statically and
+returns the counter each entering token sets. `add_counts_inplace` fills a built table's count
+fields and its counted `dist`. This module does not build CSR or mask rows (compile.py does) and
+runs no kernels.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA, bfs_order, coreachable, successor_lists
+from surecall.grammars.automaton import (
+    ByteDFA,
+    bfs_order,
+    coreachable,
+    regex_to_dfa,
+    successor_lists,
+)
 from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT
 from surecall.grammars.table import TokenTable
 
@@ -30,6 +41,40 @@ MAX_CHARS = 63  # int8 rows: a token starting more characters in a body is never
 MAX_FILL = MAX_CHARS  # the counted dist assumes at most this many characters per token
 INVALID = -1  # char_rows value of a token that leaves a body other than by its closing quote
 _FREE = -128  # while merging rows: a token dead in that state (any value will do)
+BOUNDARY = 0  # phase of a body state where the next byte starts a character
+NUM_PHASES = 16
+MAX_COUNTED_BODY_STATES = 128  # a pattern or format body counted beside its maxLength (body_fewest_chars)
+
+
+def _phase_table() -> np.ndarray:
+    """int8 [NUM_PHASES, 256]: the JSON-text phase after each byte (-1: not string-body text).
+
+    0 boundary; 1 after `\\`; 2..5 hex digits of `\\u` left (4..1); 6..8 UTF-8 continuations left
+    (1..3); a high surrogate `\\uD[89AB]..` and its low partner are one character: 9 after `\\uD`,
+    10..11 its hex digits left (2..1), 12 expecting `\\`, 13 `u`, 14..15 the low half's first two hex
+    digits left, then 4..5 as for any `\\u` (a minimal DFA merges those states).
+    """
+    nxt = np.full((NUM_PHASES, 256), -1, dtype=np.int8)
+    nxt[0, :] = 0  # at a boundary any other byte is one character (a JSON body holds none but ASCII here)
+    nxt[0, ord("\\")] = 1
+    nxt[0, _QUOTE] = -1  # closes the string: not a body byte
+    nxt[0, 0xC2:0xE0], nxt[0, 0xE0:0xF0], nxt[0, 0xF0:0xF5] = 6, 7, 8
+    nxt[1, [ord(c) for c in '"\\/bfnrt']] = 0
+    nxt[1, ord("u")] = 2
+    hexdig = np.asarray([ord(c) for c in "0123456789abcdefABCDEF"])
+    for p, after in ((2, 3), (3, 4), (4, 5), (5, 0), (10, 11), (11, 12), (14, 15), (15, 4)):
+        nxt[p, hexdig] = after
+    nxt[2, [ord("d"), ord("D")]] = 9
+    nxt[9, hexdig] = 4
+    nxt[9, [ord(c) for c in "89abAB"]] = 10
+    nxt[12, ord("\\")] = 13
+    nxt[13, ord("u")] = 14
+    for p in (6, 7, 8):
+        nxt[p, 0x80:0xC0] = p - 1 if p > 6 else 0
+    return nxt
+
+
+_NEXT_PHASE = _phase_table()
 
 
 class CountedCutError(ValueError):
@@ -41,18 +86,19 @@ class Regions:
     """Counted regions of a byte DFA (ids of that DFA)."""
 
     region: np.ndarray  # int32 [S]: region of each state, -1 outside counted bodies
-    head: np.ndarray  # int32 [R]: each region's character boundary (where `"` closes the string)
+    head: np.ndarray  # int32 [R]: each region's first state (after the opening `"`)
     lo: np.ndarray  # int64 [R]: minLength
     hi: np.ndarray  # int64 [R]: maxLength (to_regex.NO_MAX_LENGTH when absent)
+    phase: np.ndarray  # int8 [S]: JSON-text phase (BOUNDARY: a character starts here), -1 outside bodies
+    rest: np.ndarray  # int64 [S]: fewest characters the body needs before its closing quote, 0 outside
 
     @property
     def num_regions(self) -> int:
         return int(self.head.shape[0])
 
-    def is_head(self) -> np.ndarray:
-        out = np.zeros(self.region.shape[0], dtype=bool)
-        out[self.head] = True
-        return out
+    def at_boundary(self) -> np.ndarray:
+        """bool [S]: a body state where the next byte starts a character (or `"` closes the string)."""
+        return self.phase == BOUNDARY
 
 
 def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
@@ -106,36 +152,99 @@ def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, 
 
 
 def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
-    """Each head's body: the states it reaches without closing the string."""
+    """Each head's body: the states it reaches without closing the string, with their phases and rest."""
     region = np.full(dfa.num_states, -1, dtype=np.int32)
+    phase = np.full(dfa.num_states, -1, dtype=np.int8)
+    rest = np.zeros(dfa.num_states, dtype=np.int64)
     for r, (h, _) in enumerate(heads):
-        stack, seen = [h], {h}
-        while stack:
-            q = stack.pop()
-            row = dfa.trans[q].copy()
-            if q == h:
-                row[_QUOTE] = -1
-            for t in np.unique(row[row >= 0]).tolist():
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
-        members = np.fromiter(seen, dtype=np.int64)
-        if (region[members] >= 0).any() or dfa.accept[members].any() or 0 in seen:
+        members, phases = _body_phases(dfa.trans, h)
+        if (region[members] >= 0).any() or dfa.accept[members].any() or (members == 0).any():
             raise CountedCutError(f"state {h}: a counted body overlaps other text")
         region[members] = r
+        phase[members] = phases
+        rest[members] = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
     return Regions(
         region=region,
         head=np.asarray([h for h, _ in heads], dtype=np.int32),
         lo=np.asarray([b[0] for _, b in heads], dtype=np.int64),
         hi=np.asarray([b[1] for _, b in heads], dtype=np.int64),
+        phase=phase,
+        rest=rest,
     )
+
+
+def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
+    """(states, phases) of the body from `head` (phase BOUNDARY): every state it reaches before a
+    `"` at a boundary closes it. A state reached in two phases, or a byte that is no string-body
+    text, raises CountedCutError."""
+    phase_of, stack = {head: BOUNDARY}, [head]
+    while stack:
+        q = stack.pop()
+        live = np.flatnonzero(trans[q] >= 0)
+        nph = _NEXT_PHASE[phase_of[q], live].astype(np.int64)
+        if phase_of[q] == BOUNDARY:
+            live, nph = live[live != _QUOTE], nph[live != _QUOTE]
+        if (nph < 0).any():
+            raise CountedCutError(f"state {q}: a counted body holds a byte that is not JSON string text")
+        for pair in np.unique(trans[q, live].astype(np.int64) * 32 + nph).tolist():
+            t, p = divmod(pair, 32)
+            if t not in phase_of:
+                phase_of[t] = p
+                stack.append(t)
+            elif phase_of[t] != p:
+                raise CountedCutError(f"state {t}: a counted body state both starts and continues a character")
+    return np.asarray(list(phase_of), dtype=np.int64), np.asarray(list(phase_of.values()), dtype=np.int8)
+
+
+def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """int64 per member: the fewest characters before a `"` closes the body (Bellman-Ford over
+    the body's edges; a byte from a boundary state starts one character)."""
+    n = members.size
+    to_local = {int(q): i for i, q in enumerate(members.tolist())}
+    rows = trans[members].astype(np.int64)
+    closes = boundary & (rows[:, _QUOTE] >= 0)
+    inside = rows >= 0
+    inside[:, _QUOTE] &= ~boundary
+    src = np.repeat(np.arange(n), inside.sum(axis=1))
+    dst = np.fromiter((to_local[t] for t in rows[inside].tolist()), dtype=np.int64, count=int(inside.sum()))
+    key = np.unique(src * n + dst)
+    src, dst = key // n, key % n
+    weight = boundary[src].astype(np.int64)
+    never = np.iinfo(np.int64).max // 2
+    rest = np.where(closes, 0, never)
+    for _ in range(n + 1):
+        new = rest.copy()
+        np.minimum.at(new, src, rest[dst] + weight)
+        if np.array_equal(new, rest):
+            break
+        rest = new
+    if (rest >= never).any():
+        raise CountedCutError(f"state {int(members[np.argmax(rest)])}: a counted body cannot be closed")
+    return rest
+
+
+@lru_cache(maxsize=512)
+def body_fewest_chars(body: str) -> int:
+    """The fewest characters of any string body `body` (a string-body regex) matches, found as the
+    counter finds it (raises CountedCutError where a counter could not ride that body, or where its
+    MAX_COUNTED_BODY_STATES would make the counter's rows cost more than they are worth)."""
+    dfa = regex_to_dfa(f'"(?:{body})"')
+    head = int(dfa.trans[0, _QUOTE])
+    if head < 0:
+        raise CountedCutError("the string body matches nothing")
+    members, phases = _body_phases(dfa.trans, head)
+    if members.size > MAX_COUNTED_BODY_STATES:
+        raise CountedCutError(f"its body has {members.size} states, above the {MAX_COUNTED_BODY_STATES} a counter "
+                              "rides (one row of the vocabulary each)")
+    rest = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
+    return int(rest[members == head][0])
 
 
 def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np.ndarray]:
     """(local [L, 256] table, local -> global ids) of region r, BFS-numbered from its head.
 
-    Entries: a local state, -2 for the closing quote at the head, -3 for a byte that leaves the
-    body otherwise, -1 for a dead byte.
+    Entries: a local state, -2 for the closing quote (at a character boundary), -3 for a byte that
+    leaves the body otherwise, -1 for a dead byte.
     """
     h = int(regions.head[r])
     inside_rows = []
@@ -144,7 +253,7 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
     while i < len(order):
         row = dfa.trans[order[i]].astype(np.int64)
         inside = (row >= 0) & (regions.region[np.maximum(row, 0)] == r)
-        if i == 0:
+        if regions.phase[order[i]] == BOUNDARY:
             inside[_QUOTE] = False
         inside_rows.append((row, inside))
         for t in row[inside].tolist():  # byte order: a canonical numbering for the shape cache
@@ -158,16 +267,18 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
     local = np.empty((g.size, 256), dtype=np.int32)
     for li, (row, inside) in enumerate(inside_rows):
         local[li] = np.where(inside, to_local[np.maximum(row, 0)], np.where(row >= 0, -3, -1))
-    local[0, _QUOTE] = -2 if dfa.trans[h, _QUOTE] >= 0 else -1
+    boundary = regions.phase[g] == BOUNDARY
+    local[boundary, _QUOTE] = np.where(dfa.trans[g[boundary], _QUOTE] >= 0, -2, -1)
     return local, g
 
 
 def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarray, int]:
     """(row index per DFA state (-1 outside bodies), int8 [R, V] rows, fill K).
 
-    Row value: 2 * characters started + 1 if the token closes the string there; INVALID when it
-    leaves the body otherwise. K: every count 1..K is some token's that stays at the head, so
-    the counted `dist` may assume K characters per token towards a minimum.
+    Row value: 2 * what the token adds to the counter (characters started + rest after - rest
+    before) + 1 if it closes the string there; INVALID when it leaves the body otherwise. K: every
+    count 1..K is some token's that stays at the head, so the counted `dist` may assume K
+    characters per token towards a minimum (only bodies with a minimum constrain K).
     """
     row_of = np.full(dfa.num_states, -1, dtype=np.int32)
     rows: list[np.ndarray] = []
@@ -176,18 +287,20 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
     fill = MAX_FILL
     for r in range(regions.num_regions):
         local, g = _local_table(dfa, regions, r)
-        sig = local.tobytes()
+        boundary, rest = regions.phase[g] == BOUNDARY, regions.rest[g]
+        sig = local.tobytes() + boundary.tobytes() + rest.tobytes()
         if sig not in by_sig:
             key = ("counted", sig)
             if key not in vi.classes:
-                vi.classes[key] = _walk_local(local, vi)
+                vi.classes[key] = _walk_local(local, boundary, rest, vi)
             values, k = vi.classes[key]
             if ("counted-defined", sig) not in vi.classes:  # each row's defined tokens, found once per shape
                 vi.classes[("counted-defined", sig)] = [np.flatnonzero(v != _FREE) for v in values]
             by_sig[sig] = len(rows)
             rows.extend(values)
             defined.extend(vi.classes[("counted-defined", sig)])
-            fill = min(fill, k)
+        if regions.lo[r] > 0:  # only a body with a minimum needs fillers
+            fill = min(fill, vi.classes[("counted", sig)][1])
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
     merged, where = _merge_rows(rows, defined)
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
@@ -223,7 +336,7 @@ def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None 
     return table, where
 
 
-def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
+def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
     """Walk every token from every local state of one body shape (vectorised over both).
 
     Only tokens whose first byte is live in a state are walked there (a mid-character state
@@ -244,7 +357,7 @@ def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
         b = vi.flat[vi.off[tok[active]] + pos]
         q = state[active]
         nxt = local[q, b]
-        chars[active] += (q == 0) & (nxt >= 0)
+        chars[active] += boundary[q] & (nxt >= 0)
         closes[active[nxt == -2]] = True
         dead[active[nxt == -1]] = True
         bad[active[nxt == -3]] = True
@@ -252,10 +365,14 @@ def _walk_local(local: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
         state[active[keep]] = nxt[keep]
         active = active[keep]
         pos += 1
-    value = np.where(bad | (chars > MAX_CHARS), INVALID, 2 * np.minimum(chars, MAX_CHARS) + closes)
+    state_of = np.repeat(np.arange(num_local), [f.size for f in firsts])
+    # what the counter gains: characters started, plus the rest where the token ends, less the rest
+    # it started from (>= 0: rest is the fewest characters of any way out)
+    added = chars + np.where(closes | dead | bad, 0, rest[state]) - rest[state_of]
+    value = np.where(bad | (added > MAX_CHARS), INVALID, 2 * np.clip(added, 0, MAX_CHARS) + closes)
     value = np.where(dead, _FREE, value).astype(np.int8)
     values = np.full((num_local, v), _FREE, dtype=np.int8)
-    values[state_of := np.repeat(np.arange(num_local), [f.size for f in firsts]), tok] = value
+    values[state_of, tok] = value
     head = state_of == 0
     at_head = head & ~dead & ~bad & ~closes & (state == 0) & (chars <= MAX_CHARS)
     present = np.zeros(MAX_FILL + 2, dtype=bool)
@@ -300,8 +417,9 @@ def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.nda
 
 
 def _walk_static(dfa, regions, vi, src, tok):
-    """(valid, counter at the end, ends in a body it entered) for each (state, token) pair."""
-    region, is_head = regions.region, regions.is_head()
+    """(valid, counter at the end (started + rest in a body it entered), ends in a body it entered)
+    for each (state, token) pair."""
+    region, boundary, rest = regions.region, regions.at_boundary(), regions.rest
     lo, hi = regions.lo, regions.hi
     n = src.size
     state = src.astype(np.int64).copy()
@@ -318,7 +436,7 @@ def _walk_static(dfa, regions, vi, src, tok):
         dead = nxt < 0
         ok[active[dead]] = False
         r = region[q]
-        closing = is_head[q] & (b == _QUOTE) & (r >= 0)
+        closing = boundary[q] & (b == _QUOTE) & (r >= 0)
         static = ~dynamic[active]
         # closing a body this token opened: its bounds are known here
         sc = closing & static
@@ -327,7 +445,7 @@ def _walk_static(dfa, regions, vi, src, tok):
         # the source's body closed: from here on everything is static
         dynamic[active[closing & ~static]] = False
         stays = (r >= 0) & ~closing
-        count[active] = np.where(stays & static, c + is_head[q], np.where(closing, 0, c))
+        count[active] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
         opening = (r < 0) & (region[np.maximum(nxt, 0)] >= 0)
         count[active[opening]] = 0
         state[active[~dead]] = nxt[~dead]
@@ -335,6 +453,7 @@ def _walk_static(dfa, regions, vi, src, tok):
         pos += 1
     end_region = region[state]
     enters = ~dynamic & (end_region >= 0)
+    count = np.where(enters, count + rest[state], count)  # the counter: started + the body's rest
     ok &= ~enters | (count <= hi[np.maximum(end_region, 0)])
     return ok, count, enters
 

@@ -1,16 +1,19 @@
-"""Counted arrays: minItems/maxItems of any size enforced by a per-row item counter.
+"""Counted arrays: minItems/maxItems of any size enforced by a per-row stack of item counters.
 
-The regex marks a counted array `[` IENTER ... `,` ISEP ... `]` IEXIT (schema/to_regex.py:
-counted_array_regex). `cut_item_marks` removes the marks from the byte DFA and returns the
-array's states as one region with its bounds, plus an event per (state, byte): an item
-separator, the closing `]`, or the opening `[`. `item_entries` walks every (state, token) pair
-that can cross such a byte and returns, sparsely, how many separators the token crosses, whether
-it closes the array and the counter it leaves (dropping tokens that break a bound on their own).
-`add_items_inplace` fills a built table's item_* fields and the dist with unmet minItems.
-The counter counts separators crossed, so it stays within [max(minItems - 1, 0), maxItems - 1]
-(the regex itself spells the empty array only when minItems is 0). One counter per row: an
-array whose items hold a counted array is not counted (schema/to_regex.py falls back). It
-builds no CSR and runs no kernels; the kernels' side is kernels/items.py.
+The regex marks a counted array `[` MARK ... `,` MARK ... `]` MARK, one byte whose kind is the
+byte before it (schema/to_regex.py: counted_array_regex). `cut_item_marks` removes the marks from
+the byte DFA and returns each array's states as one region with its bounds, each state's stack of
+open arrays (at most MAX_ITEM_DEPTH deep: an array of counted arrays is counted at every level),
+plus an event per (state, byte): an item separator, the closing `]`, or the opening `[`.
+`item_entries` walks every (state, token) pair that can cross such a byte and returns, sparsely,
+how many separators the token crosses in the innermost open array, whether it closes it, and the
+counter of an array it leaves open (dropping tokens that break a bound on their own, and tokens a
+one-level entry cannot describe: closing two open arrays, or closing one and crossing a separator
+of the next, or leaving two new arrays open; shorter tokens spell the same text).
+`add_items_inplace` fills a built table's item_* fields and the dist with unmet minItems. Each
+counter counts separators crossed, so it stays within [max(minItems - 1, 0), maxItems - 1] (the
+regex itself spells the empty array only when minItems is 0). It builds no CSR and runs no
+kernels; the kernels' side is kernels/items.py.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from surecall.grammars.counted import (
     cut_marks_renumbered,
     dist_to_accept,
 )
-from surecall.grammars.schema.to_regex import ITEM_ENTER, ITEM_EXIT, ITEM_SEP
-from surecall.grammars.table import TokenTable
+from surecall.grammars.schema.to_regex import ITEM_MARK, MAX_ITEM_DEPTH
+from surecall.grammars.table import ITEM_ARRAYS, TokenTable
 
 SEP, CLOSE, OPEN = 1, 2, 3  # events of a byte edge
-_BYTES = {ITEM_ENTER: (ord("["), OPEN), ITEM_SEP: (ord(","), SEP), ITEM_EXIT: (ord("]"), CLOSE)}
+_EVENTS = {ord("["): OPEN, ord(","): SEP, ord("]"): CLOSE}  # the byte before an item mark: its kind
 FLAG_CLOSES, FLAG_OPENS = 1, 2  # item_flag bits: the token closes its state's array / opens one
+# MAX_ITEM_DEPTH (schema/to_regex.py): counted arrays open at once, a row's stack of item counters
 _MAX_ROUNDS = 12  # dist <-> per-item cost rounds before a grammar is compiled without item counters
 
 
@@ -41,10 +45,15 @@ _MAX_ROUNDS = 12  # dist <-> per-item cost rounds before a grammar is compiled w
 class ItemRegions:
     """Counted arrays of a byte DFA (ids of that DFA)."""
 
-    region: np.ndarray  # int32 [S]: the array each state lies in, -1 outside counted arrays
+    region: np.ndarray  # int32 [S]: the innermost array each state lies in, -1 outside counted arrays
     lo: np.ndarray  # int64 [R]: minItems
     hi: np.ndarray  # int64 [R]: maxItems (to_regex.NO_MAX_LENGTH when absent)
     events: np.ndarray  # int8 [S, 256]: SEP, CLOSE or OPEN on a byte edge, 0 elsewhere
+    levels: np.ndarray  # int32 [S, MAX_ITEM_DEPTH]: the open arrays, outermost first, -1 past the depth
+
+    @property
+    def depth(self) -> np.ndarray:
+        return (self.levels >= 0).sum(axis=1).astype(np.int32)
 
     @property
     def num_regions(self) -> int:
@@ -59,14 +68,16 @@ class ItemRegions:
         keep = np.flatnonzero(new_id[: self.region.shape[0]] >= 0)
         region = np.full(num_states, -1, dtype=np.int32)
         events = np.zeros((num_states, 256), dtype=np.int8)
+        levels = np.full((num_states, MAX_ITEM_DEPTH), -1, dtype=np.int32)
         region[new_id[keep]] = self.region[keep]
         events[new_id[keep]] = self.events[keep]
-        return ItemRegions(region, self.lo, self.hi, events)
+        levels[new_id[keep]] = self.levels[keep]
+        return ItemRegions(region, self.lo, self.hi, events, levels)
 
 
 def cut_all_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions, ItemRegions | None]:
     """The DFA without string or item marks, its counted strings and its counted arrays (None: none)."""
-    if not (dfa.trans[:, list(_BYTES)] >= 0).any():
+    if not (dfa.trans[:, ITEM_MARK] >= 0).any():
         cut, regions = cut_marks_renumbered(dfa)[:2]
         return cut, regions, None
     marked, items = cut_item_marks(dfa)
@@ -82,55 +93,73 @@ def cut_item_marks(dfa: ByteDFA) -> tuple[ByteDFA, ItemRegions]:
     trans = dfa.trans.copy()
     events = np.zeros(trans.shape, dtype=np.int8)
     heads: dict[int, tuple[int, int]] = {}
-    for kind, (byte, event) in _BYTES.items():
-        for p in np.flatnonzero(trans[:, kind] >= 0).tolist():
-            if kind == ITEM_SEP:
-                if (trans[p] >= 0).sum() != 1:
-                    raise CountedCutError(f"state {p}: an item mark shares its state with other text")
-                target, bounds = int(trans[p, kind]), None
-            else:
-                target, bounds = _follow_mark(trans, p, kind)
-            into = trans == p
-            if not (into[:, byte].sum() == into.sum() > 0):
-                raise CountedCutError(f"state {p}: a counted array's mark follows another byte than {chr(byte)!r}")
-            if kind == ITEM_ENTER:
-                if heads.get(target, bounds) != bounds:
-                    raise CountedCutError(f"state {target}: one array with two pairs of bounds")
-                heads[target] = bounds
-            events[into] = event
-            trans[into] = target
-    for kind in _BYTES:
-        trans[:, kind] = -1
+    for p in np.flatnonzero(trans[:, ITEM_MARK] >= 0).tolist():
+        into = trans == p
+        before = np.unique(np.nonzero(into)[1])
+        if before.size != 1 or int(before[0]) not in _EVENTS:
+            raise CountedCutError(f"state {p}: an item mark follows {bytes(before.tolist())!r}, not one of '[', ',', ']'")
+        event = _EVENTS[int(before[0])]
+        if event == SEP:
+            if (trans[p] >= 0).sum() != 1:
+                raise CountedCutError(f"state {p}: an item mark shares its state with other text")
+            target, bounds = int(trans[p, ITEM_MARK]), None
+        else:
+            target, bounds = _follow_mark(trans, p, ITEM_MARK)
+        if event == OPEN:
+            if heads.get(target, bounds) != bounds:
+                raise CountedCutError(f"state {target}: one array with two pairs of bounds")
+            heads[target] = bounds
+        events[into] = event
+        trans[into] = target
+    trans[:, ITEM_MARK] = -1
     cut = ByteDFA(trans, dfa.accept.copy())
     return cut, _item_regions(cut, events, sorted(heads.items()))
 
 
 def _item_regions(dfa: ByteDFA, events: np.ndarray, heads: list) -> ItemRegions:
-    """Each head's array: the states it reaches without its closing `]`."""
-    region = np.full(dfa.num_states, -1, dtype=np.int32)
-    for r, (h, _) in enumerate(heads):
-        stack, seen = [h], {h}
-        while stack:
-            q = stack.pop()
-            row = np.where(events[q] == CLOSE, -1, dfa.trans[q])
-            if (events[q] == OPEN).any():
-                raise CountedCutError(f"state {q}: a counted array inside a counted array")
-            for t in np.unique(row[row >= 0]).tolist():
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
-        members = np.fromiter(seen, dtype=np.int64)
-        if (region[members] >= 0).any() or dfa.accept[members].any() or 0 in seen:
-            raise CountedCutError(f"state {h}: a counted array overlaps other text")
-        region[members] = r
-    sep_outside = (events == SEP).any(axis=1) & (region < 0)
-    if sep_outside.any():
-        raise CountedCutError(f"state {int(np.flatnonzero(sep_outside)[0])}: an item separator outside its array")
+    """Each state's stack of open arrays (one walk from the start; a state met with two stacks, a
+    `]` or `,` outside an array, or an accepting state inside one raises CountedCutError)."""
+    region_of = {h: r for r, (h, _) in enumerate(heads)}
+    stack_of: dict[int, tuple] = {0: ()}
+    todo = [0]
+    while todo:
+        q = todo.pop()
+        here = stack_of[q]
+        live = np.flatnonzero(dfa.trans[q] >= 0)
+        for pair in np.unique(dfa.trans[q, live].astype(np.int64) * 4 + events[q, live]).tolist():
+            t, ev = divmod(pair, 4)
+            if ev == OPEN:
+                if t not in region_of:
+                    raise CountedCutError(f"state {t}: an array opened without its bounds")
+                after = (*here, region_of[t])
+            elif ev == CLOSE:
+                if not here:
+                    raise CountedCutError(f"state {q}: a `]` closes no counted array")
+                after = here[:-1]
+            else:
+                if ev == SEP and not here:
+                    raise CountedCutError(f"state {q}: an item separator outside its array")
+                after = here
+            if len(after) > MAX_ITEM_DEPTH:
+                raise CountedCutError(f"state {t}: counted arrays nested deeper than {MAX_ITEM_DEPTH}")
+            if t not in stack_of:
+                stack_of[t] = after
+                todo.append(t)
+            elif stack_of[t] != after:
+                raise CountedCutError(f"state {t}: a counted array overlaps other text")
+    levels = np.full((dfa.num_states, MAX_ITEM_DEPTH), -1, dtype=np.int32)
+    for q, stack in stack_of.items():
+        levels[q, : len(stack)] = stack
+    depth = (levels >= 0).sum(axis=1)
+    if (dfa.accept & (depth > 0)).any():
+        raise CountedCutError(f"state {int(np.flatnonzero(dfa.accept & (depth > 0))[0])}: accepting inside an array")
+    region = np.where(depth > 0, levels[np.arange(dfa.num_states), np.maximum(depth - 1, 0)], -1).astype(np.int32)
     return ItemRegions(
         region=region,
         lo=np.asarray([b[0] for _, b in heads], dtype=np.int64),
         hi=np.asarray([b[1] for _, b in heads], dtype=np.int64),
         events=events,
+        levels=levels,
     )
 
 
@@ -172,14 +201,16 @@ def item_entries(rows, dfa: ByteDFA, items: ItemRegions, vi) -> ItemEntries:
 
 
 def _walk_items(dfa, items: ItemRegions, vi, src, tok):
-    """(valid, inc, flag, counter after) for each (state, token) pair, walked byte by byte."""
+    """(valid, inc, flag, counter of the array left open or -1) for each (state, token) pair,
+    walked byte by byte with the token's own stack of arrays above the source's open ones."""
     region, events = items.region, items.events
     sep_lo, sep_hi = items.sep_bounds()
     n = src.size
     state = src.copy()
-    in_src = region[state] >= 0  # still inside the source state's array
+    depth = items.depth[src].astype(np.int64)  # arrays open now
+    dyn_top = depth - 1  # the innermost of the source's arrays still open (the row's counters)
+    cnt = np.zeros((n, MAX_ITEM_DEPTH + 1), dtype=np.int64)  # separators in arrays this token opened
     inc = np.zeros(n, dtype=np.int64)
-    new = np.full(n, -1, dtype=np.int64)  # separators in an array this token opened (-1: none open)
     flag = np.zeros(n, dtype=np.int64)
     ok = np.ones(n, dtype=bool)
     active = np.flatnonzero(vi.lens[tok] > 0)
@@ -190,32 +221,38 @@ def _walk_items(dfa, items: ItemRegions, vi, src, tok):
         b = vi.flat[vi.off[tok[active]] + pos]
         nxt = dfa.trans[q, b].astype(np.int64)
         ev = events[q, b]
-        own = in_src[active]
-        opened = new[active] >= 0
-        inc[active[(ev == SEP) & own]] += 1
-        new[active[(ev == SEP) & ~own & opened]] += 1
-        closing = ev == CLOSE
-        flag[active[closing & own]] |= FLAG_CLOSES
-        in_src[active[closing & own]] = False
-        shut = active[closing & ~own & opened]  # an array opened and closed by this token: bounds known
-        r = region[q[closing & ~own & opened]]
-        ok[shut[(new[shut] < sep_lo[r]) | (new[shut] > sep_hi[r])]] = False
-        new[shut] = -1
+        lvl = depth[active] - 1
+        own = lvl <= dyn_top[active]  # an array open before this token
+        fresh = (flag[active] & FLAG_CLOSES) == 0
+        sep, close = ev == SEP, ev == CLOSE
+        cnt[active[sep & ~own], lvl[sep & ~own]] += 1
+        inc[active[sep & own & fresh]] += 1
+        ok[active[sep & own & ~fresh]] = False  # a separator of the array below one it closed
+        ok[active[close & own & ~fresh]] = False  # a second array of the row's closed
+        flag[active[close & own]] |= FLAG_CLOSES
+        dyn_top[active[close & own]] -= 1
+        shut = close & ~own  # an array opened and closed by this token: bounds known
+        c, r = cnt[active[shut], lvl[shut]], region[q[shut]]
+        ok[active[shut][(c < sep_lo[r]) | (c > sep_hi[r])]] = False
         opening = active[ev == OPEN]
-        new[opening] = 0
-        flag[opening] |= FLAG_OPENS
+        cnt[opening, np.minimum(depth[opening], MAX_ITEM_DEPTH)] = 0
+        depth[active[close]] -= 1
+        depth[opening] += 1
         dead = nxt < 0
         ok[active[dead]] = False
         state[active[~dead]] = nxt[~dead]
         active = active[~dead]
         pos += 1
-    ends_new = new >= 0
+    left_open = depth - 1 - dyn_top  # arrays this token opened and left open
+    ok &= left_open <= 1
+    opens = left_open == 1
+    counter = np.where(opens, cnt[np.arange(n), np.clip(depth - 1, 0, MAX_ITEM_DEPTH)], -1)
     r_end = region[state]
-    ok &= ~ends_new | (new <= sep_hi[np.maximum(r_end, 0)])
+    ok &= ~opens | (counter <= sep_hi[np.maximum(r_end, 0)])
     r_src = region[src]
-    ok &= ~in_src | (inc <= sep_hi[np.maximum(r_src, 0)])
-    flag = np.where(ends_new, flag, flag & ~FLAG_OPENS)  # an array opened and closed again: nothing left
-    counter = np.where(ends_new, new, np.where(in_src, -1, 0))
+    stays = (r_src >= 0) & ((flag & FLAG_CLOSES) == 0)
+    ok &= ~stays | (inc <= sep_hi[np.maximum(r_src, 0)])
+    flag = np.where(opens, flag | FLAG_OPENS, flag & ~FLAG_OPENS)
     return ok, inc, flag, counter
 
 
@@ -241,6 +278,22 @@ def add_items_inplace(table: TokenTable, items: ItemRegions, entries: ItemEntrie
     table.item_next = csr.nxt[slot[present][at]].astype(np.int32)
     table.item_cost = np.where(inside, 1, 0).astype(np.int32)
     _settle_costs_inplace(table, region, csr)
+    _add_levels_inplace(table, items, order)
+
+
+def _add_levels_inplace(table: TokenTable, items: ItemRegions, order: np.ndarray) -> None:
+    """item_depth and, per state, the minimum and cost of each open array below the innermost."""
+    levels = items.levels[order]
+    depth = (levels >= 0).sum(axis=1)
+    region = items.region[order]
+    cost = np.zeros(items.num_regions, dtype=np.int64)
+    cost[region[region >= 0]] = table.item_cost[region >= 0]  # one cost per array (_required_costs)
+    below = (levels[:, : MAX_ITEM_DEPTH - 1] >= 0) & (np.arange(MAX_ITEM_DEPTH - 1)[None, :] < depth[:, None] - 1)
+    sep_lo = items.sep_bounds()[0]
+    at = np.maximum(levels[:, : MAX_ITEM_DEPTH - 1], 0)
+    table.item_depth = depth.astype(np.int32)
+    table.item_below_lo = np.where(below, sep_lo[at], 0).astype(np.int32)
+    table.item_below_cost = np.where(below, cost[at], 0).astype(np.int32)
 
 
 @dataclass
@@ -367,40 +420,82 @@ def _lookup(table: TokenTable, state: int, tokens: np.ndarray):
     return _lookup_many(table, np.full(tokens.shape[0], state, dtype=np.int64), tokens)
 
 
-def item_allows(table: TokenTable, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:
+def as_stack(counters) -> np.ndarray:
+    """int64 [MAX_ITEM_DEPTH]: a row's item counters, outermost first (an int: one open array)."""
+    out = np.zeros(MAX_ITEM_DEPTH, dtype=np.int64)
+    if np.ndim(counters) == 0:
+        out[0] = int(counters)
+    else:
+        out[: len(counters)] = np.asarray(counters, dtype=np.int64)
+    return out
+
+
+def _top(table: TokenTable, state: int, stack: np.ndarray) -> int:
+    """The counter of `state`'s innermost open array (0 outside)."""
+    depth = int(table.item_depth[state]) if table.item_depth is not None else int(table.item_hi[state] >= 0)
+    return int(stack[depth - 1]) if depth > 0 else 0
+
+
+def item_allows(table: TokenTable, state: int, counters, tokens: np.ndarray) -> np.ndarray:
     """bool per token (allowed by the mask): whether the item bounds keep it."""
     if table.item_hi is None or table.item_hi[state] < 0:
         return np.ones(tokens.shape[0], dtype=bool)
     _, inc, flag, _ = _lookup(table, state, tokens)
-    total = counter + inc
+    total = _top(table, state, as_stack(counters)) + inc
     closes = (flag & FLAG_CLOSES) != 0
     return (total <= table.item_hi[state]) & (~closes | (total >= table.item_lo[state]))
 
 
-def next_item_counter(table: TokenTable, state: int, counter: int, tokens: np.ndarray) -> np.ndarray:
-    """The item counter after each token (transitions of `state`)."""
+def next_item_counters(table: TokenTable, state: int, counters, tokens: np.ndarray) -> np.ndarray:
+    """int64 [n, MAX_ITEM_DEPTH]: the row's counters after each token (transitions of `state`):
+    the innermost gains inc, or is popped when the token closes it; an array the token leaves
+    open is pushed with item_set."""
+    stack = np.tile(as_stack(counters), (tokens.shape[0], 1))
+    if table.item_hi is None:
+        return stack
+    hit, inc, flag, after = _lookup(table, state, tokens)
+    depth = int(table.item_depth[state])
+    closes, opens = (flag & FLAG_CLOSES) != 0, (flag & FLAG_OPENS) != 0
+    if depth > 0:
+        stack[:, depth - 1] = np.where(closes, 0, stack[:, depth - 1] + inc)
+    at = np.clip(depth - closes.astype(np.int64), 0, MAX_ITEM_DEPTH - 1)
+    rows = np.flatnonzero(opens & hit)
+    stack[rows, at[rows]] = after[rows]
+    return stack
+
+
+def next_item_counter(table: TokenTable, state: int, counters, tokens: np.ndarray) -> np.ndarray:
+    """The counter of the innermost open array after each token (0 outside arrays)."""
+    stacks = next_item_counters(table, state, counters, tokens)
     if table.item_hi is None:
         return np.zeros(tokens.shape[0], dtype=np.int64)
-    hit, inc, _, after = _lookup(table, state, tokens)
-    inside = table.item_hi[state] >= 0
-    stays = np.where(hit, after < 0, inside)
-    return np.where(stays, counter + inc, np.maximum(after, 0))
+    nexts = table.next_states(state, tokens).astype(np.int64)
+    depth = np.where(nexts >= 0, table.item_depth[np.maximum(nexts, 0)], 0)
+    return np.where(depth > 0, stacks[np.arange(tokens.shape[0]), np.maximum(depth - 1, 0)], 0)
 
 
-def item_need(table: TokenTable, states: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    """Tokens the unmet minItems adds to dist (0 outside counted arrays)."""
+def item_need(table: TokenTable, states: np.ndarray, stacks: np.ndarray) -> np.ndarray:
+    """Tokens the unmet minItems of every open array add to dist (0 outside counted arrays);
+    `stacks`: int [n, MAX_ITEM_DEPTH] (or [n] innermost counters of one-level rows)."""
+    states = np.asarray(states, dtype=np.int64)
     if table.item_hi is None:
         return np.zeros(np.shape(states), dtype=np.int64)
-    states = np.asarray(states, dtype=np.int64)
-    short = np.maximum(table.item_lo[states].astype(np.int64) - counters, 0)
-    return np.where(table.item_hi[states] >= 0, table.item_cost[states].astype(np.int64) * short, 0)
+    stacks = np.asarray(stacks, dtype=np.int64)
+    if stacks.ndim == 1:
+        stacks = np.stack([as_stack(k) for k in stacks]) if stacks.size else np.zeros((0, MAX_ITEM_DEPTH), np.int64)
+    depth = table.item_depth[states].astype(np.int64)
+    top = stacks[np.arange(states.size), np.maximum(depth - 1, 0)]
+    short = np.maximum(table.item_lo[states].astype(np.int64) - top, 0)
+    need = np.where(table.item_hi[states] >= 0, table.item_cost[states].astype(np.int64) * short, 0)
+    under = np.maximum(table.item_below_lo[states].astype(np.int64) - stacks[:, : MAX_ITEM_DEPTH - 1], 0)
+    return need + (table.item_below_cost[states].astype(np.int64) * under).sum(axis=1)
 
 
-def kept(table: TokenTable, state: int, counter: int, icounter: int, toks: np.ndarray, nexts: np.ndarray,
+def kept(table: TokenTable, state: int, counter: int, icounters, toks: np.ndarray, nexts: np.ndarray,
          remaining: int) -> np.ndarray:
     """bool per transition: string and item counters keep it and it can still finish within the budget
     (dist[next] + string need + item need <= remaining - 1: the rule kernels/items.py implements)."""
-    ok = table.count_allows(state, counter, toks) & item_allows(table, state, icounter, toks)
+    ok = table.count_allows(state, counter, toks) & item_allows(table, state, icounters, toks)
     nexts = nexts.astype(np.int64)
     need = np.zeros(toks.shape[0], dtype=np.int64)
     if table.has_counts:  # as walk.kept: a token that does not stay in its body is charged need(0)
@@ -410,22 +505,25 @@ def kept(table: TokenTable, state: int, counter: int, icounter: int, toks: np.nd
             start = np.where((v >= 0) & (v % 2 == 0), counter + v // 2, 0)
         fill, lo = table.count_fill, table.count_lo[nexts].astype(np.int64)
         need = np.where(table.count_row[nexts] >= 0, -(-np.maximum(lo - start, 0) // fill), 0)
-    after = next_item_counter(table, state, icounter, toks)
+    after = next_item_counters(table, state, icounters, toks)
     return ok & (table.dist[nexts] + need + item_need(table, nexts, after) <= remaining - 1)
 
 
 def concat_items(tables: list[TokenTable], offsets: np.ndarray) -> dict:
     """The item_* fields of several tables stacked (TokenTable.concat; tables without items get none)."""
     width = tables[0].logits_width
-    out: dict[str, list] = {name: [] for name in ("item_lo", "item_hi", "item_cost", "item_key", "item_inc",
-                                                  "item_flag", "item_set", "item_next")}
+    out: dict[str, list] = {name: [] for name in ITEM_ARRAYS}
     for t, off in zip(tables, offsets.tolist(), strict=True):
         if not t.has_items:
             out["item_lo"].append(np.zeros(t.num_states, dtype=np.int32))
             out["item_hi"].append(np.full(t.num_states, -1, dtype=np.int32))
             out["item_cost"].append(np.zeros(t.num_states, dtype=np.int32))
+            out["item_depth"].append(np.zeros(t.num_states, dtype=np.int32))
+            out["item_below_lo"].append(np.zeros((t.num_states, MAX_ITEM_DEPTH - 1), dtype=np.int32))
+            out["item_below_cost"].append(np.zeros((t.num_states, MAX_ITEM_DEPTH - 1), dtype=np.int32))
             continue
-        for name in ("item_lo", "item_hi", "item_cost", "item_inc", "item_flag", "item_set"):
+        for name in ("item_lo", "item_hi", "item_cost", "item_inc", "item_flag", "item_set", "item_depth",
+                     "item_below_lo", "item_below_cost"):
             out[name].append(getattr(t, name))
         out["item_key"].append(t.item_key.astype(np.int64) + off * width)
         out["item_next"].append(t.item_next.astype(np.int64) + off)

@@ -17,25 +17,31 @@ to a device is the kernels' job.
 
 Counters (optional, `count_row is not None`). A state inside a length-bounded string body has
 `count_row[s] >= 0`; each batch row then carries one int32 counter c: the characters started
-in the body so far (an escape or a multi-byte character is one). With v = count_chars[row, t]
-(2 * characters token t starts there + 1 if it closes the string; -1: never), t is kept iff
-v >= 0, c + v//2 <= count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the
-counter is c + v//2 if t stays in the body, else count_entry_val at key s * logits_width + t
-(0 when absent: the characters t starts in the body it opens). `dist` of a counted state
-excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c), need_s(c) =
-ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged need(0).
-One counter per row suffices: a counted body holds no other counted value.
+in the body so far (an escape or a multi-byte character is one) plus the fewest characters the
+body still needs before its closing quote from the row's state (0 for a `char*` body; a body
+written by a `pattern` or `format` may need more: grammars/counted.py), so c never decreases
+and a row under its maximum can always close. With v = count_chars[row, t] (2 * what token t
+adds to c there + 1 if it closes the string; -1: never), t is kept iff v >= 0, c + v//2 <=
+count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the counter is c + v//2 if t
+stays in the body, else count_entry_val at key s * logits_width + t (0 when absent). `dist` of
+a counted state excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c),
+need_s(c) = ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged
+need(0). One counter per row suffices: a counted body holds no other counted value.
 
 Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
-inside a counted array has `item_hi[s] >= 0`; each batch row carries a second int32 counter
-k: the item separators crossed in that array. Entries, sorted by key s * logits_width + t, hold
-the tokens that cross a separator (item_inc), close the state's array (item_flag & 1) or open one
-(item_flag & 2); any other token crosses none. t is kept iff k + inc <= item_hi[s] and, when it
-closes, k + inc >= item_lo[s] (item_lo = max(minItems - 1, 0), item_hi = maxItems - 1). After t
-the counter is item_set when >= 0, else k + inc. `dist` excludes the unmet minimum: the fewest
-tokens are dist[s] + string need + item_cost[s] * max(0, item_lo[s] - k) (a token that opens an
-array is charged that of its item_set). One item counter per row: arrays inside a counted
-array's items are not counted.
+inside a counted array has `item_hi[s] >= 0` and item_depth[s] >= 1 arrays open (at most
+items.MAX_ITEM_DEPTH); each batch row carries a stack of that many int32 counters, outermost
+first: the item separators crossed in each open array; the innermost is k = stack[depth - 1].
+Entries, sorted by key s * logits_width + t, hold the tokens that cross a separator of the
+innermost array (item_inc), close it (item_flag & 1) or leave a new array open (item_flag & 2);
+any other token crosses none. t is kept iff k + inc <= item_hi[s] and, when it closes,
+k + inc >= item_lo[s] (item_lo = max(minItems - 1, 0), item_hi = maxItems - 1 of the innermost
+array). After t the innermost counter is k + inc, or is popped when t closes it; when t leaves an
+array open, item_set is pushed (depth after = depth - closes + opens). `dist` excludes the unmet
+minimums: the fewest tokens are dist[s] + string need + item_cost[s] * max(0, item_lo[s] - k)
++ sum over the open arrays below, j < depth - 1, of item_below_cost[s, j] * max(0,
+item_below_lo[s, j] - stack[j]) (zeros past the depth; a token that opens an array is charged
+that of its item_set).
 """
 
 from __future__ import annotations
@@ -72,9 +78,12 @@ class TokenTable:
     item_cost: np.ndarray | None = None  # int32 [S]; tokens dist assumes per unmet separator (0 outside)
     item_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of tokens with an item event
     item_inc: np.ndarray | None = None  # int32 [E]; separators t crosses in s's array before it closes
-    item_flag: np.ndarray | None = None  # int8 [E]; 1: closes s's array, 2: opens an array
-    item_set: np.ndarray | None = None  # int32 [E]; the item counter after t, -1: counter + inc
+    item_flag: np.ndarray | None = None  # int8 [E]; 1: closes s's innermost array, 2: leaves one open
+    item_set: np.ndarray | None = None  # int32 [E]; the counter of the array t leaves open (-1: none)
     item_next: np.ndarray | None = None  # int32 [E]; the state t leads to
+    item_depth: np.ndarray | None = None  # int32 [S]; counted arrays open in s (0 outside)
+    item_below_lo: np.ndarray | None = None  # int32 [S, D - 1]; item_lo of each open array below the innermost
+    item_below_cost: np.ndarray | None = None  # int32 [S, D - 1]; its item_cost (0 past the depth)
 
     @property
     def has_items(self) -> bool:
@@ -348,7 +357,8 @@ def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")
-ITEM_ARRAYS = ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next")
+ITEM_ARRAYS = ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next",
+               "item_depth", "item_below_lo", "item_below_cost")
 
 
 def _concat_counts(tables: list[TokenTable], offsets: np.ndarray) -> dict:

@@ -26,8 +26,9 @@ from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.to_regex import schema_to_regex
 
 SENTINEL_BASE = 0xF8  # bytes 0xF8..0xFF never occur in UTF-8
-# Raw control bytes that JSON strings, whitespace and glue never hold, and that the counted-string
-# marks of `schema.to_regex` (0x01, 0x02, 0x10-0x1F) do not use: placeholders 0x03-0x08.
+# Raw control bytes that JSON strings, whitespace and glue never hold, and that the marks of
+# `schema.to_regex` (counted strings 0x01, 0x02, 0x10-0x1F; counted arrays 0x0B) do not use:
+# placeholders 0x03-0x08.
 _PLACEHOLDER_BASE = 0x03
 _MAX_CONTROLS = 6
 MODE_KINDS = ("text", "auto", "calls", "json")

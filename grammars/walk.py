@@ -31,7 +31,7 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
             f"max_tokens {budget} is below the {int(table.dist[0])} tokens the shortest document needs"
         )
     state, counter, out = 0, 0, []
-    item = 0  # the item counter of a table with counted arrays (grammars/items.py)
+    item = 0  # the item counters of a table with counted arrays (grammars/items.py: a stack)
     while True:
         remaining = budget - len(out)
         toks, nexts = table.transitions(state)
@@ -83,8 +83,9 @@ def accepts(table: TokenTable, ids: list[int]) -> bool:
     return bool(table.accept[state])
 
 
-def _next_item(table: TokenTable, state: int, item: int, token: int) -> int:
-    return int(items.next_item_counter(table, state, item, np.asarray([token]))[0]) if table.has_items else 0
+def _next_item(table: TokenTable, state: int, item, token: int):
+    """The row's item counters after `token` (a stack, outermost first; 0 without counted arrays)."""
+    return items.next_item_counters(table, state, item, np.asarray([token]))[0] if table.has_items else 0
 
 
 def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:

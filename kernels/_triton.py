@@ -4,6 +4,7 @@ Triton is optional: without it (or on a platform without wheels) `HAS_TRITON` is
 kernel files still import (their `@triton.jit` functions become plain, never-called Python
 functions) and every call runs the torch reference. `resolve_backend` turns the user's
 `backend="auto"|"torch"|"triton"` into the path to run; it never syncs with the device.
+`lower_bound` is the fixed-step binary search every kernel calls.
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def resolve_backend(backend: str, device: torch.device) -> str:
             )
         return "triton"
     return "triton" if (can_triton and device.type == "cuda") else "torch"
+
+
+@triton.jit
+def lower_bound(keys_ptr, lo, hi, target, num_steps):
+    """Fixed-step binary search, per lane: the first index in [lo, hi) whose sorted key is not
+    below `target` (hi when none). `num_steps` >= bit length of the longest hi - lo; lanes whose
+    range is empty stay put. The one search the kernels share (exceptions, entries)."""
+    for _ in range(num_steps):
+        active = lo < hi
+        mid = lo + (hi - lo) // 2
+        right = tl.load(keys_ptr + mid, mask=active, other=0) < target
+        lo = tl.where(active & right, mid + 1, lo)
+        hi = tl.where(active & (right == 0), mid, hi)
+    return lo
 
 
 def launch_options(device: torch.device) -> dict:

@@ -19,7 +19,7 @@ import torch
 
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
-from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels._triton import launch_options, lower_bound, resolve_backend, tl, triton
 from surecall.kernels.budget import next_state_torch
 from surecall.kernels.table import DeviceTable
 
@@ -62,15 +62,8 @@ def _advance_kernel(
     token = tl.load(tokens_ptr + rows, mask=ok, other=-1).to(tl.int32)
     has_grammar = ok & (state >= 0)
     st = tl.where(has_grammar, state, 0)
-    lo = tl.load(exc_ptr_ptr + st, mask=has_grammar, other=0)
     end = tl.load(exc_ptr_ptr + st + 1, mask=has_grammar, other=0)
-    hi = end
-    for _ in range(num_search_steps):
-        active = lo < hi
-        mid = lo + (hi - lo) // 2
-        go_right = tl.load(exc_tok_ptr + mid, mask=active, other=0) < token
-        lo = tl.where(active & go_right, mid + 1, lo)
-        hi = tl.where(active & (go_right == 0), mid, hi)
+    lo = lower_bound(exc_tok_ptr, tl.load(exc_ptr_ptr + st, mask=has_grammar, other=0), end, token, num_search_steps)
     in_row = lo < end
     is_exc = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == token)
     tok_ok = (token >= 0) & (token < 32 * num_words)
@@ -99,14 +92,7 @@ def _advance_kernel(
         ).to(tl.int32)
         stays = (v >= 0) & ((v & 1) == 0)
         key = st.to(tl.int64) * logits_width + tok
-        elo = tl.zeros_like(rows)
-        ehi = tl.zeros_like(rows) + num_entries
-        for _ in range(num_entry_steps):
-            active = elo < ehi
-            mid = elo + (ehi - elo) // 2
-            go_right = tl.load(entry_key_ptr + mid, mask=active, other=0) < key
-            elo = tl.where(active & go_right, mid + 1, elo)
-            ehi = tl.where(active & (go_right == 0), mid, ehi)
+        elo = lower_bound(entry_key_ptr, tl.zeros_like(rows), tl.zeros_like(rows) + num_entries, key, num_entry_steps)
         hit = elo < num_entries
         hit = hit & (tl.load(entry_key_ptr + elo, mask=hit, other=-1) == key)
         entry = tl.load(entry_val_ptr + elo, mask=hit, other=0)

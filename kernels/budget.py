@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from surecall.kernels._triton import tl, triton
+from surecall.kernels._triton import lower_bound, tl, triton
 from surecall.kernels.table import DeviceTable
 
 
@@ -68,17 +68,9 @@ def budget_keep_triton(
     stay_need,  # int32 tensor like tokens: need after a token that stays in a body, else -1
     num_search_steps,  # binary-search iterations
 ):
-    # Fixed-step binary search for each token in the state's exception row (advance.py has the
-    # same loop written out: nested jit calls are slow in the interpreter).
+    # each token in the state's exception row
     end = tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state + 1)
-    lo = tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state)
-    hi = end
-    for _ in range(num_search_steps):
-        active = lo < hi
-        mid = lo + (hi - lo) // 2
-        go_right = tl.load(exc_tok_ptr + mid, mask=active, other=0) < tokens
-        lo = tl.where(active & go_right, mid + 1, lo)
-        hi = tl.where(active & (go_right == 0), mid, hi)
+    lo = lower_bound(exc_tok_ptr, tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state), end, tokens, num_search_steps)
     in_row = lo < end
     found = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == tokens)
     default = tl.zeros_like(tokens) + tl.load(trans_default_ptr + state)

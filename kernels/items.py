@@ -1,13 +1,15 @@
 """Item counters on a device: minItems/maxItems of counted arrays (grammars/table.py "Item counters").
 
 `ItemTable.from_table` puts a TokenTable's item_* fields on a device, with the entries also as
-per-state CSR slices. `apply_item_mask_inplace` runs before the sampler (after, or instead of,
-the plain mask: it only ever writes -inf): on a row inside a counted array it walks the state's
-transitions and refuses a token whose separators would pass maxItems, a closing `]` before
-minItems, and any token after which dist + string need + item need no longer fits the row's
-budget; on a row outside it checks the tokens that open a counted array. `sample_remaining`
-lifts the sampler's own budget on rows inside an array (this kernel did it there, exactly).
-`advance_items` gives each row's next item counter (torch: one sparse lookup per row).
+per-state CSR slices. Each row carries a stack of MAX_ITEM_DEPTH int32 item counters (int32
+[B, MAX_ITEM_DEPTH], outermost first; the state's item_depth says how many are open).
+`apply_item_mask_inplace` runs before the sampler (after, or instead of, the plain mask: it
+only ever writes -inf): on a row inside a counted array it walks the state's transitions and
+refuses a token whose separators would pass maxItems, a closing `]` before minItems, and any
+token after which dist + string need + the item need of every open array no longer fits the
+row's budget; on a row outside it checks the tokens that open a counted array.
+`sample_remaining` lifts the sampler's own budget on rows inside an array (this kernel did it
+there, exactly). `advance_items` gives each row's next counters (torch: one sparse lookup per row).
 Triton and torch paths compute the same thing; nothing here samples or advances grammar states.
 """
 
@@ -19,8 +21,9 @@ import numpy as np
 import torch
 
 from surecall.errors import KernelInputError
+from surecall.grammars.schema.to_regex import MAX_ITEM_DEPTH
 from surecall.grammars.table import TokenTable
-from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels._triton import launch_options, lower_bound, resolve_backend, tl, triton
 from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
 from surecall.kernels.table import DeviceTable
 
@@ -40,6 +43,9 @@ class ItemTable:
     item_flag: torch.Tensor  # int32 [max(E, 1)]
     item_set: torch.Tensor  # int32 [max(E, 1)]
     item_next: torch.Tensor  # int32 [max(E, 1)]
+    item_depth: torch.Tensor  # int32 [S]: arrays open in the state
+    item_below_lo: torch.Tensor  # int32 [S, MAX_ITEM_DEPTH - 1]: minimum of each open array below the innermost
+    item_below_cost: torch.Tensor  # int32 [S, MAX_ITEM_DEPTH - 1]: its cost (0 past the depth)
     num_entries: int
     num_item_steps: int  # binary-search iterations over the longest per-state slice
     logits_width: int
@@ -67,28 +73,35 @@ class ItemTable:
             item_tok=put(table.item_key % width, torch.int32), item_key=put(table.item_key, torch.int64, -1),
             item_inc=put(table.item_inc, torch.int32), item_flag=put(table.item_flag, torch.int32),
             item_set=put(table.item_set, torch.int32), item_next=put(table.item_next, torch.int32),
+            item_depth=put(table.item_depth, torch.int32), item_below_lo=put(table.item_below_lo, torch.int32),
+            item_below_cost=put(table.item_below_cost, torch.int32),
             num_entries=num, num_item_steps=max(1, longest.bit_length()), logits_width=width,
         )  # fmt: skip
 
 
 @triton.jit
 def _refuse(
-    out_ptr, tok, nxt, live, hit, entry, state, k, rem, counter, inside, lo, hi,
+    out_ptr, tok, nxt, live, hit, entry, state, k, below, rem, counter, inside, lo, hi, cost,
     dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
     item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr, item_flag_ptr, item_set_ptr,
     HAS_COUNTS: tl.constexpr,
 ):  # fmt: skip
-    """-inf at the tokens (any shape) the item bounds or the budget with unmet minItems refuse."""
+    """-inf at the tokens (any shape) the item bounds or the budget with unmet minItems refuse
+    (`below`: the item need of the row's open arrays below the innermost)."""
     inc = tl.load(item_inc_ptr + entry, mask=live & hit, other=0)
     flag = tl.load(item_flag_ptr + entry, mask=live & hit, other=0)
     after = tl.load(item_set_ptr + entry, mask=live & hit, other=-1)
     total = k + inc
     closes = (flag & 1) != 0
+    opens = (flag & 2) != 0
     bound_ok = (inside == 0) | ((total <= hi) & ((closes == 0) | (total >= lo)))
-    k_next = tl.where(after >= 0, after, tl.where(inside, total, 0))
+    # the innermost array after the token: the one it opens, the row's own unless it closed it
+    k_next = tl.where(opens, after, total)
     short = tl.maximum(tl.load(item_lo_ptr + nxt, mask=live, other=0) - k_next, 0)
-    need = tl.where(tl.load(item_hi_ptr + nxt, mask=live, other=-1) >= 0,
-                    tl.load(item_cost_ptr + nxt, mask=live, other=0) * short, 0)
+    top = (tl.load(item_hi_ptr + nxt, mask=live, other=-1) >= 0) & ((closes == 0) | opens)
+    need = tl.where(top, tl.load(item_cost_ptr + nxt, mask=live, other=0) * short, 0) + below
+    pushed = opens & (closes == 0) & (inside != 0)  # the row's array goes below the new one
+    need += tl.where(pushed, cost * tl.maximum(lo - total, 0), 0)
     stay_need = tl.full(tok.shape, -1, tl.int32)
     if HAS_COUNTS:
         _, stay_need = count_keep_triton(
@@ -106,29 +119,37 @@ def _item_mask_kernel(
     logits_stride,
     states_ptr,  # int32 [B]; < 0: untouched
     counters_ptr,  # int32 [B] string counters (HAS_COUNTS)
-    items_ptr,  # int32 [B] item counters
+    items_ptr,  # int32 [B, DEPTH] item counters, outermost first
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included
     mask_ptr, mask_row_ptr, num_words, is_stop_ptr,  # the compact layout (grammars/table.py)
     trans_default_ptr, exc_ptr_ptr, exc_tok_ptr, exc_next_ptr, num_search_steps,
     dist_ptr, dist_entry_ptr,
     count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
     item_lo_ptr, item_hi_ptr, item_cost_ptr, item_ptr_ptr, item_tok_ptr, item_inc_ptr, item_flag_ptr,
-    item_set_ptr, item_next_ptr,
+    item_set_ptr, item_next_ptr, item_depth_ptr, item_below_lo_ptr, item_below_cost_ptr,
     num_item_steps,
     HAS_COUNTS: tl.constexpr,
+    DEPTH: tl.constexpr,  # counters per row (MAX_ITEM_DEPTH)
     BLOCK_WORDS: tl.constexpr,  # mask words per step inside an array (32 * BLOCK_WORDS tokens)
     BLOCK: tl.constexpr,  # entries per step outside
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     state = tl.load(states_ptr + row)
     if state >= 0:
-        k = tl.load(items_ptr + row)
+        depth = tl.load(item_depth_ptr + state)
+        k = tl.load(items_ptr + row * DEPTH + tl.maximum(depth - 1, 0))
+        below = tl.full([], 0, tl.int32)  # the unmet minimums of the open arrays under the innermost
+        for j in tl.static_range(DEPTH - 1):
+            lo_j = tl.load(item_below_lo_ptr + state * (DEPTH - 1) + j)
+            cost_j = tl.load(item_below_cost_ptr + state * (DEPTH - 1) + j)
+            below += cost_j * tl.maximum(lo_j - tl.load(items_ptr + row * DEPTH + j), 0)
         rem = tl.load(remaining_ptr + row)
         counter = tl.full([], 0, tl.int32)
         if HAS_COUNTS:
             counter = tl.load(counters_ptr + row)
         hi = tl.load(item_hi_ptr + state)
         lo = tl.load(item_lo_ptr + state)
+        cost = tl.load(item_cost_ptr + state)
         e0 = tl.load(item_ptr_ptr + state)
         e1 = tl.load(item_ptr_ptr + state + 1)
         out_ptr = logits_ptr + row * logits_stride
@@ -145,27 +166,13 @@ def _item_mask_kernel(
                 live = ((packed[:, None] >> bits[None, :]) & 1) != 0
                 live = live & (tl.load(is_stop_ptr + tok, mask=live, other=0) == 0)
                 # the next state: the state's exceptions (fixed-step binary search), else its default
-                a = tl.zeros_like(tok) + x0
-                b = tl.zeros_like(tok) + x1
-                for _ in range(num_search_steps):
-                    act = a < b
-                    mid = a + (b - a) // 2
-                    right = tl.load(exc_tok_ptr + mid, mask=act, other=0) < tok
-                    a = tl.where(act & right, mid + 1, a)
-                    b = tl.where(act & (right == 0), mid, b)
+                a = lower_bound(exc_tok_ptr, tl.zeros_like(tok) + x0, tl.zeros_like(tok) + x1, tok, num_search_steps)
                 found = live & (a < x1) & (tl.load(exc_tok_ptr + a, mask=live & (a < x1), other=-1) == tok)
                 nxt = tl.where(found, tl.load(exc_next_ptr + a, mask=found, other=0), tl.maximum(default, 0))
                 # the token's item entry, if any
-                a = tl.zeros_like(tok) + e0
-                b = tl.zeros_like(tok) + e1
-                for _ in range(num_item_steps):
-                    act = a < b
-                    mid = a + (b - a) // 2
-                    right = tl.load(item_tok_ptr + mid, mask=act, other=0) < tok
-                    a = tl.where(act & right, mid + 1, a)
-                    b = tl.where(act & (right == 0), mid, b)
+                a = lower_bound(item_tok_ptr, tl.zeros_like(tok) + e0, tl.zeros_like(tok) + e1, tok, num_item_steps)
                 hit = live & (a < e1) & (tl.load(item_tok_ptr + a, mask=live & (a < e1), other=-1) == tok)
-                _refuse(out_ptr, tok, nxt, live, hit, a, state, k, rem, counter, hi >= 0, lo, hi,
+                _refuse(out_ptr, tok, nxt, live, hit, a, state, k, below, rem, counter, hi >= 0, lo, hi, cost,
                         dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr,
                         count_cols, count_fill, item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr,
                         item_flag_ptr, item_set_ptr, HAS_COUNTS)  # fmt: skip
@@ -175,7 +182,7 @@ def _item_mask_kernel(
                 live = slot < e1
                 tok = tl.load(item_tok_ptr + slot, mask=live, other=0)
                 nxt = tl.load(item_next_ptr + slot, mask=live, other=0)
-                _refuse(out_ptr, tok, nxt, live, live, slot, state, k, rem, counter, hi >= 0, lo, hi,
+                _refuse(out_ptr, tok, nxt, live, live, slot, state, k, below, rem, counter, hi >= 0, lo, hi, cost,
                         dist_ptr, dist_entry_ptr, count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr,
                         count_cols, count_fill, item_lo_ptr, item_hi_ptr, item_cost_ptr, item_inc_ptr,
                         item_flag_ptr, item_set_ptr, HAS_COUNTS)  # fmt: skip
@@ -186,7 +193,7 @@ def apply_item_mask_inplace(
     table: DeviceTable,
     items: ItemTable,
     states: torch.Tensor,  # [B] int32; < 0: no grammar
-    item_counters: torch.Tensor,  # [B] int32
+    item_counters: torch.Tensor,  # [B, MAX_ITEM_DEPTH] int32, contiguous
     remaining: torch.Tensor,  # [B] int32 (>= 1)
     counters: torch.Tensor | None = None,  # [B] int32 string counters (tables with counted strings)
     backend: str = "auto",
@@ -207,8 +214,9 @@ def apply_item_mask_inplace(
         table.dist, table.dist_entry,
         table.count_row, table.count_lo, table.count_hi, table.count_chars, table.count_cols, table.count_fill,
         items.item_lo, items.item_hi, items.item_cost, items.item_ptr, items.item_tok, items.item_inc,
-        items.item_flag, items.item_set, items.item_next, items.num_item_steps,
-        HAS_COUNTS=has_counts, BLOCK_WORDS=32 if on_gpu else 16, BLOCK=1024 if on_gpu else 256, num_warps=4,
+        items.item_flag, items.item_set, items.item_next, items.item_depth, items.item_below_lo,
+        items.item_below_cost, items.num_item_steps,
+        HAS_COUNTS=has_counts, DEPTH=MAX_ITEM_DEPTH, BLOCK_WORDS=32 if on_gpu else 16, BLOCK=1024 if on_gpu else 256, num_warps=4,
         **launch_options(logits.device),
     )  # fmt: skip
 
@@ -258,13 +266,20 @@ def apply_item_mask_torch(logits, table, items, states, item_counters, remaining
     flag = torch.where(hit, items.item_flag[e].long(), 0)
     after = torch.where(hit, items.item_set[e].long(), -1)
     inside = items.item_hi[st] >= 0
-    total = item_counters.long()[row] + inc
-    closes = (flag & FLAG_CLOSES) != 0
+    stack = item_counters.long()[row]  # [n, DEPTH]
+    depth = items.item_depth[st].long()
+    k = torch.where(depth > 0, stack.gather(1, (depth - 1).clamp(min=0)[:, None])[:, 0], 0)
+    below = (items.item_below_cost[st].long() * (items.item_below_lo[st].long() - stack[:, :-1]).clamp(min=0)).sum(1)
+    total = k + inc
+    closes, opens = (flag & FLAG_CLOSES) != 0, (flag & FLAG_OPENS) != 0
     lo, hi = items.item_lo[st].long(), items.item_hi[st].long()
     bound_ok = ~inside | ((total <= hi) & (~closes | (total >= lo)))
-    k_next = torch.where(after >= 0, after, torch.where(inside, total, torch.zeros_like(total)))
+    k_next = torch.where(opens, after, total)
     short = (items.item_lo[nxt].long() - k_next).clamp(min=0)
-    need = torch.where(items.item_hi[nxt] >= 0, items.item_cost[nxt].long() * short, torch.zeros_like(short))
+    top = (items.item_hi[nxt] >= 0) & (~closes | opens)
+    need = torch.where(top, items.item_cost[nxt].long() * short, torch.zeros_like(short)) + below
+    pushed = opens & ~closes & inside
+    need = need + torch.where(pushed, items.item_cost[st].long() * (lo - total).clamp(min=0), 0)
     d = table.dist_entry[nxt].long()
     if counters is not None and table.has_counts:
         uniq, inv = torch.unique(row, return_inverse=True)
@@ -295,26 +310,34 @@ def constrain_items(logits: torch.Tensor, table: DeviceTable | None, items: Item
 
 def advance_items(items: ItemTable, states: torch.Tensor, tokens: torch.Tensor,
                   item_counters: torch.Tensor) -> torch.Tensor:
-    """int32 [B]: each row's item counter after `tokens` (rows with state < 0 keep theirs)."""
+    """int32 [B, MAX_ITEM_DEPTH]: each row's item counters after `tokens`: the innermost gains the
+    token's separators, or is popped when it closes; an array the token leaves open is pushed
+    (rows with state < 0 keep theirs)."""
     st = states.long()
     safe = st.clamp(min=0)
     key = safe * items.logits_width + tokens.long().clamp(min=0)
     at = torch.searchsorted(items.item_key[: max(items.num_entries, 1)], key).clamp(max=items.item_key.numel() - 1)
     hit = items.item_key[at] == key
-    inside = items.item_hi[safe] >= 0
-    after = items.item_set[at].long()
-    k = item_counters.long()
-    stays = torch.where(hit, after < 0, inside)
-    moved = torch.where(stays, k + torch.where(hit, items.item_inc[at].long(), 0), after.clamp(min=0))
-    moved = torch.where(hit | inside, moved, torch.zeros_like(moved))
-    return torch.where(st >= 0, moved, k).to(torch.int32)
+    flag = torch.where(hit, items.item_flag[at].long(), 0)
+    inc = torch.where(hit, items.item_inc[at].long(), 0)
+    closes, opens = (flag & FLAG_CLOSES) != 0, (flag & FLAG_OPENS) != 0
+    stack = item_counters.long().clone()
+    depth = items.item_depth[safe].long()
+    top = (depth - 1).clamp(min=0)[:, None]
+    k = stack.gather(1, top)[:, 0]
+    stack.scatter_(1, top, torch.where(depth > 0, torch.where(closes, 0, k + inc), k)[:, None])
+    push = (depth - closes.long()).clamp(0, MAX_ITEM_DEPTH - 1)[:, None]
+    pushed = torch.where(opens, items.item_set[at].long(), stack.gather(1, push)[:, 0])
+    stack.scatter_(1, push, pushed[:, None])
+    return torch.where((st >= 0)[:, None], stack, item_counters.long()).to(torch.int32)
 
 
 def _check(logits, states, item_counters, remaining, counters, table) -> None:
     batch = logits.shape[0]
-    for name, t in (("states", states), ("item_counters", item_counters), ("remaining", remaining)):
-        if t.dtype != torch.int32 or t.shape != (batch,) or t.device != logits.device:
-            raise KernelInputError(f"Invalid {name}: expected int32 [{batch}] on {logits.device}, "
+    for name, t, shape in (("states", states, (batch,)), ("item_counters", item_counters, (batch, MAX_ITEM_DEPTH)),
+                           ("remaining", remaining, (batch,))):
+        if t.dtype != torch.int32 or t.shape != shape or t.device != logits.device or not t.is_contiguous():
+            raise KernelInputError(f"Invalid {name}: expected contiguous int32 {list(shape)} on {logits.device}, "
                                    f"got {t.dtype} {tuple(t.shape)} on {t.device}")
     if table.has_counts and counters is None:
         raise KernelInputError("Invalid counters: expected the string counters of a table with counted strings, got None")

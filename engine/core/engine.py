@@ -34,7 +34,7 @@ from surecall.core.masks import attention_mask
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
-from surecall.kernels.items import ItemTable, advance_items, constrain_items
+from surecall.kernels.items import MAX_ITEM_DEPTH, ItemTable, advance_items, constrain_items
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RequestState:
     table_key: str | None = None  # the request's grammar (None: free decoding)
     state: int = -1  # local state in its grammar (-1: free)
     counter: int = 0  # characters started in the current counted string (grammars/table.py)
-    item_counter: int = 0  # item separators crossed in the current counted array (grammars/table.py)
+    item_counter: tuple[int, ...] = (0,) * MAX_ITEM_DEPTH  # separators crossed in each open counted array (grammars/table.py)
     generated: list[int] = field(default_factory=list)  # forced ids first
     logprobs: list[float] = field(default_factory=list)
     unmasked_logprobs: list[float] = field(default_factory=list)
@@ -429,7 +429,7 @@ class EngineCore:
             if host.counters is not None:
                 st.counter = int(host.counters[i])
             if host.items is not None:
-                st.item_counter = int(host.items[i])
+                st.item_counter = tuple(host.items[i])
             done_by_stop = bool(host.finished[i])
         else:
             done_by_stop = token in st.stop_ids

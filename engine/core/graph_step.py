@@ -26,7 +26,12 @@ import torch
 from surecall.core.masks import attention_mask
 from surecall.kernels import DEAD_STATE, SamplingTensors, advance, sample
 from surecall.kernels._triton import HAS_TRITON, INTERPRET
-from surecall.kernels.items import advance_items, apply_item_mask_inplace, sample_remaining
+from surecall.kernels.items import (
+    MAX_ITEM_DEPTH,
+    advance_items,
+    apply_item_mask_inplace,
+    sample_remaining,
+)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MIN_KEY_BUCKET = 256  # key lengths are bucketed in powers of two from here (each a captured graph)
@@ -35,11 +40,13 @@ MAX_GRAPHS = 64  # captured buckets kept (least recently used out; their memory 
 # padded rows x key length a bucket may gather per layer and step; past it the eager step (dense views) runs
 MAX_BUCKET_KEYS = 1 << 20
 # input columns (int64); float32 values travel as their int32 bits
-TOKEN, POS, STATE, COUNTER, ITEM, REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(12)
+TOKEN, POS, STATE, COUNTER, ITEM = range(5)  # ITEM: MAX_ITEM_DEPTH columns, a row's stack of item counters
+REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(ITEM + MAX_ITEM_DEPTH, ITEM + MAX_ITEM_DEPTH + 7)
 TABLE = STOPS + MAX_STOP_IDS
 # output columns (int32)
-OUT_TOKEN, OUT_LOGPROB, OUT_UNMASKED, OUT_STATE, OUT_COUNTER, OUT_ITEM, OUT_STATUS = range(7)
-NUM_OUT = 8
+OUT_TOKEN, OUT_LOGPROB, OUT_UNMASKED, OUT_STATE, OUT_COUNTER, OUT_ITEM = range(6)  # OUT_ITEM: MAX_ITEM_DEPTH columns
+OUT_STATUS = OUT_ITEM + MAX_ITEM_DEPTH
+NUM_OUT = OUT_STATUS + 2
 # finish codes in OUT_STATUS
 GOES_ON, STOPPED, COMPLETE_AT_BUDGET, LENGTH, NO_TOKEN, DEAD = range(6)
 
@@ -172,7 +179,7 @@ class GraphStep:
         graphs go off (with a warning) and the eager result is the step's."""
         eager, bucket.check = bucket.check, None
         got = bucket.outputs
-        exact = [OUT_TOKEN, OUT_STATE, OUT_COUNTER, OUT_ITEM, OUT_STATUS]
+        exact = [OUT_TOKEN, OUT_STATE, OUT_COUNTER, *range(OUT_ITEM, OUT_ITEM + MAX_ITEM_DEPTH), OUT_STATUS]
         same = torch.equal(got[:, exact], eager[:, exact]) and all(
             torch.allclose(got[:, c].view(torch.float32), eager[:, c].view(torch.float32), atol=1e-4, equal_nan=True)
             for c in (OUT_LOGPROB, OUT_UNMASKED))
@@ -210,7 +217,7 @@ class GraphStep:
         tokens, logprobs, unmasked, nxt, fin_grammar, counters, items = self._sample_and_advance(bucket, logits)
         status = self._finish_codes(bucket, tokens, nxt, fin_grammar)  # 4. stop / budget / error rules
         columns = (tokens.to(torch.int32), logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
-                   counters, items, status.to(torch.int32), torch.zeros_like(nxt))
+                   counters, *items.unbind(1), status.to(torch.int32), torch.zeros_like(nxt))
         bucket.outputs.copy_(torch.stack(columns, dim=1))  # 5. one output block
 
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
@@ -237,11 +244,11 @@ class GraphStep:
 
     def _sample_and_advance(self, bucket: _Bucket, logits: torch.Tensor):
         """3. item mask, mask + sample, advance: (tokens, logprobs, unmasked, next states, grammar
-        finished, next counters, next item counters), all [B]."""
+        finished, next counters, next item counters), all [B] (the item counters [B, MAX_ITEM_DEPTH])."""
         inp, table, items, key = bucket.inputs, bucket.table, bucket.items, bucket.key
         states = inp[:, STATE].to(torch.int32)
         counters = inp[:, COUNTER].to(torch.int32)
-        item_counters = inp[:, ITEM].to(torch.int32)
+        item_counters = inp[:, ITEM : ITEM + MAX_ITEM_DEPTH].to(torch.int32).contiguous()
         counted = counters if table is not None and table.has_counts else None
         params = SamplingTensors(_floats(inp[:, TEMP]), inp[:, TOP_K].to(torch.int32), _floats(inp[:, TOP_P]),
                                  inp[:, SEED].contiguous(), inp[:, STEP].contiguous(), use_top_k_top_p=key.use_sort)
@@ -300,7 +307,7 @@ def pack_inputs(host: np.ndarray, works, offsets: dict) -> None:
     host[:n, POS] = [w.start for w in works]
     host[:n, STATE] = [offsets[st.table_key] + st.state if st.table_key is not None else -1 for st in states]
     host[:n, COUNTER] = [st.counter for st in states]
-    host[:n, ITEM] = [st.item_counter for st in states]
+    host[:n, ITEM : ITEM + MAX_ITEM_DEPTH] = [st.item_counter for st in states]
     host[:n, REMAINING] = [st.sampling.max_tokens - len(st.generated) for st in states]
     host[:n, TEMP] = np.array([st.sampling.temperature for st in states], dtype=np.float32).view(np.int32)
     host[:n, TOP_K] = [st.sampling.top_k for st in states]
@@ -353,7 +360,7 @@ def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, wan
             if counted:
                 st.counter = int(out[i, OUT_COUNTER])
             if items is not None:
-                st.item_counter = int(out[i, OUT_ITEM])
+                st.item_counter = tuple(int(k) for k in out[i, OUT_ITEM : OUT_ITEM + MAX_ITEM_DEPTH])
         if status == STOPPED:
             st.by_stop = True
             core._finish(seq, "stop")

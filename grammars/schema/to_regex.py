@@ -35,7 +35,7 @@ from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
-from surecall.grammars.splice import Pieces
+from surecall.grammars.splice import Pieces, placeholders_in
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -165,9 +165,19 @@ def counted_string_regex(low: int, high: int | None, char: str = lex.STRING_CHAR
     return f'"{mark(COUNT_ENTER)}{body}*"{mark(COUNT_EXIT)}'
 
 
-_COUNTED = re.compile(
-    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})(.*?)" + r'\*"'
-    + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+def counted_body_regex(body: str, high: int) -> str:
+    """`"` ENTER (?:body) `"` EXIT: a string `body` matches, of at most `high` characters (the
+    counter starts at the fewest characters the body needs: grammars/counted.py)."""
+
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, 0, min(high, NO_MAX_LENGTH)))
+
+    return f'"{mark(COUNT_ENTER)}{_group(body)}"{mark(COUNT_EXIT)}'
+
+
+_COUNTED = re.compile(  # a counted body holds no other mark
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(f"\\x{COUNT_ENTER:02x}")
+    + ").)*?)" + '"' + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
     re.DOTALL,
 )
 
@@ -180,7 +190,9 @@ def expand_counts(regex: str) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
         low, high = int(digits[:8], 16), int(digits[8:], 16)
         upper = "" if high == NO_MAX_LENGTH else str(high)
-        return f'"{m.group(2)}{{{low},{upper}}}"'
+        if m.group(2).endswith("*"):  # char*: the character under the counted bounds
+            return f'"{m.group(2)[:-1]}{{{low},{upper}}}"'
+        return f'"(?=(?:{lex.STRING_CHAR}){{{low},{upper}}}"){m.group(2)}"'  # a body: its length looked ahead
 
     return _COUNTED.sub(spelled, regex)
 
@@ -202,29 +214,49 @@ def relax_reason(keyword: str) -> str:
     return _REASONS.get(keyword, f"{keyword!r} is not enforced by the grammar (the validator checks it)")
 
 
-# A counted array is `[` IENTER ws (item (ws `,` ISEP ws item)*)? ws `]` IEXIT: IENTER and IEXIT
-# carry minItems/maxItems as 16 nibbles, ISEP is one byte after each item separator. compile.py
-# (grammars/counted.py: cut_item_marks) cuts them out like the string marks; a per-row item
-# counter then counts the separators crossed. Items holding another counted array are not
-# counted (one item counter per row): such an outer array is materialised or relaxed.
-ITEM_ENTER, ITEM_SEP, ITEM_EXIT = 0x03, 0x04, 0x05
-_ITEM_ENTER_TEXT = f"\\x{ITEM_ENTER:02x}"
+# A counted array is `[` MARK ws (item (ws `,` MARK ws item)*)? ws `]` MARK: one control byte
+# (ITEM_MARK, free of every other mark: counted strings 0x01, 0x02, 0x10-0x1F; tool-mode
+# placeholders 0x03-0x08; automaton's 0x0E, 0x0F) whose kind is the byte before it: after `[` and
+# `]` it carries minItems/maxItems as 16 nibbles, after `,` it is alone. compile.py
+# (grammars/items.py: cut_item_marks) cuts the marks out like the string marks; a per-row item
+# counter then counts the separators crossed. Arrays of counted arrays are counted at every
+# level (a per-row stack of counters) up to MAX_ITEM_DEPTH open at once; an outer array beyond
+# that is materialised or relaxed.
+ITEM_MARK = 0x0B
+MAX_ITEM_DEPTH = 4
+_ITEM_MARK_TEXT = f"\\x{ITEM_MARK:02x}"
+_ITEM_ENTER_TEXT = "\\[" + _ITEM_MARK_TEXT
+_ITEM_EXIT_TEXT = "\\]" + _ITEM_MARK_TEXT
 
 
-def counted_array_regex(item: str, low: int, high: int | None, ws: str) -> str:
-    """The marked regex of an array of `low..high` items that each match `item`."""
+def counted_array_depth(regex: str) -> int:
+    """How many counted arrays `regex` opens inside each other at most (0: none)."""
+    depth = deepest = 0
+    for m in re.finditer(re.escape(_ITEM_ENTER_TEXT) + "|" + re.escape(_ITEM_EXIT_TEXT), regex):
+        depth += 1 if m.group(0) == _ITEM_ENTER_TEXT else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def counted_array_regex(item: str, low: int, high: int | None, ws: str, prefix: tuple[str, ...] = ()) -> str:
+    """The marked regex of an array of `low..high` items that each match `item` (after the
+    `prefix` items, in order, as far as the array reaches: prefixItems)."""
     high = NO_MAX_LENGTH if high is None else min(high, NO_MAX_LENGTH)
 
     def mark(kind: int) -> str:
         return "".join(f"\\x{b:02x}" for b in count_mark(kind, low, high))
 
-    body = f"{_group(item)}(?:{ws},\\x{ITEM_SEP:02x}{ws}{_group(item)})*{ws}"
-    return f"\\[{mark(ITEM_ENTER)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_EXIT)}"
+    sep = f"{ws},{_ITEM_MARK_TEXT}{ws}"
+    body = f"{_group(item)}(?:{sep}{_group(item)})*"
+    for p in reversed(prefix):
+        body = f"{_group(p)}(?:{sep}{body})?"
+    body += ws
+    return f"\\[{mark(ITEM_MARK)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_MARK)}"
 
 
-_COUNTED_ARRAY = re.compile(
-    re.escape("\\[" + _ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})(.*?)" + re.escape("\\]")
-    + re.escape(f"\\x{ITEM_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+_COUNTED_ARRAY = re.compile(  # an innermost counted array (no other opens inside it)
+    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(_ITEM_ENTER_TEXT) + ").)*?)"
+    + re.escape(_ITEM_EXIT_TEXT) + "(?:\\\\x1[0-9a-f]){16}",
     re.DOTALL,
 )
 
@@ -233,23 +265,53 @@ def expand_items(regex: str, ws: str | None = None) -> str:
     """`regex` with each counted array spelled out as `[item(,item){lo-1,hi-1}]` for Python `re`
     (`ws`: the whitespace regex it was written with, GrammarOptions' default when None)."""
     ws = GrammarOptions().whitespace_regex() if ws is None else ws
-    sep = f",\\x{ITEM_SEP:02x}"
+    sep = f",{_ITEM_MARK_TEXT}"
 
     def spelled(m: re.Match) -> str:
         digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
         low, high = int(digits[:8], 16), int(digits[8:], 16)
-        left = m.group(2).split(sep, 1)[0]  # ws, "(?:" when optional, "(?:item)", "(?:", ws
-        item = left[len(ws) + (0 if low >= 1 else 3) + 3 : len(left) - len(ws) - 4]
-        upper = "" if high == NO_MAX_LENGTH else str(high - 1)
-        body = f"(?:{item})(?:{ws},{ws}(?:{item})){{{max(low - 1, 0)},{upper}}}{ws}"
-        return f"\\[{ws}{body if low >= 1 else _group(body) + '?'}\\]"
+        # pieces between separators: ws, "(?:" when optional, then "(?:item)(?:" each; the last
+        # "(?:item))*", one ")?" per prefix item, ws, ")?" when optional
+        pieces = m.group(2).split(f"{ws}{sep}{ws}")
+        first = pieces[0][len(ws) + (0 if low >= 1 else 3) :]
+        items = [first[3:-4]] + [p[3:-4] for p in pieces[1:-1]]
+        *prefix, item = items
+        return array_regex(prefix, item, low, None if high == NO_MAX_LENGTH else high, ws)
 
-    return _COUNTED_ARRAY.sub(spelled, regex)
+    while True:  # innermost arrays first: each outer one is innermost once its items are spelled
+        expanded = _COUNTED_ARRAY.sub(spelled, regex)
+        if expanded == regex:
+            return regex
+        regex = expanded
 
 
 def expand_marks(regex: str, ws: str | None = None) -> str:
     """Both kinds of counted regions spelled out (expand_counts after expand_items)."""
     return expand_counts(expand_items(regex, ws))
+
+
+def array_regex(items: list[str], rest: str | None, low: int, high: int | None, ws: str) -> str:
+    """`[` the prefix `items` in order, then `rest` items, `low..high` in all `]`, spelled out."""
+    sep = f"{ws},{ws}"
+    count = len(items) if high is None else min(len(items), high)
+    tail = ""
+    if rest is not None and (high is None or high > count):
+        rest_low = max(1, low - count)
+        rest_high = "" if high is None else str(high - count - 1)
+        more = f"(?:{sep}{_group(rest)}){{{rest_low - 1},{rest_high}}}"
+        tail = _group(rest) + more
+    body = tail if count == 0 else None
+    # build from the last prefix item backwards: item i, then (optionally) the rest
+    for i in range(count - 1, -1, -1):
+        after = body if i < count - 1 else tail
+        if after:
+            after = f"{sep}{after}" if i + 1 < low else f"(?:{sep}{after})?"
+        body = _group(items[i]) + (after or "")
+    if not body:
+        return f"\\[{ws}\\]"
+    if low >= 1:
+        return f"\\[{ws}{body}{ws}\\]"
+    return f"\\[{ws}(?:{body}{ws})?\\]"
 
 
 # With splicing, a value whose regex is longer than this becomes a sub-automaton (grammars/splice.py).
@@ -332,6 +394,18 @@ class Converter:
         if self.pieces is None or regex is None or len(regex) <= SPLICE_MIN_CHARS:
             return regex
         return self.pieces.add(regex)
+
+    def item_nesting(self, regex: str) -> int:
+        """How many counted arrays `regex` opens inside each other at most (through spliced pieces:
+        an upper bound, the deepest piece it uses added to its own)."""
+        depth = counted_array_depth(regex)
+        if self.pieces is None or not self.holds_item_counter(regex):
+            return depth
+        cache = self.__dict__.setdefault("_piece_nesting", {})
+        for i in placeholders_in(regex):
+            if i < len(self.pieces.regexes) and i not in cache:
+                cache[i] = self.item_nesting(self.pieces.regexes[i])
+        return depth + max((cache.get(i, 0) for i in placeholders_in(regex)), default=0)
 
     def holds_item_counter(self, regex: str) -> bool:
         """Whether `regex` holds a counted array (inside a spliced piece too)."""
@@ -680,6 +754,8 @@ class Converter:
             else:
                 body = fmt
         if body is not None:
+            if self.options.counted_lengths and ("minLength" in schema or "maxLength" in schema):
+                return self.counted_body(schema, ptr, body)
             for key in ("minLength", "maxLength"):
                 if key in schema:
                     self.relax(ptr, key, "the string also has a pattern or format that is not one quantified "
@@ -704,6 +780,30 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return counted_string_regex(low, None if high is None else int(high))
+
+    def counted_body(self, schema: dict, ptr: str, body: str) -> str | None:
+        """A string of a pattern's (or format's) body whose maxLength a counter enforces (any size).
+        minLength is enforced where the body's own shortest match meets it, else relaxed."""
+        # grammars.counted imports this module: imported here
+        from surecall.grammars.counted import CountedCutError, body_fewest_chars
+
+        low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+        high = None if high is None else int(high)
+        try:
+            fewest = body_fewest_chars(body)
+        except CountedCutError as exc:
+            for key in ("minLength", "maxLength"):
+                if key in schema:
+                    self.relax(ptr, key, f"the string's pattern or format has a body no counter can ride ({exc})")
+            return f'"{_group(body)}"'
+        if high is not None and max(low, fewest) > high:
+            return None
+        if low > fewest:
+            self.relax(ptr, "minLength", f"minLength {low} is above the {fewest} characters the string's pattern "
+                       "or format needs (only maxLength is counted beside one; the validator checks it)")
+        if high is None:
+            return f'"{_group(body)}"'
+        return counted_body_regex(body, high)
 
     def counted_pattern(self, schema: dict) -> tuple[str, int, int | None] | None:
         """(character regex, low, high) of a `pattern` that is one anchored, quantified character
@@ -752,9 +852,6 @@ class Converter:
         low = int(schema.get(min_key, 0))
         high = schema.get(max_key)
         high = None if high is None else int(high)
-        if why is None and min_key == "minItems" and self.options.counted_lengths:
-            why = (f"above max_bounded_length={limit} with prefixItems (only a plain item list is counted; "
-                   "widened: the validator checks it)")
         why = why or f"above max_bounded_length={limit} and not counted (widened: the validator checks it)"
         if low > limit:
             self.relax(ptr, min_key, why)
@@ -805,24 +902,28 @@ class Converter:
         return self.options.counted_lengths and (low > _MATERIALISED_RUN or (
             high is not None and int(high) > _MATERIALISED_RUN))
 
-    def counted_array(self, schema: dict, rest: str, ptr: str) -> str | None:
-        """An array of `rest` items whose minItems/maxItems (any size) an item counter enforces; items
-        holding a counted array of their own fall back (spelled out up to max_bounded_length, else relaxed)."""
+    def counted_array(self, schema: dict, rest: str, ptr: str, prefix: tuple[str, ...] = ()) -> str | None:
+        """An array of `rest` items (after the `prefix` items) whose minItems/maxItems (any size) an
+        item counter enforces; items holding MAX_ITEM_DEPTH counted arrays inside each other fall
+        back (spelled out up to max_bounded_length, else relaxed)."""
         low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
         high = None if high is None else int(high)
         if high is not None and low > high:
             return None
-        if self.holds_item_counter(rest):
-            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold a counted "
-                   "array (one item counter per row; widened: the validator checks it)")
+        if max(self.item_nesting(r) for r in (rest, *prefix)) >= MAX_ITEM_DEPTH:
+            why = (f"above max_bounded_length={self.options.max_bounded_length} and the items hold "
+                   f"{MAX_ITEM_DEPTH} counted arrays inside each other (a row counts at most {MAX_ITEM_DEPTH} "
+                   "open at once; widened: the validator checks it)")
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr, why)
-            return self.array_regex([], rest, low, high)
-        return counted_array_regex(rest, low, high, self.ws)
+            return self.array_regex(list(prefix), rest, low, high)
+        return counted_array_regex(rest, low, high, self.ws, tuple(prefix))
 
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
-        if self.wants_item_counter(schema) and not prefix:
+        counted = self.wants_item_counter(schema)
+        if counted:  # counted, or (items: false) spelled out to the prefix's length: exact either way
             low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+            high = None if high is None else int(high)
         else:
             low, high = self.length_bounds(schema, "minItems", "maxItems", ptr)
         if schema.get("uniqueItems") is True and (high is None or high > 1):
@@ -836,8 +937,8 @@ class Converter:
             items, rest, high = items[:cut], None, cut if high is None else min(high, cut)
         else:
             rest = self.convert(rest_schema, rest_ptr)
-            if not items and rest is not None and self.wants_item_counter(schema):
-                return self.counted_array(schema, rest, ptr)
+            if rest is not None and counted:
+                return self.counted_array(schema, rest, ptr, tuple(items))
         if rest is None:
             high = len(items) if high is None else min(high, len(items))
         if high is not None and low > high:
@@ -845,26 +946,7 @@ class Converter:
         return self.array_regex(items, rest, low, high)
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
-        sep = f"{self.ws},{self.ws}"
-        count = len(items) if high is None else min(len(items), high)
-        tail = ""
-        if rest is not None and (high is None or high > count):
-            rest_low = max(1, low - count)
-            rest_high = "" if high is None else str(high - count - 1)
-            more = f"(?:{sep}{_group(rest)}){{{rest_low - 1},{rest_high}}}"
-            tail = _group(rest) + more
-        body = tail if count == 0 else None
-        # build from the last prefix item backwards: item i, then (optionally) the rest
-        for i in range(count - 1, -1, -1):
-            after = body if i < count - 1 else tail
-            if after:
-                after = f"{sep}{after}" if i + 1 < low else f"(?:{sep}{after})?"
-            body = _group(items[i]) + (after or "")
-        if not body:
-            return f"\\[{self.ws}\\]"
-        if low >= 1:
-            return f"\\[{self.ws}{body}{self.ws}\\]"
-        return f"\\[{self.ws}(?:{body}{self.ws})?\\]"
+        return array_regex(items, rest, low, high, self.ws)
 
     # -- objects -------------------------------------------------------------------------
     def convert_object(self, schema: dict, ptr: str) -> str | None:

@@ -115,7 +115,7 @@ def test_static_step_equals_the_eager_step_without_host_sync(tiny, grammars, mon
         assert torch.allclose(torch.tensor(got.unmasked_logprobs), torch.tensor(ref.unmasked_logprobs), atol=1e-5)
     assert {st.finish_reason for st in eager.values()} >= {"stop", "length"}
     seen = [v for step in graph_steps for v in step.values()]
-    assert any(v[2] > 0 for v in seen) and any(v[3] > 0 for v in seen)  # string and item counters moved
+    assert any(v[2] > 0 for v in seen) and any(max(v[3]) > 0 for v in seen)  # string and item counters moved
 
 
 @needs_interpreter

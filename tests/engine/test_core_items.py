@@ -58,3 +58,24 @@ def test_item_bounds_hold_in_llm_generate(tiny):
         check = check_call(r.text, tiny._format(None), [tool])
         assert check.error is None, (check.error, r.text)
         assert 20 <= len(check.call.arguments["n"]) <= 25
+
+
+def test_nested_item_bounds_hold_in_llm_generate(tiny):
+    """An array of counted arrays: every level's bounds hold (a stack of item counters per row),
+    also when max_tokens is the fewest tokens a call needs."""
+    from surecall.tools.calls import check_call
+
+    rows = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 10,
+            "maxItems": 12}
+    tool = {"name": "grid", "description": "A grid.", "parameters": {
+        "type": "object", "properties": {"g": {"type": "array", "items": rows, "minItems": 9, "maxItems": 60}},
+        "required": ["g"], "additionalProperties": False}}
+    table = tiny.compile([tool])
+    assert table.has_items and not table.relaxed and int(table.item_depth.max()) == 2
+    params = [SamplingParams(temperature=1.0, max_tokens=int(table.dist[0]) + 10 * i, seed=i) for i in range(3)]
+    out = tiny.generate([[{"role": "user", "content": "grid"}]] * 3, tools=[tool], sampling=params)
+    for r in out:
+        check = check_call(r.text, tiny._format(None), [tool])
+        assert check.error is None, (check.error, r.text)
+        grid = check.call.arguments["g"]
+        assert 9 <= len(grid) <= 60 and all(10 <= len(row) <= 12 for row in grid)

@@ -58,11 +58,17 @@ def array_schema(lo: int | None, hi: int | None, items: dict | None = None) -> d
     return {"type": "object", "properties": {"a": a}, "required": ["a"], "additionalProperties": False}
 
 
-def step(table: TokenTable, state: int, c: int, k: int, t: int) -> tuple[int, int, int]:
+def step(table: TokenTable, state: int, c: int, k, t: int) -> tuple[int, int, np.ndarray]:
+    """One token: (state, string counter, item counters (a stack)) after it, checking it is allowed."""
     nxt = table.next_state(state, t)
     toks = np.asarray([t])
     assert nxt is not None and table.count_allows(state, c, toks)[0] and I.item_allows(table, state, k, toks)[0], t
-    return nxt, table.next_counter(state, c, t), int(I.next_item_counter(table, state, k, toks)[0])
+    return nxt, table.next_counter(state, c, t), I.next_item_counters(table, state, k, toks)[0]
+
+
+def top(table: TokenTable, state: int, k) -> int:
+    """The innermost open array's counter."""
+    return I._top(table, state, I.as_stack(k))
 
 
 def walk(table: TokenTable, rng, max_tokens: int, prefer: str | None = None) -> list[int]:
@@ -86,7 +92,7 @@ def walk(table: TokenTable, rng, max_tokens: int, prefer: str | None = None) -> 
                 pick = choice[(inc > 0) & ~closes] if ((inc > 0) & ~closes).any() else choice[~closes]
                 pick = pick if pick.size else choice
             else:
-                under = k + inc <= table.item_lo[state]
+                under = top(table, state, k) + inc <= table.item_lo[state]
                 pick = choice[closes] if closes.any() else choice[under & ~closes]
                 pick = pick if pick.size else choice
             choice = pick
@@ -103,7 +109,7 @@ def accepts(table: TokenTable, ids: list[int]) -> bool:
         toks = np.asarray([t])
         if nxt is None or not (table.count_allows(state, c, toks)[0] and I.item_allows(table, state, k, toks)[0]):
             return False
-        state, c, k = nxt, table.next_counter(state, c, t), int(I.next_item_counter(table, state, k, toks)[0])
+        state, c, k = nxt, table.next_counter(state, c, t), I.next_item_counters(table, state, k, toks)[0]
     return bool(table.accept[state])
 
 
@@ -151,11 +157,11 @@ def test_tokens_that_cross_several_separators_or_open_and_close_are_counted():
     state, c, k = 0, 0, 0
     for t in start:
         state, c, k = step(table, state, c, k, t)
-    assert table.item_hi[state] == 10 and k == 0 and table.count_row[state] >= 0
+    assert table.item_hi[state] == 10 and top(table, state, k) == 0 and table.count_row[state] >= 0
     body = [ids[b"x"], ids[b'","']] * 9  # `","` closes a string, crosses a separator, opens the next
     for t in body:
         state, c, k = step(table, state, c, k, t)
-    assert k == 9
+    assert top(table, state, k) == 9
     end = [ids[b"ab"], ids[b'"'], ids[b"]"], ids[b"}"]]
     assert accepts(table, start + body + end)  # ten items
     assert not accepts(table, start + body[:-2] + end)  # nine
@@ -176,23 +182,124 @@ def test_a_whole_array_in_one_token_is_checked_statically():
     assert not accepts(empty_bad, ten[:2] + ten[3:])  # eight
 
 
-def test_nested_counted_arrays_fall_back_with_a_reason(llama3):
-    inner = {"type": "array", "items": {"type": "integer"}, "maxItems": 20}
-    small = schema_to_regex({"type": "array", "items": inner, "maxItems": 12})
-    assert small.relaxed == []  # the outer array is spelled out, the inner one counted
-    big = schema_to_regex({"type": "array", "items": inner, "maxItems": 100})
-    assert big.relaxed == [("", "maxItems")] and "counted array" in big.reasons[("", "maxItems")]
-    table = compile_schema({"type": "array", "items": inner, "maxItems": 12}, llama3)
-    assert table.has_items and table.relaxed == []
+def nested_schema(outer: tuple[int, int], inner: tuple[int, int]) -> dict:
+    ints = {"type": "integer", "minimum": 0, "maximum": 9}
+    arr = {"type": "array", "items": ints, "minItems": inner[0], "maxItems": inner[1]}
+    return {"type": "object", "properties": {"a": {"type": "array", "items": arr, "minItems": outer[0],
+            "maxItems": outer[1]}}, "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("level", ["outer", "inner"])
+@pytest.mark.parametrize("size", [*SIZES[:-1], pytest.param(SIZES[-1], marks=pytest.mark.slow)])  # 512: ~1 min
+def test_nested_arrays_hit_both_ends_exactly_at_every_level(llama3, size, level):
+    lo, hi = max(1, size // 2), size
+    other = (9, 10)  # counted too (above the 8 spelled out)
+    schema = nested_schema((lo, hi), other) if level == "outer" else nested_schema(other, (lo, hi))
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_items and int(table.item_depth.max()) == (2 if hi > 8 else 1)
+    rng = np.random.default_rng(size)
+    for prefer, expected in (("min", (lo, other[0])), ("max", (hi, other[1]))):
+        doc = json.loads(decode(llama3, walk(table, rng, 60 * size * 11 + 400, prefer)))
+        jsonschema.validate(doc, schema)
+        sizes = {len(doc["a"])} | {len(x) for x in doc["a"]}
+        want = {expected[0]} | {expected[1]} if level == "outer" else {expected[1]} | {expected[0]}
+        assert sizes == want, (prefer, sizes)
+    for i in range(3):  # walks cut by a tight max_tokens still validate
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+def nested_vocab() -> Vocab:
+    """Every byte, plus tokens that cross one separator, and that close or open two arrays at once."""
+    pieces = [bytes([b]) for b in range(256)] + [b"1,", b"1]", b"[[", b"]]", b"],", b"],[", b'{"a": [[']
+    pieces += [b""]
+    stop = len(pieces) - 1
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
+                 logits_width=len(pieces) + 3, format="test", name="nested-synthetic")
+
+
+def test_nested_counters_push_and_pop_and_dist_counts_every_level():
+    vocab = nested_vocab()
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    schema = nested_schema((10, 11), (9, 12))
+    table = compile_schema(schema, vocab)
+    assert table.relaxed == [] and int(table.item_depth.max()) == 2
+    state, c, k = 0, 0, I.as_stack(0)
+    for t in [ids[bytes([b])] for b in b'{"a": [[1']:
+        state, c, k = step(table, state, c, k, t)
+    assert table.item_depth[state] == 2 and list(k[:2]) == [0, 0]
+    assert table.item_lo[state] == 8 and table.item_below_lo[state, 0] == 9
+    need = int(I.item_need(table, np.asarray([state]), k[None, :])[0])
+    assert need == table.item_cost[state] * 8 + table.item_below_cost[state, 0] * 9  # both levels' minimums
+    for t in [ids[b","], ids[b"1"]] * 8:
+        state, c, k = step(table, state, c, k, t)
+    comma, close = ids[b","], ids[b"]"]
+    assert list(k[:2]) == [0, 8] and I.item_allows(table, state, k, np.asarray([close]))[0]
+    state, c, k = step(table, state, c, k, close)  # pops the inner array
+    assert table.item_depth[state] == 1 and k[0] == 0
+    state, c, k = step(table, state, c, k, comma)
+    state, c, k = step(table, state, c, k, ids[b"["])  # pushes the next one
+    assert table.item_depth[state] == 2 and list(k[:2]) == [1, 0]
+    assert table.next_state(state, ids[b"1]"]) is not None  # `1]` closes it: one item, below the minimum
+    assert not I.item_allows(table, state, k, np.asarray([ids[b"1]"]]))[0]
+    inner_end = table.next_state(table.next_state(state, ids[b"1"]), ids[b"]"])
+    assert inner_end is not None and table.item_depth[inner_end] == 1
+    after_one = table.next_state(state, ids[b"1"])
+    for two_levels in (b"]]", b"],", b"],["):  # closing the row's array and then the outer: single steps
+        assert table.next_state(after_one, ids[two_levels]) is None, two_levels
+    assert table.next_state(0, ids[b'{"a": [[']) is None  # opens two arrays at once: `[` then `[`
+
+
+def test_nested_counted_arrays_deeper_than_the_stack_fall_back_with_a_reason(llama3):
+    deep: dict = {"type": "integer"}
+    for _ in range(4):
+        deep = {"type": "array", "items": deep, "maxItems": 20}
+    counted = schema_to_regex(deep)
+    assert counted.relaxed == []  # four levels: all counted
+    five = schema_to_regex({"type": "array", "items": deep, "maxItems": 100})
+    assert five.relaxed == [("", "maxItems")] and "4 counted arrays" in five.reasons[("", "maxItems")]
+    small = schema_to_regex({"type": "array", "items": deep, "maxItems": 12})
+    assert small.relaxed == []  # the fifth level spelled out
+    table = compile_schema({"type": "array", "items": deep, "maxItems": 2}, llama3)
+    assert table.has_items and table.relaxed == [] and int(table.item_depth.max()) == 4
     rng = np.random.default_rng(5)
-    for _ in range(5):
-        doc = json.loads(decode(llama3, walk(table, rng, 400, "max")))
-        jsonschema.validate(doc, {"type": "array", "items": inner, "maxItems": 12})
+    for _ in range(3):
+        doc = json.loads(decode(llama3, walk(table, rng, 4000, "max")))
+        jsonschema.validate(doc, {"type": "array", "items": deep, "maxItems": 2})
 
 
-def test_prefix_items_with_a_large_bound_stay_relaxed_with_a_reason():
-    result = schema_to_regex({"type": "array", "prefixItems": [{"type": "integer"}], "maxItems": 100})
-    assert result.relaxed == [("", "maxItems")] and "prefixItems" in result.reasons[("", "maxItems")]
+def prefix_schema(lo: int, hi: int) -> dict:
+    arr = {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "boolean"}],
+           "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": lo, "maxItems": hi}
+    return {"type": "object", "properties": {"a": arr}, "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_prefix_items_with_bounds_are_counted_and_hit_both_ends(llama3, size):
+    lo, hi = max(1, size // 2), size
+    schema = prefix_schema(lo, hi)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_items == (hi > 8)
+    rng = np.random.default_rng(size)
+    for prefer, expected in (("min", lo), ("max", hi)):
+        doc = json.loads(decode(llama3, walk(table, rng, 50 * size + 100, prefer)))
+        jsonschema.validate(doc, schema)
+        assert len(doc["a"]) == expected
+    for i in range(3):  # walks cut by a tight max_tokens still validate
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+def test_prefix_items_without_more_items_are_spelled_to_the_prefix():
+    arr = {"type": "array", "prefixItems": [{"type": "integer"}] * 3, "items": False, "minItems": 2, "maxItems": 100}
+    result = schema_to_regex(arr)
+    assert result.relaxed == []
+    regex = expand_marks(result.regex)
+    assert [bool(re.fullmatch(regex, json.dumps(list(range(n))))) for n in range(5)] == [False, False, True, True, False]
 
 
 def test_expand_marks_spells_the_bounds_for_python_re():
@@ -200,6 +307,17 @@ def test_expand_marks_spells_the_bounds_for_python_re():
                                           "maxItems": 10}).regex)
     for n in range(7, 13):
         assert bool(re.fullmatch(regex, json.dumps(list(range(n))))) == (9 <= n <= 10), n
+    tuple_ = expand_marks(schema_to_regex({"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "null"}],
+                                           "items": {"type": "integer"}, "minItems": 0, "maxItems": 10}).regex)
+    assert re.fullmatch(tuple_, "[]") and re.fullmatch(tuple_, "[true]") and re.fullmatch(tuple_, "[true, null, 3]")
+    assert re.fullmatch(tuple_, json.dumps([True, None] + [1] * 8)) and not re.fullmatch(tuple_, "[null]")
+    assert not re.fullmatch(tuple_, json.dumps([True, None] + [1] * 9))
+    nested = expand_marks(schema_to_regex({"type": "array", "items": {"type": "array", "items": {"type": "integer"},
+                                                                        "minItems": 9, "maxItems": 9},
+                                           "minItems": 9, "maxItems": 10}).regex)
+    row = list(range(9))
+    assert re.fullmatch(nested, json.dumps([row] * 9)) and re.fullmatch(nested, json.dumps([row] * 10))
+    assert not re.fullmatch(nested, json.dumps([row] * 11)) and not re.fullmatch(nested, json.dumps([row[:8]] * 9))
     optional = expand_marks(schema_to_regex({"type": "array", "items": {"type": "integer"}, "maxItems": 10}).regex)
     assert re.fullmatch(optional, "[]") and re.fullmatch(optional, "[1]") and not re.fullmatch(optional, "[" + "1," * 10 + "1]")
 
@@ -219,3 +337,25 @@ def test_cache_round_trip_and_concat_keep_the_item_counters(llama3):
     assert (both.item_hi[: plain.num_states] == -1).all()
     key = int(both.item_key[-1])
     assert both.item_next[-1] == both.next_state(key // both.logits_width, key % both.logits_width)
+
+
+@pytest.mark.parametrize("kind", ["calls", "auto"])
+def test_a_call_with_control_tokens_keeps_its_item_bounds(kind):
+    """Hermes with `<tool_call>` as a control id: the call regex holds placeholders 0x03.. that
+    tool_modes relabels; the item mark is another byte, so the array keeps its counter."""
+    from test_modes_grammar import _toy_vocab
+
+    from surecall.grammars.tool_modes import SYNTAX, ModeGrammar, compile_mode, find_controls
+
+    vocab = _toy_vocab()
+    schema = array_schema(10, 60)
+    grammar = ModeGrammar(kind, "hermes", (("f", schema),), True, controls=find_controls(vocab, SYNTAX["hermes"]))
+    assert grammar.controls
+    table = compile_mode(grammar, vocab, use_cache=False)
+    assert table.has_items and table.relaxed == [] and "counted_fallback" not in table.meta
+    tool_call = dict(grammar.controls)["<tool_call>"]
+    state = table.next_state(0, tool_call)
+    for piece in [b"\n", *[bytes([b]) for b in b'{"name": "f", "arguments": {"a": [1']]:
+        state = table.next_state(state, vocab.token_bytes.index(piece))
+        assert state is not None, piece
+    assert table.item_lo[state] == 9 and table.item_hi[state] == 59

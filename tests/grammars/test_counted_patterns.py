@@ -141,3 +141,81 @@ def test_a_large_quantifier_inside_a_larger_pattern_is_relaxed_with_its_reason(l
     table = compile_schema(pattern_schema("^[a-z]{2,300}-\\d+$"), llama3)
     assert table.meta["relaxed_reasons"] == ["a repetition bound above max_bounded_length=48 inside a larger "
                                              "pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)"]
+
+
+BODY_PATTERN = "^[a-z]+(-[a-z]+)*$"  # several character boundaries: a `-` must be followed by a letter
+
+
+@pytest.mark.parametrize("size", [1, 48, 49, 60, 512])
+def test_max_length_beside_a_larger_pattern_is_counted_and_hit_exactly(llama3, size):
+    schema = pattern_schema(BODY_PATTERN, maxLength=size)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_counts
+    rng = np.random.default_rng(size)
+    longest = json.loads(decode(llama3, extreme_walk(table, rng, early=False)))
+    jsonschema.validate(longest, schema)
+    assert len(longest["a"]) == size
+    shortest = json.loads(decode(llama3, extreme_walk(table, rng, early=True)))
+    jsonschema.validate(shortest, schema)
+    for i in range(4):  # walks cut by a tight budget still finish and validate
+        budget = int(table.dist[0]) + i
+        ids = random_walk(table, llama3, rng, max_tokens=budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+def test_the_counter_keeps_room_for_what_the_pattern_still_needs():
+    vocab = counted_vocab()
+    table = compile_schema(pattern_schema(BODY_PATTERN, maxLength=4), vocab)
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    state, counter = replay(table, [ids[b'{"a": "'], ids[b"a"], ids[b"b"]])
+    assert counter == 2  # two letters, and the body may close here
+    dash, letter, quote = ids[b"-"], ids[b"c"], ids[b'"']
+    assert table.count_allows(state, counter, np.asarray([dash, letter, quote])).all()
+    after_dash = table.next_state(state, dash)
+    counter = table.next_counter(state, counter, dash)
+    assert counter == 4  # "ab-": three started, and the letter a `-` needs
+    assert not table.count_allows(after_dash, counter, np.asarray([ids[b"ab"]]))[0]  # "ab-ab" is 5
+    assert table.count_allows(after_dash, counter, np.asarray([letter]))[0]
+    state, counter = table.next_state(after_dash, letter), table.next_counter(after_dash, counter, letter)
+    assert counter == 4 and not table.count_allows(state, counter, np.asarray([dash, letter])).any()
+    assert table.count_allows(state, counter, np.asarray([quote]))[0]
+    state, counter = replay(table, [ids[b'{"a": "'], ids[b"a"], ids[b"b"], ids[b"c"]])
+    assert not table.count_allows(state, counter, np.asarray([dash]))[0]  # "abc-" needs 5
+
+
+def test_escapes_inside_a_pattern_body_count_once():
+    vocab = counted_vocab()
+    schema = pattern_schema("^a.+$", maxLength=3)
+    table = compile_schema(schema, vocab)
+    assert table.relaxed == []
+    ids = {piece: i for i, piece in enumerate(vocab.token_bytes)}
+    state, counter = replay(table, [ids[b'{"a": "'], ids[b"a"], ids[b'\\"'], ids[b"\xe2\x82"]])
+    assert counter == 3  # an escape and a split 3-byte character, one character each
+    state, counter = replay(table, [ids[b'{"a": "'], ids[b"a"], ids[b'\\"'], ids[b"\xc3\xa9"]])
+    assert counter == 3 and table.count_allows(state, counter, np.asarray([ids[b'"']]))[0]
+    assert not table.count_allows(state, counter, np.asarray([ids[b'\\"'], ids[b"b"]])).any()
+
+
+def test_min_length_beside_a_pattern_is_kept_where_the_pattern_implies_it_else_relaxed_with_a_reason():
+    implied = schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 3, "maxLength": 90})
+    assert implied.relaxed == []
+    above = schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 10, "maxLength": 90})
+    assert above.relaxed == [("", "minLength")]
+    assert "above the 3 characters" in above.reasons[("", "minLength")]
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):  # the pattern needs 3 characters
+        schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "maxLength": 2})
+
+
+def test_a_body_with_too_many_states_keeps_its_length_relaxed_with_a_reason():
+    result = schema_to_regex({"type": "string", "format": "email", "maxLength": 1024})
+    assert result.relaxed == [("", "maxLength")]
+    assert "states, above the 128 a counter rides" in result.reasons[("", "maxLength")]
+    counted = schema_to_regex({"type": "string", "format": "date-time", "maxLength": 30})
+    assert counted.relaxed == []
+
+
+def test_expand_counts_spells_a_counted_pattern_body_for_python_re():
+    regex = expand_counts(schema_to_regex({"type": "string", "pattern": BODY_PATTERN, "maxLength": 5}).regex)
+    assert re.fullmatch(regex, '"ab-cd"') and re.fullmatch(regex, '"a"')
+    assert not re.fullmatch(regex, '"ab-cde"') and not re.fullmatch(regex, '"ab-"')

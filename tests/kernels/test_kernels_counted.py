@@ -2,7 +2,8 @@
 
 Rows are (state, counter, remaining) triples met on random walks through a compiled table whose
 vocabulary has escapes, split UTF-8 characters and tokens that open, close or pass through a
-string (an array of bounded strings, so `","` closes one body and opens the next). The host
+string (an array of bounded strings, so `","` closes one body and opens the next; a pattern with
+a maxLength, whose body has several character boundaries). The host
 rule is grammars/table.py's (TokenTable.count_allows / next_counter, walk.kept).
 """
 
@@ -30,7 +31,8 @@ needs_interpreter = pytest.mark.skipif(
 BACKENDS = ["torch", pytest.param("triton", marks=needs_interpreter)]
 SCHEMA = {"type": "object", "properties": {
     "a": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 5}, "maxItems": 3},
-    "b": {"type": "string", "minLength": 70, "maxLength": 75}}, "required": ["a", "b"]}
+    "b": {"type": "string", "minLength": 70, "maxLength": 75},
+    "c": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 60}}, "required": ["a", "b", "c"]}
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,8 @@
 Rows are (state, string counter, item counter, remaining) met on random walks, inside tight
 budgets, through a table with a counted array of bounded strings (so `","` closes a string,
 crosses a separator and opens the next one, and `"]` closes both) and a counted array of
-integers with tokens that cross two separators at once. The host rule is grammars/items.kept.
+integers with tokens that cross two separators at once; and a counted array of counted arrays of
+bounded strings (a stack of two item counters per row). The host rule is grammars/items.kept.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from surecall.grammars.vocab.core import Vocab
 from surecall.kernels import DeviceTable, apply_token_mask_inplace
 from surecall.kernels._triton import HAS_TRITON, INTERPRET
 from surecall.kernels.items import (
+    MAX_ITEM_DEPTH,
     UNBOUNDED,
     ItemTable,
     advance_items,
@@ -40,6 +42,10 @@ SCHEMA = {"type": "object", "properties": {
           "maxItems": 12},
     "b": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 10,
           "maxItems": 10}}, "required": ["a", "b"], "additionalProperties": False}
+NESTED = {"type": "object", "properties": {
+    "a": {"type": "array", "items": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3},
+                                     "minItems": 9, "maxItems": 10}, "minItems": 9, "maxItems": 11}},
+    "required": ["a"], "additionalProperties": False}
 
 
 @pytest.fixture(autouse=True)
@@ -56,20 +62,21 @@ def _vocab() -> Vocab:
                  logits_width=len(pieces) + 7, format="test", name="items-kernels")
 
 
-@pytest.fixture(scope="module")
-def compiled():
+@pytest.fixture(scope="module", params=["flat", "nested"])
+def compiled(request):
     vocab = _vocab()
-    table = compile_schema(SCHEMA, vocab, use_cache=False)
+    table = compile_schema(SCHEMA if request.param == "flat" else NESTED, vocab, use_cache=False)
     assert table.has_items and table.has_counts and table.relaxed == []
+    assert int(table.item_depth.max()) == (1 if request.param == "flat" else 2)
     return vocab, table
 
 
 def _rows(table: TokenTable, rng, num: int):
-    """(state, counter, item counter, remaining) met on random walks inside tight budgets."""
+    """(state, counter, item counters (a stack), remaining) met on random walks inside tight budgets."""
     out = []
     while len(out) < num:
         budget = int(table.dist[0]) + int(rng.integers(0, 8))
-        state, c, k, used = 0, 0, 0, 0
+        state, c, k, used = 0, 0, (0,) * MAX_ITEM_DEPTH, 0
         while not table.accept[state] and len(out) < num:
             remaining = budget - used
             out.append((state, c, k, remaining))
@@ -77,7 +84,7 @@ def _rows(table: TokenTable, rng, num: int):
             ok = np.flatnonzero(host.kept(table, state, c, k, toks, nexts, remaining))
             assert ok.size, (state, c, k, remaining)  # the budget always leaves a way to finish
             t = int(toks[int(rng.choice(ok))])
-            k = int(host.next_item_counter(table, state, k, np.asarray([t]))[0])
+            k = tuple(int(x) for x in host.next_item_counters(table, state, k, np.asarray([t]))[0])
             state, c = table.next_state(state, t), table.next_counter(state, c, t)
             used += 1
     return out
@@ -93,6 +100,7 @@ def _host_allowed(table: TokenTable, s: int, c: int, k: int, rem: int, width: in
 
 
 def _tensors(rows):
+    """(states, string counters, item counters [B, MAX_ITEM_DEPTH], remaining)."""
     return tuple(torch.tensor([r[i] for r in rows], dtype=torch.int32) for i in range(4))
 
 
@@ -143,12 +151,13 @@ def test_advance_items_equals_the_host_counter(compiled):
     for s, _, _, _ in rows:
         tokens.append(int(rng.choice(table.transitions(s)[0])))
     got = advance_items(ItemTable.from_table(table), states, torch.tensor(tokens, dtype=torch.int32), items)
-    want = [int(host.next_item_counter(table, s, k, np.asarray([t]))[0]) for (s, _, k, _), t in zip(rows, tokens)]
+    want = [host.next_item_counters(table, s, k, np.asarray([t]))[0].tolist() for (s, _, k, _), t in zip(rows, tokens)]
     assert got.tolist() == want
-    assert any(w != k for (_, _, k, _), w in zip(rows, want))
+    assert any(w != list(k) for (_, _, k, _), w in zip(rows, want))
+    kept = torch.tensor([[5, 1, 0, 0], [7, 2, 3, 0]], dtype=torch.int32)
     free = advance_items(ItemTable.from_table(table), torch.full((2,), -1, dtype=torch.int32),
-                         torch.zeros(2, dtype=torch.int32), torch.tensor([5, 7], dtype=torch.int32))
-    assert free.tolist() == [5, 7]
+                         torch.zeros(2, dtype=torch.int32), kept)
+    assert free.tolist() == kept.tolist()
 
 
 def test_sample_remaining_lifts_the_budget_only_inside_arrays(compiled):
@@ -165,10 +174,13 @@ def test_bad_inputs_are_refused(compiled):
     dt, it = DeviceTable.from_table(table), ItemTable.from_table(table)
     logits = torch.zeros(2, vocab.logits_width)
     ok = torch.zeros(2, dtype=torch.int32)
+    stacks = torch.zeros(2, MAX_ITEM_DEPTH, dtype=torch.int32)
     with pytest.raises(KernelInputError, match="Invalid item_counters"):
-        apply_item_mask_inplace(logits, dt, it, ok, ok.long(), ok + 5, counters=ok)
+        apply_item_mask_inplace(logits, dt, it, ok, stacks.long(), ok + 5, counters=ok)
+    with pytest.raises(KernelInputError, match="Invalid item_counters"):  # one counter per row: a stack is needed
+        apply_item_mask_inplace(logits, dt, it, ok, ok, ok + 5, counters=ok)
     with pytest.raises(KernelInputError, match="Invalid counters"):
-        apply_item_mask_inplace(logits, dt, it, ok, ok, ok + 5)
+        apply_item_mask_inplace(logits, dt, it, ok, stacks, ok + 5)
     plain = compile_schema({"type": "object", "properties": {"b": {"type": "boolean"}}}, vocab, use_cache=False)
     with pytest.raises(KernelInputError, match="item counters"):
         ItemTable.from_table(plain)
