@@ -91,9 +91,11 @@ def test_sigkill_mid_episode_then_rerun_runs_every_effect_exactly_once(engine, t
             assert in_doubt or obs["error"] is None, obs
         assert (Path(traj.workspace) / "log.txt").read_text() == "done1\nslot2\n"
     observations = [t.observations[0] for traj in result.trajectories for t in traj.turns]
-    if mode == "before_record":  # the in-doubt edit was settled by its probe, never re-run
+    if mode == "before_record":  # the in-doubt edits were settled by their probes, never re-run
         settled = [o for o in observations if o["data"].get("settled_by_probe")]
-        assert len(settled) == 1 and settled[0]["tool"] == "file_edit" and settled[0]["replayed"]
+        # the kill cuts the first edit that completes; the other episode's edit may have run by then too
+        assert 1 <= len(settled) <= len(result.trajectories), settled
+        assert all(o["tool"] == "file_edit" and o["replayed"] for o in settled), settled
     else:  # the recorded bash call was replayed from the store, not run again
         replayed = [o for o in observations if o["replayed"]]
         assert len(replayed) >= 1 and {o["tool"] for o in replayed} == {"bash_execute"}
