@@ -493,7 +493,7 @@ class Converter:
         return True
 
     def convert_union(self, schema: dict, key: str, ptr: str) -> str | None:
-        rest = {k: v for k, v in schema.items() if k != key}
+        rest = self.with_origins({k: v for k, v in schema.items() if k != key}, ptr)
         has_rest = any(k in _ASSERTING for k in rest)
         branches = []
         for i, sub in enumerate(schema[key]):
@@ -506,6 +506,13 @@ class Converter:
         if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(effective):
             self.relax(ptr, "oneOf")
         return _alternation(branches)
+
+    def with_origins(self, rest: dict, ptr: str) -> dict:
+        """`rest` (keywords of the node at `ptr`) carrying the allOf branches its keywords came from,
+        so a keyword relaxed inside each anyOf/oneOf branch is listed where it was written."""
+        if ptr != self.origins[0] or not self.origins[1]:
+            return rest
+        return {**rest, _FROM: {k: v for k, v in self.origins[1].items() if k in rest}}
 
     def disjoint(self, branches: list) -> bool:
         """True when nothing the grammar emits for one branch satisfies another branch.
