@@ -32,6 +32,7 @@ import jsonschema_rs
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
+from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, combined_multiple, multiple_of_regex
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
@@ -179,7 +180,7 @@ def expand_counts(regex: str) -> str:
 
 _REASONS = {
     "uniqueItems": "a finite automaton cannot remember which items were already written",
-    "multipleOf": "divisibility of a decimal number is not enforced by the grammar",
+    "multipleOf": "divisibility is not enforced here (the remainder automaton's regex is too long)",
     "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
     "format": "the format is unknown, or a pattern already constrains the string",
     "oneOf": "exclusivity of the branches is not enforced (any branch may match)",
@@ -481,6 +482,8 @@ class Converter:
             return False
         elif key == "uniqueItems":
             out[key] = bool(old) or bool(value)
+        elif key == "multipleOf" and combined_multiple(old, value) is not None:
+            out[key] = combined_multiple(old, value)
         elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
             out[key] = {"type": sorted(_negated_types(old) | _negated_types(value))}  # not A and not B
         elif key in ("additionalProperties", "items", "additionalItems") and not (
@@ -729,7 +732,9 @@ class Converter:
         """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact)."""
         low, high = _integer_bounds(schema)
         if "multipleOf" in schema and schema["multipleOf"] != 1:
-            self.relax(ptr, "multipleOf")
+            multiples = self.multiples(schema, ptr, is_integer=True)
+            if multiples is not False:
+                return multiples
         if low is None and high is None:
             return lex.INTEGER
         low = -lex.LARGEST_INTEGER if low is None else max(low, -lex.LARGEST_INTEGER)
@@ -740,7 +745,9 @@ class Converter:
         """Integral bounds are enforced (numbers then carry no exponent and stay within
         +-lex.LARGEST_INTEGER); others, and integral ones entirely beyond that, are relaxed."""
         if "multipleOf" in schema:
-            self.relax(ptr, "multipleOf")
+            multiples = self.multiples(schema, ptr, is_integer=False)
+            if multiples is not False:
+                return multiples
         bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
                   if k in schema and not isinstance(schema[k], bool)]
         if not bounds:
@@ -757,6 +764,15 @@ class Converter:
         for key in bounds:
             self.relax(ptr, key)
         return lex.NUMBER
+
+    def multiples(self, schema: dict, ptr: str, is_integer: bool) -> str | None | bool:
+        """The multiples of schema's multipleOf within its bounds (None: there are none), or
+        False with the keyword relaxed when no regex within the limits says it exactly."""
+        try:
+            return multiple_of_regex(schema, schema["multipleOf"], is_integer)
+        except MultipleOfUnsupported as exc:
+            self.relax(ptr, "multipleOf", f"not enforced: {exc}")
+            return False
 
     # -- arrays --------------------------------------------------------------------------
     def wants_item_counter(self, schema: dict) -> bool:

@@ -7,11 +7,22 @@ keyword is listed).
 
 from __future__ import annotations
 
+import json
 import re
+from decimal import Decimal
+from fractions import Fraction
 
+import jsonschema
+import numpy as np
+import pytest
+
+from surecall.errors import UnsupportedSchema
+from surecall.grammars.compile import compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.walk import decode, random_walk
 
 
 def accepts(schema, value_or_text, options=None) -> bool:
@@ -46,3 +57,76 @@ def test_keyword_merged_from_all_of_is_listed_at_its_branch_inside_a_union():
                   "$defs": {"s": {"type": "string"}}}
     assert relaxed(ref_branch) == [("/allOf/1", "format")]
     assert accepts(ref_branch, '"abc"') and not accepts(ref_branch, '"abcd"')
+
+
+# --- multipleOf: enforced by a remainder automaton (Handwritten---string5, Snowplow, JSONSchemaStore)
+def _is_multiple(text: str, m: str) -> bool:
+    return Fraction(text) % Fraction(m) == 0
+
+
+@pytest.mark.parametrize("m", [2, 3, 7, 10, 25])
+def test_integer_multiple_of_is_enforced_exactly(m):
+    schema = {"type": "integer", "multipleOf": m}
+    assert relaxed(schema) == []
+    regex = re.compile(expand_marks(schema_to_regex(schema).regex))
+    for n in range(-300, 3000):
+        assert bool(regex.fullmatch(str(n))) == (n % m == 0), n
+    assert regex.fullmatch(str(m * 10**20))  # no digit cap (exact in both validators)
+    assert not regex.fullmatch(f"{m}.0") and not regex.fullmatch("-0") and not regex.fullmatch(f"0{m}")
+
+
+def test_decimal_multiple_of_bounds_the_fraction_and_keeps_minimum():
+    price = {"type": "number", "multipleOf": 0.01, "minimum": 0}  # Snowplow: 88 such prices
+    assert relaxed(price) == []
+    good = ["0", "0.07", "12.34", "12.340", "1", "100.5", "0.00"]
+    bad = ["12.345", "-0.01", "0.001", "1e2", "-1"]
+    assert all(accepts(price, t) for t in good) and not any(accepts(price, t) for t in bad)
+    step = {"type": "number", "multipleOf": 2.5, "minimum": 15}  # Handwritten: minimum cuts partway
+    regex = re.compile(expand_marks(schema_to_regex(step).regex))
+    for tenths in range(-200, 3000):
+        text = str(Decimal(tenths) / 10)
+        text = text[:-2] if text.endswith(".0") else text
+        want = _is_multiple(text, "2.5") and Decimal(text) >= 15
+        assert bool(regex.fullmatch(text)) == want, text
+
+
+def test_multiple_of_of_an_integer_and_merged_multiples():
+    assert accepts({"type": "integer", "multipleOf": 2.5}, "15") and not accepts({"type": "integer", "multipleOf": 2.5}, "7")
+    both = {"type": "integer", "allOf": [{"multipleOf": 2}, {"multipleOf": 3}]}  # least common multiple 6
+    assert relaxed(both) == [] and accepts(both, "12") and not accepts(both, "4") and not accepts(both, "9")
+    capped = {"type": "integer", "multipleOf": 10, "maximum": 35, "minimum": -20}
+    regex = re.compile(expand_marks(schema_to_regex(capped).regex))
+    assert [n for n in range(-100, 100) if regex.fullmatch(str(n))] == [-20, -10, 0, 10, 20, 30]
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})
+
+
+def test_multiple_of_without_a_short_regex_is_relaxed_with_the_reason():
+    result = schema_to_regex({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 11}}})
+    assert result.relaxed == [("/properties/n", "multipleOf")]
+    assert "regex longer than" in result.reasons[("/properties/n", "multipleOf")]
+    wide = schema_to_regex({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9})
+    assert "more than the 64 written out" in wide.reasons[("", "multipleOf")]
+    assert accepts({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9}, "0.001")  # relaxed
+
+
+def test_walks_under_multiple_of_validate():
+    vocab = _digit_vocab()
+    rng = np.random.default_rng(0)
+    for schema in ({"type": "integer", "multipleOf": 7}, {"multipleOf": 7, "pattern": "^a"},
+                   {"type": "number", "multipleOf": 0.25, "minimum": 3}):
+        table = compile_schema(schema, vocab, use_cache=False)
+        assert table.relaxed == []
+        validator = jsonschema.Draft202012Validator(schema)  # 0.25: binary, so float division is exact
+        for _ in range(40):
+            text = decode(vocab, random_walk(table, vocab, rng, max_tokens=40)).decode()
+            assert validator.is_valid(json.loads(text)), text
+            if not text.startswith('"'):
+                assert _is_multiple(text, str(schema["multipleOf"])), text
+
+
+def _digit_vocab() -> Vocab:
+    pieces = [bytes([b]) for b in range(256)] + [b"00", b"14", b"7.", b".25", b'"a'] + [b""]
+    stop = len(pieces) - 1
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
+                 logits_width=len(pieces), format="test", name="digits-synthetic")
