@@ -32,6 +32,7 @@ import jsonschema_rs
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
+from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, combined_multiple, multiple_of_regex
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
@@ -325,6 +326,9 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
+        alternatives = alternative_parts(schema, ptr, _at)
+        if alternatives is not None:
+            return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
             return self.convert(self.merge_all_of(schema, ptr), ptr)
         for key in ("anyOf", "oneOf"):
@@ -339,6 +343,12 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k != "not"}
         self.relax_generic(schema, ptr)
         return _alternation([self.convert_type(t, schema, ptr) for t in types])
+
+    def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
+        """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""
+        rest = self.with_origins({k: v for k, v in schema.items() if k not in alternatives.keys}, ptr)
+        parts = [_at(part, at) for part, at in alternatives.parts]
+        return self.convert({"allOf": [_at(rest, ptr), *parts]}, ptr)
 
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
@@ -425,6 +435,10 @@ class Converter:
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
+        alternatives = alternative_parts(sub, ptr, _at) if isinstance(sub, dict) else None
+        if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
+            rest = {k: v for k, v in sub.items() if k not in alternatives.keys}
+            sub = {"allOf": [_at(rest, ptr), *(_at(part, at) for part, at in alternatives.parts)]}
         if isinstance(sub, dict) and "allOf" in sub:
             return self.merge_all_of(sub, ptr, hops + 1)
         if isinstance(sub, dict) and all(k == _AT for k in sub):

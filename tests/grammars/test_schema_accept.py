@@ -130,3 +130,35 @@ def _digit_vocab() -> Vocab:
     stop = len(pieces) - 1
     return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
                  logits_width=len(pieces), format="test", name="digits-synthetic")
+
+
+# --- dependencies and not-required as alternatives (JSONSchemaStore---nodemon, WashingtonPost---wp_100)
+def test_dependent_required_and_array_dependencies_are_enforced():
+    props = {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}}
+    for key in ("dependentRequired", "dependencies"):
+        schema = {"type": "object", "properties": props, key: {"a": ["b"]}}
+        assert relaxed(schema) == []
+        assert all(accepts(schema, t) for t in ['{}', '{"a": 1, "b": "x"}', '{"b": "x", "c": 1}'])
+        assert not accepts(schema, '{"a": 1}') and not accepts(schema, '{"a": 1, "c": 2}')
+
+
+def test_schema_dependencies_are_enforced_and_keep_inner_pointers():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "dependencies": {"a": {"properties": {"b": {"maxLength": 2, "format": "no-such-format"}},
+                                     "required": ["b"]}}}
+    assert relaxed(schema) == [("/dependencies/a/properties/b", "format")]
+    assert accepts(schema, '{"a": 1, "b": "xy"}') and accepts(schema, '{"b": "xyz"}')
+    assert not accepts(schema, '{"a": 1, "b": "xyz"}') and not accepts(schema, '{"a": 1}')
+
+
+def test_not_required_means_some_name_absent_and_an_object():
+    schema = {"type": ["object", "null"], "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}}
+    assert relaxed(schema) == []
+    assert accepts(schema, '{"a": 1}') and accepts(schema, '{"b": 2}') and accepts(schema, "{}")
+    assert not accepts(schema, '{"a": 1, "b": 2}') and not accepts(schema, "null")
+
+
+def test_too_many_dependency_triggers_stay_relaxed():
+    names = "abcd"
+    schema = {"type": "object", "properties": {n: {} for n in names}, "dependentRequired": {n: ["a"] for n in names}}
+    assert relaxed(schema) == [("", "dependentRequired")]

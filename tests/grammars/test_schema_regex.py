@@ -284,9 +284,9 @@ def test_required_property_matched_by_pattern_properties():
 def test_object_relaxed_keywords_carry_pointers():
     schema = {"type": "object", "properties": {"o": {
         "type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 3},
-        "minProperties": 2, "dependentRequired": {"a": ["b"]}}}}
+        "minProperties": 2, "unevaluatedProperties": False}}}
     assert set(relaxed(schema)) == {("/properties/o", k) for k in
-                                    ("patternProperties", "propertyNames", "minProperties", "dependentRequired")}
+                                    ("patternProperties", "propertyNames", "minProperties", "unevaluatedProperties")}
     exact = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
              "minProperties": 1, "maxProperties": 2}
     assert relaxed(exact) == []
