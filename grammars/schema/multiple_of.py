@@ -9,8 +9,9 @@ looser than the schema. Bounds beside multipleOf are enforced: a lower bound wit
 one by writing out the multiples below the next power of ten, a range of at most MAX_LISTED
 multiples by listing them. When the regex would pass MAX_REGEX_CHARS (m = 11: ~5M characters)
 or a range holds more multiples it raises MultipleOfUnsupported: the caller relaxes the
-keyword. Integer parts are not capped at lex.LARGEST_INTEGER (a digit cap would multiply the
-automaton). It does not decide what else the schema allows.
+keyword. A decimal m must divide 1 (0.01, 0.5, not 2.5) and caps integer parts at
+MAX_INT_DIGITS digits; an integer m leaves them uncapped (see positive_multiples_regex). It
+does not decide what else the schema allows.
 """
 
 # The digit DFA is the classic divisibility automaton; the regex comes from the state
@@ -26,9 +27,12 @@ from functools import lru_cache
 
 from surecall.grammars.schema.ranges import integer_range_regex
 
-MAX_REGEX_CHARS = 32_000  # m = 7 fits (~31k characters); 12 (~41k), 11 or 24 (millions) do not
+MAX_REGEX_CHARS = 4_000  # m = 3, 6, 8 fit (<= 2k characters); 7 (~31k) does not: its DFA, built in
+# a union with other multiples, took outlines-core past 30 s; 11 or 24 take millions
 MAX_LISTED = 64  # bounds that cut the multiples partway: at most this many written out
-MAX_DFA_STATES = 20_000  # larger remainder automata are not built (their regex would be far too long)
+_MAX_MINIMAL_STATES = 64  # m = 7 has 7 states (~31k characters); 12 states give millions
+MAX_INT_DIGITS = 15  # integer digits where the cap is cheap (see positive_multiples_regex)
+MAX_DFA_STATES = 2_000  # larger remainder automata are not built (their regex would be far too long)
 
 
 class MultipleOfUnsupported(Exception):
@@ -94,19 +98,23 @@ def _positive_part(k: int, d: int, lo: int, hi: int | None, step: Fraction) -> s
         threshold = 10 ** max(len(str(math.ceil(lo * step))) - 1, 0)
         threshold = threshold if threshold >= lo * step else threshold * 10
         below = math.ceil(threshold / step)  # multipliers from here up have threshold <= n*step
-        listed = _listed(lo, below - 1, step) if below > lo else ""
+        listed = _listed(lo, below - 1, step, d) if below > lo else ""
         rest = positive_multiples_regex(k, d, len(str(threshold)))
         return f"{listed}|{rest}" if listed else rest
     if hi is None:
         return positive_multiples_regex(k, d)
-    return _listed(lo, hi, step)
+    return _listed(lo, hi, step, d)
 
 
-def _listed(lo: int, hi: int, step: Fraction) -> str:
+def _listed(lo: int, hi: int, step: Fraction, d: int) -> str:
+    """The multiples n*step, lo <= n <= hi, each as its shortest decimal (trailing zeros allowed when d > 0)."""
     if hi - lo + 1 > MAX_LISTED:
         raise MultipleOfUnsupported(f"the bounds leave {hi - lo + 1} multiples, more than the {MAX_LISTED} "
                                     "written out, and cut them partway")
-    return "|".join(re.escape(_decimal_text(n * step)) for n in range(lo, hi + 1))
+    texts = [re.escape(_decimal_text(n * step)) for n in range(lo, hi + 1)]
+    if d > 0:
+        texts = [t + ("0*" if "." in t else r"(?:\.0+)?") for t in texts]
+    return "|".join(texts)
 
 
 def _decimal_text(value: Fraction) -> str:
@@ -150,8 +158,16 @@ def _neg(a: int | None) -> int | None:
 
 def positive_multiples_regex(k: int, d: int, min_int_digits: int = 0) -> str:
     """Regex for the positive multiples of k/10^d spelled as canonical magnitudes (no sign),
-    with at least `min_int_digits` integer digits (leading "0" not counted)."""
-    regex = _positive_multiples(k, d, min_int_digits)
+    with at least `min_int_digits` integer digits (leading "0" not counted).
+
+    A decimal step (d > 0) must divide 1 (k | 10^d: 0.01, 0.5, 0.25; then only the fraction
+    decides) and its integer parts are capped at MAX_INT_DIGITS: json_lex's numbers stay below
+    2^53, where floats still divide exactly. An integer step is uncapped: the validators divide
+    integers exactly, and a cap would multiply the automaton's states by the digit count."""
+    if d > 0 and 10**d % k:
+        raise MultipleOfUnsupported(f"a decimal multipleOf {k}/10^{d} that does not divide 1 would need integer "
+                                    "parts of unbounded length, past what floats divide exactly")
+    regex = _positive_multiples(k, d, min_int_digits, MAX_INT_DIGITS if d > 0 else 0)
     if regex is None:
         raise MultipleOfUnsupported(f"the remainder automaton of multipleOf {k}/10^{d} gives a regex longer "
                                     f"than {MAX_REGEX_CHARS} characters")
@@ -159,17 +175,17 @@ def positive_multiples_regex(k: int, d: int, min_int_digits: int = 0) -> str:
 
 
 @lru_cache(maxsize=64)
-def _positive_multiples(k: int, d: int, min_int_digits: int) -> str | None:
-    if k * (d + 2) * (min_int_digits + 1) > MAX_DFA_STATES:
+def _positive_multiples(k: int, d: int, min_int_digits: int, max_int_digits: int) -> str | None:
+    if k * (d + 2) * (max(min_int_digits, max_int_digits) + 1) > MAX_DFA_STATES:
         return None
-    states, accepting = _digit_dfa(k, d, min_int_digits)
+    states, accepting = _digit_dfa(k, d, min_int_digits, max_int_digits)
     blocks = _minimise(states, accepting)
     return _eliminate(states, accepting, blocks)
 
 
-def _digit_dfa(k: int, d: int, width: int) -> tuple[dict, set]:
+def _digit_dfa(k: int, d: int, width: int, cap: int) -> tuple[dict, set]:
     """The reachable DFA over digits and '.': state (phase, remainder, fraction digits, nonzero
-    seen, integer digits up to `width`)."""
+    seen, integer digits: counted up to `cap`, or saturating at `width` when cap is 0)."""
     start = ("S", 0, 0, False, 0)
     states: dict = {}
     todo = [start]
@@ -179,7 +195,7 @@ def _digit_dfa(k: int, d: int, width: int) -> tuple[dict, set]:
             continue
         states[state] = {}
         for symbol in _DIGITS + ".":
-            nxt = _step(state, symbol, k, d, width)
+            nxt = _step(state, symbol, k, d, width, cap)
             if nxt is not None:
                 states[state][symbol] = nxt
                 todo.append(nxt)
@@ -188,15 +204,17 @@ def _digit_dfa(k: int, d: int, width: int) -> tuple[dict, set]:
     return states, accepting
 
 
-def _step(state: tuple, symbol: str, k: int, d: int, width: int) -> tuple | None:
+def _step(state: tuple, symbol: str, k: int, d: int, width: int, cap: int) -> tuple | None:
     phase, r, j, nonzero, digits = state
     if symbol == ".":
         return ("D", r, 0, nonzero, digits) if phase in "IZ" and d > 0 else None
     c = int(symbol)
     if phase == "S":
-        return ("Z", 0, 0, False, 0) if c == 0 else ("I", c % k, 0, True, min(1, width))
+        return ("Z", 0, 0, False, 0) if c == 0 else ("I", c % k, 0, True, 1 if cap else min(1, width))
     if phase == "I":
-        return ("I", (10 * r + c) % k, 0, True, min(digits + 1, width))
+        if cap and digits >= cap:
+            return None
+        return ("I", (10 * r + c) % k, 0, True, digits + 1 if cap else min(digits + 1, width))
     if phase in "DF" and j < d:
         return ("F", (10 * r + c) % k, j + 1, nonzero or c > 0, digits)
     if phase == "F" and c == 0:
@@ -231,6 +249,8 @@ def _eliminate(states: dict, accepting: set, blocks: dict) -> str | None:
             edges[(blocks[s], final)] = ""
     edges.update({pair: _label(symbols) for pair, symbols in labels.items()})
     inner = set(blocks.values())
+    if len(inner) > _MAX_MINIMAL_STATES:
+        return None
     while inner:
         q = min(inner, key=lambda x: sum(a == x for a, _ in edges) * sum(b == x for _, b in edges))
         inner.discard(q)
@@ -248,6 +268,8 @@ def _eliminate(states: dict, accepting: set, blocks: dict) -> str | None:
                 edges[(a, b)] = f"{edges[(a, b)]}|{path}" if (a, b) in edges else path
                 if len(edges[(a, b)]) > MAX_REGEX_CHARS:
                     return None
+        if sum(map(len, edges.values())) > 4 * MAX_REGEX_CHARS:
+            return None
     return edges.get((start, final))
 
 

@@ -57,6 +57,9 @@ _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
     "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
+# multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
+# characters, and a union of allOf branches can repeat it many times.
+_MAX_MULTIPLE_CHARS = 16_000
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -273,6 +276,7 @@ class Converter:
         self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
         self.ref_stack: list[str] = []
         self.any_regex: dict[int, str] = {}
+        self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
@@ -783,10 +787,16 @@ class Converter:
         """The multiples of schema's multipleOf within its bounds (None: there are none), or
         False with the keyword relaxed when no regex within the limits says it exactly."""
         try:
-            return multiple_of_regex(schema, schema["multipleOf"], is_integer)
+            regex = multiple_of_regex(schema, schema["multipleOf"], is_integer)
         except MultipleOfUnsupported as exc:
             self.relax(ptr, "multipleOf", f"not enforced: {exc}")
             return False
+        self.multiple_chars += len(regex or "")
+        if self.multiple_chars > _MAX_MULTIPLE_CHARS:  # each copy is more DFA to build
+            self.relax(ptr, "multipleOf", f"not enforced: the schema's multipleOf regexes pass {_MAX_MULTIPLE_CHARS} "
+                       "characters together")
+            return False
+        return regex
 
     # -- arrays --------------------------------------------------------------------------
     def wants_item_counter(self, schema: dict) -> bool:

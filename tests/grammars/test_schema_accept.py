@@ -64,7 +64,7 @@ def _is_multiple(text: str, m: str) -> bool:
     return Fraction(text) % Fraction(m) == 0
 
 
-@pytest.mark.parametrize("m", [2, 3, 7, 10, 25])
+@pytest.mark.parametrize("m", [2, 3, 6, 8, 10, 25])
 def test_integer_multiple_of_is_enforced_exactly(m):
     schema = {"type": "integer", "multipleOf": m}
     assert relaxed(schema) == []
@@ -81,13 +81,15 @@ def test_decimal_multiple_of_bounds_the_fraction_and_keeps_minimum():
     good = ["0", "0.07", "12.34", "12.340", "1", "100.5", "0.00"]
     bad = ["12.345", "-0.01", "0.001", "1e2", "-1"]
     assert all(accepts(price, t) for t in good) and not any(accepts(price, t) for t in bad)
-    step = {"type": "number", "multipleOf": 2.5, "minimum": 15}  # Handwritten: minimum cuts partway
+    assert not accepts(price, "1234567890123456.5") and accepts(price, "123456789012345.5")  # below 2^53
+    step = {"type": "number", "multipleOf": 0.25, "minimum": 3}  # a minimum that cuts the multiples partway
     regex = re.compile(expand_marks(schema_to_regex(step).regex))
-    for tenths in range(-200, 3000):
-        text = str(Decimal(tenths) / 10)
-        text = text[:-2] if text.endswith(".0") else text
-        want = _is_multiple(text, "2.5") and Decimal(text) >= 15
+    for hundredths in range(-200, 3000):
+        text = str(Decimal(hundredths) / 100)
+        text = text[:-3] if text.endswith(".00") else text
+        want = _is_multiple(text, "0.25") and Decimal(text) >= 3
         assert bool(regex.fullmatch(text)) == want, text
+    assert regex.fullmatch("3.50") and regex.fullmatch("5.0")  # listed multiples keep trailing zeros
 
 
 def test_multiple_of_of_an_integer_and_merged_multiples():
@@ -102,9 +104,11 @@ def test_multiple_of_of_an_integer_and_merged_multiples():
 
 
 def test_multiple_of_without_a_short_regex_is_relaxed_with_the_reason():
-    result = schema_to_regex({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 11}}})
+    result = schema_to_regex({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}})
     assert result.relaxed == [("/properties/n", "multipleOf")]
     assert "regex longer than" in result.reasons[("/properties/n", "multipleOf")]
+    coarse = schema_to_regex({"type": "number", "multipleOf": 2.5})  # floats past 2^53 lose its remainder
+    assert "does not divide 1" in coarse.reasons[("", "multipleOf")]
     wide = schema_to_regex({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9})
     assert "more than the 64 written out" in wide.reasons[("", "multipleOf")]
     assert accepts({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9}, "0.001")  # relaxed
@@ -113,7 +117,7 @@ def test_multiple_of_without_a_short_regex_is_relaxed_with_the_reason():
 def test_walks_under_multiple_of_validate():
     vocab = _digit_vocab()
     rng = np.random.default_rng(0)
-    for schema in ({"type": "integer", "multipleOf": 7}, {"multipleOf": 7, "pattern": "^a"},
+    for schema in ({"type": "integer", "multipleOf": 3}, {"multipleOf": 6, "pattern": "^a"},
                    {"type": "number", "multipleOf": 0.25, "minimum": 3}):
         table = compile_schema(schema, vocab, use_cache=False)
         assert table.relaxed == []
