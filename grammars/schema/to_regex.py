@@ -37,6 +37,7 @@ from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, combined
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.schema.unique_items import finite_items, selections_regex
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -821,6 +822,9 @@ class Converter:
 
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
+        unique = self.unique_items(schema, prefix, rest_schema)
+        if unique is not False:
+            return unique
         if self.wants_item_counter(schema) and not prefix:
             low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
         else:
@@ -843,6 +847,18 @@ class Converter:
         if high is not None and low > high:
             return None
         return self.array_regex(items, rest, low, high)
+
+    def unique_items(self, schema: dict, prefix: list, rest_schema: object) -> str | None | bool:
+        """uniqueItems over a small literal item set: every ordered selection (schema/unique_items.py);
+        False when it does not apply (no uniqueItems, prefixItems, `contains`, an open item set)."""
+        if schema.get("uniqueItems") is not True or prefix or any(k in schema for k in _RELAXED_ARRAY):
+            return False
+        values = finite_items(_unmarked(rest_schema))
+        if values is None:
+            return False
+        high = schema.get("maxItems")
+        return selections_regex(values, int(schema.get("minItems", 0)), None if high is None else int(high),
+                                lambda v: json_literal(v, self.options), self.ws)
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
         sep = f"{self.ws},{self.ws}"

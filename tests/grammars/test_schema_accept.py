@@ -166,3 +166,25 @@ def test_too_many_dependency_triggers_stay_relaxed():
     names = "abcd"
     schema = {"type": "object", "properties": {n: {} for n in names}, "dependentRequired": {n: ["a"] for n in names}}
     assert relaxed(schema) == [("", "dependentRequired")]
+
+
+# --- uniqueItems over a small literal item set -------------------------------------------------
+def test_unique_items_over_small_enums_and_booleans_are_enforced():
+    days = {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "uniqueItems": True, "minItems": 1}
+    assert relaxed(days) == []
+    assert accepts(days, '["tue", "mon"]') and accepts(days, '["wed", "mon", "tue"]')
+    assert not accepts(days, '["mon", "mon"]') and not accepts(days, "[]") and not accepts(days, '["thu"]')
+    flags = {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "maxItems": 1}
+    assert accepts(flags, "[true]") and not accepts(flags, "[true, false]")
+    numbers = {"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True}  # 1 == 1.0
+    assert accepts(numbers, "[2, 1]") and not accepts(numbers, "[1, 1.0]")
+
+
+def test_unique_items_over_open_or_large_item_sets_stay_relaxed():
+    assert relaxed({"type": "array", "items": {"type": "string"}, "uniqueItems": True}) == [("", "uniqueItems")]
+    either = {"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True}
+    assert relaxed(either) == [("", "uniqueItems")]
+    five = {"type": "array", "items": {"enum": list("abcde")}, "uniqueItems": True}
+    assert relaxed(five) == [("", "uniqueItems")]
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "minItems": 3})
