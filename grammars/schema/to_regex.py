@@ -7,8 +7,11 @@ options.any_property_order), then extra keys where `additionalProperties` is wri
 object is free-form, options allow them, or `patternProperties` match; arrays honour
 prefixItems/items and min/maxItems (any size: counted arrays, marked for compile.py), strings
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
-`format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
-enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
+`format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
+automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
+(schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
+keyword) with its reason; nothing is dropped silently. A
 `$ref` target is converted once per nesting context and its regex reused (still inlined: one
 regex, one DFA). It
 does not build automata: the regex dialect is the common subset of Python `re` and
@@ -184,7 +187,7 @@ def expand_counts(regex: str) -> str:
 
 
 _REASONS = {
-    "uniqueItems": "a finite automaton cannot remember which items were already written",
+    "uniqueItems": "over an open or large item set a finite automaton cannot remember which items were written",
     "multipleOf": "divisibility is not enforced here (the remainder automaton's regex is too long)",
     "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
     "format": "the format is unknown, or a pattern already constrains the string",
@@ -913,6 +916,7 @@ class Converter:
         if not schema.get("patternProperties"):  # an extra key must not match a pattern: kept closed
             repeated.append(self.extra_member(schema, extra_schema, list(props), ptr))
         extra = _alternation(repeated)
+        extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0

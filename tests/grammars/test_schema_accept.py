@@ -188,3 +188,12 @@ def test_unique_items_over_open_or_large_item_sets_stay_relaxed():
     assert relaxed(five) == [("", "uniqueItems")]
     with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
         schema_to_regex({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "minItems": 3})
+
+
+# --- extra members repeat as one group (Handwritten---test.NoType) -----------------------------
+def test_several_pattern_members_repeat_after_one_another():
+    schema = {"type": "object", "minProperties": 1, "allOf": [
+        {"type": "object", "patternProperties": {"a": {"type": "number", "minimum": 10}}},
+        {"type": "object", "patternProperties": {"b": {"type": "number", "minimum": 3}}}]}
+    assert accepts(schema, '{"a": 15, "b": 5}') and accepts(schema, '{"b": 5, "a": 15}')
+    assert not accepts(schema, '{"a": 15, "b": 1}') and not accepts(schema, "{}")
