@@ -979,7 +979,9 @@ class Converter:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length, narrow=True)
             if any(re.search(pattern, name) for name in declared):
-                return None
+                # a key could repeat a declared name; a pattern that finds every string (".*")
+                # takes any other key instead (the complement of the declared names)
+                return _string_not_in(declared) if _finds_every_string(pattern) else None
         except (PatternUnsupported, re.error):
             return None
         return translated.regex if translated.is_subset else None  # stricter keys are fine
@@ -1120,6 +1122,12 @@ def _pattern_schemas(pattern_properties: dict, name: str, ptr: str = "") -> list
         if hit:
             found.append(_at(sub, pointer_join(ptr, "patternProperties", pattern)))
     return found
+
+
+def _finds_every_string(pattern: str) -> bool:
+    """Whether a (translatable) pattern finds a match in every string: it matches the empty string
+    at the start and has no `$` (so the empty match at position 0 is there whatever follows)."""
+    return "$" not in pattern and re.match(pattern, "") is not None
 
 
 def _string_not_in(names: list[str]) -> str:

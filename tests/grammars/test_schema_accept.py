@@ -197,3 +197,14 @@ def test_several_pattern_members_repeat_after_one_another():
         {"type": "object", "patternProperties": {"b": {"type": "number", "minimum": 3}}}]}
     assert accepts(schema, '{"a": 15, "b": 5}') and accepts(schema, '{"b": 5, "a": 15}')
     assert not accepts(schema, '{"a": 15, "b": 1}') and not accepts(schema, "{}")
+
+
+# --- a pattern that finds every key, beside declared properties (WashingtonPost---wp_65) ------
+def test_catch_all_pattern_properties_write_keys_other_than_the_declared_ones():
+    schema = {"type": "object", "properties": {"basic": {"type": "string"}}, "required": ["basic"],
+              "patternProperties": {".*": {"type": "string"}}}
+    assert accepts(schema, '{"basic": "a", "additional": "b", "more": "c"}')
+    assert not accepts(schema, '{"basic": "a", "basic": "b"}')  # no duplicate of the declared key
+    assert not accepts(schema, '{"basic": "a", "additional": 1}')  # the pattern's schema holds
+    narrow = {"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}}
+    assert not accepts(narrow, '{"ab": 1, "ax": 2}')  # not every key: still left out (relaxed)
