@@ -751,7 +751,8 @@ class Converter:
 
     # -- numbers -------------------------------------------------------------------------
     def convert_integer(self, schema: dict, ptr: str) -> str | None:
-        """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact)."""
+        """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact);
+        with a multipleOf, by its regex (integer parts uncapped there: schema/multiple_of.py)."""
         low, high = _integer_bounds(schema)
         if "multipleOf" in schema and schema["multipleOf"] != 1:
             multiples = self.multiples(schema, ptr, is_integer=True)
