@@ -213,6 +213,8 @@ def _is_relaxed(where: set[str], keyword: str, relaxed_pairs: set) -> bool:
                 return True  # inside the subschemas of a relaxed applicator: nothing there is enforced
             if keyword in _COMBINATORS and (_under(pointer, ptr) or _under(ptr, pointer)):
                 return True
+            if keyword == "contains" and _under(pointer, pointer_join(ptr, "contains")):
+                return True  # one error for the whole subschema: relaxed when a keyword inside it is
     return False
 
 

@@ -829,6 +829,9 @@ class Converter:
         unique = self.unique_items(schema, prefix, rest_schema)
         if unique is not False:
             return unique
+        contained = self.contains_array(schema, prefix, rest_schema, rest_ptr, ptr)
+        if contained is not False:
+            return contained
         if self.wants_item_counter(schema) and not prefix:
             low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
         else:
@@ -863,6 +866,22 @@ class Converter:
         high = schema.get("maxItems")
         return selections_regex(values, int(schema.get("minItems", 0)), None if high is None else int(high),
                                 lambda v: json_literal(v, self.options), self.ws)
+
+    def contains_array(self, schema: dict, prefix: list, rest_schema: object, rest_ptr: str, ptr: str) -> str | None | bool:
+        """`contains` on a plain item list: items, one of which also matches `contains` (None: no
+        item can); False when other array keywords (prefixItems, item or contains counts,
+        uniqueItems) come with it, which are not combined here."""
+        others = ("prefixItems", "minContains", "maxContains", "maxItems", "uniqueItems", "unevaluatedItems")
+        if "contains" not in schema or prefix or any(k in schema for k in others) or int(schema.get("minItems", 0)) > 1:
+            return False
+        hit = self.convert({"allOf": [_at(rest_schema, rest_ptr), _at(schema["contains"], pointer_join(ptr, "contains"))]},
+                           ptr)
+        if hit is None:
+            return None
+        item = self.convert(rest_schema, rest_ptr)
+        sep = f"{self.ws},{self.ws}"
+        before, after = (f"(?:{_group(item)}{sep})*", f"(?:{sep}{_group(item)})*") if item is not None else ("", "")
+        return f"\\[{self.ws}{before}{_group(hit)}{after}{self.ws}\\]"
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
         sep = f"{self.ws},{self.ws}"

@@ -208,3 +208,17 @@ def test_catch_all_pattern_properties_write_keys_other_than_the_declared_ones():
     assert not accepts(schema, '{"basic": "a", "additional": 1}')  # the pattern's schema holds
     narrow = {"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}}
     assert not accepts(narrow, '{"ab": 1, "ax": 2}')  # not every key: still left out (relaxed)
+
+
+# --- contains on a plain item list (Handwritten---itemscontains2) -------------------------------
+def test_contains_needs_one_matching_item_anywhere():
+    schema = {"type": "array", "items": {"type": ["string", "integer"]}, "contains": {"type": "integer", "minimum": 5}}
+    assert relaxed(schema) == []
+    assert accepts(schema, '["a", 7, "b"]') and accepts(schema, "[9]") and accepts(schema, '[1, "x", 5]')
+    assert not accepts(schema, '["a", 1]') and not accepts(schema, "[]") and not accepts(schema, '[true, 7]')
+    any_items = {"type": "array", "contains": {"const": "x"}}
+    assert accepts(any_items, '[{"a": 1}, "x"]') and not accepts(any_items, '[{"a": 1}]')
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"type": "integer"}})
+    counted = {"type": "array", "contains": {"type": "integer"}, "maxItems": 3}
+    assert relaxed(counted) == [("", "contains")]  # with an item bound: left to the validator

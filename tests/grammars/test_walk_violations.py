@@ -100,3 +100,11 @@ def test_multiple_of_is_judged_exactly_not_by_float_division():
     bad, _ = schema_violations(schema, 0.075, [])
     assert bad and bad[0].startswith("multipleOf")
     assert schema_violations({"multipleOf": 7}, 7 * 10**30 + 1, [])[0]
+
+
+def test_contains_error_is_relaxed_when_a_keyword_inside_contains_is():
+    schema = {"type": "array", "contains": {"type": "integer", "multipleOf": 11}}
+    bad, soft = schema_violations(schema, [12], [("/contains", "multipleOf")])
+    assert bad == [] and soft and soft[0].startswith("contains")
+    bad, _ = schema_violations(schema, [12], [("/items", "multipleOf")])  # elsewhere: explains nothing
+    assert bad and bad[0].startswith("contains")
