@@ -187,7 +187,7 @@ def expand_counts(regex: str) -> str:
 
 
 _REASONS = {
-    "uniqueItems": "over an open or large item set a finite automaton cannot remember which items were written",
+    "uniqueItems": "a finite automaton cannot remember which items were already written",
     "multipleOf": "divisibility is not enforced here (the remainder automaton's regex is too long)",
     "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
     "format": "the format is unknown, or a pattern already constrains the string",
