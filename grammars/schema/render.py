@@ -4,7 +4,8 @@
 separators), object keys in the schema's declared property order (the order the grammar
 demands by default), then any undeclared keys in their own order (values under the
 patternProperties schema their key matches, else additionalProperties); integral floats under an integer type
-become integers. For anyOf/oneOf it picks the first branch whose regex accepts the rendering.
+become integers. For anyOf/oneOf it picks the first branch whose regex (counted strings and
+arrays spelled out) accepts the rendering.
 It does not validate: a value the schema rejects is rendered all the same.
 """
 
@@ -15,7 +16,7 @@ import re
 from functools import lru_cache
 
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.schema.to_regex import _ASSERTING, Converter
+from surecall.grammars.schema.to_regex import _ASSERTING, Converter, expand_marks
 
 
 def grammar_dumps(value: object, schema: object, options: GrammarOptions | None = None) -> str:
@@ -73,7 +74,7 @@ class _Renderer:
             text = self.dumps(value, branch)
             first = first or text
             regex = _branch_regex(self.conv, branch)
-            if regex is not None and _compiled(regex).fullmatch(text):
+            if regex is not None and _compiled(expand_marks(regex, self.conv.ws)).fullmatch(text):
                 return text
         return first if first is not None else self.plain(value)
 

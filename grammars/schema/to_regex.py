@@ -7,10 +7,13 @@ options.any_property_order), then extra keys where `additionalProperties` is wri
 object is free-form, options allow them, or `patternProperties` match; arrays honour
 prefixItems/items and min/maxItems (any size: counted arrays, marked for compile.py), strings
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
-`format`s, integers their bounds (digit-range regexes). Whatever restricts values but is not
-enforced is returned in `relaxed` as (JSON pointer, keyword); nothing is dropped silently. A
-`$ref` target is converted once per nesting context and its regex reused: inlined, or with
-`splice` any value regex past SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
+`format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
+automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
+(schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
+keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
+nesting context and its regex reused: inlined, or with `splice` any value regex past
+SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -32,9 +35,16 @@ import jsonschema_rs
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
+from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
+from surecall.grammars.schema.multiple_of import (
+    MultipleOfUnsupported,
+    combined_multiple,
+    multiple_of_regex,
+)
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.schema.unique_items import finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -56,6 +66,9 @@ _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
     "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
+# multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
+# characters, and a union of allOf branches can repeat it many times.
+_MAX_MULTIPLE_CHARS = 16_000
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -199,7 +212,7 @@ def expand_counts(regex: str) -> str:
 
 _REASONS = {
     "uniqueItems": "a finite automaton cannot remember which items were already written",
-    "multipleOf": "divisibility of a decimal number is not enforced by the grammar",
+    "multipleOf": "divisibility is not enforced here (the remainder automaton's regex is too long)",
     "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
     "format": "the format is unknown, or a pattern already constrains the string",
     "oneOf": "exclusivity of the branches is not enforced (any branch may match)",
@@ -348,6 +361,7 @@ class Converter:
         self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
         self.any_regex: dict[int, str] = {}
+        self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
 
@@ -423,6 +437,9 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
+        alternatives = alternative_parts(schema, ptr, _at)
+        if alternatives is not None:
+            return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
             return self.convert(self.merge_all_of(schema, ptr), ptr)
         for key in ("anyOf", "oneOf"):
@@ -437,6 +454,12 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k != "not"}
         self.relax_generic(schema, ptr)
         return _alternation([self.convert_type(t, schema, ptr) for t in types])
+
+    def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
+        """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""
+        rest = self.with_origins({k: v for k, v in schema.items() if k not in alternatives.keys}, ptr)
+        parts = [_at(part, at) for part, at in alternatives.parts]
+        return self.convert({"allOf": [_at(rest, ptr), *parts]}, ptr)
 
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
@@ -545,6 +568,10 @@ class Converter:
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
+        alternatives = alternative_parts(sub, ptr, _at) if isinstance(sub, dict) else None
+        if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
+            rest = {k: v for k, v in sub.items() if k not in alternatives.keys}
+            sub = {"allOf": [_at(rest, ptr), *(_at(part, at) for part, at in alternatives.parts)]}
         if isinstance(sub, dict) and "allOf" in sub:
             return self.merge_all_of(sub, ptr, hops + 1)
         if isinstance(sub, dict) and all(k == _AT for k in sub):
@@ -602,6 +629,8 @@ class Converter:
             return False
         elif key == "uniqueItems":
             out[key] = bool(old) or bool(value)
+        elif key == "multipleOf" and combined_multiple(old, value) is not None:
+            out[key] = combined_multiple(old, value)
         elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
             out[key] = {"type": sorted(_negated_types(old) | _negated_types(value))}  # not A and not B
         elif key in ("additionalProperties", "items", "additionalItems") and not (
@@ -614,7 +643,7 @@ class Converter:
         return True
 
     def convert_union(self, schema: dict, key: str, ptr: str) -> str | None:
-        rest = {k: v for k, v in schema.items() if k != key}
+        rest = self.with_origins({k: v for k, v in schema.items() if k != key}, ptr)
         has_rest = any(k in _ASSERTING for k in rest)
         branches = []
         for i, sub in enumerate(schema[key]):
@@ -627,6 +656,13 @@ class Converter:
         if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(effective):
             self.relax(ptr, "oneOf")
         return _alternation(branches)
+
+    def with_origins(self, rest: dict, ptr: str) -> dict:
+        """`rest` (keywords of the node at `ptr`) carrying the allOf branches its keywords came from,
+        so a keyword relaxed inside each anyOf/oneOf branch is listed where it was written."""
+        if ptr != self.origins[0] or not self.origins[1]:
+            return rest
+        return {**rest, _FROM: {k: v for k, v in self.origins[1].items() if k in rest}}
 
     def disjoint(self, branches: list) -> bool:
         """True when nothing the grammar emits for one branch satisfies another branch.
@@ -863,10 +899,13 @@ class Converter:
 
     # -- numbers -------------------------------------------------------------------------
     def convert_integer(self, schema: dict, ptr: str) -> str | None:
-        """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact)."""
+        """Bounds are enforced, within +-lex.LARGEST_INTEGER (below 2^53, where I-JSON is exact);
+        with a multipleOf, by its regex (integer parts uncapped there: schema/multiple_of.py)."""
         low, high = _integer_bounds(schema)
         if "multipleOf" in schema and schema["multipleOf"] != 1:
-            self.relax(ptr, "multipleOf")
+            multiples = self.multiples(schema, ptr, is_integer=True)
+            if multiples is not False:
+                return multiples
         if low is None and high is None:
             return lex.INTEGER
         low = -lex.LARGEST_INTEGER if low is None else max(low, -lex.LARGEST_INTEGER)
@@ -877,7 +916,9 @@ class Converter:
         """Integral bounds are enforced (numbers then carry no exponent and stay within
         +-lex.LARGEST_INTEGER); others, and integral ones entirely beyond that, are relaxed."""
         if "multipleOf" in schema:
-            self.relax(ptr, "multipleOf")
+            multiples = self.multiples(schema, ptr, is_integer=False)
+            if multiples is not False:
+                return multiples
         bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
                   if k in schema and not isinstance(schema[k], bool)]
         if not bounds:
@@ -894,6 +935,21 @@ class Converter:
         for key in bounds:
             self.relax(ptr, key)
         return lex.NUMBER
+
+    def multiples(self, schema: dict, ptr: str, is_integer: bool) -> str | None | bool:
+        """The multiples of schema's multipleOf within its bounds (None: there are none), or
+        False with the keyword relaxed when no regex within the limits says it exactly."""
+        try:
+            regex = multiple_of_regex(schema, schema["multipleOf"], is_integer)
+        except MultipleOfUnsupported as exc:
+            self.relax(ptr, "multipleOf", f"not enforced: {exc}")
+            return False
+        self.multiple_chars += len(regex or "")
+        if self.multiple_chars > _MAX_MULTIPLE_CHARS:  # each copy is more DFA to build
+            self.relax(ptr, "multipleOf", f"not enforced: the schema's multipleOf regexes pass {_MAX_MULTIPLE_CHARS} "
+                       "characters together")
+            return False
+        return regex
 
     # -- arrays --------------------------------------------------------------------------
     def wants_item_counter(self, schema: dict) -> bool:
@@ -920,6 +976,12 @@ class Converter:
 
     def convert_array(self, schema: dict, ptr: str) -> str | None:
         prefix, rest_schema, rest_ptr = _array_items(schema, ptr)
+        unique = self.unique_items(schema, prefix, rest_schema)
+        if unique is not False:
+            return unique
+        contained = self.contains_array(schema, prefix, rest_schema, rest_ptr, ptr)
+        if contained is not False:
+            return contained
         counted = self.wants_item_counter(schema)
         if counted:  # counted, or (items: false) spelled out to the prefix's length: exact either way
             low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
@@ -944,6 +1006,34 @@ class Converter:
         if high is not None and low > high:
             return None
         return self.array_regex(items, rest, low, high)
+
+    def unique_items(self, schema: dict, prefix: list, rest_schema: object) -> str | None | bool:
+        """uniqueItems over a small literal item set: every ordered selection (schema/unique_items.py);
+        False when it does not apply (no uniqueItems, prefixItems, `contains`, an open item set)."""
+        if schema.get("uniqueItems") is not True or prefix or any(k in schema for k in _RELAXED_ARRAY):
+            return False
+        values = finite_items(_unmarked(rest_schema))
+        if values is None:
+            return False
+        high = schema.get("maxItems")
+        return selections_regex(values, int(schema.get("minItems", 0)), None if high is None else int(high),
+                                lambda v: json_literal(v, self.options), self.ws)
+
+    def contains_array(self, schema: dict, prefix: list, rest_schema: object, rest_ptr: str, ptr: str) -> str | None | bool:
+        """`contains` on a plain item list: items, one of which also matches `contains` (None: no
+        item can); False when other array keywords (prefixItems, item or contains counts,
+        uniqueItems) come with it, which are not combined here."""
+        others = ("prefixItems", "minContains", "maxContains", "maxItems", "uniqueItems", "unevaluatedItems")
+        if "contains" not in schema or prefix or any(k in schema for k in others) or int(schema.get("minItems", 0)) > 1:
+            return False
+        hit = self.convert({"allOf": [_at(rest_schema, rest_ptr), _at(schema["contains"], pointer_join(ptr, "contains"))]},
+                           ptr)
+        if hit is None:
+            return None
+        item = self.convert(rest_schema, rest_ptr)
+        sep = f"{self.ws},{self.ws}"
+        before, after = (f"(?:{_group(item)}{sep})*", f"(?:{sep}{_group(item)})*") if item is not None else ("", "")
+        return f"\\[{self.ws}{before}{_group(hit)}{after}{self.ws}\\]"
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
         return array_regex(items, rest, low, high, self.ws)
@@ -979,6 +1069,7 @@ class Converter:
         if not schema.get("patternProperties"):  # an extra key must not match a pattern: kept closed
             repeated.append(self.extra_member(schema, extra_schema, list(props), ptr))
         extra = _alternation(repeated)
+        extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
@@ -1041,7 +1132,9 @@ class Converter:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length, narrow=True)
             if any(re.search(pattern, name) for name in declared):
-                return None
+                # a key could repeat a declared name; a pattern that finds every string (".*")
+                # takes any other key instead (the complement of the declared names)
+                return _string_not_in(declared) if _finds_every_string(pattern) else None
         except (PatternUnsupported, re.error):
             return None
         return translated.regex if translated.is_subset else None  # stricter keys are fine
@@ -1195,6 +1288,12 @@ def _pattern_schemas(pattern_properties: dict, name: str, ptr: str = "") -> list
         if hit:
             found.append(_at(sub, pointer_join(ptr, "patternProperties", pattern)))
     return found
+
+
+def _finds_every_string(pattern: str) -> bool:
+    """Whether a (translatable) pattern finds a match in every string: it matches the empty string
+    at the start and has no `$` (so the empty match at position 0 is there whatever follows)."""
+    return "$" not in pattern and re.match(pattern, "") is not None
 
 
 def _string_not_in(names: list[str]) -> str:

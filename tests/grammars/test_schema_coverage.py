@@ -287,12 +287,16 @@ def test_a_root_number_table_continues_after_an_accepting_digit(data_dir):
 
 
 def test_two_nots_under_allof_are_both_accounted_for():
-    """not A and not B: simple type negations are both enforced; any other second `not` is listed
-    as relaxed under its own branch (it was merged into `not (A and B)`, looser and mislabelled)."""
+    """not A and not B: simple type negations and not-required are both enforced; any other second
+    `not` is listed as relaxed under its own branch (it was merged into `not (A and B)`, looser and mislabelled)."""
     types = schema_to_regex({"allOf": [{"not": {"type": "string"}}, {"not": {"type": "null"}}],
                              "type": ["string", "null", "integer"]})
     dfa = regex_to_dfa(types.regex)
     assert dfa.matches(b"12") and not dfa.matches(b'"x"') and not dfa.matches(b"null")
     assert types.relaxed == []
-    other = schema_to_regex({"type": "object", "allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]})
+    other = schema_to_regex({"type": "object", "allOf": [{"not": {"minProperties": 2}}, {"not": {"maxProperties": 0}}]})
     assert sorted(other.relaxed) == [("/allOf/0", "not"), ("/allOf/1", "not")]
+    absent = schema_to_regex({"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+                              "allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]})
+    dfa = regex_to_dfa(absent.regex)  # not-required: both rewritten as "absent" (schema/alternatives.py)
+    assert absent.relaxed == [] and dfa.matches(b'{"c": 1}') and not dfa.matches(b'{"b": 1}')

@@ -92,3 +92,19 @@ def test_error_inside_a_relaxed_applicator_is_relaxed():
     assert bad == [] and len(soft) == 1
     bad, soft = schema_violations(schema, doc, [("/properties/other", "patternProperties")])
     assert len(bad) == 1 and "type at /properties/m/patternProperties/.*" in bad[0]
+
+
+def test_multiple_of_is_judged_exactly_not_by_float_division():
+    schema = {"type": "number", "multipleOf": 0.01}
+    assert schema_violations(schema, 0.07, []) == ([], [])  # jsonschema alone: 0.07 / 0.01 = 7.000000000000001
+    bad, _ = schema_violations(schema, 0.075, [])
+    assert bad and bad[0].startswith("multipleOf")
+    assert schema_violations({"multipleOf": 7}, 7 * 10**30 + 1, [])[0]
+
+
+def test_contains_error_is_relaxed_when_a_keyword_inside_contains_is():
+    schema = {"type": "array", "contains": {"type": "integer", "multipleOf": 11}}
+    bad, soft = schema_violations(schema, [12], [("/contains", "multipleOf")])
+    assert bad == [] and soft and soft[0].startswith("contains")
+    bad, _ = schema_violations(schema, [12], [("/items", "multipleOf")])  # elsewhere: explains nothing
+    assert bad and bad[0].startswith("contains")

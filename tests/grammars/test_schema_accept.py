@@ -1,0 +1,224 @@
+"""Valid-instance acceptance and relaxed-keyword regressions found on JSONSchemaBench (issue 15).
+
+Each test names the benchmark schema it was reduced from; each checks that the valid instance is
+accepted and that a nearby invalid one is still rejected (or, for pointers, where a relaxed
+keyword is listed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from fractions import Fraction
+
+import jsonschema
+import numpy as np
+import pytest
+
+from surecall.errors import UnsupportedSchema
+from surecall.grammars.compile import compile_schema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.render import grammar_dumps
+from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+from surecall.grammars.vocab.core import Vocab
+from surecall.grammars.walk import decode, random_walk
+
+
+def accepts(schema, value_or_text, options=None) -> bool:
+    options = options or GrammarOptions()
+    regex = expand_marks(schema_to_regex(schema, options).regex, options.whitespace_regex())
+    text = value_or_text if isinstance(value_or_text, str) else grammar_dumps(value_or_text, schema, options)
+    return re.fullmatch(regex, text) is not None
+
+
+def relaxed(schema, options=None) -> list[tuple[str, str]]:
+    return schema_to_regex(schema, options or GrammarOptions()).relaxed
+
+
+# --- key order under a union whose branch holds a counted string (Snowplow---sp_336) -----------
+def test_union_branch_with_counted_string_is_rendered_in_its_declared_order():
+    schema = {"oneOf": [
+        {"type": "object", "properties": {"type": {"enum": ["A"]}}, "required": ["type"]},
+        {"type": "object", "properties": {"errors": {"type": "array", "items": {"type": "string", "maxLength": 32}},
+                                          "type": {"enum": ["B"]}}, "required": ["type", "errors"]}]}
+    value = {"type": "B", "errors": ["x"]}  # written in the other order than declared
+    assert grammar_dumps(value, schema) == '{"errors": ["x"], "type": "B"}'
+    assert accepts(schema, value)
+    assert not accepts(schema, {"type": "B", "errors": ["x" * 33]})  # maxLength still enforced
+
+
+# --- origins of merged keywords survive an anyOf beside them (Handwritten---string5) -----------
+def test_keyword_merged_from_all_of_is_listed_at_its_branch_inside_a_union():
+    schema = {"allOf": [{"type": "string"}, {"format": "no-such-format"},
+                        {"anyOf": [{"minLength": 1}, {"maxLength": 0}]}]}
+    assert relaxed(schema) == [("/allOf/1", "format")]
+    ref_branch = {"allOf": [{"$ref": "#/$defs/s"}, {"format": "no-such-format"}, {"anyOf": [{"maxLength": 3}]}],
+                  "$defs": {"s": {"type": "string"}}}
+    assert relaxed(ref_branch) == [("/allOf/1", "format")]
+    assert accepts(ref_branch, '"abc"') and not accepts(ref_branch, '"abcd"')
+
+
+# --- multipleOf: enforced by a remainder automaton (Handwritten---string5, Snowplow, JSONSchemaStore)
+def _is_multiple(text: str, m: str) -> bool:
+    return Fraction(text) % Fraction(m) == 0
+
+
+@pytest.mark.parametrize("m", [2, 3, 6, 8, 10, 25])
+def test_integer_multiple_of_is_enforced_exactly(m):
+    schema = {"type": "integer", "multipleOf": m}
+    assert relaxed(schema) == []
+    regex = re.compile(expand_marks(schema_to_regex(schema).regex))
+    for n in range(-300, 3000):
+        assert bool(regex.fullmatch(str(n))) == (n % m == 0), n
+    assert regex.fullmatch(str(m * 10**20))  # no digit cap (exact in both validators)
+    assert not regex.fullmatch(f"{m}.0") and not regex.fullmatch("-0") and not regex.fullmatch(f"0{m}")
+
+
+def test_decimal_multiple_of_bounds_the_fraction_and_keeps_minimum():
+    price = {"type": "number", "multipleOf": 0.01, "minimum": 0}  # Snowplow: 88 such prices
+    assert relaxed(price) == []
+    good = ["0", "0.07", "12.34", "12.340", "1", "100.5", "0.00"]
+    bad = ["12.345", "-0.01", "0.001", "1e2", "-1"]
+    assert all(accepts(price, t) for t in good) and not any(accepts(price, t) for t in bad)
+    assert not accepts(price, "1234567890123456.5") and accepts(price, "123456789012345.5")  # below 2^53
+    step = {"type": "number", "multipleOf": 0.25, "minimum": 3}  # a minimum that cuts the multiples partway
+    regex = re.compile(expand_marks(schema_to_regex(step).regex))
+    for hundredths in range(-200, 3000):
+        text = str(Decimal(hundredths) / 100)
+        text = text[:-3] if text.endswith(".00") else text
+        want = _is_multiple(text, "0.25") and Decimal(text) >= 3
+        assert bool(regex.fullmatch(text)) == want, text
+    assert regex.fullmatch("3.50") and regex.fullmatch("5.0")  # listed multiples keep trailing zeros
+
+
+def test_multiple_of_of_an_integer_and_merged_multiples():
+    assert accepts({"type": "integer", "multipleOf": 2.5}, "15") and not accepts({"type": "integer", "multipleOf": 2.5}, "7")
+    both = {"type": "integer", "allOf": [{"multipleOf": 2}, {"multipleOf": 3}]}  # least common multiple 6
+    assert relaxed(both) == [] and accepts(both, "12") and not accepts(both, "4") and not accepts(both, "9")
+    capped = {"type": "integer", "multipleOf": 10, "maximum": 35, "minimum": -20}
+    regex = re.compile(expand_marks(schema_to_regex(capped).regex))
+    assert [n for n in range(-100, 100) if regex.fullmatch(str(n))] == [-20, -10, 0, 10, 20, 30]
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})
+
+
+def test_multiple_of_without_a_short_regex_is_relaxed_with_the_reason():
+    result = schema_to_regex({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}})
+    assert result.relaxed == [("/properties/n", "multipleOf")]
+    assert "regex longer than" in result.reasons[("/properties/n", "multipleOf")]
+    coarse = schema_to_regex({"type": "number", "multipleOf": 2.5})  # floats past 2^53 lose its remainder
+    assert "does not divide 1" in coarse.reasons[("", "multipleOf")]
+    wide = schema_to_regex({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9})
+    assert "more than the 64 written out" in wide.reasons[("", "multipleOf")]
+    assert accepts({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9}, "0.001")  # relaxed
+
+
+def test_walks_under_multiple_of_validate():
+    vocab = _digit_vocab()
+    rng = np.random.default_rng(0)
+    for schema in ({"type": "integer", "multipleOf": 3}, {"multipleOf": 6, "pattern": "^a"},
+                   {"type": "number", "multipleOf": 0.25, "minimum": 3}):
+        table = compile_schema(schema, vocab, use_cache=False)
+        assert table.relaxed == []
+        validator = jsonschema.Draft202012Validator(schema)  # 0.25: binary, so float division is exact
+        for _ in range(40):
+            text = decode(vocab, random_walk(table, vocab, rng, max_tokens=40)).decode()
+            assert validator.is_valid(json.loads(text)), text
+            if not text.startswith('"'):
+                assert _is_multiple(text, str(schema["multipleOf"])), text
+
+
+def _digit_vocab() -> Vocab:
+    pieces = [bytes([b]) for b in range(256)] + [b"00", b"14", b"7.", b".25", b'"a'] + [b""]
+    stop = len(pieces) - 1
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
+                 logits_width=len(pieces), format="test", name="digits-synthetic")
+
+
+# --- dependencies and not-required as alternatives (JSONSchemaStore---nodemon, WashingtonPost---wp_100)
+def test_dependent_required_and_array_dependencies_are_enforced():
+    props = {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}}
+    for key in ("dependentRequired", "dependencies"):
+        schema = {"type": "object", "properties": props, key: {"a": ["b"]}}
+        assert relaxed(schema) == []
+        assert all(accepts(schema, t) for t in ['{}', '{"a": 1, "b": "x"}', '{"b": "x", "c": 1}'])
+        assert not accepts(schema, '{"a": 1}') and not accepts(schema, '{"a": 1, "c": 2}')
+
+
+def test_schema_dependencies_are_enforced_and_keep_inner_pointers():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "dependencies": {"a": {"properties": {"b": {"maxLength": 2, "format": "no-such-format"}},
+                                     "required": ["b"]}}}
+    assert relaxed(schema) == [("/dependencies/a/properties/b", "format")]
+    assert accepts(schema, '{"a": 1, "b": "xy"}') and accepts(schema, '{"b": "xyz"}')
+    assert not accepts(schema, '{"a": 1, "b": "xyz"}') and not accepts(schema, '{"a": 1}')
+
+
+def test_not_required_means_some_name_absent_and_an_object():
+    schema = {"type": ["object", "null"], "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}}
+    assert relaxed(schema) == []
+    assert accepts(schema, '{"a": 1}') and accepts(schema, '{"b": 2}') and accepts(schema, "{}")
+    assert not accepts(schema, '{"a": 1, "b": 2}') and not accepts(schema, "null")
+
+
+def test_too_many_dependency_triggers_stay_relaxed():
+    names = "abcd"
+    schema = {"type": "object", "properties": {n: {} for n in names}, "dependentRequired": {n: ["a"] for n in names}}
+    assert relaxed(schema) == [("", "dependentRequired")]
+
+
+# --- uniqueItems over a small literal item set -------------------------------------------------
+def test_unique_items_over_small_enums_and_booleans_are_enforced():
+    days = {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "uniqueItems": True, "minItems": 1}
+    assert relaxed(days) == []
+    assert accepts(days, '["tue", "mon"]') and accepts(days, '["wed", "mon", "tue"]')
+    assert not accepts(days, '["mon", "mon"]') and not accepts(days, "[]") and not accepts(days, '["thu"]')
+    flags = {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "maxItems": 1}
+    assert accepts(flags, "[true]") and not accepts(flags, "[true, false]")
+    numbers = {"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True}  # 1 == 1.0
+    assert accepts(numbers, "[2, 1]") and not accepts(numbers, "[1, 1.0]")
+
+
+def test_unique_items_over_open_or_large_item_sets_stay_relaxed():
+    assert relaxed({"type": "array", "items": {"type": "string"}, "uniqueItems": True}) == [("", "uniqueItems")]
+    either = {"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True}
+    assert relaxed(either) == [("", "uniqueItems")]
+    five = {"type": "array", "items": {"enum": list("abcde")}, "uniqueItems": True}
+    assert relaxed(five) == [("", "uniqueItems")]
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "minItems": 3})
+
+
+# --- extra members repeat as one group (Handwritten---test.NoType) -----------------------------
+def test_several_pattern_members_repeat_after_one_another():
+    schema = {"type": "object", "minProperties": 1, "allOf": [
+        {"type": "object", "patternProperties": {"a": {"type": "number", "minimum": 10}}},
+        {"type": "object", "patternProperties": {"b": {"type": "number", "minimum": 3}}}]}
+    assert accepts(schema, '{"a": 15, "b": 5}') and accepts(schema, '{"b": 5, "a": 15}')
+    assert not accepts(schema, '{"a": 15, "b": 1}') and not accepts(schema, "{}")
+
+
+# --- a pattern that finds every key, beside declared properties (WashingtonPost---wp_65) ------
+def test_catch_all_pattern_properties_write_keys_other_than_the_declared_ones():
+    schema = {"type": "object", "properties": {"basic": {"type": "string"}}, "required": ["basic"],
+              "patternProperties": {".*": {"type": "string"}}}
+    assert accepts(schema, '{"basic": "a", "additional": "b", "more": "c"}')
+    assert not accepts(schema, '{"basic": "a", "basic": "b"}')  # no duplicate of the declared key
+    assert not accepts(schema, '{"basic": "a", "additional": 1}')  # the pattern's schema holds
+    narrow = {"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}}
+    assert not accepts(narrow, '{"ab": 1, "ax": 2}')  # not every key: still left out (relaxed)
+
+
+# --- contains on a plain item list (Handwritten---itemscontains2) -------------------------------
+def test_contains_needs_one_matching_item_anywhere():
+    schema = {"type": "array", "items": {"type": ["string", "integer"]}, "contains": {"type": "integer", "minimum": 5}}
+    assert relaxed(schema) == []
+    assert accepts(schema, '["a", 7, "b"]') and accepts(schema, "[9]") and accepts(schema, '[1, "x", 5]')
+    assert not accepts(schema, '["a", 1]') and not accepts(schema, "[]") and not accepts(schema, '[true, 7]')
+    any_items = {"type": "array", "contains": {"const": "x"}}
+    assert accepts(any_items, '[{"a": 1}, "x"]') and not accepts(any_items, '[{"a": 1}]')
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"type": "integer"}})
+    counted = {"type": "array", "contains": {"type": "integer"}, "maxItems": 3}
+    assert relaxed(counted) == [("", "contains")]  # with an item bound: left to the validator
