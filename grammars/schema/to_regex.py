@@ -595,7 +595,8 @@ class Converter:
                     return False
         if "anyOf" in out and "oneOf" in out:
             self.relax(ptr, "oneOf")
-            out["anyOf"] = [{"allOf": [x, y]} for x in out.pop("anyOf") for y in out.pop("oneOf")]
+            any_of, one_of = out.pop("anyOf"), out.pop("oneOf")
+            out["anyOf"] = [{"allOf": [x, y]} for x in any_of for y in one_of]
         out[_FROM] = origins
         return out
 

@@ -222,3 +222,15 @@ def test_contains_needs_one_matching_item_anywhere():
         schema_to_regex({"type": "array", "items": {"type": "string"}, "contains": {"type": "integer"}})
     counted = {"type": "array", "contains": {"type": "integer"}, "maxItems": 3}
     assert relaxed(counted) == [("", "contains")]  # with an item bound: left to the validator
+
+
+# --- allOf with an anyOf of two branches and a oneOf beside it (Github_ultra---o62897) --------
+def test_all_of_merging_an_any_of_and_a_one_of_crosses_every_branch():
+    schema = {"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                        {"oneOf": [{"type": "integer", "minimum": 3}, {"type": "string", "maxLength": 2},
+                                   {"type": "boolean"}]}]}
+    assert relaxed(schema) == [("/allOf/1", "oneOf")]  # branch overlap is not excluded; listed at its branch
+    for good, bad in (('5', '1'), ('"ab"', '"abc"'), ('3', 'true')):
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(good))
+        assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(bad))
+        assert accepts(schema, good) and not accepts(schema, bad), (good, bad)
