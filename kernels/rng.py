@@ -182,33 +182,21 @@ def gumbel_triton(
 
 
 @triton.jit
+def _fmix32_triton(h):
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
 def row_keys_triton(
     seed,  # int64 scalar: the row's seed
     step,  # int64 scalar: the row's decode step
 ):
     # row_keys's bits: the int64 -> uint32 casts keep the low 32 bits, `>> 32` then cast the high ones.
-    h = (seed >> 32).to(tl.uint32) ^ 0x6A09E667  # SEED_SALT
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    h = h ^ (h >> 16)
-    key_a = seed.to(tl.uint32) ^ h
-    key_a = key_a ^ (key_a >> 16)
-    key_a = key_a * 0x85EBCA6B
-    key_a = key_a ^ (key_a >> 13)
-    key_a = key_a * 0xC2B2AE35
-    key_a = key_a ^ (key_a >> 16)
-    h = (step >> 32).to(tl.uint32) ^ 0xBB67AE85  # STEP_SALT
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    h = h ^ (h >> 16)
-    key_b = key_a ^ step.to(tl.uint32) ^ h
-    key_b = key_b ^ (key_b >> 16)
-    key_b = key_b * 0x85EBCA6B
-    key_b = key_b ^ (key_b >> 13)
-    key_b = key_b * 0xC2B2AE35
-    key_b = key_b ^ (key_b >> 16)
+    # Once per row, so the nested jit call costs nothing that matters (unlike gumbel_triton, per token).
+    key_a = _fmix32_triton(seed.to(tl.uint32) ^ _fmix32_triton((seed >> 32).to(tl.uint32) ^ 0x6A09E667))  # SEED_SALT
+    key_b = _fmix32_triton(key_a ^ step.to(tl.uint32) ^ _fmix32_triton((step >> 32).to(tl.uint32) ^ 0xBB67AE85))
     return key_a, key_b

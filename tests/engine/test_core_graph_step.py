@@ -210,12 +210,8 @@ def test_the_static_step_makes_no_host_sync_on_gpu(grammars, monkeypatch):
     assert calls and all(seq.payload.error is None for seq in seqs), [seq.payload.error for seq in seqs]
 
 
-@needs_interpreter
-def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
-    def broken(self, bucket):
-        raise RuntimeError("operation not permitted when stream is capturing")
-
-    monkeypatch.setattr(gs.GraphStep, "_capture", broken)
+def _eager_reference_and_capturing_core(tiny):
+    """One sampled request run eagerly (its finished sequence), and a core set to capture with the same request added."""
     prompt = tiny.count_tokens("user: hi\nassistant:")
     params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
     ref = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=False)
@@ -223,7 +219,16 @@ def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
     ref.run_to_completion()
     core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
     core.graph.capture = True
-    got = core.add_request("a", prompt, params)
+    return want, core, core.add_request("a", prompt, params)
+
+
+@needs_interpreter
+def test_a_failed_capture_warns_and_runs_the_step_eagerly(tiny, monkeypatch):
+    def broken(self, bucket):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(gs.GraphStep, "_capture", broken)
+    want, core, got = _eager_reference_and_capturing_core(tiny)
     with pytest.warns(RuntimeWarning, match="CUDA graph capture of the decode step failed"):
         core.run_to_completion()
     assert got.payload.generated == want.payload.generated and not core.graph.capture
@@ -246,14 +251,7 @@ def test_a_first_replay_that_differs_from_eager_turns_graphs_off(tiny, monkeypat
         bucket.graph = WrongGraph(self, bucket)
 
     monkeypatch.setattr(gs.GraphStep, "_capture", fake_capture)
-    prompt = tiny.count_tokens("user: hi\nassistant:")
-    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
-    ref = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=False)
-    want = ref.add_request("a", prompt, params)
-    ref.run_to_completion()
-    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=64, graph_step=True)
-    core.graph.capture = True
-    got = core.add_request("a", prompt, params)
+    want, core, got = _eager_reference_and_capturing_core(tiny)
     with pytest.warns(RuntimeWarning, match="first replay differs from the same step run eagerly"):
         core.run_to_completion()
     assert got.payload.generated == want.payload.generated and not core.graph.capture
