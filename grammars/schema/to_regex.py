@@ -10,6 +10,7 @@ min/maxLength (counted strings) and `pattern` (one quantified set: counted too) 
 `format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
 automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
 (schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
@@ -73,6 +74,8 @@ _MAX_MULTIPLE_CHARS = 16_000
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
 _FROM = "$surecall:from"
+# Drafts 3-7 ignore every keyword beside `$ref` (so do jsonschema and jsonschema-rs); 2019-09 on apply them.
+_SIBLINGS_IGNORED = re.compile(r"https?://json-schema\.org/draft-0[3-7]/schema#?")
 
 
 @dataclass
@@ -125,6 +128,12 @@ def check_schema(schema: object) -> None:
         raise SchemaError(f"invalid JSON Schema: {exc.message}", pointer, keyword) from None
     except Exception as exc:  # unknown $schema, unresolvable metaschema
         raise SchemaError(f"cannot check the schema against its metaschema: {exc}", "", "$schema") from None
+
+
+def ref_siblings_ignored(root: object) -> bool:
+    """Whether `root`'s `$schema` names draft 3 to 7, where keywords beside a `$ref` do not apply."""
+    name = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(name, str) and _SIBLINGS_IGNORED.fullmatch(name) is not None
 
 
 def pointer_join(pointer: str, *parts: object) -> str:
@@ -364,6 +373,12 @@ class Converter:
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
+        self.ref_siblings_ignored = ref_siblings_ignored(root)
+
+    def ref_rest(self, schema: dict) -> dict:
+        """The keywords beside `schema`'s `$ref` that apply: none in drafts 3-7 (our marks kept)."""
+        return {k: v for k, v in schema.items()
+                if k != "$ref" and (not self.ref_siblings_ignored or k in (_AT, _FROM))}
 
     def relax(self, pointer: str, keyword: str, reason: str | None = None) -> None:
         if pointer == self.origins[0]:
@@ -497,7 +512,7 @@ class Converter:
 
     def convert_ref(self, schema: dict, ptr: str) -> str | None:
         target, target_ptr = self.resolve(schema["$ref"], ptr)
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        rest = self.ref_rest(schema)
         ref = schema["$ref"]
         depth = self.ref_depth.get(ref, 0)
         if depth >= self.options.max_ref_depth + 1:
@@ -566,7 +581,7 @@ class Converter:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
             target, _ = self.resolve(sub["$ref"], ptr)
-            rest = {k: v for k, v in sub.items() if k != "$ref"}
+            rest = self.ref_rest(sub)
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
         alternatives = alternative_parts(sub, ptr, _at) if isinstance(sub, dict) else None
         if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
