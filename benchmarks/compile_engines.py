@@ -44,6 +44,13 @@ def timed(fn, *args):
     return out, (time.perf_counter() - started) * 1e3
 
 
+class OpenGrammar:
+    """Ours with objects open, as a byte DFA (`Ours.compile_open`)."""
+
+    def __init__(self, dfa):
+        self.dfa = dfa
+
+
 class Ours:
     name = "ours"
 
@@ -55,13 +62,22 @@ class Ours:
 
         return compile_schema(schema, self.tokens.vocab, use_cache=False)
 
-    def compile_open(self, schema):
-        """Objects open: undeclared keys after the declared ones, any order for small objects."""
-        from surecall.grammars.compile import compile_schema
+    def compile_open(self, schema) -> OpenGrammar:
+        """The byte DFA of the grammar with objects open (undeclared keys after the declared ones,
+        any order for small closed objects); no token table: open tables over the Llama-3
+        vocabulary often pass the memory budget, and which texts the policy admits does not
+        depend on the vocabulary. Counted bounds are spelled out (relaxed past 48), which the
+        valid instances this is used for meet anyway."""
+        from surecall.grammars.automaton import regex_to_dfa
         from surecall.grammars.options import GrammarOptions
+        from surecall.grammars.schema.to_regex import schema_to_regex
+        from surecall.grammars.splice import build_spliced
 
-        options = GrammarOptions(allow_additional_properties=True, any_property_order=True)
-        return compile_schema(schema, self.tokens.vocab, options=options, use_cache=False)
+        options = GrammarOptions(allow_additional_properties=True, any_property_order=True, counted_lengths=False)
+        result = schema_to_regex(schema, options, splice=True)
+        if not result.pieces:
+            return OpenGrammar(regex_to_dfa(result.regex))
+        return OpenGrammar(build_spliced(result.regex, result.pieces, regex_to_dfa, options.memory_budget_bytes))
 
     def describe(self, table) -> dict:
         relaxed = [list(r) for r in table.relaxed]
@@ -74,6 +90,8 @@ class Ours:
     def accepts(self, table, text: str) -> bool:
         from surecall.grammars.walk import accepts
 
+        if isinstance(table, OpenGrammar):
+            return table.dfa.matches(text.encode())
         return accepts(table, self.tokens.encode(text))
 
     def walk_check(self, schema, table) -> dict:

@@ -19,9 +19,10 @@ SHORT = {"ours": "ours", "xgrammar": "xgr", "llguidance": "llg", "llguidance-len
 # Engines whose defaults close objects (declared keys only, declared order) and that can compile open.
 OPEN_ENGINES = ("ours", "xgrammar")
 OURS_OPEN = ("allow_additional_properties=True, any_property_order=True (any order only for objects of at most 4 "
-             "properties that take no extra keys: under the first flag, those with additionalProperties false)")
-OPEN_POLICY = (f"recompiled with undeclared keys allowed and any property order (ours: GrammarOptions {OURS_OPEN}; "
-               "xgrammar: strict_mode=False, any_order=True)")
+             "properties that take no extra keys: under the first flag, those with additionalProperties false), "
+             "checked on the grammar's byte DFA")
+OPEN_POLICY = (f"recompiled with undeclared keys allowed and any property order (ours: GrammarOptions {OURS_OPEN}, "
+               "counted bounds spelled out, no token table; xgrammar: strict_mode=False, any_order=True)")
 MB = 10**6
 
 # --- aggregation -----------------------------------------------------------------------------
