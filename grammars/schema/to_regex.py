@@ -74,6 +74,9 @@ _MAX_MULTIPLE_CHARS = 16_000
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
 _FROM = "$surecall:from"
+# Integral numbers below this are spelled both ways in literals ("1" and "1.0"); past it a float's repr
+# is exponent notation (1e+16) and no longer names one integer exactly.
+_EXACT_FLOAT_INTEGERS = 10**15
 # Drafts 3-7 ignore every keyword beside `$ref` (so do jsonschema and jsonschema-rs); 2019-09 on apply them.
 _SIBLINGS_IGNORED = re.compile(r"https?://json-schema\.org/draft-0[3-7]/schema#?")
 
@@ -154,6 +157,9 @@ def json_literal(value: object, options: GrammarOptions) -> str:
 
 
 def _text_literal(value: object) -> str:
+    if not isinstance(value, bool) and _is_integral(value) and abs(value) < _EXACT_FLOAT_INTEGERS:
+        # JSON Schema compares numbers by value: `1` and `1.0` are the same enum/const member
+        return f"{int(value)}(?:\\.0)?"
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return "".join(lex.regex_char(ord(c)) for c in text)
 

@@ -276,3 +276,15 @@ def test_ignored_ref_siblings_under_all_of_and_in_the_renderer():
     value = {"b": 2, "a": 1}
     assert grammar_dumps(value, schema) == '{"a": 1, "b": 2}'
     assert accepts(schema, value) and not accepts(schema, {"a": 1, "b": "x"})
+
+
+# --- an integral enum/const number in either spelling (JSON Schema compares numbers by value) ---
+def test_integral_enum_and_const_numbers_match_with_or_without_a_fraction():
+    schema = {"enum": [1.0, -3, True, 0.5, {"a": 2.0}]}
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ("1", "1.0", "-3", "-3.0", "true", "0.5", '{"a": 2}', '{"a": 2.0}'):
+        assert validator.is_valid(json.loads(text)) and accepts(schema, text), text
+    for text in ("1.5", "2", "1.00", "01", "0.50", '{"a": 3}'):
+        assert not accepts(schema, text), text
+    assert accepts({"const": 7}, "7.0") and not accepts({"const": 7}, "70")
+    assert accepts({"type": "integer", "enum": [2, 4]}, 4.0)  # the renderer writes 4; the grammar takes it
