@@ -9,8 +9,8 @@ table bytes p50/p99/max; ours also random walks (half cut by a tight token budge
 against the original schema. Valid instances are counted twice: under each engine's default
 (ours and xgrammar close objects to their declared properties, in declared order) and "open"
 (a schema with a rejected valid instance is recompiled with undeclared keys allowed and any
-property order: compile_engines `compile_open`), so the policy's cost is measured, not hidden. Engines run in lanes side by side (outlines-core, by far the
-slowest, in two of its own); --max-minutes bounds the sweep (round-robin over subsets). Then the
+property order: compile_engines `compile_open`), so the policy's cost is measured, not hidden.
+Engines run in lanes side by side (outlines-core, by far the slowest, in two of its own); --max-minutes bounds the sweep (round-robin over subsets). Then the
 seed catalog (ours cold/warm vs xgrammar), issue 15's goals with their gaps, and a compact table
 for the README. Progress on stderr; benchmarks/results/compile.{json,md}; last line one JSON.
 Engine adapters: compile_engines.py; summaries, goals and tables: compile_report.py.
