@@ -553,11 +553,57 @@ def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray
     return src[first], dst[first], weight[first]
 
 
+def _counted_body_edges(table: TokenTable, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source, target, closes) of the tokens that start no character in counted body `states`
+    (count_chars 0, or 1: closes), once per distinct edge and kind, not once per token.
+
+    An exception is its own edge; the default target is an edge of a kind when some allowed
+    token of that kind is no exception (popcounts of the mask row against the kind's bits).
+    """
+    rows = table.count_row[states].astype(np.int64)
+    distinct, row_at = np.unique(rows, return_inverse=True)
+    v = table.count_chars.shape[1]
+    kinds = [(table.count_chars[distinct] == k) for k in (0, 1)]  # bool [R', V] each
+    allowed = table.mask[table.mask_row[states]].view(np.uint32)  # [n, words]
+    stops = table.stop_ids[table.stop_ids < v].astype(np.int64)
+    stop_allowed = _bits_at(allowed, np.repeat(np.arange(states.size), stops.size),
+                            np.tile(stops, states.size)).reshape(states.size, stops.size)
+    owner = np.repeat(np.arange(table.num_states, dtype=np.int64), np.diff(table.exc_ptr.astype(np.int64)))
+    body = np.zeros(table.num_states, dtype=np.int64) - 1
+    body[states] = np.arange(states.size)
+    pick = np.flatnonzero(body[owner] >= 0)
+    e_at, e_tok, e_next = body[owner[pick]], table.exc_tok[pick].astype(np.int64), table.exc_next[pick].astype(np.int64)
+    inside = e_tok < v
+    e_at, e_tok, e_next = e_at[inside], e_tok[inside], e_next[inside]
+    e_ok = _bits_at(allowed, e_at, e_tok) & ~np.isin(e_tok, stops)
+    src, dst, closes = [], [], []
+    default = table.trans_default[states].astype(np.int64)
+    for k, kind in enumerate(kinds):
+        words = np.zeros((distinct.size, allowed.shape[1] * 32), dtype=bool)
+        words[:, :v] = kind
+        packed = np.packbits(words, axis=1, bitorder="little").view(np.uint32)
+        free = np.bitwise_count(allowed & packed[row_at]).sum(axis=1, dtype=np.int64)
+        free -= (stop_allowed & kind[:, stops][row_at]).sum(axis=1)
+        hit = e_ok & kind[row_at[e_at], e_tok]
+        free -= np.bincount(e_at[hit], minlength=states.size)
+        has = (free > 0) & (default >= 0)
+        src += [states[has], states[e_at[hit]]]
+        dst += [default[has], e_next[hit]]
+        closes.append(np.full(int(has.sum()) + int(hit.sum()), bool(k), dtype=bool))
+    return np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64), np.concatenate(closes)
+
+
+def _bits_at(words: np.ndarray, at: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """bool per i: whether row at[i] of the uint32 bit rows `words` has bit tok[i]."""
+    w = words[at, tok >> 5]
+    return ((w >> (tok & 31).astype(np.uint32)) & 1).astype(bool)
+
+
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source, target, weight) of every token edge counted_dist uses, duplicates included.
 
     Outside counted bodies only the distinct next states matter (the defaults and exceptions);
-    inside, the tokens that start no character, looked up per state.
+    inside, the tokens that start no character, one edge per distinct (target, kind).
     """
     n = table.num_states
     plain = table.count_row < 0
@@ -567,18 +613,7 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     src = [np.flatnonzero(has_default), owner[from_plain]]
     dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
-    starts_none: dict[int, np.ndarray] = {}  # count row -> tokens that start no character there
-    states = np.flatnonzero(~plain)
-    rows = table.count_row[states].astype(np.int64)
-    for r in np.unique(rows).tolist():
-        starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
-    sizes = np.asarray([starts_none[r].size for r in rows.tolist()], dtype=np.int64)
-    s = np.repeat(states, sizes)
-    tok = np.concatenate([starts_none[r] for r in rows.tolist()] or [np.zeros(0, np.int64)])
-    nxt = table.next_states_many(s, tok).astype(np.int64)
-    ok = nxt >= 0
-    s, tok, nxt = s[ok], tok[ok], nxt[ok]
-    closes = table.count_chars[table.count_row[s], tok] == 1
+    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain))
     src.append(s)
     dst.append(nxt)
     weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
