@@ -383,8 +383,9 @@ def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi) -
     return list(values), k
 
 
-def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, int], int]:
-    """Drop transitions that break a bound on their own; return {(state, token): counter set}.
+def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drop transitions that break a bound on their own; return the (state, token, counter set)
+    int64 arrays of the transitions that enter a counted body with a counter.
 
     Only tokens with a `"` can open or close a counted string: walked per (state, token) from
     where the source state's own body (if any) was closed, or from the start otherwise.
@@ -397,7 +398,7 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     for q, toks in bad.items():
         _drop_inplace(rows, q, np.asarray(sorted(toks), dtype=np.int32))
     keep = ok & enters & (post != 0)
-    return {(q, t): c for q, t, c in zip(src[keep].tolist(), tok[keep].tolist(), post[keep].tolist(), strict=True)}
+    return src[keep], tok[keep], post[keep]
 
 
 def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -487,13 +488,12 @@ def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> 
         raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
 
 
-def _entry_arrays(entries: dict, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted keys new_id[q] * width + t, counters) of the entries whose state survived."""
-    pairs = np.fromiter((x for qt in entries for x in qt), dtype=np.int64, count=2 * len(entries)).reshape(-1, 2)
-    vals = np.fromiter(entries.values(), dtype=np.int64, count=len(entries))
-    q = new_id[pairs[:, 0]].astype(np.int64)
+def _entry_arrays(entries: tuple, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted keys new_id[q] * width + t, counters) of the entries (check_entries) whose state survived."""
+    src, tok, vals = entries
+    q = new_id[src].astype(np.int64)
     keep = q >= 0
-    key = q[keep] * width + pairs[keep, 1]
+    key = q[keep] * width + tok[keep]
     order = np.argsort(key, kind="stable")  # (state, token) pairs are distinct: so are the keys
     return key[order], vals[keep][order].astype(np.int32)
 
