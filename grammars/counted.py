@@ -302,7 +302,11 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
         if regions.lo[r] > 0:  # only a body with a minimum needs fillers
             fill = min(fill, vi.classes[("counted", sig)][1])
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    merged, where = _merge_rows(rows, defined)
+    key = ("counted-merged", *by_sig)  # the merge depends only on the shapes, in order: found once per list
+    if key not in vi.classes:
+        vi.classes[key] = _merge_rows(rows, defined)
+    merged, where = vi.classes[key]
+    merged = merged.copy()  # the table owns its rows
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
     return row_of, merged, fill
 
