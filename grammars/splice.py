@@ -103,7 +103,16 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             check()
         return built[key]
 
+    whole = _whole_piece(regex)
+    if whole is not None:  # the regex is one placeholder: the grammar is its piece (no parent to splice into)
+        return built[(canonical_of(whole, len(pieces)),)]
     return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)
+
+
+def _whole_piece(regex: str) -> int | None:
+    """The piece index when `regex` is exactly one placeholder (a catalog's union), else None."""
+    hit = _PLACEHOLDER_TEXT.fullmatch(regex)
+    return None if hit is None else min(placeholders_in(regex))
 
 
 def _digest(dfa: ByteDFA) -> bytes:
