@@ -557,38 +557,42 @@ def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray
     return src[first], dst[first], weight[first]
 
 
-def _counted_body_edges(table: TokenTable, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray):
     """(source, target, closes) of the tokens that start no character in counted body `states`
-    (count_chars 0, or 1: closes), once per distinct edge and kind, not once per token.
+    (count_chars 0, or 1: closes), once per distinct edge and kind, not once per token;
+    `owner` is each exception's state.
 
     An exception is its own edge; the default target is an edge of a kind when some allowed
     token of that kind is no exception (popcounts of the mask row against the kind's bits).
     """
-    rows = table.count_row[states].astype(np.int64)
-    distinct, row_at = np.unique(rows, return_inverse=True)
+    distinct, row_at = np.unique(table.count_row[states], return_inverse=True)
     v = table.count_chars.shape[1]
-    kinds = [(table.count_chars[distinct] == k) for k in (0, 1)]  # bool [R', V] each
-    allowed = table.mask[table.mask_row[states]].view(np.uint32)  # [n, words]
+    words, mask_row = table.mask.view(np.uint32), table.mask_row[states].astype(np.int64)
     stops = table.stop_ids[table.stop_ids < v].astype(np.int64)
-    stop_allowed = _bits_at(allowed, np.repeat(np.arange(states.size), stops.size),
+    stop_allowed = _bits_at(words, np.repeat(mask_row, stops.size),
                             np.tile(stops, states.size)).reshape(states.size, stops.size)
-    owner = np.repeat(np.arange(table.num_states, dtype=np.int64), np.diff(table.exc_ptr.astype(np.int64)))
-    body = np.zeros(table.num_states, dtype=np.int64) - 1
-    body[states] = np.arange(states.size)
-    pick = np.flatnonzero(body[owner] >= 0)
-    e_at, e_tok, e_next = body[owner[pick]], table.exc_tok[pick].astype(np.int64), table.exc_next[pick].astype(np.int64)
+    at = np.full(table.num_states, -1, dtype=np.int64)
+    at[states] = np.arange(states.size)
+    pick = np.flatnonzero(at[owner] >= 0)
+    e_at, e_tok, e_next = at[owner[pick]], table.exc_tok[pick].astype(np.int64), table.exc_next[pick].astype(np.int64)
     inside = e_tok < v
     e_at, e_tok, e_next = e_at[inside], e_tok[inside], e_next[inside]
-    e_ok = _bits_at(allowed, e_at, e_tok) & ~np.isin(e_tok, stops)
-    src, dst, closes = [], [], []
+    e_ok = _bits_at(words, mask_row[e_at], e_tok) & ~np.isin(e_tok, stops)
+    e_value = table.count_chars[distinct[row_at[e_at]], e_tok]
     default = table.trans_default[states].astype(np.int64)
-    for k, kind in enumerate(kinds):
-        words = np.zeros((distinct.size, allowed.shape[1] * 32), dtype=bool)
-        words[:, :v] = kind
-        packed = np.packbits(words, axis=1, bitorder="little").view(np.uint32)
-        free = np.bitwise_count(allowed & packed[row_at]).sum(axis=1, dtype=np.int64)
+    # (mask row, count row) pairs repeat across a body's states: popcount each distinct pair once
+    pair_rows, pair_at = np.unique(np.stack([mask_row, row_at]), axis=1,
+                                   return_inverse=True)
+    pair_rows, pair_at = pair_rows.T, pair_at.reshape(-1)
+    src, dst, closes = [], [], []
+    for k in (0, 1):
+        kind = table.count_chars[distinct] == k  # bool [R', V]
+        packed = np.zeros((distinct.size, words.shape[1] * 4), dtype=np.uint8)
+        packed[:, : (v + 7) // 8] = np.packbits(kind, axis=1, bitorder="little")
+        free = np.bitwise_count(words[pair_rows[:, 0]] & packed.view(np.uint32)[pair_rows[:, 1]])
+        free = free.sum(axis=1, dtype=np.int64)[pair_at]
         free -= (stop_allowed & kind[:, stops][row_at]).sum(axis=1)
-        hit = e_ok & kind[row_at[e_at], e_tok]
+        hit = e_ok & (e_value == k)
         free -= np.bincount(e_at[hit], minlength=states.size)
         has = (free > 0) & (default >= 0)
         src += [states[has], states[e_at[hit]]]
@@ -617,7 +621,7 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     src = [np.flatnonzero(has_default), owner[from_plain]]
     dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
-    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain))
+    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain), owner)
     src.append(s)
     dst.append(nxt)
     weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))
