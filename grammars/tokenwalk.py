@@ -568,5 +568,14 @@ def merge_rows(a, b):
         return a if b is None else b
     if b[0].size > a[0].size:
         a, b = b, a
-    at = np.searchsorted(a[0], b[0])
-    return np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1])
+    # b's entries land at their rank in a plus their own index (np.insert's result, in a's dtypes)
+    at = np.searchsorted(a[0], b[0]) + np.arange(b[0].size)
+    from_a = np.ones(a[0].size + b[0].size, dtype=bool)
+    from_a[at] = False
+    out = []
+    for x, y in zip(a, b, strict=True):
+        merged = np.empty(from_a.size, dtype=x.dtype)
+        merged[at] = y
+        merged[from_a] = x
+        out.append(merged)
+    return tuple(out)
