@@ -423,44 +423,55 @@ def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.nda
 
 def _walk_static(dfa, regions, vi, src, tok):
     """(valid, counter at the end (started + rest in a body it entered), ends in a body it entered)
-    for each (state, token) pair."""
-    region, boundary, rest = regions.region, regions.at_boundary(), regions.rest
+    for each (state, token) pair; the last two mean nothing where the pair is not valid.
+
+    The pairs go in order of decreasing token length, so those still walking at byte k are a
+    prefix of the arrays (slices, no compaction); a walk that dies goes on in an extra dead state
+    that is in no body.
+    """
+    n = dfa.num_states
+    flat_trans = np.full((n + 1, 256), n, dtype=np.int64)
+    flat_trans[:n] = np.where(dfa.trans >= 0, dfa.trans, n)
+    flat_trans = flat_trans.reshape(-1)
+    region = np.append(regions.region, -1)
+    boundary = np.append(regions.at_boundary(), False)
     lo, hi = regions.lo, regions.hi
-    n = src.size
-    state = src.astype(np.int64).copy()
+    lens = vi.lens[tok]
+    order = np.argsort(-lens, kind="stable")
+    lens, off = lens[order], vi.off[tok[order]]
+    state = src[order].astype(np.int64)
     dynamic = region[state] >= 0  # still inside the source's body: the kernels check that part
-    count = np.zeros(n, dtype=np.int64)
-    ok = np.ones(n, dtype=bool)
-    active = np.flatnonzero(vi.lens[tok] > 0)
-    pos = 0
-    while active.size:
-        active = active[vi.lens[tok[active]] > pos]
-        q = state[active]
-        b = vi.flat[vi.off[tok[active]] + pos]
-        nxt = dfa.trans[q, b].astype(np.int64)
-        dead = nxt < 0
-        ok[active[dead]] = False
+    count = np.zeros(src.size, dtype=np.int64)
+    ok = np.ones(src.size, dtype=bool)
+    still = np.searchsorted(-lens, -np.arange(int(lens[0]) if lens.size else 0), side="left")  # len > k
+    for k, m in enumerate(still.tolist()):
+        q = state[:m]
+        b = vi.flat[off[:m] + k]
+        nxt = flat_trans[q * 256 + b]
+        valid = ok[:m]
+        valid &= nxt != n
         r = region[q]
         closing = boundary[q] & (b == _QUOTE) & (r >= 0)
-        static = ~dynamic[active]
+        dyn = dynamic[:m]
+        static = ~dyn
+        c = count[:m]
         # closing a body this token opened: its bounds are known here
-        sc = closing & static
-        c = count[active]
-        ok[active[sc & ((c < lo[np.maximum(r, 0)]) | (c > hi[np.maximum(r, 0)]))]] = False
+        r0 = np.maximum(r, 0)
+        valid &= ~(closing & static & ((c < lo[r0]) | (c > hi[r0])))
         # the source's body closed: from here on everything is static
-        dynamic[active[closing & ~static]] = False
+        dyn &= ~closing
         stays = (r >= 0) & ~closing
-        count[active] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
-        opening = (r < 0) & (region[np.maximum(nxt, 0)] >= 0)
-        count[active[opening]] = 0
-        state[active[~dead]] = nxt[~dead]
-        active = active[~dead]
-        pos += 1
+        c[:] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
+        c[(r < 0) & (region[nxt] >= 0)] = 0  # opening a body
+        state[:m] = nxt
     end_region = region[state]
     enters = ~dynamic & (end_region >= 0)
-    count = np.where(enters, count + rest[state], count)  # the counter: started + the body's rest
+    count = np.where(enters, count + np.append(regions.rest, 0)[state], count)  # started + the body's rest
     ok &= ~enters | (count <= hi[np.maximum(end_region, 0)])
-    return ok, count, enters
+    out = [np.empty_like(x) for x in (ok, count, enters)]
+    for o, x in zip(out, (ok, count, enters), strict=True):
+        o[order] = x
+    return tuple(out)
 
 
 def _drop_inplace(rows, q: int, toks: np.ndarray) -> None:
