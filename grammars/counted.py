@@ -570,8 +570,8 @@ def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray
 
 def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray):
     """(source, target, closes) of the tokens that start no character in counted body `states`
-    (count_chars 0, or 1: closes), once per distinct edge and kind, not once per token;
-    `owner` is each exception's state.
+    (count_chars 0, or 1: closes): one per such exception and one per default target and kind,
+    not one per token (duplicates left in); `owner` is each exception's state.
 
     An exception is its own edge; the default target is an edge of a kind when some allowed
     token of that kind is no exception (popcounts of the mask row against the kind's bits).
