@@ -20,6 +20,7 @@ runs no kernels.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -302,13 +303,25 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
         if regions.lo[r] > 0:  # only a body with a minimum needs fillers
             fill = min(fill, vi.classes[("counted", sig)][1])
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    key = ("counted-merged", *by_sig)  # the merge depends only on the shapes, in order: found once per list
-    if key not in vi.classes:
-        vi.classes[key] = _merge_rows(rows, defined)
-    merged, where = vi.classes[key]
-    merged = merged.copy()  # the table owns its rows
+    merged, where = _merged_rows(vi, tuple(by_sig), rows, defined)
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
     return row_of, merged, fill
+
+
+_MERGED_KEPT = 64  # merged row sets cached per vocabulary (each [R, V] int8): the most recent ones
+
+
+def _merged_rows(vi, shapes: tuple, rows: list[np.ndarray], defined: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """_merge_rows of the rows of `shapes` (body signatures, in order), which depend on those
+    alone: cached per vocabulary next to the shapes' walks, for the _MERGED_KEPT latest lists."""
+    cache = vi.classes.setdefault(("counted-merged",), OrderedDict())
+    hit = cache.get(shapes)
+    if hit is None:
+        hit = cache[shapes] = _merge_rows(rows, defined)
+        while len(cache) > _MERGED_KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(shapes)
+    return hit[0].copy(), hit[1]  # the table owns its rows
 
 
 def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -622,7 +635,7 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     """(source, target, weight) of every token edge counted_dist uses, duplicates included.
 
     Outside counted bodies only the distinct next states matter (the defaults and exceptions);
-    inside, the tokens that start no character, one edge per distinct (target, kind).
+    inside, the tokens that start no character, found from exceptions and popcounts (_counted_body_edges).
     """
     n = table.num_states
     plain = table.count_row < 0

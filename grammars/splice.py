@@ -111,8 +111,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
 
 def _whole_piece(regex: str) -> int | None:
     """The piece index when `regex` is exactly one placeholder (a catalog's union), else None."""
-    hit = _PLACEHOLDER_TEXT.fullmatch(regex)
-    return None if hit is None else min(placeholders_in(regex))
+    return min(placeholders_in(regex)) if _PLACEHOLDER_TEXT.fullmatch(regex) else None
 
 
 def _digest(dfa: ByteDFA) -> bytes:
