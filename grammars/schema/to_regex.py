@@ -785,11 +785,17 @@ class Converter:
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
 
     def any_value(self, depth: int) -> str:
-        """Any JSON value nested at most `depth` containers deep (built once per depth)."""
+        """Any JSON value nested at most `depth` containers deep (built once per depth).
+
+        With splicing, each level below `depth` is a piece of its own (placeholder), so a level
+        refers to the one inside it instead of copying it twice: regex text linear in depth.
+        """
         if depth <= 0:
             return _SCALARS
         if depth not in self.any_regex:
             inner = self.any_value(depth - 1)
+            if self.pieces is not None and depth > 1:
+                inner = self.pieces.add(inner)
             ws, sep = self.ws, f"{self.ws},{self.ws}"
             member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
             obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
