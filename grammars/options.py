@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 
 WHITESPACE_POLICIES = ("none", "bounded", "free")
 _WHITESPACE_CHARS = " \t\n\r"
-SPLICED_ANY_DEPTH = 4  # the default free-form depth with splicing (see max_any_depth)
-INLINED_ANY_DEPTH = 2  # ... and without
 
 
 @dataclass(frozen=True)
@@ -32,12 +30,12 @@ class GrammarOptions:
         cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
     max_any_depth: how many containers deep a value under an unconstrained schema (`{}`, `true`,
         a free-form `{"type": "object"}`) may nest; deeper values are rejected (stricter, never
-        looser). None (default) is `any_depth()`: SPLICED_ANY_DEPTH where compile_schema splices
-        (each level one sub-automaton, so the regex is linear in depth), INLINED_ANY_DEPTH (2) where
-        the regex is inlined text (catalogs, tool modes: it grows ~4x per level). The byte DFA
-        doubles per level either way (it must remember the stack of `{`/`[`), so a free-form
-        schema's table grows ~20-60% per level: SPLICED_ANY_DEPTH is the deepest that kept median
-        compile time and table bytes on Kubernetes, Github_medium, JsonSchemaStore within ~10%.
+        looser). With splicing (compile_schema) each level is one sub-automaton, so the regex
+        grows linearly (inlined text, as in catalogs and tool modes, ~4x per level) and 8 compiles;
+        but the byte DFA doubles per level either way (it must remember the stack of `{`/`[`),
+        ~+26% states on a Kubernetes schema. The default stays 2: at 3, median compile time on
+        Kubernetes/Github_medium/JsonSchemaStore rose ~20-30% (tables ~+7%) and one more schema
+        timed out, past the ~10% allowed (benchmarks/results/free_form_depth.md).
     allow_additional_properties: False (default) closes an object with declared properties and no
         `additionalProperties` keyword to those properties (stricter than JSON Schema's default,
         never looser); True lets undeclared keys follow them. An explicit `additionalProperties:
@@ -59,7 +57,7 @@ class GrammarOptions:
     counted_lengths: bool = True
     max_bounded_length: int = 48
     max_ref_depth: int = 3
-    max_any_depth: int | None = None
+    max_any_depth: int = 2
     allow_additional_properties: bool = False
     any_property_order: bool = False
     max_regex_length: int = 1_000_000
@@ -79,8 +77,7 @@ class GrammarOptions:
             )
         _check_int("max_bounded_length", self.max_bounded_length, 1, 4096)
         _check_int("max_ref_depth", self.max_ref_depth, 0, 64)
-        if self.max_any_depth is not None:
-            _check_int("max_any_depth", self.max_any_depth, 0, 8)
+        _check_int("max_any_depth", self.max_any_depth, 0, 8)
         _check_int("max_regex_length", self.max_regex_length, 1000, 1 << 30)
         if not isinstance(self.counted_lengths, bool):
             raise ValueError(f"Invalid counted_lengths: expected a bool, got {self.counted_lengths!r}")
@@ -94,12 +91,6 @@ class GrammarOptions:
         if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:
             raise ValueError(f"Invalid time_budget_s: expected a number > 0, got {self.time_budget_s!r}")
         _check_int("memory_budget_bytes", self.memory_budget_bytes, 1 << 20, 1 << 50)
-
-    def any_depth(self, spliced: bool) -> int:
-        """The free-form nesting depth: max_any_depth, or by default the one for how the regex is built."""
-        if self.max_any_depth is not None:
-            return self.max_any_depth
-        return SPLICED_ANY_DEPTH if spliced else INLINED_ANY_DEPTH
 
     def whitespace_regex(self) -> str:
         """The regex for one place where JSON allows whitespace ("" when none is allowed)."""

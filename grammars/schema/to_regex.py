@@ -455,7 +455,7 @@ class Converter:
             if schema is not True and key in schema:
                 raise UnsupportedSchema("dynamic references are not supported", ptr, key)
         if schema is True or not any(k in _ASSERTING for k in schema):
-            return self.any_value(self.options.any_depth(self.pieces is not None))
+            return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
         alternatives = alternative_parts(schema, ptr, _at)

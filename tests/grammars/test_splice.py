@@ -65,9 +65,8 @@ def _small_pieces(monkeypatch, tmp_path):
 
 
 def inlined_and_spliced(schema) -> tuple[ByteDFA, ByteDFA, list[str]]:
-    options = GrammarOptions(max_any_depth=2)  # the defaults differ: inlined 2, spliced deeper
-    inlined = schema_to_regex(schema, options)
-    spliced = schema_to_regex(schema, options, splice=True)
+    inlined = schema_to_regex(schema)
+    spliced = schema_to_regex(schema, splice=True)
     assert not inlined.pieces
     dfa = splice.build_spliced(spliced.regex, spliced.pieces, regex_to_dfa, 2 << 30)
     return minimize(regex_to_dfa(inlined.regex)), dfa, spliced.pieces
@@ -287,13 +286,14 @@ def test_spliced_free_form_levels_are_the_inlined_minimal_dfa(schema, depth):
         assert spliced.matches(text) == inlined.matches(text), text
 
 
-def test_default_free_form_depth_is_deeper_when_spliced():
-    depth = GrammarOptions().any_depth(spliced=True)
-    assert depth >= 4 and GrammarOptions().any_depth(spliced=False) == 2
-    dfa = _spliced_dfa(True)
+def test_deep_free_form_values_compile_spliced_and_are_cut_past_the_depth():
+    dfa = _spliced_dfa(True, _depth_options(4))
     assert dfa.matches(b'{"a": {"b": {"c": [1]}}}')  # 4 containers deep
-    assert dfa.matches(_nested(depth)) and not dfa.matches(_nested(depth + 1))  # cut: stricter only
-    assert not minimize(regex_to_dfa(schema_to_regex(True).regex)).matches(_nested(3))  # inlined: 2
+    assert dfa.matches(_nested(4)) and not dfa.matches(_nested(5))  # the cut: stricter, never looser
+    default = _spliced_dfa(True)
+    assert default.matches(_nested(2)) and not default.matches(_nested(3))  # the default depth, 2
+    deepest = schema_to_regex(True, _depth_options(8), splice=True)  # inlined: ~4^8 times level 0
+    assert len(deepest.regex) + sum(map(len, deepest.pieces)) < 10_000
 
 
 def test_kubernetes_free_form_fields_v1_accepts_its_valid_instance(data_dir):
@@ -303,6 +303,7 @@ def test_kubernetes_free_form_fields_v1_accepts_its_valid_instance(data_dir):
     assert value == {"f:metadata": {"f:labels": {".": {}}}}
     schema = row["schema"]
     fields_v1 = next(k for k in schema["definitions"] if k.endswith("meta_v1_FieldsV1"))
-    dfa = _spliced_dfa({"definitions": schema["definitions"], "$ref": f"#/definitions/{fields_v1}"})
-    assert dfa.matches(json.dumps(value).encode())
+    fields_schema = {"definitions": schema["definitions"], "$ref": f"#/definitions/{fields_v1}"}
+    assert not _spliced_dfa(fields_schema).matches(json.dumps(value).encode())  # the default depth, 2
+    assert _spliced_dfa(fields_schema, _depth_options(4)).matches(json.dumps(value).encode())
     jsonschema_rs.validator_for(schema).validate(row["tests"][0]["data"])  # the instance is valid
