@@ -14,7 +14,8 @@ Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
-SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
+SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py), as is each level of a
+free-form value (max_any_depth: the regex grows linearly with depth, the DFA still doubles). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
