@@ -29,6 +29,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import jsonschema_rs
 
@@ -361,6 +362,7 @@ class Converter:
         self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
         self.any_regex: dict[int, str] = {}
+        self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
@@ -719,16 +721,28 @@ class Converter:
         return _alternation([json_literal(v, self.options) for v in values])
 
     def value_satisfies(self, value: object, schema: dict, others: dict, ptr: str) -> bool:
-        probe = {k: v for k, v in schema.items() if k not in ("enum", "const")}
-        for defs in ("$defs", "definitions"):
-            if isinstance(self.root, dict) and defs in self.root and defs not in probe:
-                probe[defs] = self.root[defs]
+        validator = self.enum_validator({k: v for k, v in schema.items() if k not in ("enum", "const")})
         try:
-            return jsonschema_rs.validator_for(probe).is_valid(value)
+            if validator is not None:
+                return validator.is_valid(value)
         except Exception:
-            for key in others:
-                self.relax(ptr, key)
-            return True
+            pass
+        for key in others:
+            self.relax(ptr, key)
+        return True
+
+    def enum_validator(self, probe: dict):
+        """A validator of `probe` beside the root's definitions (built once per probe), or None."""
+        text = json.dumps(probe, sort_keys=True, default=repr)
+        if text not in self.enum_validators:
+            for defs in ("$defs", "definitions"):
+                if isinstance(self.root, dict) and defs in self.root and defs not in probe:
+                    probe = {**probe, defs: self.root[defs]}
+            try:
+                self.enum_validators[text] = jsonschema_rs.validator_for(probe)
+            except Exception:
+                self.enum_validators[text] = None
+        return self.enum_validators[text]
 
     # -- types ---------------------------------------------------------------------------
     def types_of(self, schema: dict) -> list[str]:
@@ -1297,11 +1311,18 @@ def _finds_every_string(pattern: str) -> bool:
     return "$" not in pattern and re.match(pattern, "") is not None
 
 
+_PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+
+
 def _string_not_in(names: list[str]) -> str:
     """String body (no escapes) whose value is none of `names`: a complement over their trie."""
-    plain = lex.STRING_BODY_CLASS
+    return _string_not_in_cached(tuple(names))
+
+
+@lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
+def _string_not_in_cached(names: tuple[str, ...]) -> str:
     if not names:
-        return f"{plain}*"
+        return f"{lex.STRING_BODY_CLASS}*"
     trie: dict = {}
     for name in names:
         node = trie
@@ -1312,10 +1333,9 @@ def _string_not_in(names: list[str]) -> str:
 
 
 def _trie_complement(node: dict) -> str:
-    plain_chars = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
     children = [c for c in node if c]
     branches = [] if "" in node else [""]  # stop here unless a name ends here
-    others = lex.subtract(plain_chars, [(ord(c), ord(c)) for c in children])
+    others = lex.subtract(_PLAIN_CHARS, [(ord(c), ord(c)) for c in children])
     other_char = lex.char_set_regex(others)
     if other_char is not None:
         branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
