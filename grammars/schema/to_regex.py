@@ -361,6 +361,7 @@ class Converter:
         self.ref_reach: dict[str, frozenset[str]] = {}  # ref -> the refs its expansion can meet
         self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
+        self.followed: list[str] | None = None  # the $refs the allOf merge under way follows
         self.any_regex: dict[int, str] = {}
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
@@ -443,7 +444,7 @@ class Converter:
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
-            return self.convert(self.merge_all_of(schema, ptr), ptr)
+            return self.convert_all_of(schema, ptr)
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 return self.convert_union(schema, key, ptr)
@@ -562,11 +563,32 @@ class Converter:
                     return False
         return merged
 
+    def convert_all_of(self, schema: dict, ptr: str) -> str | None:
+        """The allOf merged into one dict and converted, the `$ref`s the merge followed counted as
+        expanded meanwhile: recursion through allOf ends at max_ref_depth like any other."""
+        outer, self.followed = self.followed, []
+        try:
+            merged = self.merge_all_of(schema, ptr)
+            refs = list(dict.fromkeys(self.followed))
+        finally:
+            self.followed = outer
+        saved = {ref: self.ref_depth.get(ref, 0) for ref in refs}
+        if any(depth >= self.options.max_ref_depth + 1 for depth in saved.values()):
+            self.truncated_at = self.truncated_at or ptr
+            return None
+        self.ref_depth.update({ref: depth + 1 for ref, depth in saved.items()})
+        try:
+            return self.convert(merged, ptr)
+        finally:
+            self.ref_depth.update(saved)
+
     def flatten(self, sub: object, ptr: str, hops: int) -> dict | bool:
         """A subschema with its own $ref and allOf resolved (anyOf/oneOf kept as they are)."""
         if hops > 32:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
+            if self.followed is not None:
+                self.followed.append(sub["$ref"])
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path

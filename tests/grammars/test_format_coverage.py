@@ -132,3 +132,34 @@ def test_enum_filter_is_per_probe():
     assert dfa.matches(b'{"a":"yyy","b":"x","c":"wwww"}')
     assert not dfa.matches(b'{"a":3,"b":"x","c":"zz"}')  # 3 is not a string
     assert not dfa.matches(b'{"a":"x","b":"yyy","c":"zz"}')  # "yyy" breaks maxLength 2
+
+
+# --- recursion through allOf: the $refs the merge follows count toward max_ref_depth --------------
+_PARITY = {  # Handwritten mod304's idea, small: a chain of "a"s whose depth must be even
+    "allOf": [{"$ref": "#/definitions/word"}, {"$ref": "#/definitions/x0"}],
+    "definitions": {"word": {"type": "object", "properties": {"a": {"$ref": "#/definitions/word"}},
+                             "additionalProperties": False},
+                    "x0": {"additionalProperties": {"$ref": "#/definitions/x1"}},
+                    "x1": {"additionalProperties": {"$ref": "#/definitions/x0"}, "minProperties": 1}}}
+
+
+def _depth(doc: dict) -> int:
+    return 0 if not doc else 1 + _depth(doc["a"])
+
+
+def test_recursion_through_all_of_ends_at_the_depth_limit():
+    """Was a RecursionError: each merge followed the refs again without counting them."""
+    regex = schema_to_regex(_PARITY).regex
+    dfa = regex_to_dfa(regex)
+    for depth in range(6):
+        doc = json.dumps(json.loads('{"a":' * depth + "{}" + "}" * depth), separators=(",", ":"))
+        assert dfa.matches(doc.encode()) == (depth in (0, 2)), doc  # word expanded 4 times: depth 3 at most
+    _walks_validate(_PARITY, byte_vocab(), walks=30, seed=2)
+
+
+def test_all_of_recursion_that_cannot_end_in_the_limit_is_unsupported(data_dir):
+    from surecall.errors import UnsupportedSchema
+
+    schema = _bench_schema(data_dir, "Handwritten", "mod304")  # needs 60 levels: depth a multiple of 30, not 30
+    with pytest.raises(UnsupportedSchema, match=r"recursion cannot end within max_ref_depth=3"):
+        schema_to_regex(schema)
