@@ -3,7 +3,7 @@
 Each regex accepts a subset of the format's valid strings that is easy for a model to hit (for
 example only `T` and `Z` in date-times, no leading zeros in IPv4, bounded label lengths in
 hostnames): the grammar may be stricter than the format, never looser. Formats missing here
-(uri-reference, iri, idn-*, duration, regex, json-pointer, uri-template, ...) are relaxed by the
+(iri, idn-*, duration, regex, json-pointer, uri-template, ...) are relaxed by the
 caller. Every regex is plain ASCII without `"` or `\\`, so it reads the same escaped or not.
 """
 
@@ -41,16 +41,27 @@ HOSTNAME = f"{_LABEL}(?:\\.{_LABEL}){{0,3}}"
 _DOMAIN = f"(?:{_LABEL}\\.){{1,3}}[a-zA-Z]{{2,12}}"
 _LOCAL_ATOM = "[a-zA-Z0-9_%+-]{1,20}"  # three atoms and two dots stay within 64
 EMAIL = f"{_LOCAL_ATOM}(?:\\.{_LOCAL_ATOM}){{0,2}}@{_DOMAIN}"
-_PCHAR = "(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
-# RFC 3986 section 3: scheme ":" hier-part ["?" query] ["#" fragment], any scheme. hier-part is
-# "//" authority path-abempty (the host may be empty: file:///etc), or a path that is absolute,
-# rootless (urn:isbn:0451450523, mailto:a@b) or empty. Hosts are reg-names of bounded labels.
-_SCHEME = "[a-zA-Z][a-zA-Z0-9+.-]{0,15}"
-_USERINFO = "(?:[a-zA-Z0-9._~!$&'()*+,;=:-]|%[0-9a-fA-F]{2}){1,32}@"
-_AUTHORITY = f"(?:{_USERINFO})?(?:{_LABEL}(?:\\.{_LABEL}){{0,3}})?(?::[0-9]{{1,5}})?"
-_SEGMENTS = f"{_PCHAR}+(?:/{_PCHAR}*)*"
-_HIER_PART = f"(?://{_AUTHORITY}(?:/{_PCHAR}*)*|/(?:{_SEGMENTS})?|{_SEGMENTS})?"
-URI = f"{_SCHEME}:{_HIER_PART}(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+# RFC 3986 section 3 and 4.1, in full but for IPvFuture hosts: scheme ":" hier-part ["?" query]
+# ["#" fragment], any scheme; hier-part is "//" authority path-abempty (the host may be empty:
+# file:///etc), or a path that is absolute, rootless (urn:isbn:0451450523, mailto:a@b) or empty.
+# A host is a reg-name or a bracketed IPv6 literal. Nothing is bounded: jsonschema-rs checks the
+# syntax alone (no length, label or port range), and bounded repetitions of overlapping character
+# sets (userinfo, host, labels) multiply into thousands of DFA states (4444 for the bounded form).
+_PCT = "%[0-9a-fA-F]{2}"
+_SUB = "a-zA-Z0-9._~!$&'()*+,;="  # unreserved and sub-delims; each class below ends in "-"
+_REG_CHAR = f"(?:[{_SUB}-]|{_PCT})"
+_PCHAR = f"(?:[{_SUB}:@-]|{_PCT})"
+_SCHEME = "[a-zA-Z][a-zA-Z0-9+.-]*"
+_HOST = f"(?:{_REG_CHAR}*|\\[(?:{IPV6})\\])"
+_AUTHORITY = f"(?:(?:[{_SUB}:-]|{_PCT})*@)?{_HOST}(?::[0-9]*)?"
+_ABEMPTY = f"(?:/{_PCHAR}*)*"
+_ROOTLESS = f"{_PCHAR}+{_ABEMPTY}"
+_NET_OR_ABSOLUTE = f"//{_AUTHORITY}{_ABEMPTY}|/(?:{_ROOTLESS})?"
+_QUERY_FRAGMENT = f"(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+URI = f"{_SCHEME}:(?:{_NET_OR_ABSOLUTE}|{_ROOTLESS})?{_QUERY_FRAGMENT}"
+# relative-ref: as hier-part, but a rootless path's first segment has no ":" (path-noscheme).
+_RELATIVE_REF = f"(?:{_NET_OR_ABSOLUTE}|(?:[{_SUB}@-]|{_PCT})+{_ABEMPTY})?{_QUERY_FRAGMENT}"
+URI_REFERENCE = f"(?:{URI}|{_RELATIVE_REF})"
 
 STRING_FORMATS: dict[str, str] = {
     "date": DATE,
@@ -62,4 +73,5 @@ STRING_FORMATS: dict[str, str] = {
     "hostname": HOSTNAME,
     "email": EMAIL,
     "uri": URI,
+    "uri-reference": URI_REFERENCE,
 }

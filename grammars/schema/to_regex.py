@@ -31,6 +31,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import jsonschema_rs
 
@@ -376,7 +377,9 @@ class Converter:
         self.ref_reach: dict[str, frozenset[str]] = {}  # ref -> the refs its expansion can meet
         self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
+        self.followed: list[str] | None = None  # the $refs the allOf merge under way follows
         self.any_regex: dict[int, str] = {}
+        self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
@@ -463,7 +466,7 @@ class Converter:
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
-            return self.convert(self.merge_all_of(schema, ptr), ptr)
+            return self.convert_all_of(schema, ptr)
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 return self.convert_union(schema, key, ptr)
@@ -582,11 +585,32 @@ class Converter:
                     return False
         return merged
 
+    def convert_all_of(self, schema: dict, ptr: str) -> str | None:
+        """The allOf merged into one dict and converted, the `$ref`s the merge followed counted as
+        expanded meanwhile: recursion through allOf ends at max_ref_depth like any other."""
+        outer, self.followed = self.followed, []
+        try:
+            merged = self.merge_all_of(schema, ptr)
+            refs = list(dict.fromkeys(self.followed))
+        finally:
+            self.followed = outer
+        saved = {ref: self.ref_depth.get(ref, 0) for ref in refs}
+        if any(depth >= self.options.max_ref_depth + 1 for depth in saved.values()):
+            self.truncated_at = self.truncated_at or ptr
+            return None
+        self.ref_depth.update({ref: depth + 1 for ref, depth in saved.items()})
+        try:
+            return self.convert(merged, ptr)
+        finally:
+            self.ref_depth.update(saved)
+
     def flatten(self, sub: object, ptr: str, hops: int) -> dict | bool:
         """A subschema with its own $ref and allOf resolved (anyOf/oneOf kept as they are)."""
         if hops > 32:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
+            if self.followed is not None:
+                self.followed.append(sub["$ref"])
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = self.ref_rest(sub)
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
@@ -741,16 +765,28 @@ class Converter:
         return _alternation([json_literal(v, self.options) for v in values])
 
     def value_satisfies(self, value: object, schema: dict, others: dict, ptr: str) -> bool:
-        probe = {k: v for k, v in schema.items() if k not in ("enum", "const")}
-        for defs in ("$defs", "definitions"):
-            if isinstance(self.root, dict) and defs in self.root and defs not in probe:
-                probe[defs] = self.root[defs]
+        validator = self.enum_validator({k: v for k, v in schema.items() if k not in ("enum", "const")})
         try:
-            return jsonschema_rs.validator_for(probe).is_valid(value)
+            if validator is not None:
+                return validator.is_valid(value)
         except Exception:
-            for key in others:
-                self.relax(ptr, key)
-            return True
+            pass
+        for key in others:
+            self.relax(ptr, key)
+        return True
+
+    def enum_validator(self, probe: dict):
+        """A validator of `probe` beside the root's definitions (built once per probe), or None."""
+        text = json.dumps(probe, sort_keys=True, default=repr)
+        if text not in self.enum_validators:
+            for defs in ("$defs", "definitions"):
+                if isinstance(self.root, dict) and defs in self.root and defs not in probe:
+                    probe = {**probe, defs: self.root[defs]}
+            try:
+                self.enum_validators[text] = jsonschema_rs.validator_for(probe)
+            except Exception:
+                self.enum_validators[text] = None
+        return self.enum_validators[text]
 
     # -- types ---------------------------------------------------------------------------
     def types_of(self, schema: dict) -> list[str]:
@@ -1325,11 +1361,18 @@ def _finds_every_string(pattern: str) -> bool:
     return "$" not in pattern and re.match(pattern, "") is not None
 
 
+_PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+
+
 def _string_not_in(names: list[str]) -> str:
     """String body (no escapes) whose value is none of `names`: a complement over their trie."""
-    plain = lex.STRING_BODY_CLASS
+    return _string_not_in_cached(tuple(names))
+
+
+@lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
+def _string_not_in_cached(names: tuple[str, ...]) -> str:
     if not names:
-        return f"{plain}*"
+        return f"{lex.STRING_BODY_CLASS}*"
     trie: dict = {}
     for name in names:
         node = trie
@@ -1340,10 +1383,9 @@ def _string_not_in(names: list[str]) -> str:
 
 
 def _trie_complement(node: dict) -> str:
-    plain_chars = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
     children = [c for c in node if c]
     branches = [] if "" in node else [""]  # stop here unless a name ends here
-    others = lex.subtract(plain_chars, [(ord(c), ord(c)) for c in children])
+    others = lex.subtract(_PLAIN_CHARS, [(ord(c), ord(c)) for c in children])
     other_char = lex.char_set_regex(others)
     if other_char is not None:
         branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
