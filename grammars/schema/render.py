@@ -5,7 +5,8 @@ separators), object keys in the schema's declared property order (the order the 
 demands by default), then any undeclared keys in their own order (values under the
 patternProperties schema their key matches, else additionalProperties); integral floats under an integer type
 become integers. For anyOf/oneOf it picks the first branch whose regex (counted strings and
-arrays spelled out) accepts the rendering.
+arrays spelled out) accepts the rendering (by `re`, or by the byte DFA for branches past 10k
+characters, where `re` can backtrack for minutes); the first branch's rendering otherwise.
 It does not validate: a value the schema rejects is rendered all the same.
 """
 
@@ -74,7 +75,8 @@ class _Renderer:
             text = self.dumps(value, branch)
             first = first or text
             regex = _branch_regex(self.conv, branch)
-            if regex is not None and _compiled(expand_marks(regex, self.conv.ws)).fullmatch(text):
+            matches = None if regex is None else _matcher(expand_marks(regex, self.conv.ws))
+            if matches is not None and matches(text):
                 return text
         return first if first is not None else self.plain(value)
 
@@ -118,6 +120,20 @@ def _branch_regex(conv: Converter, branch: object) -> str | None:
         return None
 
 
+# Past this many characters `re` can backtrack for minutes on one text (Github_hard---o81160:
+# 50-70k character branches); the byte DFA decides in linear time.
+_RE_MAX_CHARS = 10_000
+
+
 @lru_cache(maxsize=256)
-def _compiled(regex: str) -> re.Pattern:
-    return re.compile(regex)
+def _matcher(regex: str):
+    """A fullmatch predicate for `regex`: `re` for short ones, the byte DFA for long ones; None
+    when neither is safe (a long regex with a counted body's length lookahead has no byte DFA)."""
+    if len(regex) <= _RE_MAX_CHARS:
+        return re.compile(regex).fullmatch
+    if "(?=" in regex:
+        return None
+    from surecall.grammars.automaton import regex_to_dfa
+
+    dfa = regex_to_dfa(regex)
+    return lambda text: dfa.matches(text.encode("utf-8", "surrogatepass"))

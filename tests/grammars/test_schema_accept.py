@@ -288,3 +288,19 @@ def test_integral_enum_and_const_numbers_match_with_or_without_a_fraction():
         assert not accepts(schema, text), text
     assert accepts({"const": 7}, "7.0") and not accepts({"const": 7}, "70")
     assert accepts({"type": "integer", "enum": [2, 4]}, 4.0)  # the renderer writes 4; the grammar takes it
+
+
+# --- the renderer picks union branches without re's backtracking on long branch regexes ---------
+def test_render_long_branch_uses_the_byte_dfa():
+    from surecall.grammars.schema import render
+
+    words = [f"w{i:05d}" for i in range(1500)]  # an enum branch regex well past 10k characters
+    schema = {"anyOf": [{"type": "object", "properties": {"a": {"enum": words}}, "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    long_regex = render._Renderer(schema, GrammarOptions()).conv.convert(schema["anyOf"][0], "")
+    assert len(long_regex) > render._RE_MAX_CHARS
+    matches = render._matcher(long_regex)
+    assert matches('{"a": "w01499"}') and not matches('{"a": "w01500"}')
+    assert render.grammar_dumps({"b": 3}, schema) == '{"b": 3}'
+    assert render.grammar_dumps({"a": "w00007"}, schema) == '{"a": "w00007"}'
+    assert render._matcher("(?=x{20000})" + "x" * 20000) is None  # a long lookahead: neither is safe
