@@ -110,6 +110,17 @@ def test_nested_pieces_hold_placeholders_of_earlier_ones():
     assert len(result.regex) < sum(map(len, result.pieces))
 
 
+def test_equal_pieces_share_a_symbol_but_keep_every_exit():
+    # Pieces 0 and 2 are one language written two ways (one DFA, one symbol), leaving the start for
+    # different states; piece 1 has as many states but differs.
+    pieces = ["ab|ac", "xy|xz", "a(?:b|c)"]
+    parent = f"{splice.placeholder(0)}1|{splice.placeholder(1)}2|{splice.placeholder(2)}3"
+    dfa = splice.build_spliced(parent, pieces, regex_to_dfa, 1 << 30)
+    np.testing.assert_array_equal(dfa.trans, regex_to_dfa("ab1|ac1|xy2|xz2|ab3|ac3").trans)
+    first = splice._FirstOf()
+    assert [first.first(regex_to_dfa(p), i) for i, p in enumerate(pieces)] == [0, 1, 0]
+
+
 def test_placeholder_byte_never_reaches_the_dfa():
     for schema in SCHEMAS.values():
         _, spliced, _ = inlined_and_spliced(schema)
