@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
-from surecall.grammars import splice
+from surecall.grammars import splice, string_bodies
 from surecall.grammars.automaton import ByteDFA, minimize, regex_to_dfa
 from surecall.grammars.compile import compile_regex, compile_schema
 from surecall.grammars.schema import to_regex
@@ -259,10 +259,10 @@ def test_a_ref_is_converted_once_whatever_refs_enclose_it():
 @pytest.mark.parametrize("name", sorted(set(SCHEMAS) - {"union_of_pieces"}))  # that one has a single string
 def test_shared_string_bodies_give_the_inlined_dfa(name):
     regex = schema_to_regex(SCHEMAS[name]).regex
-    assert regex.count(splice.STRING_BODY) >= 2, "the schema should hold several free strings"
-    np.testing.assert_array_equal(splice.build_with_shared_bodies(regex, regex_to_dfa).trans, regex_to_dfa(regex).trans)
-    parent = regex_to_dfa(regex.replace(splice.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
-    assert splice._overlay(parent, regex_to_dfa(splice.STRING_BODY)) is not None, "no fallback expected here"
+    assert regex.count(string_bodies.STRING_BODY) >= 2, "the schema should hold several free strings"
+    np.testing.assert_array_equal(string_bodies.build_with_shared_bodies(regex, regex_to_dfa).trans, regex_to_dfa(regex).trans)
+    parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
+    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is not None, "no fallback expected here"
 
 
 @pytest.mark.parametrize("regex", [
@@ -270,9 +270,9 @@ def test_shared_string_bodies_give_the_inlined_dfa(name):
     '"{b}a"|"{b}b"',  # a body can end before "a" or go on with it: the exit rows overlap
 ])
 def test_shared_string_bodies_fall_back_where_rows_overlap(regex):
-    regex = regex.format(b=splice.STRING_BODY)
-    parent = regex_to_dfa(regex.replace(splice.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
-    assert splice._overlay(parent, regex_to_dfa(splice.STRING_BODY)) is None
-    dfa = splice.build_with_shared_bodies(regex, regex_to_dfa)
+    regex = regex.format(b=string_bodies.STRING_BODY)
+    parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
+    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is None
+    dfa = string_bodies.build_with_shared_bodies(regex, regex_to_dfa)
     np.testing.assert_array_equal(dfa.trans, regex_to_dfa(regex).trans)
     assert dfa.matches(b'0xa"') and dfa.matches(b'1cd"') if regex[0] == "0" else dfa.matches(b'"xxab"')
