@@ -38,8 +38,8 @@ def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA]) -> Byt
     The language is always `build(regex)`'s; the DFA is its minimal one, array for array, on the
     schemas the tests and benchmarks/table_guard.py check.
     """
-    if regex.count(STRING_BODY) < _MIN_BODIES or placeholders_in(regex):
-        return build(regex)
+    if regex.count(STRING_BODY) < _MIN_BODIES or placeholders_in(regex) or "\\" + STRING_BODY in regex:
+        return build(regex)  # (after a backslash the text would not be a group: leave it as written)
     parent = build(regex.replace(STRING_BODY, placeholder(_BODY_INDEX)))
     body = _shared_dfas.get(STRING_BODY)
     if body is None:
@@ -57,7 +57,8 @@ def _overlay(parent: ByteDFA, body: ByteDFA) -> ByteDFA | None:
         return None
     sources = [s for s, _, _ in found]
     exits = sorted({t for _, _, t in found})
-    if not found or any(i != _BODY_INDEX for _, i, _ in found) or set(sources) & set(exits):
+    if (not found or any(i != _BODY_INDEX for _, i, _ in found) or set(sources) & set(exits)
+            or len(set(sources)) < len(sources)):
         return None
     n, m = parent.num_states, body.num_states
     live, final = body.trans >= 0, np.flatnonzero(body.accept)
