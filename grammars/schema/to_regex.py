@@ -14,7 +14,8 @@ Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
-SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
+SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py), as is each level of a
+free-form value (max_any_depth: the regex grows linearly with depth, the DFA still doubles). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -785,11 +786,17 @@ class Converter:
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
 
     def any_value(self, depth: int) -> str:
-        """Any JSON value nested at most `depth` containers deep (built once per depth)."""
+        """Any JSON value nested at most `depth` containers deep (built once per depth).
+
+        With splicing, each level below `depth` is a piece of its own (placeholder), so a level
+        refers to the one inside it instead of copying it twice: regex text linear in depth.
+        """
         if depth <= 0:
             return _SCALARS
         if depth not in self.any_regex:
             inner = self.any_value(depth - 1)
+            if self.pieces is not None and depth > 1:
+                inner = self.pieces.add(inner)
             ws, sep = self.ws, f"{self.ws},{self.ws}"
             member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
             obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
