@@ -37,6 +37,7 @@ from surecall.grammars.counted import (
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.splice import build_spliced
+from surecall.grammars.string_bodies import build_with_shared_bodies
 from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -128,12 +129,18 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     clock = _Clock(options.time_budget_s)
     # 1. Regex -> pruned byte DFA; with pieces (placeholders in the regex), one DFA per piece,
     #    spliced into the parent's (splice.py).
+    #    Either way a short regex's string bodies come from one per-process DFA
+    #    (string_bodies.py); a long one keeps its child process as it is.
+    def build(r: str) -> ByteDFA:
+        if len(r) > _ISOLATE_REGEX_CHARS:
+            return _regex_dfa(r, options, clock)
+        return build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock))
+
     if pieces:
-        dfa = build_spliced(regex, pieces, lambda r: _regex_dfa(r, options, clock), options.memory_budget_bytes,
-                            lambda: clock.check("byte DFA (splice)"))
+        dfa = build_spliced(regex, pieces, build, options.memory_budget_bytes, lambda: clock.check("byte DFA (splice)"))
         meta = {**meta, "pieces": len(pieces)}
     else:
-        dfa = _regex_dfa(regex, options, clock)
+        dfa = build(regex)
     clock.check("byte DFA")
     chars = len(regex) + sum(map(len, pieces))
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock)

@@ -9,6 +9,7 @@ copy per (piece, t) (alternatives at one place: one copy of their union), and a 
 makes it deterministic. The language is the inlined regex's, and the result its minimal DFA on
 JSON schemas (tests check it array for array): marks are plain bytes in it, so the token walk,
 counters and tables do not change. It saves regex text and outlines-core time, not DFA states.
+(string_bodies.py lays JSON string bodies in the same way, without a subset construction.)
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
-    first_of: dict[bytes, int] = {}
+    first_of = _FirstOf()
 
     def canonical_of(index: int, user: int) -> int:
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
@@ -93,7 +94,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
         if index not in canonical:
             dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
             check()
-            canonical[index] = first_of.setdefault(_digest(dfa), index)
+            canonical[index] = first_of.first(dfa, index)
             built.setdefault((canonical[index],), dfa)
         return canonical[index]
 
@@ -112,6 +113,23 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
 def _whole_piece(regex: str) -> int | None:
     """The piece index when `regex` is exactly one placeholder (a catalog's union), else None."""
     return min(placeholders_in(regex)) if _PLACEHOLDER_TEXT.fullmatch(regex) else None
+
+
+class _FirstOf:
+    """The first piece index seen with each DFA. DFAs are grouped by their number of states and
+    hashed only when a second one of that size comes (a catalog's lone piece is never hashed)."""
+
+    def __init__(self):
+        self._by_size: dict[int, tuple[ByteDFA, int] | dict[bytes, int]] = {}
+
+    def first(self, dfa: ByteDFA, index: int) -> int:
+        seen = self._by_size.get(dfa.num_states)
+        if seen is None:
+            self._by_size[dfa.num_states] = (dfa, index)
+            return index
+        if isinstance(seen, tuple):  # a second DFA of this size: hash the one held, from now on by digest
+            seen = self._by_size[dfa.num_states] = {_digest(seen[0]): seen[1]}
+        return seen.setdefault(_digest(dfa), index)
 
 
 def _digest(dfa: ByteDFA) -> bytes:
@@ -144,17 +162,30 @@ def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonica
     move on a symbol of its own (column 256 + k), pieces with equal DFAs share a symbol, and the
     parent is minimised over that alphabet (states told apart only by which of two equal pieces
     follows are merged before any copy is made)."""
-    symbols = sorted({canonical(index) for _, index, _ in found})
-    column = {piece: 256 + k for k, piece in enumerate(symbols)}
+    keys = _symbol_keys(found, canonical)
+    symbols = sorted(set(keys))
+    column = {key: 256 + k for k, key in enumerate(symbols)}
     trans = np.full((parent.num_states, 256 + len(symbols)), -1, dtype=np.int32)
     trans[:, :256] = parent.trans
     trans[:, PLACEHOLDER_LEAD] = -1  # the index states become unreachable: pruned
-    for s, index, t in found:
-        trans[s, column[canonical(index)]] = t
+    for (s, _, t), key in zip(found, keys, strict=True):
+        trans[s, column[key]] = t
     small = minimize(prune(trans, parent.accept))
     rows, cols = np.nonzero(small.trans[:, 256:] >= 0)
-    moves = [(int(r), symbols[int(c)], int(small.trans[r, 256 + c])) for r, c in zip(rows, cols)]
+    moves = [(int(r), symbols[int(c)][0], int(small.trans[r, 256 + c])) for r, c in zip(rows, cols)]
     return ByteDFA(np.ascontiguousarray(small.trans[:, :256]), small.accept), moves
+
+
+def _symbol_keys(found: list[tuple[int, int, int]], canonical: Callable[[int], int]) -> list[tuple[int, int]]:
+    """Each placeholder move's symbol: (canonical piece, -1), or (canonical piece, index) where
+    equal pieces leave one state for different states (`ab|ac` as piece 0 and `a(?:b|c)` as
+    piece 2 in `P0 1|P2 3`): one symbol there would keep only one of the moves."""
+    pieces = [canonical(index) for _, index, _ in found]
+    targets: dict[tuple[int, int], set[int]] = {}
+    for (s, _, t), piece in zip(found, pieces, strict=True):
+        targets.setdefault((s, piece), set()).add(t)
+    return [(piece, index if len(targets[(s, piece)]) > 1 else -1)
+            for (s, index, _), piece in zip(found, pieces, strict=True)]
 
 
 def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], canonical: Callable[[int], int],

@@ -332,11 +332,12 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if rows.shape[0] == 0:
         return rows.copy(), np.zeros(0, dtype=np.int32)
     flat = np.ascontiguousarray(rows)
-    first: dict[bytes, int] = {}
+    lone = _lone_rows(flat)
+    first: dict = {}
     index = np.empty(rows.shape[0], dtype=np.int32)
     picks = []
-    for i in range(rows.shape[0]):
-        key = flat[i].tobytes()
+    for i, alone in enumerate(lone.tolist()):
+        key = i if alone else flat[i].tobytes()  # a row no other row can equal needs no bytes key
         j = first.get(key)
         if j is None:
             j = first[key] = len(picks)
@@ -345,8 +346,21 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return flat[picks], index
 
 
+def _lone_rows(flat: np.ndarray) -> np.ndarray:
+    """bool per row: no other row has its (sum, xor) of elements, so no other row equals it."""
+    if flat.ndim != 2 or flat.dtype.kind not in "iu" or flat.shape[0] < 2:
+        return np.zeros(flat.shape[0], dtype=bool)
+    key = np.empty((flat.shape[0], 2), dtype=np.int64)
+    key[:, 0] = flat.sum(axis=1, dtype=np.int64)
+    key[:, 1] = np.bitwise_xor.reduce(flat, axis=1)
+    _, inverse, count = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    return count[inverse.reshape(-1)] == 1
+
+
 def _popcount_rows(mask: np.ndarray) -> np.ndarray:
-    return np.bitwise_count(np.ascontiguousarray(mask).view(np.uint32)).sum(axis=1, dtype=np.int64)
+    mask = np.ascontiguousarray(mask)
+    wide = mask.view(np.uint64) if mask.ndim == 2 and mask.shape[1] % 2 == 0 else mask.view(np.uint32)
+    return np.bitwise_count(wide).sum(axis=1, dtype=np.int64)  # 64-bit words: half the elements
 
 
 def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:

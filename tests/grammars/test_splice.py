@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
-from surecall.grammars import splice
+from surecall.grammars import splice, string_bodies
 from surecall.grammars.automaton import ByteDFA, minimize, regex_to_dfa
 from surecall.grammars.compile import compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
@@ -109,6 +109,17 @@ def test_nested_pieces_hold_placeholders_of_earlier_ones():
     assert users, "some piece should hold another piece"
     assert all(max(splice.placeholders_in(result.pieces[i])) < i for i in users)
     assert len(result.regex) < sum(map(len, result.pieces))
+
+
+def test_equal_pieces_share_a_symbol_but_keep_every_exit():
+    # Pieces 0 and 2 are one language written two ways (one DFA, one symbol), leaving the start for
+    # different states; piece 1 has as many states but differs.
+    pieces = ["ab|ac", "xy|xz", "a(?:b|c)"]
+    parent = f"{splice.placeholder(0)}1|{splice.placeholder(1)}2|{splice.placeholder(2)}3"
+    dfa = splice.build_spliced(parent, pieces, regex_to_dfa, 1 << 30)
+    np.testing.assert_array_equal(dfa.trans, regex_to_dfa("ab1|ac1|xy2|xz2|ab3|ac3").trans)
+    first = splice._FirstOf()
+    assert [first.first(regex_to_dfa(p), i) for i, p in enumerate(pieces)] == [0, 1, 0]
 
 
 def test_placeholder_byte_never_reaches_the_dfa():
@@ -244,6 +255,28 @@ def test_a_ref_is_converted_once_whatever_refs_enclose_it():
     result = splice.build_spliced(regex, conv.pieces.regexes, regex_to_dfa, 2 << 30)
     assert result.matches(b"[" * 12 + b"1" + b"]" * 12)
     assert result.matches(b"{\"v\":" * 12 + b"1" + b"}" * 12)
+
+
+@pytest.mark.parametrize("name", sorted(set(SCHEMAS) - {"union_of_pieces"}))  # that one has a single string
+def test_shared_string_bodies_give_the_inlined_dfa(name):
+    regex = schema_to_regex(SCHEMAS[name]).regex
+    assert regex.count(string_bodies.STRING_BODY) >= 2, "the schema should hold several free strings"
+    np.testing.assert_array_equal(string_bodies.build_with_shared_bodies(regex, regex_to_dfa).trans, regex_to_dfa(regex).trans)
+    parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
+    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is not None, "no fallback expected here"
+
+
+@pytest.mark.parametrize("regex", [
+    '0(?:{b}|ab)"|1(?:{b}|cd)"',  # "a" starts a body character too: the start rows overlap
+    '"{b}a"|"{b}b"',  # a body can end before "a" or go on with it: the exit rows overlap
+])
+def test_shared_string_bodies_fall_back_where_rows_overlap(regex):
+    regex = regex.format(b=string_bodies.STRING_BODY)
+    parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
+    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is None
+    dfa = string_bodies.build_with_shared_bodies(regex, regex_to_dfa)
+    np.testing.assert_array_equal(dfa.trans, regex_to_dfa(regex).trans)
+    assert dfa.matches(b'0xa"') and dfa.matches(b'1cd"') if regex[0] == "0" else dfa.matches(b'"xxab"')
 
 
 # --- free-form values: one piece per nesting level -------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from surecall.grammars import cache as table_cache
 from surecall.grammars.compile import compile_regex
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.table import TokenTable
+from surecall.grammars.table import TokenTable, unique_rows
 from surecall.grammars.vocab.core import Vocab
 
 
@@ -100,6 +100,14 @@ def test_concat_stores_shared_mask_rows_once():
         mine = a.transitions(s)
         assert np.array_equal(toks, mine[0]) and np.array_equal(nexts, mine[1] + offsets[1])
     assert np.all(both.trans_default[offsets[1] :][a.trans_default < 0] == -1)
+
+
+def test_unique_rows_merges_equal_rows_only_in_order_of_first_appearance():
+    # [1, 2] and [2, 1] share their sum and xor: they must stay apart all the same.
+    rows = np.array([[1, 2], [5, 5], [2, 1], [1, 2], [7, 0], [2, 1]], dtype=np.int32)
+    distinct, index = unique_rows(rows)
+    assert distinct.tolist() == [[1, 2], [5, 5], [2, 1], [7, 0]]
+    assert index.tolist() == [0, 1, 2, 0, 3, 2]
 
 
 def _vocab() -> Vocab:
