@@ -36,6 +36,14 @@ from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchem
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
+from surecall.grammars.schema.conditionals import (
+    FRACTION,
+    NOT_IN,
+    conditional_parts,
+    integer_gaps,
+    kind_of,
+    relaxed_reason,
+)
 from surecall.grammars.schema.multiple_of import (
     MultipleOfUnsupported,
     combined_multiple,
@@ -63,7 +71,7 @@ _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
 _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
-    "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
+    "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", NOT_IN, *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
@@ -437,7 +445,7 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
-        alternatives = alternative_parts(schema, ptr, _at)
+        alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
@@ -449,6 +457,11 @@ class Converter:
             return self.convert_enum(schema, ptr)  # every other keyword filters the values
         types = self.types_of(schema)
         negated = _negated_types(schema.get("not"))
+        if negated is not None and self.is_fraction_only(schema, types, negated):
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            self.relax_generic(rest, ptr)
+            others = [t for t in types if t not in negated and t != "number"]
+            return _alternation([self.convert_type(t, rest, ptr) for t in others] + [FRACTION])
         if negated is not None and not ("integer" in negated and "number" in types):
             types = [t for t in types if t not in negated and not (t == "integer" and "number" in negated)]
             schema = {k: v for k, v in schema.items() if k != "not"}
@@ -461,10 +474,21 @@ class Converter:
         parts = [_at(part, at) for part, at in alternatives.parts]
         return self.convert({"allOf": [_at(rest, ptr), *parts]}, ptr)
 
+    def rewrite_parts(self, schema: dict, ptr: str) -> Alternatives | None:
+        """Dependencies and `not: {required}` (schema/alternatives.py), else `if`, `not` and an
+        overlapping oneOf (schema/conditionals.py), as allOf parts; None when neither applies."""
+        return alternative_parts(schema, ptr, _at) or conditional_parts(
+            schema, ptr, _at, lambda ref: _at(*self.resolve(ref, ptr)), self.disjoint)
+
+    def is_fraction_only(self, schema: dict, types: list[str], negated: set[str]) -> bool:
+        """`number` with `not: {type: integer}` (and no number keyword): written as FRACTION."""
+        return ("integer" in negated and "number" in types and "number" not in negated
+                and not any(k in schema for k in (*_NUMBER_KEYS, NOT_IN)))
+
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
             if key in schema:
-                self.relax(ptr, key)
+                self.relax(ptr, key, relaxed_reason(schema, key, lambda ref: self.resolve(ref, ptr)[0]))
 
     # -- references and combinators ------------------------------------------------------
     def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
@@ -568,7 +592,7 @@ class Converter:
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = {k: v for k, v in sub.items() if k != "$ref"}
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
-        alternatives = alternative_parts(sub, ptr, _at) if isinstance(sub, dict) else None
+        alternatives = self.rewrite_parts(sub, ptr) if isinstance(sub, dict) else None
         if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
             rest = {k: v for k, v in sub.items() if k not in alternatives.keys}
             sub = {"allOf": [_at(rest, ptr), *(_at(part, at) for part, at in alternatives.parts)]}
@@ -630,6 +654,8 @@ class Converter:
             return False
         elif key == "uniqueItems":
             out[key] = bool(old) or bool(value)
+        elif key == NOT_IN:  # none of these and none of those
+            out[key] = [*old, *(v for v in value if not any(_json_equal(v, w) for w in old))]
         elif key == "multipleOf" and combined_multiple(old, value) is not None:
             out[key] = combined_multiple(old, value)
         elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
@@ -713,6 +739,9 @@ class Converter:
         values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
         if "const" in schema and "enum" in schema:
             values = [v for v in values if _json_equal(v, schema["const"])]
+        if NOT_IN in schema:
+            values = [v for v in values if not any(_json_equal(v, w) for w in schema[NOT_IN])]
+            schema = {k: v for k, v in schema.items() if k != NOT_IN}
         others = {k: v for k, v in schema.items() if k in _ASSERTING and k not in ("enum", "const")}
         if others:
             values = [v for v in values if self.value_satisfies(v, schema, others, ptr)]
@@ -750,6 +779,8 @@ class Converter:
         return types
 
     def convert_type(self, kind: str, schema: dict, ptr: str) -> str | None:
+        if NOT_IN in schema:
+            return self.convert_excluding(kind, schema, ptr)
         handler = {
             "object": self.convert_object, "array": self.convert_array,
             "string": self.convert_string, "number": self.convert_number,
@@ -762,6 +793,34 @@ class Converter:
         if kind == "null":
             return lex.NULL
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
+
+    def convert_excluding(self, kind: str, schema: dict, ptr: str) -> str | None:
+        """A `kind` value equal to none of schema's NOT_IN values (the `not` of a const/enum,
+        schema/conditionals.py): strings by a trie complement (unescaped, stricter), integers by
+        range gaps, numbers as integers in gaps plus fractions when unbounded (stricter: no
+        exponent), booleans and null by what is left; the rest relaxed as `not`."""
+        rest = {k: v for k, v in schema.items() if k != NOT_IN}
+        kinds = ("integer", "number") if kind == "number" else (kind,)
+        values = [v for v in schema[NOT_IN] if kind_of(v) in kinds and self.value_satisfies(v, rest, {}, ptr)]
+        if not values:
+            return self.convert_type(kind, rest, ptr)
+        if kind == "null":
+            return None
+        if kind == "boolean":
+            return _alternation([json_literal(b, self.options) for b in (True, False) if b not in values])
+        if kind == "string" and not any(k in rest for k in ("pattern", "format")):
+            return self.convert_string(rest, ptr, _string_not_in(values))
+        if kind in ("integer", "number") and "multipleOf" not in rest:
+            low, high = _integer_bounds(rest)
+            low = -lex.LARGEST_INTEGER if low is None else max(low, -lex.LARGEST_INTEGER)
+            high = lex.LARGEST_INTEGER if high is None else min(high, lex.LARGEST_INTEGER)
+            whole = integer_gaps(low, high, [int(v) for v in values if kind_of(v) == "integer"])
+            is_free = not any(k in rest for k in _NUMBER_KEYS) and all(kind_of(v) == "integer" for v in values)
+            return _alternation([whole, FRACTION if kind == "number" and is_free else None])
+        at = self.origins[1].get(NOT_IN, ptr) if ptr == self.origins[0] else ptr
+        self.relax(at, "not", f"excluding a {kind} literal beside {sorted(k for k in rest if k in _ASSERTING)} "
+                   "is not written")
+        return self.convert_type(kind, rest, ptr)
 
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep (built once per depth)."""
@@ -777,12 +836,12 @@ class Converter:
         return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------
-    def convert_string(self, schema: dict, ptr: str) -> str | None:
-        run = self.counted_pattern(schema)
+    def convert_string(self, schema: dict, ptr: str, body: str | None = None) -> str | None:
+        """A string of the schema's keywords (`body`: the string body regex instead of a pattern's)."""
+        run = self.counted_pattern(schema) if body is None else None
         if run is not None:
             return self.run_string(schema, ptr, *run)
-        body = None
-        if "pattern" in schema:
+        if "pattern" in schema and body is None:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
         if "format" in schema:
             fmt = STRING_FORMATS.get(schema["format"])
