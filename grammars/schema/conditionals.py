@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives
 from surecall.grammars.schema.ranges import integer_range_regex
 
 # Internal keyword: the instance equals none of these JSON values (the `not` of a const/enum).
 NOT_IN = "$surecall:not_in"
-# A number with a non-zero fractional digit and no exponent: never an integer (stricter than
-# "not an integer": 1.5e1 is left out).
-FRACTION = rf"-?{lex.NATURAL}\.[0-9]*[1-9][0-9]*"
+# A number that is not an integer, even once read as a double: at most 7 integer and 8 fraction
+# digits, the last one non-zero (15 significant digits survive the round trip, so the double is
+# not integral either: 5265126542732811.76 reads as an integer). Stricter than "not an
+# integer": 1.5e1, 0.123456789 and 1.50 are left out.
+FRACTION = r"-?(?:0|[1-9][0-9]{0,6})\.[0-9]{0,7}[1-9]"
 MAX_EXCLUSIVE_BRANCHES = 6  # a oneOf of n branches writes n * (n - 1) negations
 MAX_NEGATION_CHARS = 20_000  # a negation written out (JSON) past this stays relaxed
 _MAX_DEPTH = 16
@@ -98,7 +99,7 @@ def type_complement(types: list[str]) -> dict | bool:
     """The values of none of `types` ("integer" left out of "number": non-integral numbers)."""
     rest = [t for t in _TYPES if t not in types]
     if "integer" in types and "number" not in types:
-        return {"type": [*rest, "number"], "not": {"type": "integer"}}
+        return {"type": rest, "not": {"type": "integer"}}
     return {"type": rest} if rest else False
 
 
