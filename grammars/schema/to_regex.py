@@ -50,6 +50,14 @@ from surecall.grammars.schema.multiple_of import (
     multiple_of_regex,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
+from surecall.grammars.schema.property_counts import (
+    MAX_EXTRA_REPEATS,
+    MAX_OPTIONAL,
+    MAX_SELECTION_CHARS,
+    bounded_extras,
+    bounded_members,
+    extra_keys,
+)
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.unique_items import finite_items, selections_regex
@@ -1101,7 +1109,7 @@ class Converter:
     # -- objects -------------------------------------------------------------------------
     def convert_object(self, schema: dict, ptr: str) -> str | None:
         for key in _RELAXED_OBJECT:
-            if key in schema:
+            if key in schema and key != "propertyNames":  # propertyNames: extra_key, blocked_names
                 self.relax(ptr, key)
         props = dict(schema.get("properties", {}))
         for name, sub in props.items():  # a declared name also takes the patternProperties it matches
@@ -1115,6 +1123,8 @@ class Converter:
                 if not matching and extra_schema is False:
                     return None
                 props[name] = {"allOf": matching} if matching else extra_schema
+        for name in self.blocked_names(schema, list(props), ptr):
+            props[name] = False  # fails propertyNames: never written (still no extra key)
         members = []
         for name, sub in props.items():
             sub_ptr = pointer_join(ptr, "properties", name) if name in schema.get("properties", {}) else ptr
@@ -1131,9 +1141,79 @@ class Converter:
         extra = _alternation(repeated)
         extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
+        bounded = self.bounded_object(schema, members, extra, ptr)
+        if bounded is not False:
+            return bounded
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
         return self.object_regex(members, extra, nonempty, ptr)
+
+    def bounded_object(self, schema: dict, members: list[tuple[str, bool]], extra: str | None,
+                       ptr: str) -> str | bool:
+        """The object with min/maxProperties written in (schema/property_counts.py): declared
+        members enumerated by count, or up to MAX_EXTRA_REPEATS extras of a free-form object;
+        False when the counts need nothing more or are not written here (then relaxed)."""
+        low, high = int(schema.get("minProperties", 0)), schema.get("maxProperties")
+        high = None if high is None else int(high)
+        num_required = sum(req for _, req in members)
+        if not (low > max(num_required, 1 if low == 1 else 0)
+                or (high is not None and (extra is not None or len(members) > high))):
+            return False
+        ws, sep = self.ws, f"{self.ws},{self.ws}"
+        if extra is not None:
+            if members or low > 1 or high is None or high > MAX_EXTRA_REPEATS:
+                return False
+            body = bounded_extras(extra, high, sep) if high >= 1 else None
+            is_empty_ok = low == 0
+        else:
+            if len(members) - num_required > MAX_OPTIONAL or (
+                    self.options.any_property_order and 2 <= len(members) <= MAX_ANY_ORDER):
+                return False
+            body = bounded_members(members, max(low, 1), high, sep)
+            is_empty_ok = low == 0 and num_required == 0
+            if body is not None and len(body) > MAX_SELECTION_CHARS:
+                return False
+        if body is None:  # no selection fits: relaxed as before (extras may be closed by policy only)
+            return f"\\{{{ws}\\}}" if is_empty_ok else False
+        return f"\\{{{ws}(?:{body}{ws})?\\}}" if is_empty_ok else f"\\{{{ws}{body}{ws}\\}}"
+
+    def blocked_names(self, schema: dict, names: list[str], ptr: str) -> list[str]:
+        """The declared (or required) names that fail propertyNames (one that cannot be told
+        leaves propertyNames relaxed)."""
+        if "propertyNames" not in schema:
+            return []
+        verdicts = {name: self.name_valid(schema["propertyNames"], name) for name in names}
+        if None in verdicts.values():
+            self.relax(ptr, "propertyNames", "a declared name could not be checked against it")
+        return [name for name, ok in verdicts.items() if ok is False]
+
+    def name_valid(self, names: object, name: str) -> bool | None:
+        """Whether `name` satisfies the propertyNames schema `names` (None: cannot tell)."""
+        probe = dict(names) if isinstance(names, dict) else names
+        for defs in ("$defs", "definitions"):
+            if isinstance(probe, dict) and isinstance(self.root, dict) and defs in self.root:
+                probe.setdefault(defs, self.root[defs])
+        try:
+            return jsonschema_rs.validator_for(_unmarked(probe)).is_valid(name)
+        except Exception:  # noqa: BLE001 - an unresolvable $ref: the keyword stays relaxed
+            return None
+
+    def extra_key(self, schema: dict, declared: list[str], ptr: str) -> str | None:
+        """The key of an undeclared member: none of `declared`, and under propertyNames (an
+        enum's other names, or its string schema when no declared name meets it; else relaxed)."""
+        anything = '"' + _string_not_in(declared) + '"'
+        if "propertyNames" not in schema:
+            return anything
+        how = extra_keys(_unmarked(schema["propertyNames"]), declared, self.name_valid)
+        if how is True:
+            return anything
+        if isinstance(how, list):
+            return _alternation([json_literal(name, self.options) for name in how])
+        if isinstance(how, dict):
+            return self.convert(how, pointer_join(ptr, "propertyNames"))
+        self.relax(ptr, "propertyNames", "undeclared keys are not written under it (a declared name "
+                   "meets it, or it is not a string schema of pattern/length/format/enum)")
+        return anything
 
     def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
                               has_extra: bool, ptr: str) -> None:
@@ -1155,10 +1235,10 @@ class Converter:
         if extra_schema is False or (declared and not (is_explicit or self.options.allow_additional_properties)):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
-        if value is None:
+        key = self.extra_key(schema, declared, ptr)
+        if value is None or key is None:
             return None
-        key = '"' + _string_not_in(declared) + '"'
-        return f"{key}{self.ws}:{self.ws}{_group(value)}"
+        return f"{_group(key)}{self.ws}:{self.ws}{_group(value)}"
 
     def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
         """One member regex per patternProperties pattern whose keys the grammar can write exactly.

@@ -1,4 +1,5 @@
-"""if/then/else, `not` and overlapping oneOf enforced by negation (grammars/schema/conditionals.py).
+"""if/then/else, `not`, overlapping oneOf (schema/conditionals.py), min/maxProperties and
+propertyNames (schema/property_counts.py) enforced in the grammar.
 
 Per form: nothing is listed as relaxed, every random walk of the compiled table (a byte
 vocabulary, free and under a tight budget) validates against the original schema with
@@ -76,6 +77,34 @@ FORMS = {
                    {"type": "object", "properties": {"a": {"const": "both"}, "b": {"type": "integer"}}}]},
         [{"a": "x"}, {"b": 1}, {"a": "both", "b": "x"}],
         [{"a": "both"}, {"a": "both", "b": 1}],
+    ),
+    "max_properties_declared": (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}},
+         "minProperties": 1, "maxProperties": 1},
+        [{"a": 1}, {"b": "x"}, {"c": None}],
+        [{}, {"a": 1, "b": "x"}, {"a": 1, "c": 2}],
+    ),
+    "min_properties_beside_required": (
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}, "d": {}}, "required": ["b"],
+         "minProperties": 3, "maxProperties": 3},
+        [{"a": 1, "b": 2, "c": 3}, {"b": 2, "c": 3, "d": 4}],
+        [{"b": 2}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3, "d": 4}],
+    ),
+    "free_form_max_properties": (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+        [{}, {"x": 1}, {"x": 1, "y": 2}],
+        [{"x": 1, "y": 2, "z": 3}],
+    ),
+    "property_names_pattern": (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "boolean"}},
+        [{}, {"ab": True}, {"a": True, "xyz": False}],
+        [{"abcd": True}, {"A": True}, {"": True}],
+    ),
+    "property_names_enum_and_declared": (
+        {"type": "object", "properties": {"id": {"type": "integer"}, "other": {}}, "additionalProperties": True,
+         "propertyNames": {"enum": ["id", "tag", "note"]}},
+        [{"id": 1}, {"id": 1, "tag": 2}, {"note": "n"}],
+        [{"other": 1}, {"id": 1, "misc": 2}],
     ),
 }
 
