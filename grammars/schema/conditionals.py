@@ -13,6 +13,7 @@ beyond the number pieces of NOT_IN (fractions, integer gaps).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 from surecall.grammars.schema.alternatives import Alternatives
@@ -26,6 +27,8 @@ NOT_IN = "$surecall:not_in"
 # integer": 1.5e1, 0.123456789 and 1.50 are left out.
 FRACTION = r"-?(?:0|[1-9][0-9]{0,6})\.[0-9]{0,7}[1-9]"
 MAX_EXCLUSIVE_BRANCHES = 6  # a oneOf of n branches writes n * (n - 1) negations
+MAX_EXCLUSIVE_PRODUCT = 16  # ... and one branch crosses the disjuncts of the others' negations
+MAX_IF_BRANCHES = 64  # branches the if/then/else parts of one allOf cross into; past it they stay relaxed
 MAX_NEGATION_CHARS = 20_000  # a negation written out (JSON) past this stays relaxed
 _MAX_DEPTH = 16
 _TYPES = ("object", "array", "string", "number", "boolean", "null")
@@ -150,11 +153,30 @@ def exclusive_branches(branches: list, ptr: str, mark: Mark, resolve: Resolve) -
     if len(branches) > MAX_EXCLUSIVE_BRANCHES:
         return None
     negated = [_negated(b, resolve) for b in branches]
-    if any(n is None for n in negated):
+    if any(n is None for n in negated) or math.prod(_num_disjuncts(n) for n in negated) > MAX_EXCLUSIVE_PRODUCT:
         return None
     return [{"allOf": [mark(b, _join(ptr, "oneOf", i)),
                        *(mark(n, _join(ptr, "oneOf", j)) for j, n in enumerate(negated) if j != i)]}
             for i, b in enumerate(branches)]
+
+
+def if_branches(parts: list, resolve: Resolve) -> int:
+    """How many branches the rewritten if/then/else parts of one allOf cross into (each: its
+    `then`, or one per disjunct of the negated `if`)."""
+    total = 1
+    for sub in parts:
+        if isinstance(sub, dict) and "if" in sub:
+            negated = _negated(sub["if"], resolve)
+            total *= 1 if negated is None else 1 + _num_disjuncts(negated)
+    return total
+
+
+def _num_disjuncts(sub: object) -> int:
+    """How many branches `sub` crosses into once its anyOfs (nested in allOfs too) are merged."""
+    if not isinstance(sub, dict):
+        return 1
+    count = sum(_num_disjuncts(d) for d in sub["anyOf"]) if isinstance(sub.get("anyOf"), list) else 1
+    return count * math.prod(_num_disjuncts(p) for p in sub.get("allOf", []) if isinstance(sub.get("allOf"), list))
 
 
 def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:

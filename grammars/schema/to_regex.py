@@ -38,8 +38,10 @@ from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
 from surecall.grammars.schema.conditionals import (
     FRACTION,
+    MAX_IF_BRANCHES,
     NOT_IN,
     conditional_parts,
+    if_branches,
     integer_gaps,
     kind_of,
     relaxed_reason,
@@ -581,8 +583,13 @@ class Converter:
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
         """One keyword dict equal to the allOf (references inside it followed)."""
         merged: dict | bool = {k: v for k, v in schema.items() if k not in ("allOf", _AT, _FROM)}
+        num_branches = if_branches(schema["allOf"], lambda ref: self.resolve(ref, ptr)[0])
         for i, sub in enumerate(schema["allOf"]):
             sub_ptr = sub.get(_AT, pointer_join(ptr, "allOf", i)) if isinstance(sub, dict) else ptr
+            if num_branches > MAX_IF_BRANCHES and isinstance(sub, dict) and "if" in sub:
+                self.relax(sub_ptr, "if", f"the allOf's if/then/else parts cross into {num_branches} branches "
+                           f"(past {MAX_IF_BRANCHES})")
+                sub = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
             sub = self.flatten(sub, sub_ptr, hops)
             if sub is False:
                 return False
