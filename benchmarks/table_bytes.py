@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compile import Worker, _pct, load_subsets, seed_catalog_figures  # noqa: E402
+from compile import Worker, load_subsets, seed_catalog_figures  # noqa: E402
+from compile_report import _pct  # noqa: E402
 
 
 def seed_layout() -> dict:
@@ -48,21 +49,22 @@ def seed_layout() -> dict:
 def schema_sizes(per_subset: int, seed: int, timeout_s: float, cache_dir: str) -> dict:
     from surecall.grammars.vocab.shared import shared_data_dir
 
-    subsets = {k: v for k, v in load_subsets(shared_data_dir(), per_subset, seed).items() if ":" not in k}
-    args = argparse.Namespace(timeout_s=timeout_s, rss_gib=4.0, walks=0)
+    data_dir = shared_data_dir()
+    subsets = {k: v for k, v in load_subsets(data_dir, per_subset, seed, set()).items() if ":" not in k}
+    args = argparse.Namespace(timeout_s=timeout_s, check_timeout_s=timeout_s, rss_gib=4.0, walks=0, data=data_dir)
     worker = Worker("ours", args, cache_dir)
     rows = []
     try:
         for name, items in subsets.items():
-            for schema_id, schema in items:
-                r = worker.run(schema)
+            for schema_id, schema, _tests in items:
+                r = worker.run(schema, [])
                 rows.append({"subset": name, "id": schema_id, "ok": r["ok"], "ms": r.get("ms"),
                              "table_bytes": r.get("table_bytes"), "states": r.get("states"),
                              "reason": r.get("reason")})
                 print(f"{name} {schema_id}: {r.get('table_bytes')} B {r.get('ms') or 0:.0f} ms {r.get('reason') or ''}",
                       file=sys.stderr)
     finally:
-        worker.stop()
+        worker.close()
     sizes = [r["table_bytes"] for r in rows if r["ok"]]
     return {"n": len(rows), "compiled": len(sizes), "p50_bytes": _pct(sizes, 0.5), "p99_bytes": _pct(sizes, 0.99),
             "max_bytes": max(sizes, default=None), "over_32mb": sum(s > 32 * 2**20 for s in sizes),

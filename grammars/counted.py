@@ -20,6 +20,7 @@ runs no kernels.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -302,9 +303,25 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
         if regions.lo[r] > 0:  # only a body with a minimum needs fillers
             fill = min(fill, vi.classes[("counted", sig)][1])
         row_of[g] = by_sig[sig] + np.arange(g.size, dtype=np.int32)
-    merged, where = _merge_rows(rows, defined)
+    merged, where = _merged_rows(vi, tuple(by_sig), rows, defined)
     row_of = np.where(row_of >= 0, where[np.maximum(row_of, 0)], -1).astype(np.int32)
     return row_of, merged, fill
+
+
+_MERGED_KEPT = 64  # merged row sets cached per vocabulary (each [R, V] int8): the most recent ones
+
+
+def _merged_rows(vi, shapes: tuple, rows: list[np.ndarray], defined: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """_merge_rows of the rows of `shapes` (body signatures, in order), which depend on those
+    alone: cached per vocabulary next to the shapes' walks, for the _MERGED_KEPT latest lists."""
+    cache = vi.classes.setdefault(("counted-merged",), OrderedDict())
+    hit = cache.get(shapes)
+    if hit is None:
+        hit = cache[shapes] = _merge_rows(rows, defined)
+        while len(cache) > _MERGED_KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(shapes)
+    return hit[0].copy(), hit[1]  # the table owns its rows
 
 
 def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -383,8 +400,9 @@ def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi) -
     return list(values), k
 
 
-def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, int], int]:
-    """Drop transitions that break a bound on their own; return {(state, token): counter set}.
+def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drop transitions that break a bound on their own; return the (state, token, counter set)
+    int64 arrays of the transitions that enter a counted body with a counter.
 
     Only tokens with a `"` can open or close a counted string: walked per (state, token) from
     where the source state's own body (if any) was closed, or from the start otherwise.
@@ -397,7 +415,7 @@ def check_entries(rows, dfa: ByteDFA, regions: Regions, vi) -> dict[tuple[int, i
     for q, toks in bad.items():
         _drop_inplace(rows, q, np.asarray(sorted(toks), dtype=np.int32))
     keep = ok & enters & (post != 0)
-    return {(q, t): c for q, t, c in zip(src[keep].tolist(), tok[keep].tolist(), post[keep].tolist(), strict=True)}
+    return src[keep], tok[keep], post[keep]
 
 
 def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -418,44 +436,55 @@ def _quoted_pairs(rows, regions: Regions, has_quote: np.ndarray) -> tuple[np.nda
 
 def _walk_static(dfa, regions, vi, src, tok):
     """(valid, counter at the end (started + rest in a body it entered), ends in a body it entered)
-    for each (state, token) pair."""
-    region, boundary, rest = regions.region, regions.at_boundary(), regions.rest
+    for each (state, token) pair; the last two mean nothing where the pair is not valid.
+
+    The pairs go in order of decreasing token length, so those still walking at byte k are a
+    prefix of the arrays (slices, no compaction); a walk that dies goes on in an extra dead state
+    that is in no body.
+    """
+    n = dfa.num_states
+    flat_trans = np.full((n + 1, 256), n, dtype=np.int64)
+    flat_trans[:n] = np.where(dfa.trans >= 0, dfa.trans, n)
+    flat_trans = flat_trans.reshape(-1)
+    region = np.append(regions.region, -1)
+    boundary = np.append(regions.at_boundary(), False)
     lo, hi = regions.lo, regions.hi
-    n = src.size
-    state = src.astype(np.int64).copy()
+    lens = vi.lens[tok]
+    order = np.argsort(-lens, kind="stable")
+    lens, off = lens[order], vi.off[tok[order]]
+    state = src[order].astype(np.int64)
     dynamic = region[state] >= 0  # still inside the source's body: the kernels check that part
-    count = np.zeros(n, dtype=np.int64)
-    ok = np.ones(n, dtype=bool)
-    active = np.flatnonzero(vi.lens[tok] > 0)
-    pos = 0
-    while active.size:
-        active = active[vi.lens[tok[active]] > pos]
-        q = state[active]
-        b = vi.flat[vi.off[tok[active]] + pos]
-        nxt = dfa.trans[q, b].astype(np.int64)
-        dead = nxt < 0
-        ok[active[dead]] = False
+    count = np.zeros(src.size, dtype=np.int64)
+    ok = np.ones(src.size, dtype=bool)
+    still = np.searchsorted(-lens, -np.arange(int(lens[0]) if lens.size else 0), side="left")  # len > k
+    for k, m in enumerate(still.tolist()):
+        q = state[:m]
+        b = vi.flat[off[:m] + k]
+        nxt = flat_trans[q * 256 + b]
+        valid = ok[:m]
+        valid &= nxt != n
         r = region[q]
         closing = boundary[q] & (b == _QUOTE) & (r >= 0)
-        static = ~dynamic[active]
+        dyn = dynamic[:m]
+        static = ~dyn
+        c = count[:m]
         # closing a body this token opened: its bounds are known here
-        sc = closing & static
-        c = count[active]
-        ok[active[sc & ((c < lo[np.maximum(r, 0)]) | (c > hi[np.maximum(r, 0)]))]] = False
+        r0 = np.maximum(r, 0)
+        valid &= ~(closing & static & ((c < lo[r0]) | (c > hi[r0])))
         # the source's body closed: from here on everything is static
-        dynamic[active[closing & ~static]] = False
+        dyn &= ~closing
         stays = (r >= 0) & ~closing
-        count[active] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
-        opening = (r < 0) & (region[np.maximum(nxt, 0)] >= 0)
-        count[active[opening]] = 0
-        state[active[~dead]] = nxt[~dead]
-        active = active[~dead]
-        pos += 1
+        c[:] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
+        c[(r < 0) & (region[nxt] >= 0)] = 0  # opening a body
+        state[:m] = nxt
     end_region = region[state]
     enters = ~dynamic & (end_region >= 0)
-    count = np.where(enters, count + rest[state], count)  # the counter: started + the body's rest
+    count = np.where(enters, count + np.append(regions.rest, 0)[state], count)  # started + the body's rest
     ok &= ~enters | (count <= hi[np.maximum(end_region, 0)])
-    return ok, count, enters
+    out = [np.empty_like(x) for x in (ok, count, enters)]
+    for o, x in zip(out, (ok, count, enters), strict=True):
+        o[order] = x
+    return tuple(out)
 
 
 def _drop_inplace(rows, q: int, toks: np.ndarray) -> None:
@@ -487,13 +516,12 @@ def add_counts_inplace(table, counts, order: np.ndarray, new_id: np.ndarray) -> 
         raise CountedCutError("a counted string body cannot be closed with this vocabulary's tokens")
 
 
-def _entry_arrays(entries: dict, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted keys new_id[q] * width + t, counters) of the entries whose state survived."""
-    pairs = np.fromiter((x for qt in entries for x in qt), dtype=np.int64, count=2 * len(entries)).reshape(-1, 2)
-    vals = np.fromiter(entries.values(), dtype=np.int64, count=len(entries))
-    q = new_id[pairs[:, 0]].astype(np.int64)
+def _entry_arrays(entries: tuple, new_id: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted keys new_id[q] * width + t, counters) of the entries (check_entries) whose state survived."""
+    src, tok, vals = entries
+    q = new_id[src].astype(np.int64)
     keep = q >= 0
-    key = q[keep] * width + pairs[keep, 1]
+    key = q[keep] * width + tok[keep]
     order = np.argsort(key, kind="stable")  # (state, token) pairs are distinct: so are the keys
     return key[order], vals[keep][order].astype(np.int32)
 
@@ -553,11 +581,61 @@ def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray
     return src[first], dst[first], weight[first]
 
 
+def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray):
+    """(source, target, closes) of the tokens that start no character in counted body `states`
+    (count_chars 0, or 1: closes): one per such exception and one per default target and kind,
+    not one per token (duplicates left in); `owner` is each exception's state.
+
+    An exception is its own edge; the default target is an edge of a kind when some allowed
+    token of that kind is no exception (popcounts of the mask row against the kind's bits).
+    """
+    distinct, row_at = np.unique(table.count_row[states], return_inverse=True)
+    v = table.count_chars.shape[1]
+    words, mask_row = table.mask.view(np.uint32), table.mask_row[states].astype(np.int64)
+    stops = table.stop_ids[table.stop_ids < v].astype(np.int64)
+    stop_allowed = _bits_at(words, np.repeat(mask_row, stops.size),
+                            np.tile(stops, states.size)).reshape(states.size, stops.size)
+    at = np.full(table.num_states, -1, dtype=np.int64)
+    at[states] = np.arange(states.size)
+    pick = np.flatnonzero(at[owner] >= 0)
+    e_at, e_tok, e_next = at[owner[pick]], table.exc_tok[pick].astype(np.int64), table.exc_next[pick].astype(np.int64)
+    inside = e_tok < v
+    e_at, e_tok, e_next = e_at[inside], e_tok[inside], e_next[inside]
+    e_ok = _bits_at(words, mask_row[e_at], e_tok) & ~np.isin(e_tok, stops)
+    e_value = table.count_chars[distinct[row_at[e_at]], e_tok]
+    default = table.trans_default[states].astype(np.int64)
+    # (mask row, count row) pairs repeat across a body's states: popcount each distinct pair once
+    pair_rows, pair_at = np.unique(np.stack([mask_row, row_at]), axis=1,
+                                   return_inverse=True)
+    pair_rows, pair_at = pair_rows.T, pair_at.reshape(-1)
+    src, dst, closes = [], [], []
+    for k in (0, 1):
+        kind = table.count_chars[distinct] == k  # bool [R', V]
+        packed = np.zeros((distinct.size, words.shape[1] * 4), dtype=np.uint8)
+        packed[:, : (v + 7) // 8] = np.packbits(kind, axis=1, bitorder="little")
+        free = np.bitwise_count(words[pair_rows[:, 0]] & packed.view(np.uint32)[pair_rows[:, 1]])
+        free = free.sum(axis=1, dtype=np.int64)[pair_at]
+        free -= (stop_allowed & kind[:, stops][row_at]).sum(axis=1)
+        hit = e_ok & (e_value == k)
+        free -= np.bincount(e_at[hit], minlength=states.size)
+        has = (free > 0) & (default >= 0)
+        src += [states[has], states[e_at[hit]]]
+        dst += [default[has], e_next[hit]]
+        closes.append(np.full(int(has.sum()) + int(hit.sum()), bool(k), dtype=bool))
+    return np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64), np.concatenate(closes)
+
+
+def _bits_at(words: np.ndarray, at: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """bool per i: whether row at[i] of the uint32 bit rows `words` has bit tok[i]."""
+    w = words[at, tok >> 5]
+    return ((w >> (tok & 31).astype(np.uint32)) & 1).astype(bool)
+
+
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source, target, weight) of every token edge counted_dist uses, duplicates included.
 
     Outside counted bodies only the distinct next states matter (the defaults and exceptions);
-    inside, the tokens that start no character, looked up per state.
+    inside, the tokens that start no character, found from exceptions and popcounts (_counted_body_edges).
     """
     n = table.num_states
     plain = table.count_row < 0
@@ -567,18 +645,7 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     src = [np.flatnonzero(has_default), owner[from_plain]]
     dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
-    starts_none: dict[int, np.ndarray] = {}  # count row -> tokens that start no character there
-    states = np.flatnonzero(~plain)
-    rows = table.count_row[states].astype(np.int64)
-    for r in np.unique(rows).tolist():
-        starts_none[r] = np.flatnonzero((table.count_chars[r] == 0) | (table.count_chars[r] == 1))
-    sizes = np.asarray([starts_none[r].size for r in rows.tolist()], dtype=np.int64)
-    s = np.repeat(states, sizes)
-    tok = np.concatenate([starts_none[r] for r in rows.tolist()] or [np.zeros(0, np.int64)])
-    nxt = table.next_states_many(s, tok).astype(np.int64)
-    ok = nxt >= 0
-    s, tok, nxt = s[ok], tok[ok], nxt[ok]
-    closes = table.count_chars[table.count_row[s], tok] == 1
+    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain), owner)
     src.append(s)
     dst.append(nxt)
     weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))

@@ -28,7 +28,14 @@ class GrammarOptions:
         pattern) above it are not materialised; they are relaxed and listed with a reason.
     max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
         cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
-    max_any_depth: nesting depth of values under an unconstrained schema (`{}` / `true`).
+    max_any_depth: how many containers deep a value under an unconstrained schema (`{}`, `true`,
+        a free-form `{"type": "object"}`) may nest; deeper values are rejected (stricter, never
+        looser). With splicing (compile_schema) each level is one sub-automaton, so the regex
+        grows linearly (inlined text, as in catalogs and tool modes: ~4x per level) and depths up
+        to 7 compile; but the byte DFA doubles per level either way (it must remember the stack
+        of open `{`/`[`): +26% states per level on a Kubernetes schema. The default stays 2: at 3, median compile time on
+        Kubernetes/Github_medium/JsonSchemaStore rose ~20-30% (tables ~+7%) and one more schema
+        timed out, past the ~10% allowed (benchmarks/results/free_form_depth.md).
     allow_additional_properties: False (default) closes an object with declared properties and no
         `additionalProperties` keyword to those properties (stricter than JSON Schema's default,
         never looser); True lets undeclared keys follow them. An explicit `additionalProperties:

@@ -103,7 +103,15 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             check()
         return built[key]
 
+    whole = _whole_piece(regex)
+    if whole is not None:  # the regex is one placeholder: the grammar is its piece (no parent to splice into)
+        return built[(canonical_of(whole, len(pieces)),)]
     return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)
+
+
+def _whole_piece(regex: str) -> int | None:
+    """The piece index when `regex` is exactly one placeholder (a catalog's union), else None."""
+    return min(placeholders_in(regex)) if _PLACEHOLDER_TEXT.fullmatch(regex) else None
 
 
 def _digest(dfa: ByteDFA) -> bytes:

@@ -247,7 +247,7 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     hit = vi.classes.get(key)
     if hit is not None:
         return hit
-    cand = np.sort(vi.tokens_with_first(table[start] >= 0))
+    cand = _class_candidates(vi, table, start)
     begin = np.full(cand.size, start, np.int32)
     end, end_pos = walk(table, vi, cand, begin, np.zeros(cand.size, np.int64))
     stay = end >= 0
@@ -263,6 +263,18 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
                        leave_pos=(end_pos[leave] - 1).astype(np.int64), quoted_tok=tok[vi.has_quote[tok]])
     vi.classes[key] = result
     return result
+
+
+def _class_candidates(vi: VocabIndex, table: np.ndarray, start: int) -> np.ndarray:
+    """Sorted ids of the tokens whose first byte stays in the region from `start` and whose
+    second byte (if any) is not dead there: the others die at once, so no walk is needed."""
+    firsts = np.flatnonzero(table[start] >= 0)
+    if not firsts.size:
+        return np.zeros(0, dtype=np.int32)
+    after = table[table[start, firsts]]  # [F, 256] the rows reached by the first byte
+    fi, b2 = np.nonzero(after != -1)
+    keys = np.concatenate([firsts[fi].astype(np.int64) * 257 + b2, firsts.astype(np.int64) * 257 + 256])
+    return np.sort(_gather_groups(vi, keys, two=True))
 
 
 def lexical_regions(dfa: ByteDFA):
@@ -556,5 +568,14 @@ def merge_rows(a, b):
         return a if b is None else b
     if b[0].size > a[0].size:
         a, b = b, a
-    at = np.searchsorted(a[0], b[0])
-    return np.insert(a[0], at, b[0]), np.insert(a[1], at, b[1])
+    # b's entries land at their rank in a plus their own index (np.insert's result, in a's dtypes)
+    at = np.searchsorted(a[0], b[0]) + np.arange(b[0].size)
+    from_a = np.ones(a[0].size + b[0].size, dtype=bool)
+    from_a[at] = False
+    out = []
+    for x, y in zip(a, b, strict=True):
+        merged = np.empty(from_a.size, dtype=x.dtype)
+        merged[at] = y
+        merged[from_a] = x
+        out.append(merged)
+    return tuple(out)

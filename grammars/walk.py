@@ -95,8 +95,9 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
 
     Uses the `jsonschema` package (a dev dependency). An error counts as relaxed when its
     keyword was listed for one of its schema locations (`error_locations`: the path the
-    validator took, or the place a `$ref` on that path points to), or when it is a combinator
-    (anyOf/oneOf/...) whose location holds, or lies under, a relaxed keyword's location.
+    validator took, or the place a `$ref` on that path points to), when it is a combinator
+    (anyOf/oneOf/...) whose location holds, or lies under, a relaxed keyword's location, or when
+    it is an anyOf/oneOf with a branch that fails on relaxed keywords only (`_is_explained`).
     """
     import jsonschema
 
@@ -110,11 +111,24 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     for error in errors:
         if _is_float_artefact(error):
             continue
-        where = error_locations(schema, error)
         shown = "/" + "/".join(str(p) for p in list(error.absolute_schema_path)[:-1])  # the validator's path
         message = f"{error.validator} at {shown}: {error.message[:200]}"
-        (soft if _is_relaxed(where, str(error.validator), relaxed_pairs) else bad).append(message)
+        (soft if _is_explained(schema, error, relaxed_pairs) else bad).append(message)
     return bad, soft
+
+
+def _is_explained(root, error, relaxed_pairs: set, depth: int = 0) -> bool:
+    """Whether `error` is due to relaxed keywords only: its keyword is relaxed where it sits, or it
+    is an anyOf/oneOf that no branch matched and one branch fails on relaxed keywords alone (that
+    branch's keywords may sit behind a `$ref`, far from the combinator's own location)."""
+    if _is_float_artefact(error) or _is_relaxed(error_locations(root, error), str(error.validator), relaxed_pairs):
+        return True
+    if error.validator not in ("anyOf", "oneOf") or not error.context or depth >= 16:
+        return False
+    branches: dict[object, list] = {}
+    for sub in error.context:
+        branches.setdefault(sub.relative_schema_path[0] if sub.relative_schema_path else None, []).append(sub)
+    return any(all(_is_explained(root, sub, relaxed_pairs, depth + 1) for sub in subs) for subs in branches.values())
 
 
 def _is_float_artefact(error) -> bool:

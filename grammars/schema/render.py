@@ -40,7 +40,7 @@ class _Renderer:
             depth += 1
             if "$ref" in schema:
                 target, _ = self.conv.resolve(schema["$ref"], "")
-                rest = {k: v for k, v in schema.items() if k != "$ref"}
+                rest = self.conv.ref_rest(schema)
                 schema = {"allOf": [target, rest]} if any(k in _ASSERTING for k in rest) else target
             elif "allOf" in schema:
                 schema = self.conv.merge_all_of(schema, "")

@@ -10,10 +10,12 @@ min/maxLength (counted strings) and `pattern` (one quantified set: counted too) 
 `format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
 automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
 (schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
-SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py). It
+SPLICE_MIN_CHARS is a placeholder for a sub-automaton (splice.py), as is each level of a
+free-form value (max_any_depth: the regex grows linearly with depth, the DFA still doubles). It
 does not build automata: the regex dialect is the common subset of Python `re` and
 regex-automata (outlines-core). Over 400 lines because the keyword walk is one concern.
 """
@@ -91,6 +93,11 @@ _MAX_MULTIPLE_CHARS = 16_000
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
 _FROM = "$surecall:from"
+# Integral numbers below this are spelled both ways in literals ("1" and "1.0"); past it a float's repr
+# is exponent notation (1e+16) and no longer names one integer exactly.
+_EXACT_FLOAT_INTEGERS = 10**15
+# Drafts 3-7 ignore every keyword beside `$ref` (so do jsonschema and jsonschema-rs); 2019-09 on apply them.
+_SIBLINGS_IGNORED = re.compile(r"https?://json-schema\.org/draft-0[3-7]/schema#?")
 
 
 @dataclass
@@ -145,6 +152,12 @@ def check_schema(schema: object) -> None:
         raise SchemaError(f"cannot check the schema against its metaschema: {exc}", "", "$schema") from None
 
 
+def ref_siblings_ignored(root: object) -> bool:
+    """Whether `root`'s `$schema` names draft 3 to 7, where keywords beside a `$ref` do not apply."""
+    name = root.get("$schema") if isinstance(root, dict) else None
+    return isinstance(name, str) and _SIBLINGS_IGNORED.fullmatch(name) is not None
+
+
 def pointer_join(pointer: str, *parts: object) -> str:
     return pointer + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
@@ -163,6 +176,9 @@ def json_literal(value: object, options: GrammarOptions) -> str:
 
 
 def _text_literal(value: object) -> str:
+    if not isinstance(value, bool) and _is_integral(value) and abs(value) < _EXACT_FLOAT_INTEGERS:
+        # JSON Schema compares numbers by value: `1` and `1.0` are the same enum/const member
+        return f"{int(value)}(?:\\.0)?"
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return "".join(lex.regex_char(ord(c)) for c in text)
 
@@ -382,6 +398,12 @@ class Converter:
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
+        self.ref_siblings_ignored = ref_siblings_ignored(root)
+
+    def ref_rest(self, schema: dict) -> dict:
+        """The keywords beside `schema`'s `$ref` that apply: none in drafts 3-7 (our marks kept)."""
+        return {k: v for k, v in schema.items()
+                if k != "$ref" and (not self.ref_siblings_ignored or k in (_AT, _FROM))}
 
     def relax(self, pointer: str, keyword: str, reason: str | None = None) -> None:
         if pointer == self.origins[0]:
@@ -531,7 +553,7 @@ class Converter:
 
     def convert_ref(self, schema: dict, ptr: str) -> str | None:
         target, target_ptr = self.resolve(schema["$ref"], ptr)
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        rest = self.ref_rest(schema)
         ref = schema["$ref"]
         depth = self.ref_depth.get(ref, 0)
         if depth >= self.options.max_ref_depth + 1:
@@ -605,7 +627,7 @@ class Converter:
             raise UnsupportedSchema("a cycle of references through allOf", ptr, "$ref")
         if isinstance(sub, dict) and "$ref" in sub:
             target, _ = self.resolve(sub["$ref"], ptr)
-            rest = {k: v for k, v in sub.items() if k != "$ref"}
+            rest = self.ref_rest(sub)
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
         alternatives = self.rewrite_parts(sub, ptr) if isinstance(sub, dict) else None
         if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
@@ -838,11 +860,17 @@ class Converter:
         return self.convert_type(kind, rest, ptr)
 
     def any_value(self, depth: int) -> str:
-        """Any JSON value nested at most `depth` containers deep (built once per depth)."""
+        """Any JSON value nested at most `depth` containers deep (built once per depth).
+
+        With splicing, each level below `depth` is a piece of its own (placeholder), so a level
+        refers to the one inside it instead of copying it twice: regex text linear in depth.
+        """
         if depth <= 0:
             return _SCALARS
         if depth not in self.any_regex:
             inner = self.any_value(depth - 1)
+            if self.pieces is not None and depth > 1:
+                inner = self.pieces.add(inner)
             ws, sep = self.ws, f"{self.ws},{self.ws}"
             member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
             obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"

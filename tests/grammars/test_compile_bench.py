@@ -107,3 +107,63 @@ def test_each_adapter_accepts_valid_and_rejects_invalid(name, tokens, tmp_path, 
         walks = engine.walk_check(schema, compiled)
         assert walks["walks"] == 2 and walks["walks_valid"] == 2, walks
     assert json.dumps(engine.describe(compiled))
+
+
+def test_open_figure_counts_recompiled_schemas_and_falls_back_to_the_default():
+    """valid_accepted_open: a recompiled schema counts its open figure, one not recompiled (all
+    accepted) or whose open compile failed counts its default one; both go to the table and goals."""
+    rows = [_row("ours", "s1", 1.0, valid_n=2, valid_accepted=0, valid_accepted_open=2),
+            _row("ours", "s2", 1.0, valid_n=1, valid_accepted=1),
+            _row("ours", "s3", 1.0, valid_n=3, valid_accepted=1, open_error="compile timeout > 10 s"),
+            *(_row("xgrammar", f"s{i}", 1.0, valid_n=1, valid_accepted=1) for i in (1, 2, 3))]
+    per_subset = {"A": {e: report.summarise([r for r in rows if r["engine"] == e]) for e in ("ours", "xgrammar")}}
+    ours = per_subset["A"]["ours"]
+    assert (ours["valid_n"], ours["valid_accepted"], ours["valid_accepted_open"], ours["open_errors"]) == (6, 2, 4, 1)
+    goals = {g["goal"]: g for g in report.goals(per_subset, per_subset["A"], {}, rows)}
+    open_goal = goals["valid instances accepted 100%, open objects"]
+    assert open_goal["measured"].startswith("4/6") and "1 open compiles failed" in open_goal["measured"]
+    assert not open_goal["met"] and goals["valid instances accepted 100%"]["measured"].startswith("2/6")
+    table = report.readme_table({"per_subset": per_subset, "overall": per_subset["A"]})
+    assert "valid accepted, open ours / xgr" in table[0]
+    assert "| A | 3 | 3 / 3 | 2/6 / 3/3 | 4/6 / 3/3 |" in table[2]
+
+
+def test_open_check_recompiles_open_and_counts_what_the_default_rejected(monkeypatch):
+    bench = _load("compile")
+
+    class Fake(FakeEngine):
+        def compile_open(self, schema):
+            return "open"
+
+        def accepts(self, compiled, text):
+            return compiled == "open" or text in self.accepted_texts
+
+    data = {"tags": ["a"], "extra": 1}
+    tests = [_case(data, True)]
+    fake = Fake(set(), [])
+    assert engines.valid_check(fake, "default", tests)["valid_accepted"] == 0
+    got = bench._open_check(fake, {"schema": SCHEMA, "tests": tests})
+    assert (got["valid_accepted_open"], got["rejected_valid_open"]) == (1, [])
+
+    class Broken(Fake):
+        def compile_open(self, schema):
+            raise ValueError("no open mode")
+
+    assert bench._open_check(Broken(set(), []), {"schema": SCHEMA, "tests": tests}) == {
+        "open_error": "ValueError: no open mode"}
+
+
+@pytest.mark.parametrize("name", ["ours", "xgrammar"])
+def test_compile_open_admits_undeclared_keys_and_other_orders(name, tokens, tmp_path, monkeypatch):
+    """Ours permutes only objects that take no extra keys (GrammarOptions.any_property_order), so
+    the order case is an object with additionalProperties: false."""
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path))
+    props = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+    open_keys = {"type": "object", "properties": props, "required": ["a"]}
+    closed_keys = {**open_keys, "additionalProperties": False}
+    engine = engines.make_engine(name, tokens, walks=0)
+    for schema, text in ((open_keys, '{"a": 1, "c": 2}'), (closed_keys, '{"b": 2, "a": 1}')):
+        closed, opened = engine.compile(schema), engine.compile_open(schema)
+        assert not engine.accepts(closed, text) and engine.accepts(opened, text), text
+        assert not engine.accepts(opened, '{"a": "x"}')
+    assert not engine.accepts(engine.compile_open(closed_keys), '{"a": 1, "c": 2}')

@@ -234,3 +234,57 @@ def test_all_of_merging_an_any_of_and_a_one_of_crosses_every_branch():
         assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(good))
         assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(bad))
         assert accepts(schema, good) and not accepts(schema, bad), (good, bad)
+
+
+# --- keywords beside a $ref do not apply in drafts 3-7 (JsonSchemaStore---briefcase-schema) -----
+_PROPERTY = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"key": {"type": "string"}}}]}
+
+
+@pytest.mark.parametrize("draft", ["http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-06/schema#",
+                                   "http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-07/schema"])
+def test_ref_siblings_are_ignored_in_drafts_before_2019_09(draft):
+    schema = {"$schema": draft, "definitions": {"property": _PROPERTY}, "type": "object",
+              "properties": {"secrettype": {"$ref": "#/definitions/property", "enum": ["key", "sas"],
+                                            "uniqueItems": True}}}
+    value = {"secrettype": {"key": "key"}}  # breaks the sibling enum, which the draft ignores
+    assert jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+    assert accepts(schema, value) and accepts(schema, {"secrettype": "other"})
+    assert not accepts(schema, {"secrettype": 3})  # the target still holds
+    assert relaxed(schema) == []  # an ignored sibling is not listed as relaxed either
+
+
+@pytest.mark.parametrize("draft", [None, "https://json-schema.org/draft/2019-09/schema",
+                                   "https://json-schema.org/draft/2020-12/schema"])
+def test_ref_siblings_apply_from_2019_09_and_by_default(draft):
+    schema = {"$defs": {"property": _PROPERTY}, "type": "object",
+              "properties": {"secrettype": {"$ref": "#/$defs/property", "enum": ["key", "sas"]}}}
+    if draft:
+        schema["$schema"] = draft
+    assert not jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(
+        schema).is_valid({"secrettype": {"key": "key"}})
+    assert not accepts(schema, {"secrettype": {"key": "key"}}) and not accepts(schema, {"secrettype": "other"})
+    assert accepts(schema, {"secrettype": "sas"})
+
+
+def test_ignored_ref_siblings_under_all_of_and_in_the_renderer():
+    """allOf merging follows a $ref through `flatten`, the renderer through `effective`: both drop
+    draft-7 siblings (here a sibling `properties` that would reorder and close the object)."""
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+              "definitions": {"pair": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                        "b": {"type": "integer"}}}},
+              "allOf": [{"$ref": "#/definitions/pair", "properties": {"b": {"type": "string"}}}]}
+    value = {"b": 2, "a": 1}
+    assert grammar_dumps(value, schema) == '{"a": 1, "b": 2}'
+    assert accepts(schema, value) and not accepts(schema, {"a": 1, "b": "x"})
+
+
+# --- an integral enum/const number in either spelling (JSON Schema compares numbers by value) ---
+def test_integral_enum_and_const_numbers_match_with_or_without_a_fraction():
+    schema = {"enum": [1.0, -3, True, 0.5, {"a": 2.0}]}
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ("1", "1.0", "-3", "-3.0", "true", "0.5", '{"a": 2}', '{"a": 2.0}'):
+        assert validator.is_valid(json.loads(text)) and accepts(schema, text), text
+    for text in ("1.5", "2", "1.00", "01", "0.50", '{"a": 3}'):
+        assert not accepts(schema, text), text
+    assert accepts({"const": 7}, "7.0") and not accepts({"const": 7}, "70")
+    assert accepts({"type": "integer", "enum": [2, 4]}, 4.0)  # the renderer writes 4; the grammar takes it

@@ -20,6 +20,7 @@ from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
 from surecall.grammars import splice
 from surecall.grammars.automaton import ByteDFA, minimize, regex_to_dfa
 from surecall.grammars.compile import compile_regex, compile_schema
+from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import to_regex
 from surecall.grammars.schema.to_regex import schema_to_regex
 from surecall.grammars.table import TABLE_ARRAYS
@@ -243,3 +244,66 @@ def test_a_ref_is_converted_once_whatever_refs_enclose_it():
     result = splice.build_spliced(regex, conv.pieces.regexes, regex_to_dfa, 2 << 30)
     assert result.matches(b"[" * 12 + b"1" + b"]" * 12)
     assert result.matches(b"{\"v\":" * 12 + b"1" + b"}" * 12)
+
+
+# --- free-form values: one piece per nesting level -------------------------------------------
+def _depth_options(depth: int) -> GrammarOptions:
+    return GrammarOptions(max_any_depth=depth)
+
+
+def _nested(levels: int) -> bytes:
+    """A value `levels` containers deep, objects and arrays alternating: {"k": [{"k": [...]}]}."""
+    text = "1"
+    for level in range(levels):
+        text = f'{{"k": {text}}}' if level % 2 else f"[{text}]"
+    return text.encode()
+
+
+def _spliced_dfa(schema, options=None) -> ByteDFA:
+    result = schema_to_regex(schema, options, splice=True)
+    return splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30)
+
+
+def test_free_form_regex_grows_linearly_in_depth_with_splicing():
+    def chars(depth, splice_on):
+        result = schema_to_regex({"type": "object"}, _depth_options(depth), splice=splice_on)
+        return len(result.regex) + sum(map(len, result.pieces))
+
+    steps = {chars(d + 1, True) - chars(d, True) for d in range(2, 8)}
+    assert len(steps) == 1 and 0 < steps.pop() < 1000  # one more level: one more short piece
+    assert chars(4, False) > 3 * chars(3, False)  # inlined, each level copies the one inside 4 times
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("schema", [{"type": "object"}, True, SCHEMAS["free_form_values"]],
+                         ids=["object", "true", "properties"])
+def test_spliced_free_form_levels_are_the_inlined_minimal_dfa(schema, depth):
+    inlined = minimize(regex_to_dfa(schema_to_regex(schema, _depth_options(depth)).regex))
+    spliced = _spliced_dfa(schema, _depth_options(depth))
+    np.testing.assert_array_equal(spliced.trans, inlined.trans)
+    np.testing.assert_array_equal(spliced.accept, inlined.accept)
+    for text in byte_walks(inlined, random.Random(depth), 30) + [_nested(n) for n in range(depth + 2)]:
+        assert spliced.matches(text) == inlined.matches(text), text
+
+
+def test_deep_free_form_values_compile_spliced_and_are_cut_past_the_depth():
+    dfa = _spliced_dfa(True, _depth_options(4))
+    assert dfa.matches(b'{"a": {"b": {"c": [1]}}}')  # 4 containers deep
+    assert dfa.matches(_nested(4)) and not dfa.matches(_nested(5))  # the cut: stricter, never looser
+    default = _spliced_dfa(True)
+    assert default.matches(_nested(2)) and not default.matches(_nested(3))  # the default depth, 2
+    deepest = schema_to_regex(True, _depth_options(8), splice=True)  # inlined: ~4^8 times level 0
+    assert len(deepest.regex) + sum(map(len, deepest.pieces)) < 10_000
+
+
+def test_kubernetes_free_form_fields_v1_accepts_its_valid_instance(data_dir):
+    """kb_176's declared free-form `fieldsV1` (a `{"type": "object"}`) holds a value 4 deep."""
+    row = next(r for r in _rows("Kubernetes", data_dir, 10**6) if r["id"] == "Kubernetes---kb_176_Normalized")
+    value = row["tests"][0]["data"]["items"][0]["metadata"]["managedFields "][0]["fieldsV1"]
+    assert value == {"f:metadata": {"f:labels": {".": {}}}}
+    schema = row["schema"]
+    fields_v1 = next(k for k in schema["definitions"] if k.endswith("meta_v1_FieldsV1"))
+    fields_schema = {"definitions": schema["definitions"], "$ref": f"#/definitions/{fields_v1}"}
+    assert not _spliced_dfa(fields_schema).matches(json.dumps(value).encode())  # the default depth, 2
+    assert _spliced_dfa(fields_schema, _depth_options(4)).matches(json.dumps(value).encode())
+    jsonschema_rs.validator_for(schema).validate(row["tests"][0]["data"])  # the instance is valid

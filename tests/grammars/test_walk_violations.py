@@ -108,3 +108,21 @@ def test_contains_error_is_relaxed_when_a_keyword_inside_contains_is():
     assert bad == [] and soft and soft[0].startswith("contains")
     bad, _ = schema_violations(schema, [12], [("/items", "multipleOf")])  # elsewhere: explains nothing
     assert bad and bad[0].startswith("contains")
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+@pytest.mark.parametrize("combinator", ["anyOf", "oneOf"])
+def test_union_whose_branch_fails_on_a_relaxed_keyword_behind_a_ref_is_relaxed(draft, combinator):
+    """The union's error sits at /properties/x, the relaxed keyword at the $ref's target: the
+    branch that fails only on it explains the union's error; a value no branch nearly fits does not."""
+    defs = "$defs" if draft == "2020-12" else "definitions"
+    schema = {"$schema": DRAFTS[draft], defs: {"tags": {"type": "array", "uniqueItems": True}},
+              "properties": {"x": {combinator: [{"anyOf": [{"$ref": f"#/{defs}/tags"}, {"type": "null"}]},
+                                                {"type": "string"}]}}}
+    relaxed = [(f"/{defs}/tags", "uniqueItems")]
+    bad, soft = schema_violations(schema, {"x": [1, 1]}, relaxed)
+    assert bad == [] and len(soft) == 1 and soft[0].startswith(f"{combinator} at /properties/x")
+    bad, soft = schema_violations(schema, {"x": 5}, relaxed)  # every branch fails on `type`
+    assert len(bad) == 1 and bad[0].startswith(combinator) and soft == []
+    bad, soft = schema_violations(schema, {"x": [1, 1]}, [])
+    assert len(bad) == 1 and soft == []
