@@ -509,8 +509,10 @@ class Converter:
     def rewrite_parts(self, schema: dict, ptr: str) -> Alternatives | None:
         """Dependencies and `not: {required}` (schema/alternatives.py), else `if`, `not` and an
         overlapping oneOf (schema/conditionals.py), as allOf parts; None when neither applies."""
-        return alternative_parts(schema, ptr, _at) or conditional_parts(
-            schema, ptr, _at, lambda ref: _at(*self.resolve(ref, ptr)), self.disjoint)
+        found = alternative_parts(schema, ptr, _at)
+        if found is None and self.options.rewrite_conditionals:
+            found = conditional_parts(schema, ptr, _at, lambda ref: _at(*self.resolve(ref, ptr)), self.disjoint)
+        return found
 
     def is_fraction_only(self, schema: dict, types: list[str], negated: set[str]) -> bool:
         """`number` with `not: {type: integer}` (and no number keyword): written as FRACTION."""

@@ -17,8 +17,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from surecall.errors import UnsupportedSchema
+from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
+from surecall.grammars import compile as compile_module
 from surecall.grammars.compile import compile_schema
+from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.conditionals import NotNegatable, integer_gaps, negation
 from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
@@ -204,3 +206,22 @@ def test_benchmark_schemas_walk_valid(data_dir, subset, suffix, kept):
     vocab = cached_vocab("llama3")
     table = compile_schema(schema, vocab)
     assert walk_errors(schema, vocab, table, num_walks=6) == []
+
+
+def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_relaxed(monkeypatch):
+    schema = FORMS["if_const_then_else"][0]
+    inner = compile_module._with_counted_fallback
+
+    def over_budget(to_regex, vocab, options, meta):
+        if options.rewrite_conditionals:
+            raise CompileBudgetExceeded("compile needs about 9 MiB, over the memory budget of 1 MiB")
+        return inner(to_regex, vocab, options, meta)
+
+    monkeypatch.setattr(compile_module, "_with_counted_fallback", over_budget)
+    table = compile_schema(schema, byte_vocab(), use_cache=False)
+    assert "memory budget" in table.meta["conditionals_fallback"]
+    assert {k for _, k in table.relaxed} == {"if"}
+    with pytest.raises(CompileBudgetExceeded, match="memory budget"):  # nothing to relax: raised as it is
+        compile_schema({"type": "integer"}, byte_vocab(), use_cache=False)
+    with pytest.raises(ValueError, match="Invalid rewrite_conditionals"):
+        GrammarOptions(rewrite_conditionals="yes")
