@@ -9,7 +9,9 @@ prefixItems/items and min/maxItems (any size: counted arrays, marked for compile
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
 automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
-(schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+(schema/alternatives.py), if/then/else, `not` and overlapping oneOf by negation
+(schema/conditionals.py), min/maxProperties and propertyNames (schema/property_counts.py),
+`uniqueItems` over a few literal items (schema/unique_items.py).
 Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
