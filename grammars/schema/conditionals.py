@@ -21,6 +21,7 @@ from surecall.grammars.schema.ranges import integer_range_regex
 
 # Internal keyword: the instance equals none of these JSON values (the `not` of a const/enum).
 NOT_IN = "$surecall:not_in"
+NOT_IN_AT = "$surecall:not_in_at"  # beside NOT_IN: (pointer, keyword) to list if it cannot be enforced
 # A number that is not an integer, even once read as a double: at most 7 integer and 8 fraction
 # digits, the last one non-zero (15 significant digits survive the round trip, so the double is
 # not integral either: 5265126542732811.76 reads as an integer). Stricter than "not an
@@ -80,7 +81,10 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
     if key == "type":
         return [type_complement([value] if isinstance(value, str) else list(value))]
     if key in ("const", "enum"):
-        return [{NOT_IN: [value] if key == "const" else list(value)}]
+        values = [value] if key == "const" else list(value)
+        if any(isinstance(v, (dict, list)) for v in values):
+            raise NotNegatable("excluding an object or array literal is not written")
+        return [{NOT_IN: values}]
     if key == "required":
         return [{"type": "object", "properties": {name: False}} for name in dict.fromkeys(value)]
     if key == "properties":
@@ -129,7 +133,7 @@ def conditional_parts(schema: dict, ptr: str, mark: Mark, resolve: Resolve,
         negated = _negated(schema["not"], resolve)
         if negated is not None:
             keys.append("not")
-            parts.append((mark(negated, _join(ptr, "not")), ptr))
+            parts.append((mark(tagged(negated, ptr, "not"), _join(ptr, "not")), ptr))
     if isinstance(schema.get("oneOf"), list) and len(schema["oneOf"]) > 1 and not disjoint(schema["oneOf"]):
         branches = exclusive_branches(schema["oneOf"], ptr, mark, resolve)
         if branches is not None:
@@ -143,7 +147,7 @@ def if_then_else(schema: dict, ptr: str, mark: Mark, resolve: Resolve) -> dict:
     cond = mark(schema["if"], _join(ptr, "if"))
     then = mark(schema.get("then", True), _join(ptr, "then"))
     other = mark(schema.get("else", True), _join(ptr, "else"))
-    opposite = mark(negation(schema["if"], resolve), _join(ptr, "if"))
+    opposite = mark(tagged(negation(schema["if"], resolve), ptr, "if"), _join(ptr, "if"))
     return {"anyOf": [{"allOf": [cond, then]}, {"allOf": [opposite, other]}]}
 
 
@@ -169,6 +173,18 @@ def if_branches(parts: list, resolve: Resolve) -> int:
             negated = _negated(sub["if"], resolve)
             total *= 1 if negated is None else 1 + _num_disjuncts(negated)
     return total
+
+
+def tagged(sub: object, ptr: str, keyword: str) -> object:
+    """`sub` with NOT_IN_AT = (ptr, keyword) beside each NOT_IN it holds (inner tags kept)."""
+    if isinstance(sub, list):
+        return [tagged(s, ptr, keyword) for s in sub]
+    if not isinstance(sub, dict):
+        return sub
+    out = {k: tagged(v, ptr, keyword) if k != NOT_IN else v for k, v in sub.items()}
+    if NOT_IN in out:
+        out.setdefault(NOT_IN_AT, [ptr, keyword])
+    return out
 
 
 def _num_disjuncts(sub: object) -> int:

@@ -44,6 +44,7 @@ from surecall.grammars.schema.conditionals import (
     FRACTION,
     MAX_IF_BRANCHES,
     NOT_IN,
+    NOT_IN_AT,
     conditional_parts,
     if_branches,
     integer_gaps,
@@ -782,7 +783,7 @@ class Converter:
             values = [v for v in values if _json_equal(v, schema["const"])]
         if NOT_IN in schema:
             values = [v for v in values if not any(_json_equal(v, w) for w in schema[NOT_IN])]
-            schema = {k: v for k, v in schema.items() if k != NOT_IN}
+            schema = {k: v for k, v in schema.items() if k not in (NOT_IN, NOT_IN_AT)}
         others = {k: v for k, v in schema.items() if k in _ASSERTING and k not in ("enum", "const")}
         if others:
             values = [v for v in values if self.value_satisfies(v, schema, others, ptr)]
@@ -840,7 +841,7 @@ class Converter:
         schema/conditionals.py): strings by a trie complement (unescaped, stricter), integers by
         range gaps, numbers as integers in gaps plus fractions when unbounded (stricter: no
         exponent), booleans and null by what is left; the rest relaxed as `not`."""
-        rest = {k: v for k, v in schema.items() if k != NOT_IN}
+        rest = {k: v for k, v in schema.items() if k not in (NOT_IN, NOT_IN_AT)}
         kinds = ("integer", "number") if kind == "number" else (kind,)
         values = [v for v in schema[NOT_IN] if kind_of(v) in kinds and self.value_satisfies(v, rest, {}, ptr)]
         if not values:
@@ -858,9 +859,9 @@ class Converter:
             whole = integer_gaps(low, high, [int(v) for v in values if kind_of(v) == "integer"])
             is_free = not any(k in rest for k in _NUMBER_KEYS) and all(kind_of(v) == "integer" for v in values)
             return _alternation([whole, FRACTION if kind == "number" and is_free else None])
-        at = self.origins[1].get(NOT_IN, ptr) if ptr == self.origins[0] else ptr
-        self.relax(at, "not", f"excluding a {kind} literal beside {sorted(k for k in rest if k in _ASSERTING)} "
-                   "is not written")
+        at, keyword = schema.get(NOT_IN_AT, (ptr, "not"))  # the `not` (or `if`) the values came from
+        self.relaxed[(at, keyword)] = (f"excluding a {kind} literal beside {sorted(k for k in rest if k in _ASSERTING)} "
+                                       "is not written")
         return self.convert_type(kind, rest, ptr)
 
     def any_value(self, depth: int) -> str:

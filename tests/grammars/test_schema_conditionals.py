@@ -160,6 +160,11 @@ def test_not_of_everything_is_unsatisfiable_and_double_negation_is_the_schema():
     ({"type": "object", "if": {"additionalProperties": False}, "then": {"required": ["a"]}}, "if",
      "'additionalProperties' is not written"),
     ({"type": "number", "not": {"minimum": 0.5}}, "not", "non-integral 'minimum'"),
+    ({"type": "array", "not": {"const": [1]}}, "not", "object or array literal"),
+    ({"type": "string", "pattern": "^[a-z]+$", "not": {"const": "abc"}}, "not", "excluding a string literal"),
+    ({"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-z]+$"}, "v": {}},
+      "if": {"properties": {"k": {"const": "ab"}}}, "then": {"properties": {"v": {"type": "integer"}}}},
+     "if", "excluding a string literal"),  # listed as the `if` it came from
 ])
 def test_forms_without_a_negation_stay_relaxed_with_a_reason(schema, keyword, reason):
     result = schema_to_regex(schema)
