@@ -107,6 +107,29 @@ def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
 
 
 def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
+    """Compile `to_regex(options)`; if its table passes the memory budget with conditionals written
+    in (schema/conditionals.py), again with them relaxed."""
+    results: dict = {}
+
+    def converted(opts):
+        if opts not in results:
+            results[opts] = to_regex(opts)
+        return results[opts]
+
+    relaxed = dataclasses.replace(options, rewrite_conditionals=False)
+    try:
+        return _with_counted_fallback(converted, vocab, options, meta)
+    except CompileBudgetExceeded as exc:
+        first, second = converted(options), converted(relaxed)
+        if not options.rewrite_conditionals or "memory" not in str(exc) or (
+                (first.regex, _pieces(first)) == (second.regex, _pieces(second))):
+            raise
+        table = _with_counted_fallback(converted, vocab, relaxed, meta)
+        table.meta["conditionals_fallback"] = str(exc)
+        return table
+
+
+def _with_counted_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     """Compile `to_regex(options)`; if its counted strings cannot be cut out, again without counters."""
     started = time.perf_counter()
     result = to_regex(options)

@@ -46,6 +46,9 @@ class GrammarOptions:
         (so does xgrammar; valid JSON in another order is rejected). True accepts any order for
         objects of at most schema.to_regex.MAX_ANY_ORDER (4) declared properties and no extra
         keys; larger objects keep declared order (the regex would grow as n!).
+    rewrite_conditionals: True (default) writes if/then/else, `not` and overlapping oneOf into
+        the grammar by negation (schema/conditionals.py); False leaves them relaxed. compile_schema
+        retries with False when the table would pass the memory budget.
     max_regex_length: a schema whose regex grows past this many characters is unsupported
         (recursion and nested optional properties can grow it exponentially).
     time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them.
@@ -60,6 +63,7 @@ class GrammarOptions:
     max_any_depth: int = 2
     allow_additional_properties: bool = False
     any_property_order: bool = False
+    rewrite_conditionals: bool = True
     max_regex_length: int = 1_000_000
     time_budget_s: float = 30.0
     memory_budget_bytes: int = 2 << 30
@@ -86,6 +90,8 @@ class GrammarOptions:
                 "Invalid allow_additional_properties: expected a bool, "
                 f"got {self.allow_additional_properties!r}"
             )
+        if not isinstance(self.rewrite_conditionals, bool):
+            raise ValueError(f"Invalid rewrite_conditionals: expected a bool, got {self.rewrite_conditionals!r}")
         if not isinstance(self.any_property_order, bool):
             raise ValueError(f"Invalid any_property_order: expected a bool, got {self.any_property_order!r}")
         if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:

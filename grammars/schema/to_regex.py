@@ -9,7 +9,9 @@ prefixItems/items and min/maxItems (any size: counted arrays, marked for compile
 min/maxLength (counted strings) and `pattern` (one quantified set: counted too) and known
 `format`s, integers their bounds (digit-range regexes), numbers `multipleOf` (a remainder
 automaton, schema/multiple_of.py), dependencies and `not: {required}` as alternatives
-(schema/alternatives.py), `uniqueItems` over a few literal items (schema/unique_items.py).
+(schema/alternatives.py), if/then/else, `not` and overlapping oneOf by negation
+(schema/conditionals.py), min/maxProperties and propertyNames (schema/property_counts.py),
+`uniqueItems` over a few literal items (schema/unique_items.py).
 Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
@@ -39,12 +41,31 @@ from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchem
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
+from surecall.grammars.schema.conditionals import (
+    FRACTION,
+    MAX_IF_BRANCHES,
+    NOT_IN,
+    NOT_IN_AT,
+    conditional_parts,
+    if_branches,
+    integer_gaps,
+    kind_of,
+    relaxed_reason,
+)
 from surecall.grammars.schema.multiple_of import (
     MultipleOfUnsupported,
     combined_multiple,
     multiple_of_regex,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
+from surecall.grammars.schema.property_counts import (
+    MAX_EXTRA_REPEATS,
+    MAX_OPTIONAL,
+    MAX_SELECTION_CHARS,
+    bounded_extras,
+    bounded_members,
+    extra_keys,
+)
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.unique_items import finite_items, selections_regex
@@ -66,7 +87,7 @@ _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
 _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
-    "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", *_RELAXED_ANY}
+    "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", NOT_IN, *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
@@ -462,7 +483,7 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
-        alternatives = alternative_parts(schema, ptr, _at)
+        alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
         if "allOf" in schema:
@@ -474,6 +495,11 @@ class Converter:
             return self.convert_enum(schema, ptr)  # every other keyword filters the values
         types = self.types_of(schema)
         negated = _negated_types(schema.get("not"))
+        if negated is not None and self.is_fraction_only(schema, types, negated):
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            self.relax_generic(rest, ptr)
+            others = [t for t in types if t not in negated and t != "number"]
+            return _alternation([self.convert_type(t, rest, ptr) for t in others] + [FRACTION])
         if negated is not None and not ("integer" in negated and "number" in types):
             types = [t for t in types if t not in negated and not (t == "integer" and "number" in negated)]
             schema = {k: v for k, v in schema.items() if k != "not"}
@@ -486,10 +512,23 @@ class Converter:
         parts = [_at(part, at) for part, at in alternatives.parts]
         return self.convert({"allOf": [_at(rest, ptr), *parts]}, ptr)
 
+    def rewrite_parts(self, schema: dict, ptr: str) -> Alternatives | None:
+        """Dependencies and `not: {required}` (schema/alternatives.py), else `if`, `not` and an
+        overlapping oneOf (schema/conditionals.py), as allOf parts; None when neither applies."""
+        found = alternative_parts(schema, ptr, _at)
+        if found is None and self.options.rewrite_conditionals:
+            found = conditional_parts(schema, ptr, _at, lambda ref: _at(*self.resolve(ref, ptr)), self.disjoint)
+        return found
+
+    def is_fraction_only(self, schema: dict, types: list[str], negated: set[str]) -> bool:
+        """`number` with `not: {type: integer}` (and no number keyword): written as FRACTION."""
+        return ("integer" in negated and "number" in types and "number" not in negated
+                and not any(k in schema for k in (*_NUMBER_KEYS, NOT_IN)))
+
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
             if key in schema:
-                self.relax(ptr, key)
+                self.relax(ptr, key, relaxed_reason(schema, key, lambda ref: self.resolve(ref, ptr)[0]))
 
     # -- references and combinators ------------------------------------------------------
     def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
@@ -574,8 +613,13 @@ class Converter:
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
         """One keyword dict equal to the allOf (references inside it followed)."""
         merged: dict | bool = {k: v for k, v in schema.items() if k not in ("allOf", _AT, _FROM)}
+        num_branches = if_branches(schema["allOf"], lambda ref: self.resolve(ref, ptr)[0])
         for i, sub in enumerate(schema["allOf"]):
             sub_ptr = sub.get(_AT, pointer_join(ptr, "allOf", i)) if isinstance(sub, dict) else ptr
+            if num_branches > MAX_IF_BRANCHES and isinstance(sub, dict) and "if" in sub:
+                self.relax(sub_ptr, "if", f"the allOf's if/then/else parts cross into {num_branches} branches "
+                           f"(past {MAX_IF_BRANCHES})")
+                sub = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
             sub = self.flatten(sub, sub_ptr, hops)
             if sub is False:
                 return False
@@ -614,7 +658,7 @@ class Converter:
             target, _ = self.resolve(sub["$ref"], ptr)
             rest = self.ref_rest(sub)
             sub = {"allOf": [_at(target, ptr), _at(rest, ptr)]}  # reported under the referencing path
-        alternatives = alternative_parts(sub, ptr, _at) if isinstance(sub, dict) else None
+        alternatives = self.rewrite_parts(sub, ptr) if isinstance(sub, dict) else None
         if alternatives is not None:  # rewritten before the merge: two branches' `not`s both hold
             rest = {k: v for k, v in sub.items() if k not in alternatives.keys}
             sub = {"allOf": [_at(rest, ptr), *(_at(part, at) for part, at in alternatives.parts)]}
@@ -676,6 +720,8 @@ class Converter:
             return False
         elif key == "uniqueItems":
             out[key] = bool(old) or bool(value)
+        elif key == NOT_IN:  # none of these and none of those
+            out[key] = [*old, *(v for v in value if not any(_json_equal(v, w) for w in old))]
         elif key == "multipleOf" and combined_multiple(old, value) is not None:
             out[key] = combined_multiple(old, value)
         elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
@@ -759,6 +805,9 @@ class Converter:
         values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
         if "const" in schema and "enum" in schema:
             values = [v for v in values if _json_equal(v, schema["const"])]
+        if NOT_IN in schema:
+            values = [v for v in values if not any(_json_equal(v, w) for w in schema[NOT_IN])]
+            schema = {k: v for k, v in schema.items() if k not in (NOT_IN, NOT_IN_AT)}
         others = {k: v for k, v in schema.items() if k in _ASSERTING and k not in ("enum", "const")}
         if others:
             values = [v for v in values if self.value_satisfies(v, schema, others, ptr)]
@@ -808,6 +857,8 @@ class Converter:
         return types
 
     def convert_type(self, kind: str, schema: dict, ptr: str) -> str | None:
+        if NOT_IN in schema:
+            return self.convert_excluding(kind, schema, ptr)
         handler = {
             "object": self.convert_object, "array": self.convert_array,
             "string": self.convert_string, "number": self.convert_number,
@@ -820,6 +871,34 @@ class Converter:
         if kind == "null":
             return lex.NULL
         raise SchemaError(f"unknown type {kind!r}", ptr, "type")
+
+    def convert_excluding(self, kind: str, schema: dict, ptr: str) -> str | None:
+        """A `kind` value equal to none of schema's NOT_IN values (the `not` of a const/enum,
+        schema/conditionals.py): strings by a trie complement (unescaped, stricter), integers by
+        range gaps, numbers as integers in gaps plus fractions when unbounded (stricter: no
+        exponent), booleans and null by what is left; the rest relaxed as `not`."""
+        rest = {k: v for k, v in schema.items() if k not in (NOT_IN, NOT_IN_AT)}
+        kinds = ("integer", "number") if kind == "number" else (kind,)
+        values = [v for v in schema[NOT_IN] if kind_of(v) in kinds and self.value_satisfies(v, rest, {}, ptr)]
+        if not values:
+            return self.convert_type(kind, rest, ptr)
+        if kind == "null":
+            return None
+        if kind == "boolean":
+            return _alternation([json_literal(b, self.options) for b in (True, False) if b not in values])
+        if kind == "string" and not any(k in rest for k in ("pattern", "format")):
+            return self.convert_string(rest, ptr, _string_not_in(values))
+        if kind in ("integer", "number") and "multipleOf" not in rest:
+            low, high = _integer_bounds(rest)
+            low = -lex.LARGEST_INTEGER if low is None else max(low, -lex.LARGEST_INTEGER)
+            high = lex.LARGEST_INTEGER if high is None else min(high, lex.LARGEST_INTEGER)
+            whole = integer_gaps(low, high, [int(v) for v in values if kind_of(v) == "integer"])
+            is_free = not any(k in rest for k in _NUMBER_KEYS) and all(kind_of(v) == "integer" for v in values)
+            return _alternation([whole, FRACTION if kind == "number" and is_free else None])
+        at, keyword = schema.get(NOT_IN_AT, (ptr, "not"))  # the `not` (or `if`) the values came from
+        self.relaxed[(at, keyword)] = (f"excluding a {kind} literal beside {sorted(k for k in rest if k in _ASSERTING)} "
+                                       "is not written")
+        return self.convert_type(kind, rest, ptr)
 
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep (built once per depth).
@@ -841,12 +920,12 @@ class Converter:
         return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------
-    def convert_string(self, schema: dict, ptr: str) -> str | None:
-        run = self.counted_pattern(schema)
+    def convert_string(self, schema: dict, ptr: str, body: str | None = None) -> str | None:
+        """A string of the schema's keywords (`body`: the string body regex instead of a pattern's)."""
+        run = self.counted_pattern(schema) if body is None else None
         if run is not None:
             return self.run_string(schema, ptr, *run)
-        body = None
-        if "pattern" in schema:
+        if "pattern" in schema and body is None:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
         if "format" in schema:
             fmt = STRING_FORMATS.get(schema["format"])
@@ -1106,7 +1185,7 @@ class Converter:
     # -- objects -------------------------------------------------------------------------
     def convert_object(self, schema: dict, ptr: str) -> str | None:
         for key in _RELAXED_OBJECT:
-            if key in schema:
+            if key in schema and key != "propertyNames":  # propertyNames: extra_key, blocked_names
                 self.relax(ptr, key)
         props = dict(schema.get("properties", {}))
         for name, sub in props.items():  # a declared name also takes the patternProperties it matches
@@ -1120,6 +1199,8 @@ class Converter:
                 if not matching and extra_schema is False:
                     return None
                 props[name] = {"allOf": matching} if matching else extra_schema
+        for name in self.blocked_names(schema, list(props), ptr):
+            props[name] = False  # fails propertyNames: never written (still no extra key)
         members = []
         for name, sub in props.items():
             sub_ptr = pointer_join(ptr, "properties", name) if name in schema.get("properties", {}) else ptr
@@ -1136,9 +1217,79 @@ class Converter:
         extra = _alternation(repeated)
         extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
+        bounded = self.bounded_object(schema, members, extra, ptr)
+        if bounded is not False:
+            return bounded
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
         return self.object_regex(members, extra, nonempty, ptr)
+
+    def bounded_object(self, schema: dict, members: list[tuple[str, bool]], extra: str | None,
+                       ptr: str) -> str | bool:
+        """The object with min/maxProperties written in (schema/property_counts.py): declared
+        members enumerated by count, or up to MAX_EXTRA_REPEATS extras of a free-form object;
+        False when the counts need nothing more or are not written here (then relaxed)."""
+        low, high = int(schema.get("minProperties", 0)), schema.get("maxProperties")
+        high = None if high is None else int(high)
+        num_required = sum(req for _, req in members)
+        if not (low > max(num_required, 1 if low == 1 else 0)
+                or (high is not None and (extra is not None or len(members) > high))):
+            return False
+        ws, sep = self.ws, f"{self.ws},{self.ws}"
+        if extra is not None:
+            if members or low > 1 or high is None or high > MAX_EXTRA_REPEATS:
+                return False
+            body = bounded_extras(extra, high, sep) if high >= 1 else None
+            is_empty_ok = low == 0
+        else:
+            if len(members) - num_required > MAX_OPTIONAL or (
+                    self.options.any_property_order and 2 <= len(members) <= MAX_ANY_ORDER):
+                return False
+            body = bounded_members(members, max(low, 1), high, sep)
+            is_empty_ok = low == 0 and num_required == 0
+            if body is not None and len(body) > MAX_SELECTION_CHARS:
+                return False
+        if body is None:  # no selection fits: relaxed as before (extras may be closed by policy only)
+            return f"\\{{{ws}\\}}" if is_empty_ok else False
+        return f"\\{{{ws}(?:{body}{ws})?\\}}" if is_empty_ok else f"\\{{{ws}{body}{ws}\\}}"
+
+    def blocked_names(self, schema: dict, names: list[str], ptr: str) -> list[str]:
+        """The declared (or required) names that fail propertyNames (one that cannot be told
+        leaves propertyNames relaxed)."""
+        if "propertyNames" not in schema:
+            return []
+        verdicts = {name: self.name_valid(schema["propertyNames"], name) for name in names}
+        if None in verdicts.values():
+            self.relax(ptr, "propertyNames", "a declared name could not be checked against it")
+        return [name for name, ok in verdicts.items() if ok is False]
+
+    def name_valid(self, names: object, name: str) -> bool | None:
+        """Whether `name` satisfies the propertyNames schema `names` (None: cannot tell)."""
+        probe = dict(names) if isinstance(names, dict) else names
+        for defs in ("$defs", "definitions"):
+            if isinstance(probe, dict) and isinstance(self.root, dict) and defs in self.root:
+                probe.setdefault(defs, self.root[defs])
+        try:
+            return jsonschema_rs.validator_for(_unmarked(probe)).is_valid(name)
+        except Exception:  # noqa: BLE001 - an unresolvable $ref: the keyword stays relaxed
+            return None
+
+    def extra_key(self, schema: dict, declared: list[str], ptr: str) -> str | None:
+        """The key of an undeclared member: none of `declared`, and under propertyNames (an
+        enum's other names, or its string schema when no declared name meets it; else relaxed)."""
+        anything = '"' + _string_not_in(declared) + '"'
+        if "propertyNames" not in schema:
+            return anything
+        how = extra_keys(_unmarked(schema["propertyNames"]), declared, self.name_valid)
+        if how is True:
+            return anything
+        if isinstance(how, list):
+            return _alternation([json_literal(name, self.options) for name in how])
+        if isinstance(how, dict):
+            return self.convert(how, pointer_join(ptr, "propertyNames"))
+        self.relax(ptr, "propertyNames", "undeclared keys are not written under it (a declared name "
+                   "meets it, or it is not a string schema of pattern/length/format/enum)")
+        return anything
 
     def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
                               has_extra: bool, ptr: str) -> None:
@@ -1160,10 +1311,10 @@ class Converter:
         if extra_schema is False or (declared and not (is_explicit or self.options.allow_additional_properties)):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
-        if value is None:
+        key = self.extra_key(schema, declared, ptr)
+        if value is None or key is None:
             return None
-        key = '"' + _string_not_in(declared) + '"'
-        return f"{key}{self.ws}:{self.ws}{_group(value)}"
+        return f"{_group(key)}{self.ws}:{self.ws}{_group(value)}"
 
     def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
         """One member regex per patternProperties pattern whose keys the grammar can write exactly.

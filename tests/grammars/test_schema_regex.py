@@ -285,8 +285,8 @@ def test_object_relaxed_keywords_carry_pointers():
     schema = {"type": "object", "properties": {"o": {
         "type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 3},
         "minProperties": 2, "unevaluatedProperties": False}}}
-    assert set(relaxed(schema)) == {("/properties/o", k) for k in
-                                    ("patternProperties", "propertyNames", "minProperties", "unevaluatedProperties")}
+    assert set(relaxed(schema)) == {("/properties/o", k) for k in  # propertyNames: no undeclared key is written
+                                    ("patternProperties", "minProperties", "unevaluatedProperties")}
     exact = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
              "minProperties": 1, "maxProperties": 2}
     assert relaxed(exact) == []
@@ -310,14 +310,19 @@ def test_not_of_a_type_and_enum_filters_are_enforced():
     assert relaxed(not_null) == [] and accepts(not_null, '"a"') and not accepts(not_null, "null")
     filtered = {"allOf": [{"enum": [{"a": 1}, {"a": "x"}]}, {"not": {"properties": {"a": {"type": "string"}}}}]}
     assert relaxed(filtered) == [] and accepts(filtered, '{"a": 1}') and not accepts(filtered, '{"a": "x"}')
-    not_integer = {"type": "number", "not": {"type": "integer"}}
-    assert relaxed(not_integer) == [("", "not")]
+    not_integer = {"type": "number", "not": {"type": "integer"}}  # fractions (schema/conditionals.py)
+    assert relaxed(not_integer) == [] and accepts(not_integer, "1.5")
+    assert not accepts(not_integer, "1") and not accepts(not_integer, "1.0")
+    bounded = {"type": "number", "minimum": 0, "not": {"type": "integer"}}
+    assert relaxed(bounded) == [("", "not")]
 
 
 def test_generic_relaxed_keywords_are_listed():
     schema = {"type": "object", "properties": {
-        "n": {"not": {"minimum": 3}}, "i": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
+        "n": {"not": {"pattern": "^a"}}, "i": {"if": {"multipleOf": 3}, "then": {"minimum": 1}}}}
     assert set(relaxed(schema)) == {("/properties/n", "not"), ("/properties/i", "if")}
+    reasons = schema_to_regex(schema).reasons
+    assert "'pattern'" in reasons[("/properties/n", "not")] and "'multipleOf'" in reasons[("/properties/i", "if")]
 
 
 # --- combinators and references --------------------------------------------------------------
@@ -325,7 +330,7 @@ def test_any_of_one_of_all_of():
     any_of = {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]}
     assert accepts(any_of, "5") and accepts(any_of, '"ab"') and not accepts(any_of, '"abc"')
     assert relaxed({"oneOf": [{"type": "integer"}, {"type": "string"}]}) == []
-    assert relaxed({"oneOf": [{"type": "integer"}, {"type": "number"}]}) == [("", "oneOf")]
+    assert relaxed({"oneOf": [{"type": "integer"}, {"type": "number", "multipleOf": 2}]}) == [("", "oneOf")]
     tagged = {"oneOf": [
         {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
         {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]}
@@ -334,13 +339,17 @@ def test_any_of_one_of_all_of():
         {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
         {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}]}
     assert relaxed(by_required) == []
-    assert relaxed(by_required, GrammarOptions(allow_additional_properties=True)) == [("", "oneOf")]
+    open_objects = GrammarOptions(allow_additional_properties=True)  # overlap: made exclusive (schema/conditionals.py)
+    assert relaxed(by_required, open_objects) == []
+    assert accepts(by_required, '{"a": "x", "c": 1}', open_objects) and accepts(by_required, '{"b": "y"}', open_objects)
+    assert not accepts(by_required, '{"a": "x", "b": "y"}', open_objects)
     undeclared = {"oneOf": [{"type": "object", "properties": {"a": {}}, "required": ["a", "b"]},
                             {"type": "object", "properties": {"b": {}}, "required": ["b"]}]}
-    assert relaxed(undeclared) == [("", "oneOf")]
+    assert relaxed(undeclared) == [] and accepts(undeclared, '{"b": 2}') and not accepts(undeclared, '{"a": 1, "b": 2}')
     overlapping = {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
                              {"type": "object", "properties": {"b": {"type": "string"}}}]}
-    assert relaxed(overlapping) == [("", "oneOf")]
+    assert relaxed(overlapping) == [] and not accepts(overlapping, "{}") and not accepts(overlapping, '{"a": "x"}')
+    assert accepts(overlapping, '{"a": "x", "b": 1}')  # b breaks only the second branch
     all_of = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                         {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
     assert accepts(all_of, '{"a": 1, "b": "x"}') and not accepts(all_of, '{"a": 1}')

@@ -1,0 +1,232 @@
+"""if/then/else, `not`, overlapping oneOf (schema/conditionals.py), min/maxProperties and
+propertyNames (schema/property_counts.py) enforced in the grammar.
+
+Per form: nothing is listed as relaxed, every random walk of the compiled table (a byte
+vocabulary, free and under a tight budget) validates against the original schema with
+`jsonschema`, valid instances are accepted and invalid ones rejected by the regex. Forms
+without a negation here stay relaxed with their reason. The real schemas (github-issue-forms,
+an overlapping oneOf of types) come from ../shared/data when it is there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+
+from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
+from surecall.grammars import compile as compile_module
+from surecall.grammars.compile import compile_schema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.conditionals import NotNegatable, integer_gaps, negation
+from surecall.grammars.schema.render import grammar_dumps
+from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+from surecall.grammars.vocab import Vocab
+from surecall.grammars.walk import decode, random_walk, schema_violations
+
+KIND = {"type": "string", "enum": ["text", "number", "flag"]}
+FORMS = {
+    "if_const_then_else": (
+        {"type": "object", "properties": {"kind": KIND, "value": {}}, "required": ["kind", "value"],
+         "additionalProperties": False,
+         "allOf": [{"if": {"properties": {"kind": {"const": "number"}}}, "then": {"properties": {"value": {"type": "integer"}}}},
+                   {"if": {"properties": {"kind": {"const": "flag"}}}, "then": {"properties": {"value": {"type": "boolean"}}},
+                    "else": {"properties": {"value": {"type": ["string", "integer"]}}}}]},
+        [{"kind": "number", "value": 1}, {"kind": "flag", "value": True}, {"kind": "text", "value": "x"}],
+        [{"kind": "number", "value": "1"}, {"kind": "flag", "value": 1}, {"kind": "text", "value": None}],
+    ),
+    "if_enum_required_type": (
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+         "if": {"required": ["a"], "properties": {"a": {"enum": ["x", "y"]}}},
+         "then": {"required": ["b"]}, "else": {"not": {"required": ["b"]}}},
+        [{"a": "x", "b": 1}, {"a": "z"}, {}],
+        [{"a": "x"}, {"a": "z", "b": 1}, {"b": 2}],
+    ),
+    "not_string_enum": (
+        {"type": "object", "properties": {"s": {"type": "string", "not": {"enum": ["", "none", "no"]}}},
+         "required": ["s"]},
+        [{"s": "n"}, {"s": "nonexistent"}, {"s": "yes"}],
+        [{"s": ""}, {"s": "none"}, {"s": "no"}],
+    ),
+    "not_const_any_type": (
+        {"type": "array", "items": {"not": {"enum": [0, True, None, "0"]}}, "maxItems": 5},
+        [[1, False, "00", 0.5, {}]],
+        [[0], [0.0], [True], [None], ["0"]],
+    ),
+    "number_not_integer": (
+        {"oneOf": [{"type": "integer"}, {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]},
+        [1.5, "s", True, None],
+        [1, 2.0, -3],
+    ),
+    "not_any_of_and_bounds": (
+        {"type": "object", "properties": {"n": {"type": "integer", "not": {"anyOf": [{"minimum": 10}, {"const": 3}]}},
+                                          "s": {"type": "string", "not": {"maxLength": 2}}},
+         "required": ["n", "s"]},
+        [{"n": 9, "s": "abc"}, {"n": -4, "s": "abcd"}],
+        [{"n": 10, "s": "abc"}, {"n": 3, "s": "abc"}, {"n": 1, "s": "ab"}],
+    ),
+    "not_properties_and_required": (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+         "not": {"properties": {"a": {"const": 1}}, "required": ["b"]}},
+        [{"a": 2, "b": 1}, {"a": 1}, {}],
+        [{"a": 1, "b": 1}, {"b": 1}],
+    ),
+    "one_of_overlapping_objects": (
+        {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+                   {"type": "object", "properties": {"a": {"const": "both"}, "b": {"type": "integer"}}}]},
+        [{"a": "x"}, {"b": 1}, {"a": "both", "b": "x"}],
+        [{"a": "both"}, {"a": "both", "b": 1}],
+    ),
+    "max_properties_declared": (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}},
+         "minProperties": 1, "maxProperties": 1},
+        [{"a": 1}, {"b": "x"}, {"c": None}],
+        [{}, {"a": 1, "b": "x"}, {"a": 1, "c": 2}],
+    ),
+    "min_properties_beside_required": (
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}, "d": {}}, "required": ["b"],
+         "minProperties": 3, "maxProperties": 3},
+        [{"a": 1, "b": 2, "c": 3}, {"b": 2, "c": 3, "d": 4}],
+        [{"b": 2}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3, "d": 4}],
+    ),
+    "free_form_max_properties": (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+        [{}, {"x": 1}, {"x": 1, "y": 2}],
+        [{"x": 1, "y": 2, "z": 3}],
+    ),
+    "property_names_pattern": (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "boolean"}},
+        [{}, {"ab": True}, {"a": True, "xyz": False}],
+        [{"abcd": True}, {"A": True}, {"": True}],
+    ),
+    "property_names_enum_and_declared": (
+        {"type": "object", "properties": {"id": {"type": "integer"}, "other": {}}, "additionalProperties": True,
+         "propertyNames": {"enum": ["id", "tag", "note"]}},
+        [{"id": 1}, {"id": 1, "tag": 2}, {"note": "n"}],
+        [{"other": 1}, {"id": 1, "misc": 2}],
+    ),
+}
+
+
+def byte_vocab() -> Vocab:
+    pieces = [bytes([b]) for b in range(256)] + [b""]
+    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({256}), stop_ids=(256,),
+                 logits_width=len(pieces), format="test", name="conditional-bytes")
+
+
+def regex_accepts(schema, value) -> bool:
+    return re.fullmatch(expand_marks(schema_to_regex(schema).regex), grammar_dumps(value, schema)) is not None
+
+
+def walk_errors(schema, vocab, table, num_walks: int = 8) -> list[str]:
+    rng, errors = np.random.default_rng(0), []
+    for i in range(num_walks):
+        text = decode(vocab, random_walk(table, vocab, rng, max_tokens=None if i % 2 else 400)).decode()
+        bad, soft = schema_violations(schema, json.loads(text), table.relaxed)
+        errors += [f"{text[:80]}: {e}" for e in bad + soft]
+    return errors
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_form_is_enforced_walks_validate_and_invalid_instances_are_rejected(name):
+    schema, good, bad = FORMS[name]
+    validator = jsonschema.Draft202012Validator(schema)
+    assert all(validator.is_valid(v) for v in good) and not any(validator.is_valid(v) for v in bad)
+    assert schema_to_regex(schema).relaxed == []
+    assert [v for v in good if not regex_accepts(schema, v)] == []
+    assert [v for v in bad if regex_accepts(schema, v)] == []
+    vocab = byte_vocab()
+    assert walk_errors(schema, vocab, compile_schema(schema, vocab, use_cache=False)) == []
+
+
+def test_not_of_everything_is_unsatisfiable_and_double_negation_is_the_schema():
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "string", "not": {}})
+    twice = {"type": "integer", "not": {"not": {"minimum": 5}}}
+    assert schema_to_regex(twice).relaxed == [] and regex_accepts(twice, 5) and not regex_accepts(twice, 4)
+
+
+@pytest.mark.parametrize("schema, keyword, reason", [
+    ({"type": "string", "not": {"pattern": "^a"}}, "not", "'pattern' is not written"),
+    ({"type": "integer", "not": {"multipleOf": 3}}, "not", "'multipleOf' is not written"),
+    ({"type": "object", "if": {"additionalProperties": False}, "then": {"required": ["a"]}}, "if",
+     "'additionalProperties' is not written"),
+    ({"type": "number", "not": {"minimum": 0.5}}, "not", "non-integral 'minimum'"),
+    ({"type": "array", "not": {"const": [1]}}, "not", "object or array literal"),
+    ({"type": "string", "pattern": "^[a-z]+$", "not": {"const": "abc"}}, "not", "excluding a string literal"),
+    ({"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-z]+$"}, "v": {}},
+      "if": {"properties": {"k": {"const": "ab"}}}, "then": {"properties": {"v": {"type": "integer"}}}},
+     "if", "excluding a string literal"),  # listed as the `if` it came from
+])
+def test_forms_without_a_negation_stay_relaxed_with_a_reason(schema, keyword, reason):
+    result = schema_to_regex(schema)
+    assert result.relaxed == [("", keyword)]
+    assert reason in result.reasons[("", keyword)]
+
+
+def test_one_of_without_a_negation_stays_relaxed():
+    schema = {"oneOf": [{"type": "integer", "multipleOf": 2}, {"type": "integer", "multipleOf": 3}]}
+    assert schema_to_regex(schema).relaxed == [("", "oneOf")]
+
+
+def test_negation_rejects_unknown_keywords_and_gaps_skip_excluded_integers():
+    with pytest.raises(NotNegatable, match="'uniqueItems'"):
+        negation({"uniqueItems": True}, lambda ref: {})
+    assert negation({"type": ["string", "integer"]}, lambda ref: {}) == {
+        "type": ["object", "array", "number", "boolean", "null"], "not": {"type": "integer"}}
+    gaps = re.compile(integer_gaps(-3, 12, [0, 5, 12, 40]))
+    assert [n for n in range(-5, 15) if gaps.fullmatch(str(n))] == [-3, -2, -1, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert integer_gaps(2, 2, [2]) is None
+
+
+def _bench_schema(data_dir, subset: str, suffix: str) -> dict:
+    path = data_dir / "jsonschemabench" / f"{subset}.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["id"].endswith("---" + suffix):
+            return row["schema"]
+    pytest.skip(f"{suffix} not in {path}")
+
+
+@pytest.mark.parametrize("subset, suffix, kept", [
+    ("JsonSchemaStore", "github-issue-forms", {"uniqueItems"}),  # if/then/else on the item type
+    ("Github_trivial", "o41599", set()),  # oneOf of integer and number: fractions only
+])
+def test_benchmark_schemas_walk_valid(data_dir, subset, suffix, kept):
+    from conftest import cached_vocab
+
+    schema = _bench_schema(data_dir, subset, suffix)
+    result = schema_to_regex(schema)
+    assert {k for _, k in result.relaxed} == kept
+    vocab = cached_vocab("llama3")
+    table = compile_schema(schema, vocab)
+    assert walk_errors(schema, vocab, table, num_walks=6) == []
+
+
+def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_relaxed(monkeypatch):
+    schema = FORMS["if_const_then_else"][0]
+    inner = compile_module._with_counted_fallback
+
+    def over_budget(to_regex, vocab, options, meta):
+        if options.rewrite_conditionals:
+            raise CompileBudgetExceeded("compile needs about 9 MiB, over the memory budget of 1 MiB")
+        return inner(to_regex, vocab, options, meta)
+
+    monkeypatch.setattr(compile_module, "_with_counted_fallback", over_budget)
+    table = compile_schema(schema, byte_vocab(), use_cache=False)
+    assert "memory budget" in table.meta["conditionals_fallback"]
+    assert {k for _, k in table.relaxed} == {"if"}
+    with pytest.raises(CompileBudgetExceeded, match="memory budget"):  # nothing to relax: raised as it is
+        compile_schema({"type": "integer"}, byte_vocab(), use_cache=False)
+    with pytest.raises(ValueError, match="Invalid rewrite_conditionals"):
+        GrammarOptions(rewrite_conditionals="yes")
