@@ -412,11 +412,13 @@ class Converter:
                 if k != "$ref" and (not self.ref_siblings_ignored or k in (_AT, _FROM))}
 
     def relax(self, pointer: str, keyword: str, reason: str | None = None) -> None:
-        if pointer == self.origins[0]:
-            pointer = self.origins[1].get(keyword, pointer)
-        key = (pointer or "", keyword)
-        if reason is not None or key not in self.relaxed:
-            self.relaxed[key] = reason or relax_reason(keyword)
+        """List `keyword` at `pointer`, or, for the node being converted, where the keyword was
+        written: every place, when an allOf merged two values of it (both are left to the validator)."""
+        found = self.origins[1].get(keyword, pointer) if pointer == self.origins[0] else pointer
+        for where in found if isinstance(found, tuple) else (found,):
+            key = ((pointer if where is None else where) or "", keyword)
+            if reason is not None or key not in self.relaxed:
+                self.relaxed[key] = reason or relax_reason(keyword)
 
     def check_size(self, regex: str | None, ptr: str, keyword: str | None = None) -> str | None:
         if regex is not None and len(regex) > self.options.max_regex_length:
@@ -683,6 +685,7 @@ class Converter:
                 merged = self.merge_keyword(out, key, value, ptr)
                 if merged is False:
                     return False
+                origins[key] = _both_origins(origins.get(key), b.get(_FROM, {}).get(key, ptr))
         if "anyOf" in out and "oneOf" in out:
             self.relax(ptr, "oneOf")
             any_of, one_of = out.pop("anyOf"), out.pop("oneOf")
@@ -1452,6 +1455,14 @@ def _localize_additional(own: dict, other: dict) -> dict:
             names += side["required"]
     added = {n: extra for n in dict.fromkeys(names) if n not in declared and not _pattern_schemas(patterns, n)}
     return {**own, "properties": {**declared, **added}} if added else own
+
+
+def _both_origins(first: str | tuple | None, second: str | tuple) -> tuple:
+    """The places a merged keyword came from (None: the node's own pointer), each once."""
+    def parts(x):
+        return x if isinstance(x, tuple) else (x,)
+
+    return tuple(dict.fromkeys((*parts(first), *parts(second))))
 
 
 def _refs_in(node: object):

@@ -126,3 +126,18 @@ def test_union_whose_branch_fails_on_a_relaxed_keyword_behind_a_ref_is_relaxed(d
     assert len(bad) == 1 and bad[0].startswith(combinator) and soft == []
     bad, soft = schema_violations(schema, {"x": [1, 1]}, [])
     assert len(bad) == 1 and soft == []
+
+
+def test_a_keyword_merged_from_two_allof_branches_is_listed_at_both():
+    """Handwritten---pp2's shape: two branches' multipleOf merge into one relaxed value; a walk
+    breaking either one must be explained by the relaxed list (was: only the first was listed)."""
+    from surecall.grammars.schema.to_regex import schema_to_regex
+
+    schema = {"type": "object", "required": ["abcd"], "allOf": [
+        {"patternProperties": {"a": {"type": "array", "items": {"type": "number", "multipleOf": 2.5}}}},
+        {"patternProperties": {"c": {"type": "array", "items": {"multipleOf": 7}}}}]}
+    relaxed = set(schema_to_regex(schema).relaxed)
+    assert ("/allOf/0/patternProperties/a/items", "multipleOf") in relaxed
+    assert ("/allOf/1/patternProperties/c/items", "multipleOf") in relaxed
+    bad, explained = schema_violations(schema, {"abcd": [2.5]}, list(relaxed))
+    assert not bad and explained
