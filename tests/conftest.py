@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import socket
@@ -39,6 +40,22 @@ def data_dir():
     if not path.exists():
         pytest.skip(f"shared data not found at {path} (set SURECALL_DATA)")
     return path
+
+
+def bench_records(data_dir, subset: str) -> list[dict]:
+    """The JSONSchemaBench rows of `subset` (skips when its file is absent)."""
+    path = data_dir / "jsonschemabench" / f"{subset}.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def bench_schema(data_dir, subset: str, name: str) -> dict:
+    """The schema of JSONSchemaBench row `<subset>---<name>` (skips when it is absent)."""
+    for record in bench_records(data_dir, subset):
+        if record["id"] == f"{subset}---{name}":
+            return record["schema"]
+    pytest.skip(f"{subset}---{name} not in the shared data")
 
 
 @functools.cache

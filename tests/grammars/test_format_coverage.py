@@ -100,15 +100,10 @@ def llama3(data_dir):
     return cached_vocab("llama3")
 
 
-def _bench_schema(data_dir, subset: str, sid: str) -> dict:
-    path = data_dir / "jsonschemabench" / f"{subset}.jsonl"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record["id"] == f"{subset}---{sid}":
-            return record["schema"]
-    pytest.skip(f"{subset}---{sid} not in {path}")
+def _bench_schema(data_dir, subset: str, name: str) -> dict:
+    from conftest import bench_schema
+
+    return bench_schema(data_dir, subset, name)
 
 
 @pytest.mark.parametrize("subset, sid", [("MCPspec", "ReadResourceRequest"), ("MCPspec", "ReadResourceResult"),

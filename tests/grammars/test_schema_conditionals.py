@@ -187,15 +187,10 @@ def test_negation_rejects_unknown_keywords_and_gaps_skip_excluded_integers():
     assert integer_gaps(2, 2, [2]) is None
 
 
-def _bench_schema(data_dir, subset: str, suffix: str) -> dict:
-    path = data_dir / "jsonschemabench" / f"{subset}.jsonl"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["id"].endswith("---" + suffix):
-            return row["schema"]
-    pytest.skip(f"{suffix} not in {path}")
+def _bench_schema(data_dir, subset: str, name: str) -> dict:
+    from conftest import bench_schema
+
+    return bench_schema(data_dir, subset, name)
 
 
 @pytest.mark.parametrize("subset, suffix, kept", [
