@@ -68,7 +68,7 @@ from surecall.grammars.schema.property_counts import (
 )
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 from surecall.grammars.schema.string_formats import STRING_FORMATS
-from surecall.grammars.schema.unique_items import finite_items, selections_regex
+from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -1631,13 +1631,4 @@ def _number_bounds_overlap(schema: dict) -> bool:
 
 def _json_equal(a: object, b: object) -> bool:
     """JSON equality: key order ignored, 1 == 1.0 (JSON Schema compares numbers by value)."""
-    return json.dumps(_numbers_by_value(_unmarked(a)), sort_keys=True) == json.dumps(
-        _numbers_by_value(_unmarked(b)), sort_keys=True)
-
-
-def _numbers_by_value(value: object) -> object:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _numbers_by_value(v) for k, v in value.items()}
-    return [_numbers_by_value(v) for v in value] if isinstance(value, list) else value
+    return canonical_json(_unmarked(a)) == canonical_json(_unmarked(b))

@@ -38,7 +38,7 @@ def finite_items(items: object) -> list | None:
     distinct: dict[str, object] = {}
     for value in values:
         if is_valid(value):
-            distinct.setdefault(_canonical(value), value)
+            distinct.setdefault(canonical_json(value), value)
     return list(distinct.values()) if len(distinct) <= MAX_DISTINCT else None
 
 
@@ -53,8 +53,9 @@ def selections_regex(values: list, low: int, high: int | None, literal: Callable
     return "|".join(f"(?:{a})" for a in arrays) if arrays else None
 
 
-def _canonical(value: object) -> str:
-    """JSON equality as uniqueItems uses it: key order ignored, 1 == 1.0."""
+def canonical_json(value: object) -> str:
+    """A text equal for JSON-equal values, as JSON Schema compares them (uniqueItems, enum, const):
+    key order ignored, 1 == 1.0."""
     def by_value(v: object) -> object:
         if isinstance(v, float) and v.is_integer():
             return int(v)

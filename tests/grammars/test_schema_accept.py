@@ -15,6 +15,7 @@ from fractions import Fraction
 import jsonschema
 import numpy as np
 import pytest
+from test_schema_regex import accepts, relaxed  # the one copy of these two helpers
 
 from surecall.errors import UnsupportedSchema
 from surecall.grammars.compile import compile_schema
@@ -23,17 +24,6 @@ from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
 from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import decode, random_walk
-
-
-def accepts(schema, value_or_text, options=None) -> bool:
-    options = options or GrammarOptions()
-    regex = expand_marks(schema_to_regex(schema, options).regex, options.whitespace_regex())
-    text = value_or_text if isinstance(value_or_text, str) else grammar_dumps(value_or_text, schema, options)
-    return re.fullmatch(regex, text) is not None
-
-
-def relaxed(schema, options=None) -> list[tuple[str, str]]:
-    return schema_to_regex(schema, options or GrammarOptions()).relaxed
 
 
 # --- key order under a union whose branch holds a counted string (Snowplow---sp_336) -----------
