@@ -57,7 +57,7 @@ def _dense(rng, num_states=7, vocab_size=90, width=100):
 def test_from_dense_keeps_every_transition_and_stores_less():
     mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(0))
     table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
-    assert table.mask.shape[0] < mask.shape[0] and table.num_exceptions < tok.size
+    assert table.num_mask_rows < mask.shape[0] and table.num_exceptions < tok.size
     assert table.num_transitions == tok.size
     for s in range(table.num_states):
         toks, nexts = table.transitions(s)
@@ -94,7 +94,7 @@ def test_concat_stores_shared_mask_rows_once():
     mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(2))
     a = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
     both, offsets = TokenTable.concat([a, a])
-    assert both.mask.shape[0] == a.mask.shape[0] and both.num_states == 2 * a.num_states
+    assert both.num_mask_rows == a.num_mask_rows and both.num_states == 2 * a.num_states
     for s in range(a.num_states):
         toks, nexts = both.transitions(int(offsets[1]) + s)
         mine = a.transitions(s)
@@ -118,9 +118,9 @@ def _vocab() -> Vocab:
 
 def test_string_body_rows_are_stored_once_and_mostly_defaults():
     table = compile_regex(r'\["[a-e]{0,6}"(?:,"[a-e]*")*\]', _vocab(), GrammarOptions(), use_cache=False)
-    assert table.mask.shape[0] < table.num_states
+    assert table.num_mask_rows < table.num_states
     assert table.num_exceptions < table.num_transitions // 2
-    assert table.meta["exceptions"] == table.num_exceptions and table.meta["mask_rows"] == table.mask.shape[0]
+    assert table.meta["exceptions"] == table.num_exceptions and table.meta["mask_rows"] == table.num_mask_rows
 
 
 def test_cache_entry_of_an_older_format_is_not_read():
