@@ -38,7 +38,7 @@ from surecall.grammars.counted import (
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.string_bodies import build_with_shared_bodies
-from surecall.grammars.table import TokenTable, split_blocks, unique_rows
+from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
     Row,
@@ -519,7 +519,8 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
             k = keys[key] = len(firsts)
             firsts.append(q)
         key_of[q] = k
-    mask = np.zeros((len(firsts), words), dtype=np.uint32)
+    padded = -(-words // MASK_BLOCK_WORDS) * MASK_BLOCK_WORDS  # whole blocks: split_blocks needs no copy
+    mask = np.zeros((len(firsts), padded), dtype=np.uint32)
     extras = []  # (row, sorted token ids) packed sparsely below
     bits = np.zeros(words * 32, dtype=bool)
     for r, q in enumerate(firsts):
@@ -530,7 +531,7 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
         elif tok.size * _DENSE_ROW_FRACTION > width:
             bits[:] = False
             bits[tok] = True
-            mask[r] = np.packbits(bits, bitorder="little").view(np.uint32)
+            mask[r, :words] = np.packbits(bits, bitorder="little").view(np.uint32)
         else:
             extras.append((r, tok))
     extras = [(r, tok) for r, tok in extras if tok.size]
@@ -538,7 +539,7 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
         tok = np.concatenate([t for _, t in extras]).astype(np.int64)
         row = np.repeat(np.asarray([r for r, _ in extras], dtype=np.int64), [t.size for _, t in extras])
         # Rows are in order and sorted inside, so the word keys are sorted: OR each run.
-        key = row * words + (tok >> 5)
+        key = row * padded + (tok >> 5)
         starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
         shifts = (tok & 31).astype(np.uint32)
         flat = mask.reshape(-1)
