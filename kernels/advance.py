@@ -19,7 +19,14 @@ import torch
 
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
-from surecall.kernels._triton import launch_options, lower_bound, mask_words_triton, resolve_backend, tl, triton
+from surecall.kernels._triton import (
+    launch_options,
+    lower_bound,
+    mask_words_triton,
+    resolve_backend,
+    tl,
+    triton,
+)
 from surecall.kernels.budget import next_state_torch
 from surecall.kernels.table import DeviceTable
 

@@ -23,7 +23,14 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.grammars.schema.to_regex import MAX_ITEM_DEPTH
 from surecall.grammars.table import TokenTable
-from surecall.kernels._triton import launch_options, lower_bound, mask_words_triton, resolve_backend, tl, triton
+from surecall.kernels._triton import (
+    launch_options,
+    lower_bound,
+    mask_words_triton,
+    resolve_backend,
+    tl,
+    triton,
+)
 from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
 from surecall.kernels.table import DeviceTable
 
