@@ -175,7 +175,7 @@ class TokenTable:
         For CPU tools and tests; O(len(rows) * W) memory, so nothing on a hot path calls it.
         """
         ids = self.mask_row_blocks if rows is None else self.mask_row_blocks[np.asarray(rows, dtype=np.int64)]
-        words = self.mask_blocks[ids].reshape(ids.shape[0], -1)
+        words = self.mask_blocks[ids].reshape(ids.shape[0], ids.shape[1] * self.block_words)
         return np.ascontiguousarray(words[:, : self.num_words])
 
     @property

@@ -86,7 +86,7 @@ class DeviceTable:
     def mask_rows(self, states: torch.Tensor) -> torch.Tensor:
         """int32 [R, W]: the packed mask rows of `states` (all >= 0), gathered through the blocks."""
         ids = self.mask_row_blocks[self.mask_row[states.long()].long()].long()  # [R, NB]
-        return self.mask_blocks[ids].reshape(ids.shape[0], -1)[:, : self.num_words]
+        return self.mask_blocks[ids].reshape(ids.shape[0], self.num_row_blocks * self.block_words)[:, : self.num_words]
 
     def mask_word(self, states: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """int64 per i in [0, 2**32): packed word words[i] (< W) of state states[i]'s mask row."""

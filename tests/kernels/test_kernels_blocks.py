@@ -69,6 +69,8 @@ def test_mask_rows_gathers_the_dense_rows(table, block_words):
     states = torch.arange(table.num_states, dtype=torch.int32)
     dense = table.mask_dense(table.mask_row)
     assert torch.equal(dt.mask_rows(states), torch.from_numpy(dense))
+    assert dt.mask_rows(states[:0]).shape == (0, table.num_words)  # a step with no grammar rows
+    assert table.mask_dense(np.zeros(0, np.int64)).shape == (0, table.num_words)
     words = torch.arange(table.num_words).repeat(table.num_states)
     st = states.repeat_interleave(table.num_words)
     assert torch.equal(dt.mask_word(st, words), torch.from_numpy(dense.reshape(-1).view(np.uint32).astype(np.int64)))
