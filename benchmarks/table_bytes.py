@@ -2,7 +2,7 @@
 
 The seed catalog over Llama-3: our cold (fresh process, then repeats) and warm compile next to
 xgrammar's in the same process (benchmarks/compile.py's `seed_catalog_figures`), its table bytes
-and layout (states, distinct mask rows, exceptions vs full transitions); then table bytes
+and layout (states, distinct mask rows and blocks, exceptions vs full transitions); then table bytes
 p50/p99/max over a fixed-seed sample of every JSONSchemaBench subset, each schema compiled in
 an isolated worker with a timeout and an address-space limit. Writes `--out`.{md,json}.
 Run with another checkout's interpreter for a before/after (it imports that `surecall`).
@@ -37,7 +37,10 @@ def seed_layout() -> dict:
 
     table = compile_schema(catalog_union_schema(seed_tools()), load_shared("llama3"), use_cache=False)
     out = {"states": table.num_states, "table_bytes": table.nbytes, "relaxed": len(table.relaxed)}
-    if hasattr(table, "mask_row"):  # the compact layout
+    if hasattr(table, "mask_row_blocks"):  # the compact layout, mask rows as deduplicated blocks
+        out.update(mask_rows=table.num_mask_rows, mask_blocks=int(table.mask_blocks.shape[0]),
+                   exceptions=table.num_exceptions, transitions=table.num_transitions)
+    elif hasattr(table, "mask_row"):  # the compact layout, dense distinct mask rows
         out.update(mask_rows=int(table.mask.shape[0]), exceptions=table.num_exceptions,
                    transitions=table.num_transitions)
     else:
@@ -120,6 +123,7 @@ def render(before: dict, after: dict) -> str:
     for label, key, digits in (("cold ms (median of repeats)", "cold_ms", 1), ("first cold ms (fresh process)", "first_cold_ms", 1),
                                ("warm ms (disk cache)", "warm_ms", 2), ("xgrammar ms, same run", "xgrammar_ms", 1),
                                ("states", "states", 0), ("distinct mask rows", "mask_rows", 0),
+                               ("distinct mask blocks", "mask_blocks", 0),
                                ("transitions (full CSR entries)", "transitions", 0), ("exceptions stored", "exceptions", 0)):
         lines.append(f"| {label} | {seed(before, key, digits)} | {seed(after, key, digits)} |")
     lines.append(f"| table bytes | {mb(before['seed_catalog']['table_bytes'])} | {mb(after['seed_catalog']['table_bytes'])} |")

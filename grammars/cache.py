@@ -5,8 +5,8 @@ surecall version, cache format). Folder: $SURECALL_CACHE_DIR or ~/.cache/surecal
 written into a temporary folder and renamed into place (atomic), and loaded with
 np.load(mmap_mode="r"), so a warm load costs milliseconds. What a load checks, exactly: the
 header parses; every array has the recorded dtype and shape; the table's shapes are consistent;
-and a CRC32 matches over every byte of each array up to 64 KiB and, for larger arrays (mask,
-exceptions), over 16 sampled 4 KiB blocks plus the last block. A truncated, malformed or rewritten entry
+and a CRC32 matches over every byte of each array up to 64 KiB and, for larger arrays (mask
+blocks, exceptions), over 16 sampled 4 KiB blocks plus the last block. A truncated, malformed or rewritten entry
 is deleted and reported as a miss; a bit flip outside the sampled blocks of a large array is not
 seen unless the load hashes every byte (`load(key, full_check=True)`, or SURECALL_CACHE_FULL_CHECK=1).
 The cache is bounded: after each save, least recently used entries are evicted until it holds at
@@ -27,9 +27,10 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 5  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 6  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
-# 5: nested item counters (item_depth, item_below_*), counted pattern bodies
+# 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
+# 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
@@ -193,15 +194,13 @@ def _consistent(t: TokenTable) -> bool:
     s = t.accept.shape[0]
     return (
         s > 0
-        and t.mask.ndim == 2
-        and t.mask.shape[1] == (t.logits_width + 31) // 32
         and t.mask_row.shape == (s,)
         and t.trans_default.shape == (s,)
         and t.exc_ptr.shape == (s + 1,)
         and t.dist.shape == (s,)
         and int(t.exc_ptr[0]) == 0
         and int(t.exc_ptr[-1]) == t.exc_tok.shape[0] == t.exc_next.shape[0]
-        and (s == 0 or 0 <= int(t.mask_row.min()) <= int(t.mask_row.max()) < t.mask.shape[0])
+        and (s == 0 or 0 <= int(t.mask_row.min()) <= int(t.mask_row.max()) < t.num_mask_rows)
     )
 
 

@@ -38,7 +38,7 @@ from surecall.grammars.counted import (
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.string_bodies import build_with_shared_bodies
-from surecall.grammars.table import TokenTable, unique_rows
+from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
     Row,
@@ -212,7 +212,8 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
         "states": table.num_states,
         "nnz": table.num_transitions,
         "exceptions": table.num_exceptions,
-        "mask_rows": int(table.mask.shape[0]),
+        "mask_rows": table.num_mask_rows,
+        "mask_blocks": int(table.mask_blocks.shape[0]),
         "table_bytes": table.nbytes,
         "compile_ms": clock.elapsed_s() * 1e3 + meta.get("regex_ms", 0.0),
         "vocab": getattr(vocab, "name", ""),
@@ -238,9 +239,10 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
     parts = _renumbered_all(rows, own, order, new_id)
     accept = dfa.accept[order].copy()
     default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
-    mask, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
+    mask_blocks, mask_row_blocks, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
     table = TokenTable(
-        mask=mask,
+        mask_blocks=mask_blocks,
+        mask_row_blocks=mask_row_blocks,
         mask_row=mask_row,
         accept=accept,
         trans_default=default,
@@ -502,9 +504,10 @@ def _live_states(succ: list[list[int]], accept: np.ndarray) -> np.ndarray:
 _DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
 
 
-def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int32 [U, ceil(width/32)] distinct LSB-first bitmask rows, each state's row); stop ids only
-    in accepting rows. A row is packed once per distinct (class part, extra tokens, accepting)."""
+def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int) -> tuple:
+    """(mask_blocks, mask_row_blocks, mask_row) of the LSB-first bitmask rows over `width` (table.py);
+    stop ids only in accepting rows. A row is packed once per distinct (class part, extra tokens,
+    accepting), split into blocks stored once each, then rows equal block for block are merged."""
     words = (width + 31) // 32
     keys: dict[tuple, int] = {}
     key_of = np.empty(len(parts), dtype=np.int64)
@@ -516,7 +519,8 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
             k = keys[key] = len(firsts)
             firsts.append(q)
         key_of[q] = k
-    mask = np.zeros((len(firsts), words), dtype=np.uint32)
+    padded = -(-words // MASK_BLOCK_WORDS) * MASK_BLOCK_WORDS  # whole blocks: split_blocks needs no copy
+    mask = np.zeros((len(firsts), padded), dtype=np.uint32)
     extras = []  # (row, sorted token ids) packed sparsely below
     bits = np.zeros(words * 32, dtype=bool)
     for r, q in enumerate(firsts):
@@ -527,7 +531,7 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
         elif tok.size * _DENSE_ROW_FRACTION > width:
             bits[:] = False
             bits[tok] = True
-            mask[r] = np.packbits(bits, bitorder="little").view(np.uint32)
+            mask[r, :words] = np.packbits(bits, bitorder="little").view(np.uint32)
         else:
             extras.append((r, tok))
     extras = [(r, tok) for r, tok in extras if tok.size]
@@ -535,7 +539,7 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
         tok = np.concatenate([t for _, t in extras]).astype(np.int64)
         row = np.repeat(np.asarray([r for r, _ in extras], dtype=np.int64), [t.size for _, t in extras])
         # Rows are in order and sorted inside, so the word keys are sorted: OR each run.
-        key = row * words + (tok >> 5)
+        key = row * padded + (tok >> 5)
         starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
         shifts = (tok & 31).astype(np.uint32)
         flat = mask.reshape(-1)
@@ -543,8 +547,9 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
     accepting = accept[np.asarray(firsts, dtype=np.int64)]
     for s in stop_ids.tolist():
         mask[accepting, s >> 5] |= np.uint32(1 << (s & 31))
-    rows, index = unique_rows(mask.view(np.int32))
-    return rows, index[key_of].astype(np.int32)
+    blocks, row_blocks = split_blocks(mask.view(np.int32))
+    row_blocks, index = unique_rows(row_blocks)
+    return blocks, row_blocks, index[key_of].astype(np.int32)
 
 
 def _dist(src: np.ndarray, dst: np.ndarray, accept: np.ndarray) -> np.ndarray:

@@ -591,7 +591,8 @@ def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray
     """
     distinct, row_at = np.unique(table.count_row[states], return_inverse=True)
     v = table.count_chars.shape[1]
-    words, mask_row = table.mask.view(np.uint32), table.mask_row[states].astype(np.int64)
+    used, mask_row = np.unique(table.mask_row[states], return_inverse=True)  # only these rows, dense
+    words, mask_row = table.mask_dense(used).view(np.uint32), mask_row.reshape(-1).astype(np.int64)
     stops = table.stop_ids[table.stop_ids < v].astype(np.int64)
     stop_allowed = _bits_at(words, np.repeat(mask_row, stops.size),
                             np.tile(stops, states.size)).reshape(states.size, stops.size)

@@ -1,9 +1,15 @@
 """TokenTable: one compiled grammar over one vocabulary (the grammars/ <-> kernels/ contract).
 
-Dense state ids 0..S-1, state 0 the start. Compact layout (issue 15): mask rows are stored
-once each (`mask` [U, W] distinct LSB-first bitmask rows over the logits width, the
-xgrammar / llguidance / outlines-core row layout; state s reads row `mask_row[s]`), and a
-state's transitions are a default next state plus sorted exceptions: a non-stop token t
+Dense state ids 0..S-1, state 0 the start. Compact layout (issue 15): a mask row is W =
+ceil(logits_width / 32) LSB-first packed words over the logits width (bit j of word w allows
+token 32*w + j: the xgrammar / llguidance / outlines-core row layout), stored once per distinct
+row and deduplicated in blocks of BW = MASK_BLOCK_WORDS words: `mask_blocks` [K, BW] are the
+distinct blocks (block 0 the all-zero block, and no other block is zero), `mask_row_blocks`
+[U, NB] (NB = ceil(W / BW)) the blocks of each distinct row, `mask_row` [S] each state's row, so
+word w of state s is mask_blocks[mask_row_blocks[mask_row[s], w // BW], w % BW] (the words
+of the last block past W are zero). BW is the table's (`block_words`, any power of two; the
+kernels read it and must give the same results for every one); `mask_dense(rows)` expands
+rows for CPU tools. A state's transitions are a default next state plus sorted exceptions: a non-stop token t
 allowed by s's mask row leads to exc_next[i] if t == exc_tok[i] for some i in
 exc_ptr[s]:exc_ptr[s+1], else to trans_default[s] (-1 only when s allows no non-stop token).
 Stop ids are set only in accepting rows and are never transitions (a stop token ends the row,
@@ -53,8 +59,9 @@ import numpy as np
 
 @dataclass
 class TokenTable:
-    mask: np.ndarray  # int32 [U, W] distinct rows, W = ceil(logits_width / 32); bit j of word w allows 32*w + j
-    mask_row: np.ndarray  # int32 [S]; state s's mask row is mask[mask_row[s]]
+    mask_blocks: np.ndarray  # int32 [K, BW] distinct blocks of BW packed words; block 0 all zero
+    mask_row_blocks: np.ndarray  # int32 [U, NB] the block of each BW words of each distinct mask row
+    mask_row: np.ndarray  # int32 [S]; state s's distinct mask row
     accept: np.ndarray  # bool [S]; stop ids are allowed exactly in these rows
     trans_default: np.ndarray  # int32 [S]; next state of an allowed non-stop token that is no exception (-1: none)
     exc_ptr: np.ndarray  # int32 [S + 1]; CSR row pointers of the exceptions
@@ -84,6 +91,9 @@ class TokenTable:
     item_depth: np.ndarray | None = None  # int32 [S]; counted arrays open in s (0 outside)
     item_below_lo: np.ndarray | None = None  # int32 [S, D - 1]; item_lo of each open array below the innermost
     item_below_cost: np.ndarray | None = None  # int32 [S, D - 1]; its item_cost (0 past the depth)
+
+    def __post_init__(self) -> None:
+        _check_mask_layout(self)
 
     @property
     def has_items(self) -> bool:
@@ -128,7 +138,18 @@ class TokenTable:
 
     @property
     def num_words(self) -> int:
-        return int(self.mask.shape[1])
+        """W: packed words per mask row."""
+        return (self.logits_width + 31) // 32
+
+    @property
+    def block_words(self) -> int:
+        """BW: packed words per mask block."""
+        return int(self.mask_blocks.shape[1])
+
+    @property
+    def num_mask_rows(self) -> int:
+        """U: distinct mask rows."""
+        return int(self.mask_row_blocks.shape[0])
 
     @property
     def num_exceptions(self) -> int:
@@ -137,7 +158,8 @@ class TokenTable:
     @property
     def num_transitions(self) -> int:
         """Allowed (state, non-stop token) pairs: what a full CSR would hold."""
-        ones = _popcount_rows(self.mask) - _bits(self.mask, self.stop_ids).sum(axis=1)
+        per_block = np.bitwise_count(self.mask_blocks.view(np.uint32)).sum(axis=1, dtype=np.int64)
+        ones = per_block[self.mask_row_blocks].sum(axis=1) - self.mask_bits(self.stop_ids).sum(axis=1)
         return int(ones[self.mask_row].sum())
 
     @property
@@ -147,14 +169,52 @@ class TokenTable:
         counts += tuple(getattr(self, n) for n in ITEM_ARRAYS) if self.has_items else ()
         return int(sum(a.nbytes for a in arrays + counts))
 
+    def mask_dense(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """int32 [len(rows), W]: distinct mask rows `rows` (default: all U) expanded to packed words.
+
+        For CPU tools and tests; O(len(rows) * W) memory, so nothing on a hot path calls it.
+        """
+        ids = self.mask_row_blocks if rows is None else self.mask_row_blocks[np.asarray(rows, dtype=np.int64)]
+        words = self.mask_blocks[ids].reshape(ids.shape[0], ids.shape[1] * self.block_words)
+        return np.ascontiguousarray(words[:, : self.num_words])
+
+    @property
+    def mask(self) -> np.ndarray:
+        """int32 [U, W]: every distinct mask row, dense (mask_dense(); expanded on each access)."""
+        return self.mask_dense()
+
+    def mask_word_at(self, rows: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """uint32 per i: packed word words[i] (< W) of distinct mask row rows[i], through the blocks."""
+        bw = self.block_words
+        blk = self.mask_row_blocks[rows, words // bw]
+        return self.mask_blocks.view(np.uint32)[blk, words % bw]
+
+    def mask_bits(self, ids: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """bool [len(rows), len(ids)]: whether each distinct mask row (default: all) allows each id."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = np.arange(self.num_mask_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+        words = self.mask_word_at(rows[:, None], (ids // 32)[None, :])
+        return ((words >> (ids % 32).astype(np.uint32)) & 1).astype(bool)
+
+    def row_tokens(self, row: int) -> np.ndarray:
+        """Sorted token ids (int64, < logits_width) distinct mask row `row` allows: its non-zero blocks only."""
+        ids = self.mask_row_blocks[row]
+        at = np.flatnonzero(ids)
+        if at.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        bits = np.unpackbits(np.ascontiguousarray(self.mask_blocks[ids[at]]).view(np.uint8), axis=1,
+                             bitorder="little")
+        block, bit = np.nonzero(bits)
+        toks = at[block].astype(np.int64) * (32 * self.block_words) + bit
+        return toks[toks < self.logits_width]
+
     def mask_words(self, state: int) -> np.ndarray:
         """int32 [W]: the packed mask row of `state`."""
-        return self.mask[self.mask_row[state]]
+        return self.mask_dense(self.mask_row[state : state + 1])[0]
 
     def allowed(self, state: int) -> np.ndarray:
         """Sorted token ids the mask allows in `state` (stop ids included where accepting)."""
-        bits = np.unpackbits(self.mask_words(state).view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.logits_width]).astype(np.int64)
+        return self.row_tokens(int(self.mask_row[state]))
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(sorted non-stop token ids int64, their next states int32) of `state`: the full row."""
@@ -175,9 +235,10 @@ class TokenTable:
         """
         stops = np.zeros(32 * self.num_words, dtype=bool)
         stops[self.stop_ids] = True
-        bits = np.unpackbits(np.ascontiguousarray(self.mask).view(np.uint8), axis=1, bitorder="little")
-        row_toks = [np.flatnonzero(b[: self.logits_width] & ~stops[: self.logits_width]).astype(np.int32)
-                    for b in bits.astype(bool)]
+        row_toks = []
+        for r in range(self.num_mask_rows):
+            toks = self.row_tokens(r)
+            row_toks.append(toks[~stops[toks]].astype(np.int32))
         sizes = np.array([row_toks[r].size for r in self.mask_row.tolist()], dtype=np.int64)
         ptr = np.zeros(self.num_states + 1, dtype=np.int64)
         ptr[1:] = np.cumsum(sizes)
@@ -196,7 +257,7 @@ class TokenTable:
         tokens = np.asarray(tokens, dtype=np.int64)
         ok = (tokens >= 0) & (tokens < 32 * self.num_words)
         safe = np.where(ok, tokens, 0)
-        words = self.mask_words(state).view(np.uint32)[safe >> 5]
+        words = self.mask_word_at(np.full(safe.shape, int(self.mask_row[state])), safe >> 5)
         ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
         if self.stop_ids.size:
             ok &= ~np.isin(tokens, self.stop_ids)
@@ -216,7 +277,7 @@ class TokenTable:
         width = 32 * self.num_words
         ok = (tokens >= 0) & (tokens < width)
         safe = np.where(ok, tokens, 0)
-        words = self.mask.view(np.uint32).reshape(-1).take(self.mask_row[states] * np.int64(self.num_words) + (safe >> 5))
+        words = self.mask_word_at(self.mask_row[states], safe >> 5)
         ok &= ((words >> (safe & 31).astype(np.uint32)) & 1).astype(bool)
         for stop in self.stop_ids.tolist():
             ok &= tokens != stop
@@ -234,7 +295,7 @@ class TokenTable:
         """The state `token` leads to from `state`, or None when the token is not a transition."""
         if not 0 <= token < self.logits_width or bool((self.stop_ids == token).any()):
             return None
-        if not (int(self.mask_words(state)[token >> 5]) >> (token & 31)) & 1:
+        if not (int(self.mask_word_at(self.mask_row[state], token >> 5)) >> (token & 31)) & 1:
             return None
         lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
         row = self.exc_tok[lo:hi]
@@ -254,7 +315,8 @@ class TokenTable:
         num_states = int(trans_ptr.shape[0]) - 1
         if mask.ndim != 2 or mask.shape[0] != num_states:
             raise ValueError(f"Invalid mask: expected {num_states} rows (one per state), got shape {mask.shape}")
-        rows, mask_row = unique_rows(mask)
+        rows, mask_row = unique_rows(np.asarray(mask, dtype=np.int32))
+        blocks, row_blocks = split_blocks(rows)
         default = np.full(num_states, -1, dtype=np.int32)
         keep = np.ones(trans_tok.shape[0], dtype=bool)
         for s in range(num_states):
@@ -265,7 +327,8 @@ class TokenTable:
         owner = np.repeat(np.arange(num_states), np.diff(trans_ptr.astype(np.int64)))
         ptr = np.zeros(num_states + 1, dtype=np.int64)
         ptr[1:] = np.cumsum(np.bincount(owner[keep], minlength=num_states))
-        return TokenTable(mask=rows, mask_row=mask_row, trans_default=default, exc_ptr=ptr.astype(np.int32),
+        return TokenTable(mask_blocks=blocks, mask_row_blocks=row_blocks, mask_row=mask_row,
+                          trans_default=default, exc_ptr=ptr.astype(np.int32),
                           exc_tok=np.asarray(trans_tok[keep], dtype=np.int32),
                           exc_next=np.asarray(trans_next[keep], dtype=np.int32), **fields)
 
@@ -291,8 +354,11 @@ class TokenTable:
         exc_ptr = np.concatenate(
             [t.exc_ptr[:-1].astype(np.int64) + o for t, o in zip(tables, nnz_offsets)] + [[int(nnz.sum())]]
         ).astype(np.int32)
-        row_offsets = np.concatenate([[0], np.cumsum([t.mask.shape[0] for t in tables])[:-1]])
-        mask, remap = unique_rows(np.concatenate([t.mask for t in tables]))
+        if len({t.block_words for t in tables}) > 1:
+            raise ValueError(f"Invalid tables: expected one block_words, got {sorted({t.block_words for t in tables})}")
+        blocks, row_blocks = _concat_blocks(tables)
+        row_offsets = np.concatenate([[0], np.cumsum([t.num_mask_rows for t in tables])[:-1]])
+        row_blocks, remap = unique_rows(row_blocks)
         mask_row = remap[np.concatenate([t.mask_row.astype(np.int64) + o for t, o in zip(tables, row_offsets)])]
         stop_ids = np.unique(np.concatenate([t.stop_ids for t in tables])).astype(np.int32)
         counts = _concat_counts(tables, offsets) if any(t.has_counts for t in tables) else {}
@@ -302,7 +368,8 @@ class TokenTable:
             counts.update(concat_items(tables, offsets))
         return (
             TokenTable(
-                mask=mask,
+                mask_blocks=blocks,
+                mask_row_blocks=row_blocks,
                 mask_row=mask_row.astype(np.int32),
                 accept=np.concatenate([t.accept for t in tables]),
                 trans_default=np.concatenate(
@@ -324,7 +391,12 @@ class TokenTable:
         )
 
 
-TABLE_ARRAYS = ("mask", "mask_row", "accept", "trans_default", "exc_ptr", "exc_tok", "exc_next", "dist", "stop_ids")
+# BW: packed words (1024 token ids, 128 bytes) per deduplicated mask block. Measured (Llama-3, mask
+# bytes at BW 16/32/64): seed catalog 318k/292k/322k, Github_ultra o21378 4.59M/2.82M/2.52M, o62059
+# 1.93M/1.28M/1.24M (dense: 2.77M, 67.2M, 26.7M).
+MASK_BLOCK_WORDS = 32
+TABLE_ARRAYS = ("mask_blocks", "mask_row_blocks", "mask_row", "accept", "trans_default", "exc_ptr", "exc_tok",
+                "exc_next", "dist", "stop_ids")
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,17 +429,87 @@ def _lone_rows(flat: np.ndarray) -> np.ndarray:
     return count[inverse.reshape(-1)] == 1
 
 
-def _popcount_rows(mask: np.ndarray) -> np.ndarray:
-    mask = np.ascontiguousarray(mask)
-    wide = mask.view(np.uint64) if mask.ndim == 2 and mask.shape[1] % 2 == 0 else mask.view(np.uint32)
-    return np.bitwise_count(wide).sum(axis=1, dtype=np.int64)  # 64-bit words: half the elements
+def split_blocks(rows: np.ndarray, block_words: int = MASK_BLOCK_WORDS) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [K, BW] distinct blocks, block 0 all zero; int32 [U, NB] each row's blocks) of dense
+    packed rows `rows` [U, W]: rows split into BW-word blocks (the last zero-padded), each stored once."""
+    rows = np.asarray(rows)
+    num_rows, width = rows.shape
+    num_blocks = -(-width // block_words)
+    if width % block_words == 0 and rows.dtype.itemsize == 4:  # whole blocks: no copy
+        padded = np.ascontiguousarray(rows).view(np.int32)
+    else:
+        padded = np.zeros((num_rows, num_blocks * block_words), dtype=np.int32)
+        padded[:, :width] = rows.view(np.int32) if rows.dtype.itemsize == 4 else rows
+    flat = padded.reshape(-1, block_words)
+    wide = flat.view(np.uint64) if block_words % 2 == 0 else flat  # half the elements to reduce
+    live = np.flatnonzero(np.bitwise_or.reduce(wide, axis=1))  # (faster than any() along a short axis)
+    distinct, index = _unique_blocks(flat[live])
+    ids = np.zeros(flat.shape[0], dtype=np.int32)
+    ids[live] = index + 1
+    blocks = np.concatenate([np.zeros((1, block_words), dtype=np.int32), distinct])
+    return blocks, ids.reshape(num_rows, num_blocks)
 
 
-def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """bool [rows, len(ids)]: whether each mask row allows each id."""
-    ids = np.asarray(ids, dtype=np.int64)
-    words = mask[:, ids // 32].view(np.uint32)
-    return ((words >> (ids % 32).astype(np.uint32)) & 1).astype(bool)
+_HASH_MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden-ratio constant of Fibonacci hashing
+
+
+def _unique_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """unique_rows for many short rows: a 64-bit hash per row, sorted once, then checked exactly
+    (every row equal to the representative of its hash); on a collision, unique_rows."""
+    if blocks.shape[0] == 0:
+        return blocks.copy(), np.zeros(0, dtype=np.int32)
+    blocks = np.ascontiguousarray(blocks)
+    x = blocks.view(np.uint64) if blocks.shape[1] % 2 == 0 else blocks.view(np.uint32).astype(np.uint64)
+    x = x * _HASH_MIX
+    x ^= x >> np.uint64(29)  # mix each 64-bit lane, then weight each position by an odd constant
+    weights = (np.arange(1, 2 * x.shape[1], 2, dtype=np.uint64) * _HASH_MIX) | np.uint64(1)
+    key = (x * weights).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not np.array_equal(blocks[first[inverse]], blocks):  # two distinct blocks share a hash
+        return unique_rows(blocks)
+    order = np.argsort(first, kind="stable")  # number the blocks in order of first appearance
+    rank = np.empty(order.size, dtype=np.int32)
+    rank[order] = np.arange(order.size, dtype=np.int32)
+    return blocks[first[order]], rank[inverse]
+
+
+def _concat_blocks(tables: list[TokenTable]) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct blocks of all `tables`, their mask_row_blocks stacked and renumbered into them)."""
+    live = [t.mask_blocks[1:] for t in tables]
+    distinct, index = _unique_blocks(np.concatenate(live))
+    blocks = np.concatenate([np.zeros((1, tables[0].block_words), dtype=np.int32), distinct])
+    out, at = [], 0
+    for t, part in zip(tables, live, strict=True):
+        remap = np.concatenate([[0], index[at : at + part.shape[0]] + 1]).astype(np.int32)
+        out.append(remap[t.mask_row_blocks])
+        at += part.shape[0]
+    return blocks, np.concatenate(out)
+
+
+def _check_mask_layout(t: TokenTable) -> None:
+    """The block layout's invariants (module docstring), cheap: O(K * BW + U * NB)."""
+    blocks, ids = t.mask_blocks, t.mask_row_blocks
+    if not isinstance(blocks, np.ndarray) or blocks.dtype != np.int32 or blocks.ndim != 2 or blocks.shape[0] < 1:
+        raise ValueError(f"Invalid mask_blocks: expected int32 [K >= 1, BW], got {_describe(blocks)}")
+    bw = blocks.shape[1]
+    if bw < 1 or bw & (bw - 1):
+        raise ValueError(f"Invalid mask_blocks: expected a power-of-two block width, got {bw}")
+    if blocks[0].any() or not blocks[1:].any(axis=1).all():
+        raise ValueError("Invalid mask_blocks: expected block 0 all zero and every other block non-zero")
+    num_blocks = -(-t.num_words // bw)
+    if not isinstance(ids, np.ndarray) or ids.dtype != np.int32 or ids.ndim != 2 or ids.shape[1] != num_blocks:
+        raise ValueError(f"Invalid mask_row_blocks: expected int32 [U, {num_blocks}], got {_describe(ids)}")
+    if ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < blocks.shape[0]:
+        raise ValueError(f"Invalid mask_row_blocks: expected block ids in [0, {blocks.shape[0]}), "
+                         f"got [{int(ids.min())}, {int(ids.max())}]")
+    tail = t.num_words - (num_blocks - 1) * bw  # words of the last block inside the row
+    if ids.size and blocks[np.unique(ids[:, -1]), tail:].any():
+        raise ValueError(f"Invalid mask_blocks: expected zero words past the row width {t.num_words}")
+
+
+def _describe(a) -> str:
+    return f"{a.dtype} {list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
 
 
 COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")

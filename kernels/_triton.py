@@ -4,7 +4,8 @@ Triton is optional: without it (or on a platform without wheels) `HAS_TRITON` is
 kernel files still import (their `@triton.jit` functions become plain, never-called Python
 functions) and every call runs the torch reference. `resolve_backend` turns the user's
 `backend="auto"|"torch"|"triton"` into the path to run; it never syncs with the device.
-`lower_bound` is the fixed-step binary search every kernel calls.
+`lower_bound` is the fixed-step binary search every kernel calls, `mask_words_triton` the load of
+mask words through the deduplicated blocks (grammars/table.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def lower_bound(keys_ptr, lo, hi, target, num_steps):
         lo = tl.where(active & right, mid + 1, lo)
         hi = tl.where(active & (right == 0), mid, hi)
     return lo
+
+
+@triton.jit
+def mask_words_triton(mask_blocks_ptr, row_blocks_ptr, mrow, words, num_words, num_row_blocks, ok,
+                      BW: tl.constexpr):
+    """Packed words `words` of distinct mask row `mrow` (int64), 0 where not `ok` or past num_words:
+    word w is mask_blocks[row_blocks[mrow, w // BW], w % BW]."""
+    live = ok & (words < num_words)
+    blk = tl.load(row_blocks_ptr + mrow * num_row_blocks + words // BW, mask=live, other=0).to(tl.int64)
+    return tl.load(mask_blocks_ptr + blk * BW + words % BW, mask=live, other=0)
 
 
 def launch_options(device: torch.device) -> dict:

@@ -19,7 +19,14 @@ import torch
 
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
-from surecall.kernels._triton import launch_options, lower_bound, resolve_backend, tl, triton
+from surecall.kernels._triton import (
+    launch_options,
+    lower_bound,
+    mask_words_triton,
+    resolve_backend,
+    tl,
+    triton,
+)
 from surecall.kernels.budget import next_state_torch
 from surecall.kernels.table import DeviceTable
 
@@ -33,9 +40,11 @@ def _advance_kernel(
     next_ptr,  # int32 [B] out: next state
     finished_ptr,  # int8 [B] out: 1 when the row is done (stop id, invalid token)
     batch,  # B
-    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows
-    mask_row_ptr,  # int32 [S] each state's row of mask
+    mask_blocks_ptr,  # int32 [K, MASK_BW] distinct blocks of packed allowed-token words
+    row_blocks_ptr,  # int32 [U, NB] the blocks of each distinct mask row
+    mask_row_ptr,  # int32 [S] each state's distinct mask row
     num_words,  # W
+    num_row_blocks,  # NB
     accept_ptr,  # int8 [S] accepting states
     is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     exc_ptr_ptr,  # int32 [S + 1] exception row pointers
@@ -55,6 +64,7 @@ def _advance_kernel(
     logits_width,  # the key's state stride
     HAS_COUNTS: tl.constexpr,  # update the counters
     BLOCK: tl.constexpr,  # rows per program, one lane each
+    MASK_BW: tl.constexpr,  # packed words per mask block
 ):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < batch
@@ -69,7 +79,8 @@ def _advance_kernel(
     tok_ok = (token >= 0) & (token < 32 * num_words)
     tok = tl.where(tok_ok, token, 0)
     mrow = tl.load(mask_row_ptr + st, mask=has_grammar, other=0).to(tl.int64)
-    word = tl.load(mask_ptr + mrow * num_words + tok // 32, mask=has_grammar & tok_ok, other=0)
+    word = mask_words_triton(mask_blocks_ptr, row_blocks_ptr, mrow, tok // 32, num_words, num_row_blocks,
+                             has_grammar & tok_ok, MASK_BW)
     bit = tok_ok & (((word >> (tok % 32)) & 1) != 0)
     is_accepting = tl.load(accept_ptr + st, mask=has_grammar, other=0) != 0
     is_stop = tl.load(is_stop_ptr + tok, mask=ok & tok_ok, other=0) != 0
@@ -123,12 +134,14 @@ def advance(
         block = 128
         _advance_kernel[(triton.cdiv(batch, block),)](
             states, tokens, nxt, finished, batch,
-            table.mask, table.mask_row, table.num_words, table.accept_i8, table.is_stop,
+            table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks,
+            table.accept_i8, table.is_stop,
             table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default, table.num_search_steps,
             counters if counters is not None else states, next_counters if counters is not None else nxt,
             table.count_row, table.count_chars, table.count_cols, table.count_entry_key,
             table.count_entry_val, table.num_entries, table.num_entry_steps, table.logits_width,
-            HAS_COUNTS=counters is not None, BLOCK=block, num_warps=4, **launch_options(states.device),
+            HAS_COUNTS=counters is not None, BLOCK=block, MASK_BW=table.block_words, num_warps=4,
+            **launch_options(states.device),
         )  # fmt: skip
     if counters is None:
         return nxt, finished.view(torch.bool)
@@ -146,7 +159,7 @@ def advance_torch(
     found &= has_grammar
     tok_ok = (tok >= 0) & (tok < 32 * table.num_words)
     safe = torch.where(tok_ok, tok, torch.zeros_like(tok))
-    word = table.mask[table.mask_row[st].long(), safe // 32].long() & 0xFFFFFFFF
+    word = table.mask_word(st, safe // 32)
     is_stop = tok_ok & (table.is_stop[safe] != 0)
     stops_here = tok_ok & (((word >> (safe % 32)) & 1) == 1) & table.accept[st] & is_stop
     dead = torch.full_like(st, DEAD_STATE)
@@ -164,7 +177,8 @@ HOST_MAX_ROWS = 64  # up to this many CPU rows, a Python step per row beats ~60 
 def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable, counters=None):
     """advance_torch for a few CPU rows, row by row on the host (perf: same results, no op overheads)."""
     ptr, etok, enext = table.exc_ptr.numpy(), table.exc_tok.numpy(), table.exc_next.numpy()
-    mask, mask_row, default = table.mask.numpy(), table.mask_row.numpy(), table.trans_default.numpy()
+    blocks, row_blocks = table.mask_blocks.numpy().view(np.uint32), table.mask_row_blocks.numpy()
+    mask_row, default, bw = table.mask_row.numpy(), table.trans_default.numpy(), table.block_words
     accept, is_stop = table.accept.numpy(), table.is_stop.numpy()
     num_bits = 32 * table.num_words
     cnt = counters.tolist() if counters is not None else None
@@ -179,7 +193,8 @@ def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable
             lo, end = int(ptr[s]), int(ptr[s + 1])
             j = lo + int(np.searchsorted(etok[lo:end], t)) if tok_ok else lo
             in_exc = tok_ok and j < end and int(etok[j]) == t
-            bit = tok_ok and (int(mask[mask_row[s], t // 32]) >> (t % 32)) & 1 == 1
+            word = int(blocks[row_blocks[mask_row[s], t // 32 // bw], t // 32 % bw]) if tok_ok else 0
+            bit = tok_ok and (word >> (t % 32)) & 1 == 1
             stop = tok_ok and bool(is_stop[t])
             plain = bit and not stop and int(default[s]) >= 0
             found = in_exc or plain

@@ -132,7 +132,7 @@ def next_state_torch(
     found, slot = exc_find_torch(table, st, tok)
     tok_ok = (tok >= 0) & (tok < 32 * table.num_words)
     safe = torch.where(tok_ok, tok, torch.zeros_like(tok))
-    word = table.mask[table.mask_row[st].long(), safe // 32].long() & 0xFFFFFFFF
+    word = table.mask_word(st, safe // 32)
     bit = tok_ok & (((word >> (safe % 32)) & 1) == 1)
     default = table.trans_default[st].long()
     plain = bit & (table.is_stop[safe] == 0) & (default >= 0)

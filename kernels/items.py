@@ -23,7 +23,14 @@ import torch
 from surecall.errors import KernelInputError
 from surecall.grammars.schema.to_regex import MAX_ITEM_DEPTH
 from surecall.grammars.table import TokenTable
-from surecall.kernels._triton import launch_options, lower_bound, resolve_backend, tl, triton
+from surecall.kernels._triton import (
+    launch_options,
+    lower_bound,
+    mask_words_triton,
+    resolve_backend,
+    tl,
+    triton,
+)
 from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
 from surecall.kernels.table import DeviceTable
 
@@ -121,7 +128,8 @@ def _item_mask_kernel(
     counters_ptr,  # int32 [B] string counters (HAS_COUNTS)
     items_ptr,  # int32 [B, DEPTH] item counters, outermost first
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included
-    mask_ptr, mask_row_ptr, num_words, is_stop_ptr,  # the compact layout (grammars/table.py)
+    mask_blocks_ptr, row_blocks_ptr, mask_row_ptr, num_words, num_row_blocks,  # the mask blocks (grammars/table.py)
+    is_stop_ptr,
     trans_default_ptr, exc_ptr_ptr, exc_tok_ptr, exc_next_ptr, num_search_steps,
     dist_ptr, dist_entry_ptr,
     count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
@@ -132,6 +140,7 @@ def _item_mask_kernel(
     DEPTH: tl.constexpr,  # counters per row (MAX_ITEM_DEPTH)
     BLOCK_WORDS: tl.constexpr,  # mask words per step inside an array (32 * BLOCK_WORDS tokens)
     BLOCK: tl.constexpr,  # entries per step outside
+    MASK_BW: tl.constexpr,  # packed words per mask block
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     state = tl.load(states_ptr + row)
@@ -161,7 +170,8 @@ def _item_mask_kernel(
             bits = tl.arange(0, 32)
             for wbase in range(0, num_words, BLOCK_WORDS):
                 words = wbase + tl.arange(0, BLOCK_WORDS)
-                packed = tl.load(mask_ptr + mrow * num_words + words, mask=words < num_words, other=0)
+                packed = mask_words_triton(mask_blocks_ptr, row_blocks_ptr, mrow, words, num_words, num_row_blocks,
+                                           words >= 0, MASK_BW)
                 tok = words[:, None] * 32 + bits[None, :]
                 live = ((packed[:, None] >> bits[None, :]) & 1) != 0
                 live = live & (tl.load(is_stop_ptr + tok, mask=live, other=0) == 0)
@@ -209,14 +219,15 @@ def apply_item_mask_inplace(
     on_gpu = logits.device.type == "cuda"
     _item_mask_kernel[(logits.shape[0],)](
         logits, logits.stride(0), states, counters if has_counts else states, item_counters, remaining,
-        table.mask, table.mask_row, table.num_words, table.is_stop,
+        table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks, table.is_stop,
         table.trans_default, table.exc_ptr, table.exc_tok, table.exc_next, table.num_search_steps,
         table.dist, table.dist_entry,
         table.count_row, table.count_lo, table.count_hi, table.count_chars, table.count_cols, table.count_fill,
         items.item_lo, items.item_hi, items.item_cost, items.item_ptr, items.item_tok, items.item_inc,
         items.item_flag, items.item_set, items.item_next, items.item_depth, items.item_below_lo,
         items.item_below_cost, items.num_item_steps,
-        HAS_COUNTS=has_counts, DEPTH=MAX_ITEM_DEPTH, BLOCK_WORDS=32 if on_gpu else 16, BLOCK=1024 if on_gpu else 256, num_warps=4,
+        HAS_COUNTS=has_counts, DEPTH=MAX_ITEM_DEPTH, BLOCK_WORDS=32 if on_gpu else 16, BLOCK=1024 if on_gpu else 256,
+        MASK_BW=table.block_words, num_warps=4,
         **launch_options(logits.device),
     )  # fmt: skip
 
@@ -231,7 +242,7 @@ def _candidates(table: DeviceTable, items: ItemTable, states: torch.Tensor):
     dev = st.device
     # inside: the mask row's bits
     r_in = rows[inside]
-    words = table.mask[table.mask_row[st[inside]].long()].long() & 0xFFFFFFFF  # [n, W]
+    words = table.mask_rows(st[inside]).long() & 0xFFFFFFFF  # [n, W]
     bits = ((words[:, :, None] >> torch.arange(32, device=dev)) & 1).bool().flatten(1)  # [n, 32 W]
     bits &= (table.is_stop[: bits.shape[1]] == 0)[None, :]
     at_row, tok_in = torch.nonzero(bits, as_tuple=True)

@@ -2,7 +2,8 @@
 
 Semantics of xgrammar's `apply_token_bitmask_inplace` (bit j of word w of a state's mask row
 allows token 32*w + j; a 0 bit writes -inf; allowed logits are left bit-for-bit alone), with
-the mask row gathered from the DeviceTable by each row's state (through `mask_row`), plus: columns past the table's
+the mask row gathered from the DeviceTable by each row's state (through `mask_row` and the
+deduplicated blocks: kernels/table.py), plus: columns past the table's
 bits are -inf on grammar rows, rows with state < 0 or outside `rows` are untouched, and an
 optional per-row budget keeps only tokens that can still reach acceptance in time, and on a
 table with counted strings per-row `counters` keep lengths in bounds (grammars/table.py). The kernel
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from surecall.kernels import checks
-from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels._triton import launch_options, mask_words_triton, resolve_backend, tl, triton
 from surecall.kernels.budget import (
     budget_drop_torch,
     budget_keep_triton,
@@ -33,9 +34,11 @@ def _apply_mask_kernel(
     width,  # L: columns of logits (may exceed the table's 32 * W bits: the excess is -inf)
     rows_ptr,  # int64 [R] batch rows to mask (read only when HAS_ROWS)
     states_ptr,  # int32 [B] grammar state per row; < 0 leaves the row untouched
-    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows, LSB first
-    mask_row_ptr,  # int32 [S] each state's row of mask
+    mask_blocks_ptr,  # int32 [K, MASK_BW] distinct blocks of packed allowed-token words, LSB first
+    row_blocks_ptr,  # int32 [U, NB] the blocks of each distinct mask row
+    mask_row_ptr,  # int32 [S] each state's distinct mask row
     num_words,  # W: packed words per row
+    num_row_blocks,  # NB: blocks per row
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] largest dist one step ahead: the budget binds below it
     exc_ptr_ptr,  # int32 [S + 1] exception row pointers
@@ -58,6 +61,7 @@ def _apply_mask_kernel(
     HAS_COUNTS: tl.constexpr,  # apply the counters
     BLOCK_WORDS: tl.constexpr,  # packed words per program (32 * BLOCK_WORDS columns)
     STORE_MODE: tl.constexpr,  # 0: -inf where forbidden; 1: read all, write all; 2: read allowed, write all
+    MASK_BW: tl.constexpr,  # packed words per mask block (the table's block_words)
 ):
     if HAS_ROWS:
         row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
@@ -67,7 +71,8 @@ def _apply_mask_kernel(
     if state >= 0:
         words = tl.program_id(1) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
         mrow = tl.load(mask_row_ptr + state).to(tl.int64)
-        packed = tl.load(mask_ptr + mrow * num_words + words, mask=words < num_words, other=0)
+        packed = mask_words_triton(mask_blocks_ptr, row_blocks_ptr, mrow, words, num_words, num_row_blocks,
+                                   words >= 0, MASK_BW)
         bits = tl.arange(0, 32)
         cols = words[:, None] * 32 + bits[None, :]
         keep = ((packed[:, None] >> bits[None, :]) & 1) != 0
@@ -164,7 +169,7 @@ def _launch(
     _apply_mask_kernel[grid](
         logits, logits.stride(0), width,
         rows if rows is not None else states, states,
-        table.mask, table.mask_row, table.num_words,
+        table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks,
         remaining if remaining is not None else states,
         table.max_next_dist, table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default,
         table.is_stop, table.dist,
@@ -173,7 +178,7 @@ def _launch(
         table.count_chars, table.count_cols, table.count_fill, table.dist_entry,
         HAS_ROWS=rows is not None, HAS_BUDGET=remaining is not None,
         HAS_COUNTS=counters is not None and table.has_counts, BLOCK_WORDS=block_words,
-        STORE_MODE=store_mode, num_warps=num_warps, **launch_options(logits.device),
+        STORE_MODE=store_mode, MASK_BW=table.block_words, num_warps=num_warps, **launch_options(logits.device),
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ import torch
 
 from surecall.errors import KernelInputError
 from surecall.kernels import checks
-from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
+from surecall.kernels._triton import launch_options, mask_words_triton, resolve_backend, tl, triton
 from surecall.kernels.budget import budget_keep_triton, count_keep_triton
 from surecall.kernels.mask import apply_token_mask_inplace, apply_token_mask_torch
 from surecall.kernels.rng import (
@@ -88,9 +88,11 @@ def _sample_split_kernel(
     logits_stride,  # elements between consecutive rows
     width,  # L: columns of logits
     states_ptr,  # int32 [B] grammar state per row; < 0 = unconstrained (HAS_TABLE)
-    mask_ptr,  # int32 [U, W] distinct packed allowed-token rows
-    mask_row_ptr,  # int32 [S] each state's row of mask
+    mask_blocks_ptr,  # int32 [K, MASK_BW] distinct blocks of packed allowed-token words
+    row_blocks_ptr,  # int32 [U, NB] the blocks of each distinct mask row
+    mask_row_ptr,  # int32 [S] each state's distinct mask row
     num_words,  # W
+    num_row_blocks,  # NB
     remaining_ptr,  # int32 [B] tokens the row may still emit (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] the budget binds when remaining - 1 is below this
     exc_ptr_ptr,  # int32 [S + 1] exception row pointers
@@ -125,6 +127,7 @@ def _sample_split_kernel(
     HAS_COUNTS: tl.constexpr,  # apply the counters
     HAS_UNMASKED: tl.constexpr,  # also reduce the unmasked distribution
     BLOCK_WORDS: tl.constexpr,  # packed words per block (32 * BLOCK_WORDS columns)
+    MASK_BW: tl.constexpr,  # packed words per mask block (the table's block_words)
 ):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -170,11 +173,8 @@ def _sample_split_kernel(
             if state >= 0:
                 # One load per 32 columns, expanded to bits, as xgrammar's kernel does.
                 words = start // 32 + tl.arange(0, BLOCK_WORDS)
-                packed = tl.load(
-                    mask_ptr + tl.load(mask_row_ptr + state).to(tl.int64) * num_words + words,
-                    mask=words < num_words,
-                    other=0,
-                )
+                packed = mask_words_triton(mask_blocks_ptr, row_blocks_ptr, tl.load(mask_row_ptr + state).to(tl.int64),
+                                           words, num_words, num_row_blocks, words >= 0, MASK_BW)
                 bit_set = ((packed[:, None] >> bits[None, :]) & 1) != 0
                 allowed = allowed & tl.reshape(bit_set, [32 * BLOCK_WORDS])
                 stay_need = tl.full([32 * BLOCK_WORDS], -1, tl.int32)
@@ -351,7 +351,7 @@ def _launch(
     opts = launch_options(dev)
     _sample_split_kernel[(batch, num_splits)](
         logits, logits.stride(0), width,
-        states if has_table else inv_t, t.mask, t.mask_row, t.num_words,
+        states if has_table else inv_t, t.mask_blocks, t.mask_row_blocks, t.mask_row, t.num_words, t.num_row_blocks,
         remaining if remaining is not None else inv_t,
         t.max_next_dist, t.exc_ptr, t.exc_tok, t.exc_next, t.trans_default, t.is_stop, t.dist,
         t.num_search_steps,
@@ -362,7 +362,7 @@ def _launch(
         t.count_cols, t.count_fill, t.dist_entry,
         HAS_TABLE=has_table, HAS_BUDGET=remaining is not None,
         HAS_COUNTS=has_table and counters is not None and t.has_counts, HAS_UNMASKED=want_unmasked,
-        BLOCK_WORDS=block_words, num_warps=4, **opts,
+        BLOCK_WORDS=block_words, MASK_BW=t.block_words, num_warps=4, **opts,
     )  # fmt: skip
     splits_p2 = max(2, triton.next_power_of_2(num_splits))
     rows_per_program = max(1, min(64, 1024 // splits_p2))
@@ -380,13 +380,13 @@ class _Dummy:
 
     def __init__(self, dev: torch.device):
         z = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.mask = self.mask_row = self.max_next_dist = self.exc_ptr = self.exc_tok = self.exc_next = (
+        self.mask_blocks = self.mask_row_blocks = self.mask_row = self.max_next_dist = self.exc_ptr = self.exc_tok = self.exc_next = (
             self.dist
         ) = self.trans_default = z
         self.is_stop = torch.zeros(2, dtype=torch.int8, device=dev)
         self.count_row = self.count_lo = self.count_hi = self.dist_entry = z
         self.count_chars = torch.zeros(2, dtype=torch.int8, device=dev)
-        self.num_words = 1
+        self.num_words = self.num_row_blocks = self.block_words = 1
         self.num_search_steps = 1
         self.count_cols = self.count_fill = 1
         self.has_counts = False

@@ -1,13 +1,14 @@
 """DeviceTable: a TokenTable's arrays as torch tensors on one device, plus derived per-state facts.
 
-`from_table` copies the compact layout (grammars/table.py: distinct mask rows + `mask_row`,
-default next state + sorted exceptions) once, as is, and derives what the kernels need so that
+`from_table` copies the compact layout (grammars/table.py: mask rows as deduplicated blocks,
+`mask_blocks` + `mask_row_blocks` + `mask_row`, default next state + sorted exceptions) once, as is, and derives what the kernels need so that
 no launch has to look at the host: the widest/narrowest `dist` one step ahead of each state
 (the budget mask only does work on rows where the budget binds), whether each state allows
 anything, and the number of binary-search steps over the longest exception row. A kernel's
 next state for an allowed non-stop token t of state s: the exception's target if t is one,
 else trans_default[s]. It does not compile or validate grammars (grammars/ does) and holds
-no per-request state.
+no per-request state. Word w of state s's mask row is mask_blocks[mask_row_blocks[mask_row[s],
+w // block_words], w % block_words] in every kernel (`_triton.mask_words_triton`) and reference (`mask_word`).
 Counters (grammars/table.py): `count_*` are the table's count arrays (placeholders when it has
 none: count_row all -1), `dist_entry` = dist + need(0) of the state's body, the dist a token
 that does not stay in a body is charged; `max_next_dist` is over dist_entry (an upper bound of
@@ -29,8 +30,9 @@ NO_NEXT = 1 << 30  # min_next_dist of a state without transitions: larger than a
 
 @dataclass(frozen=True)
 class DeviceTable:
-    mask: torch.Tensor  # int32 [U, W] distinct mask rows
-    mask_row: torch.Tensor  # int32 [S]: state s's row of mask
+    mask_blocks: torch.Tensor  # int32 [K, BW] distinct blocks of packed words (block 0 all zero)
+    mask_row_blocks: torch.Tensor  # int32 [U, NB] the blocks of each distinct mask row
+    mask_row: torch.Tensor  # int32 [S]: state s's distinct mask row
     accept: torch.Tensor  # bool [S]
     accept_i8: torch.Tensor  # int8 [S]: accept as bytes for the kernels
     trans_default: torch.Tensor  # int32 [S]: next state of an allowed non-stop token that is no exception
@@ -61,22 +63,37 @@ class DeviceTable:
     num_entries: int  # E
     num_entry_steps: int  # binary-search iterations over count_entry_key
     has_counts: bool
+    num_words: int  # W: packed words per mask row (ceil(logits_width / 32))
 
     @property
     def num_states(self) -> int:
         return int(self.accept.shape[0])
 
     @property
-    def num_words(self) -> int:
-        return int(self.mask.shape[1])
+    def block_words(self) -> int:
+        """BW: packed words per mask block (a power of two)."""
+        return int(self.mask_blocks.shape[1])
+
+    @property
+    def num_row_blocks(self) -> int:
+        """NB: blocks per mask row."""
+        return int(self.mask_row_blocks.shape[1])
 
     @property
     def device(self) -> torch.device:
-        return self.mask.device
+        return self.mask_blocks.device
 
     def mask_rows(self, states: torch.Tensor) -> torch.Tensor:
-        """int32 [R, W]: the packed mask rows of `states` (all >= 0)."""
-        return self.mask[self.mask_row[states.long()].long()]
+        """int32 [R, W]: the packed mask rows of `states` (all >= 0), gathered through the blocks."""
+        ids = self.mask_row_blocks[self.mask_row[states.long()].long()].long()  # [R, NB]
+        return self.mask_blocks[ids].reshape(ids.shape[0], self.num_row_blocks * self.block_words)[:, : self.num_words]
+
+    def mask_word(self, states: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """int64 per i in [0, 2**32): packed word words[i] (< W) of state states[i]'s mask row."""
+        bw = self.block_words
+        w = words.long()
+        blk = self.mask_row_blocks[self.mask_row[states.long()].long(), w // bw].long()
+        return self.mask_blocks[blk, w % bw].long() & 0xFFFFFFFF
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +120,7 @@ class DeviceTable:
         np.minimum.at(min_next, owner, table.dist[table.exc_next].astype(np.int64))  # a lower bound
         is_stop = np.zeros(table.num_words * 32, dtype=np.int8)
         is_stop[table.stop_ids.astype(np.int64)] = 1
-        stop_bits = _bits(table.mask, table.stop_ids.astype(np.int64))[table.mask_row]
+        stop_bits = table.mask_bits(table.stop_ids)[table.mask_row]
         has_stop = table.accept.astype(bool) & stop_bits.any(axis=1)
         max_row = int(row_lens.max()) if num_states else 0
         nnz_pad = max(table.num_exceptions, 1)
@@ -118,7 +135,8 @@ class DeviceTable:
             return t.to(dev)
 
         return cls(
-            mask=put(table.mask, torch.int32),
+            mask_blocks=put(table.mask_blocks, torch.int32),
+            mask_row_blocks=put(table.mask_row_blocks, torch.int32),
             mask_row=put(table.mask_row, torch.int32),
             accept=put(table.accept.astype(bool), torch.bool),
             accept_i8=put(table.accept.astype(np.int8), torch.int8),
@@ -131,7 +149,7 @@ class DeviceTable:
             is_stop=put(is_stop, torch.int8),
             max_next_dist=put(max_next, torch.int32),
             min_next_dist=put(min_next, torch.int32),
-            has_allowed=put((table.mask != 0).any(axis=1)[table.mask_row], torch.bool),
+            has_allowed=put((table.mask_row_blocks != 0).any(axis=1)[table.mask_row], torch.bool),  # block 0: the zero block
             has_stop=put(has_stop, torch.bool),
             num_search_steps=max(1, max_row.bit_length()),
             vocab_size=int(table.vocab_size),
@@ -148,6 +166,7 @@ class DeviceTable:
             num_entries=int(counts["num_entries"]),
             num_entry_steps=max(1, int(counts["num_entries"]).bit_length()),
             has_counts=bool(table.has_counts),
+            num_words=table.num_words,
         )
 
 
@@ -170,23 +189,14 @@ def _count_arrays(table: TokenTable) -> dict:
             "dist_entry": (table.dist + need0).astype(np.int32), "num_entries": num_entries}
 
 
-def _bits(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """bool [S, len(ids)]: whether each state's mask row allows each id."""
-    words = mask[:, ids // 32].view(np.uint32)
-    return ((words >> (ids % 32).astype(np.uint32)) & 1).astype(bool)
-
-
 def _check_table(table: TokenTable) -> None:
     """Cheap shape checks, so a malformed table fails here and not inside a kernel."""
     num_states = table.num_states
-    expected_words = (table.logits_width + 31) // 32
-    problems = []
-    if table.mask.ndim != 2 or table.mask.shape[1] != expected_words:
-        problems.append(f"mask shape {table.mask.shape}, expected (rows, {expected_words})")
+    problems = []  # the block layout itself is checked by TokenTable (grammars/table.py)
     if table.mask_row.shape != (num_states,):
         problems.append(f"mask_row shape {table.mask_row.shape}, expected ({num_states},)")
-    elif num_states and not 0 <= int(table.mask_row.min()) <= int(table.mask_row.max()) < table.mask.shape[0]:
-        problems.append(f"mask_row outside the {table.mask.shape[0]} mask rows")
+    elif num_states and not 0 <= int(table.mask_row.min()) <= int(table.mask_row.max()) < table.num_mask_rows:
+        problems.append(f"mask_row outside the {table.num_mask_rows} mask rows")
     if table.trans_default.shape != (num_states,):
         problems.append(f"trans_default shape {table.trans_default.shape}, expected ({num_states},)")
     if table.exc_ptr.shape != (num_states + 1,):

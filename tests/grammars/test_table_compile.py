@@ -105,7 +105,7 @@ def dense_view(table) -> dict:
     """The table as one mask row per state and full CSR rows (the layout before issue 15)."""
     rows = [table.transitions(s) for s in range(table.num_states)]
     ptr = np.concatenate([[0], np.cumsum([t.size for t, _ in rows])]).astype(np.int32)
-    return {"mask": table.mask[table.mask_row], "accept": table.accept, "trans_ptr": ptr,
+    return {"mask": table.mask_dense(table.mask_row), "accept": table.accept, "trans_ptr": ptr,
             "trans_tok": np.concatenate([t for t, _ in rows]).astype(np.int32),
             "trans_next": np.concatenate([n for _, n in rows]).astype(np.int32)}
 
@@ -147,9 +147,11 @@ def counted_dist_is_consistent(table) -> bool:
 
 
 def check_table_invariants(table, vocab) -> None:
-    assert table.mask.dtype == np.int32 and table.mask.shape[1] == (vocab.logits_width + 31) // 32
-    assert len({r.tobytes() for r in table.mask}) == table.mask.shape[0], "a mask row is stored twice"
-    assert table.mask_row.shape == (table.num_states,) and int(table.mask_row.max()) < table.mask.shape[0]
+    dense = table.mask_dense()
+    assert dense.dtype == np.int32 and dense.shape[1] == (vocab.logits_width + 31) // 32
+    assert len({r.tobytes() for r in dense}) == dense.shape[0], "a mask row is stored twice"
+    assert len({b.tobytes() for b in table.mask_blocks}) == table.mask_blocks.shape[0], "a mask block is stored twice"
+    assert table.mask_row.shape == (table.num_states,) and int(table.mask_row.max()) < table.num_mask_rows
     assert np.all(np.diff(table.exc_ptr) >= 0) and table.exc_ptr[-1] == table.exc_tok.size
     stops = set(vocab.stop_ids)
     never = set(vocab.special_ids) - stops
@@ -262,7 +264,7 @@ def test_synthetic_table_invariants_and_walks():
     table = compile_regex(JSONISH, vocab, GrammarOptions())
     check_table_invariants(table, vocab)
     assert table.logits_width > table.vocab_size
-    padded = np.unpackbits(table.mask.view(np.uint8), axis=1, bitorder="little")[:, vocab.vocab_size :]
+    padded = np.unpackbits(table.mask_dense().view(np.uint8), axis=1, bitorder="little")[:, vocab.vocab_size :]
     assert not padded.any(), "ids past the tokenizer are allowed"
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -316,7 +318,7 @@ def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
         compile_regex(r"[a-z]*a[a-z]{14}", vocab, GrammarOptions(time_budget_s=0.3), use_cache=False)
     assert _WORKER.proc is None
     again = compile_regex(JSONISH, vocab, GrammarOptions(), use_cache=False)
-    assert np.array_equal(again.mask, inline.mask)
+    assert np.array_equal(again.mask_dense(), inline.mask_dense())
 
 
 def test_isolated_byte_dfa_reports_a_bad_regex():
@@ -337,7 +339,7 @@ def test_cache_warm_load_is_mapped_and_equal():
     vocab = synthetic_vocab()
     cold = compile_regex(JSONISH, vocab, GrammarOptions())
     warm = compile_regex(JSONISH, vocab, GrammarOptions())
-    assert isinstance(warm.mask, np.memmap) and not isinstance(cold.mask, np.memmap)
+    assert isinstance(warm.mask_blocks, np.memmap) and not isinstance(cold.mask_blocks, np.memmap)
     for name in TABLE_ARRAYS:
         assert np.array_equal(getattr(cold, name), getattr(warm, name)), name
     assert warm.meta["states"] == cold.meta["states"]
@@ -349,8 +351,8 @@ def test_corrupt_cache_entry_is_rebuilt(damage):
     good = compile_regex(JSONISH, vocab, GrammarOptions())
     entry = _entry(JSONISH, vocab)
     if damage == "truncate":
-        data = (entry / "mask.npy").read_bytes()
-        (entry / "mask.npy").write_bytes(data[: len(data) - 8])
+        data = (entry / "mask_blocks.npy").read_bytes()
+        (entry / "mask_blocks.npy").write_bytes(data[: len(data) - 8])
     elif damage == "flip":
         data = bytearray((entry / "dist.npy").read_bytes())
         data[-1] ^= 0x01

@@ -1,7 +1,8 @@
 """The compact TokenTable layout (grammars/table.py): distinct mask rows, default next + exceptions.
 
 A dense table (one mask row per state, full CSR rows) and its compact form must describe the
-same transitions; `concat` stores mask rows shared between grammars once; the disk cache does
+same transitions; mask rows split into blocks expand back to the same words, each block stored
+once; `concat` stores mask rows and blocks shared between grammars once; the disk cache does
 not read an entry of an older format.
 """
 
@@ -15,7 +16,7 @@ import pytest
 from surecall.grammars import cache as table_cache
 from surecall.grammars.compile import compile_regex
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.table import TokenTable, unique_rows
+from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows
 from surecall.grammars.vocab.core import Vocab
 
 
@@ -57,7 +58,7 @@ def _dense(rng, num_states=7, vocab_size=90, width=100):
 def test_from_dense_keeps_every_transition_and_stores_less():
     mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(0))
     table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
-    assert table.mask.shape[0] < mask.shape[0] and table.num_exceptions < tok.size
+    assert table.num_mask_rows < mask.shape[0] and table.num_exceptions < tok.size
     assert table.num_transitions == tok.size
     for s in range(table.num_states):
         toks, nexts = table.transitions(s)
@@ -94,7 +95,7 @@ def test_concat_stores_shared_mask_rows_once():
     mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(2))
     a = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
     both, offsets = TokenTable.concat([a, a])
-    assert both.mask.shape[0] == a.mask.shape[0] and both.num_states == 2 * a.num_states
+    assert both.num_mask_rows == a.num_mask_rows and both.num_states == 2 * a.num_states
     for s in range(a.num_states):
         toks, nexts = both.transitions(int(offsets[1]) + s)
         mine = a.transitions(s)
@@ -118,9 +119,9 @@ def _vocab() -> Vocab:
 
 def test_string_body_rows_are_stored_once_and_mostly_defaults():
     table = compile_regex(r'\["[a-e]{0,6}"(?:,"[a-e]*")*\]', _vocab(), GrammarOptions(), use_cache=False)
-    assert table.mask.shape[0] < table.num_states
+    assert table.num_mask_rows < table.num_states
     assert table.num_exceptions < table.num_transitions // 2
-    assert table.meta["exceptions"] == table.num_exceptions and table.meta["mask_rows"] == table.mask.shape[0]
+    assert table.meta["exceptions"] == table.num_exceptions and table.meta["mask_rows"] == table.num_mask_rows
 
 
 def test_cache_entry_of_an_older_format_is_not_read():
@@ -141,3 +142,76 @@ def test_dense_transitions_is_the_full_csr():
     table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
     got_ptr, got_tok, got_next = table.dense_transitions()
     assert np.array_equal(got_ptr, ptr) and np.array_equal(got_tok, tok) and np.array_equal(got_next, nxt)
+
+
+def _shared_block_rows(rng, num_rows=9, words=70, bw=4):
+    """Dense rows assembled block by block from three random blocks or zeros: blocks repeat across rows."""
+    palette = rng.integers(-(2**31), 2**31, size=(3, bw), dtype=np.int64).astype(np.int32)
+    nb = -(-words // bw)
+    picks = rng.integers(-1, 3, size=(num_rows, nb))
+    rows = np.zeros((num_rows, nb * bw), dtype=np.int32)
+    for r, c in zip(*np.nonzero(picks >= 0), strict=True):
+        rows[r, c * bw : (c + 1) * bw] = palette[picks[r, c]]
+    return rows[:, :words]
+
+
+@pytest.mark.parametrize("bw", [1, 4, 32])
+def test_split_blocks_round_trips_and_stores_each_block_once(bw):
+    rows = _shared_block_rows(np.random.default_rng(bw), bw=max(bw, 4))
+    blocks, ids = split_blocks(rows, bw)
+    assert blocks.dtype == np.int32 and blocks.shape[1] == bw and ids.shape == (rows.shape[0], -(-70 // bw))
+    assert not blocks[0].any() and blocks[1:].any(axis=1).all()
+    assert len({b.tobytes() for b in blocks}) == blocks.shape[0], "a block is stored twice"
+    assert blocks.shape[0] < ids.size // 2, "shared blocks were not merged"
+    dense = blocks[ids].reshape(rows.shape[0], -1)
+    assert np.array_equal(dense[:, :70], rows) and not dense[:, 70:].any()
+
+
+def test_a_table_of_shared_blocks_reads_like_its_dense_rows():
+    rng = np.random.default_rng(5)
+    mask = _shared_block_rows(rng, num_rows=6, words=70)  # 3 blocks of 32 words per row, the last partial
+    width = 70 * 32
+    toks = [np.flatnonzero(np.unpackbits(r.view(np.uint8), bitorder="little")) for r in mask]
+    ptr = np.concatenate([[0], np.cumsum([t.size for t in toks])]).astype(np.int32)
+    tok = np.concatenate(toks).astype(np.int32)
+    nxt = rng.integers(0, 6, size=tok.size).astype(np.int32)
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, accept=np.ones(6, bool), dist=np.zeros(6, np.int32),
+                                  vocab_size=width, logits_width=width, stop_ids=np.zeros(0, np.int32))
+    assert table.block_words == MASK_BLOCK_WORDS and table.mask_row_blocks.shape[1] == 3
+    assert np.array_equal(table.mask_dense(table.mask_row), mask)
+    for s in range(6):
+        assert np.array_equal(table.mask_words(s), mask[s])
+        assert np.array_equal(table.allowed(s), toks[s])
+        probe = np.arange(-1, width + 1)
+        assert np.array_equal(table.next_states(s, probe) >= 0, np.isin(probe, toks[s]))
+    assert table.num_transitions == tok.size
+    ptr_d, tok_d, next_d = table.dense_transitions()
+    assert np.array_equal(ptr_d, ptr) and np.array_equal(tok_d, tok) and np.array_equal(next_d, nxt)
+
+
+def test_concat_merges_the_blocks_of_different_tables():
+    tables, dense = [], []
+    for seed in (2, 3):
+        mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(seed), width=3000)
+        tables.append(TokenTable.from_dense(mask, ptr, tok, nxt, **fields))
+        dense.append(mask)
+    both, _ = TokenTable.concat(tables)
+    assert np.array_equal(both.mask_dense(both.mask_row), np.concatenate(dense))
+    assert both.mask_blocks.shape[0] <= sum(t.mask_blocks.shape[0] for t in tables) - 1  # one zero block
+    assert len({b.tobytes() for b in both.mask_blocks}) == both.mask_blocks.shape[0]
+    again, _ = TokenTable.concat([tables[0], tables[0]])
+    assert np.array_equal(again.mask_blocks, tables[0].mask_blocks)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda t: {"mask_blocks": t.mask_blocks.astype(np.int64)}, "Invalid mask_blocks: expected int32"),
+    (lambda t: {"mask_blocks": t.mask_blocks[:, :3].copy()}, "expected a power-of-two block width, got 3"),
+    (lambda t: {"mask_blocks": t.mask_blocks[::-1].copy()}, "expected block 0 all zero"),
+    (lambda t: {"mask_row_blocks": t.mask_row_blocks[:, :1].copy()}, r"Invalid mask_row_blocks: expected int32 \[U, 3\]"),
+    (lambda t: {"mask_row_blocks": t.mask_row_blocks + 99}, r"expected block ids in \[0, \d+\)"),
+])
+def test_a_malformed_block_layout_is_refused(change, match):
+    mask, ptr, tok, nxt, fields = _dense(np.random.default_rng(0), width=3000)
+    table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
+    with pytest.raises(ValueError, match=match):
+        TokenTable(**{**table.__dict__, **change(table)})

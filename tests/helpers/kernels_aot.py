@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from surecall.grammars.table import MASK_BLOCK_WORDS
 from surecall.kernels.advance import _advance_kernel
 from surecall.kernels.mask import _apply_mask_kernel
 from surecall.kernels.sample import _sample_combine_kernel, _sample_split_kernel
@@ -23,7 +24,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 # pointer element types per argument name; every other non-constexpr argument is an i32 scalar
 POINTERS = {
     "logits_ptr": None,  # filled per dtype
-    "rows_ptr": "*i64", "states_ptr": "*i32", "mask_ptr": "*i32", "remaining_ptr": "*i32",
+    "rows_ptr": "*i64", "states_ptr": "*i32", "mask_blocks_ptr": "*i32",
+    "row_blocks_ptr": "*i32", "remaining_ptr": "*i32",
     "max_next_dist_ptr": "*i32", "exc_ptr_ptr": "*i32", "exc_tok_ptr": "*i32", "exc_next_ptr": "*i32",
     "mask_row_ptr": "*i32", "trans_default_ptr": "*i32",
     "dist_ptr": "*i32", "inv_temp_ptr": "*fp32", "temp_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i64",
@@ -58,7 +60,8 @@ def main(quick: bool = False) -> int:
     for dtype, has_rows, has_budget, mode, counts in itertools.product(
         LOGITS, (False, True), (False, True), (0, 1, 2), (False, True)
     ):
-        flags = {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "HAS_COUNTS": counts, "BLOCK_WORDS": 128}
+        flags = {"HAS_ROWS": has_rows, "HAS_BUDGET": has_budget, "HAS_COUNTS": counts, "BLOCK_WORDS": 128,
+                 "MASK_BW": MASK_BLOCK_WORDS}
         variants.append((_apply_mask_kernel, dtype, {**flags, "STORE_MODE": mode}))
     for dtype, has_table, has_budget, unmasked, counts in itertools.product(
         LOGITS, (False, True), (False, True), (False, True), (False, True)
@@ -71,13 +74,14 @@ def main(quick: bool = False) -> int:
             "HAS_COUNTS": counts,
             "HAS_UNMASKED": unmasked,
             "BLOCK_WORDS": 32,
+            "MASK_BW": MASK_BLOCK_WORDS,
         }
         variants.append((_sample_split_kernel, dtype, flags))
         variants.append(
             (_sample_combine_kernel, dtype, {"HAS_UNMASKED": unmasked, "ROWS": 64, "SPLITS": 16})
         )
-    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": False, "BLOCK": 128}))
-    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": True, "BLOCK": 128}))
+    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": False, "BLOCK": 128, "MASK_BW": MASK_BLOCK_WORDS}))
+    variants.append((_advance_kernel, "fp32", {"HAS_COUNTS": True, "BLOCK": 128, "MASK_BW": MASK_BLOCK_WORDS}))
     if quick:  # the richest variant of each kernel, bf16 logits
         variants = [
             v

@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from surecall.grammars.table import TokenTable
+from surecall.grammars.table import TokenTable, split_blocks
 
 
 def random_table(
@@ -131,3 +131,30 @@ def deep_table(
         if int(table.dist.max()) >= 3:
             return table
     raise RuntimeError("could not draw a deep table")
+
+
+def reblock(table: TokenTable, block_words: int) -> TokenTable:
+    """The same table with its mask rows split into blocks of `block_words` words (the kernels read
+    the block width from the table, so small blocks give several blocks per row on a small vocabulary)."""
+    blocks, row_blocks = split_blocks(table.mask_dense(), block_words)
+    return TokenTable(**{**table.__dict__, "mask_blocks": blocks, "mask_row_blocks": row_blocks})
+
+
+def blocky_table(rng: np.random.Generator, num_states: int = 16, vocab_size: int = 1000,
+                 logits_width: int = 1024, span: int = 64, palette: int = 3) -> TokenTable:
+    """A random table whose rows are built span by span from a few token sets per span (or none),
+    so rows share most of their blocks of span // 32 words yet differ as wholes."""
+    stop_ids = np.sort(rng.choice(vocab_size, size=2, replace=False)).astype(np.int32)
+    normal = np.setdiff1d(np.arange(vocab_size), stop_ids)
+    choices = [[normal[(normal >= lo) & (normal < lo + span) & (rng.random(normal.size) < 0.3)]
+                for _ in range(palette)] for lo in range(0, vocab_size, span)]
+    accept = rng.random(num_states) < 0.3
+    accept[0] = False
+    accept[rng.integers(1, num_states)] = True
+    rows = []
+    for _ in range(num_states):
+        picks = [c[int(rng.integers(palette))] if rng.random() < 0.5 else normal[:0] for c in choices]
+        toks = np.concatenate(picks)
+        rows.append({int(t): int(rng.integers(num_states)) for t in toks})
+    _ensure_acceptance(rows, accept, rng, normal)
+    return _assemble(rows, accept, stop_ids, vocab_size, logits_width)

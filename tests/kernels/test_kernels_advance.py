@@ -131,7 +131,7 @@ def test_errors():
         KernelInputError, match="Invalid TokenTable for DeviceTable.from_table: dist shape"
     ):
         DeviceTable.from_table(broken)
-    beyond = TokenTable(**{**table.__dict__, "mask_row": np.full(table.num_states, table.mask.shape[0], np.int32)})
+    beyond = TokenTable(**{**table.__dict__, "mask_row": np.full(table.num_states, table.num_mask_rows, np.int32)})
     with pytest.raises(KernelInputError, match="mask_row outside the .* mask rows"):
         DeviceTable.from_table(beyond)
     short = TokenTable(**{**table.__dict__, "exc_tok": table.exc_tok[:-1]})
