@@ -239,38 +239,62 @@ def _minimise(states: dict, accepting: set) -> dict:
 
 def _eliminate(states: dict, accepting: set, blocks: dict) -> str | None:
     """State elimination on the minimal DFA; None past MAX_REGEX_CHARS."""
-    start, final = "start", "final"
-    edges: dict = {(start, blocks[("S", 0, 0, False, 0)]): ""}
     labels: dict = {}
     for s, moves in states.items():
         for symbol, t in moves.items():
             labels.setdefault((blocks[s], blocks[t]), set()).add(symbol)
-        if s in accepting:
-            edges[(blocks[s], final)] = ""
-    edges.update({pair: _label(symbols) for pair, symbols in labels.items()})
     inner = set(blocks.values())
     if len(inner) > _MAX_MINIMAL_STATES:
         return None
+    edges = {pair: _label(symbols) for pair, symbols in labels.items()}
+    finals = {blocks[s] for s in accepting}
+    return eliminate(edges, blocks[("S", 0, 0, False, 0)], finals, MAX_REGEX_CHARS)
+
+
+def eliminate(edges: dict, start: object, finals: set, max_chars: int) -> str | None:
+    """The regex of the automaton with `edges` {(p, q): regex} from `start` to any of `finals`, by
+    state elimination (the state with the fewest in x out paths first); None past `max_chars`
+    on one edge (or four times that in all)."""
+    edges = dict(edges)
+    inner = {p for pair in edges for p in pair} | {start} | set(finals)
+    edges[("start", start)] = ""
+    for q in finals:
+        edges[(q, "final")] = ""
+    ins_of: dict = {q: set() for q in inner}
+    outs_of: dict = {q: set() for q in inner}
+    for a, b in edges:
+        if b in ins_of:
+            ins_of[b].add(a)
+        if a in outs_of:
+            outs_of[a].add(b)
+    total = sum(map(len, edges.values()))
     while inner:
-        q = min(inner, key=lambda x: sum(a == x for a, _ in edges) * sum(b == x for _, b in edges))
+        q = min(inner, key=lambda x: len(ins_of[x] - {x}) * len(outs_of[x] - {x}))
         inner.discard(q)
         loop = edges.pop((q, q), None)
-        ins = [(a, r) for (a, b), r in edges.items() if b == q]
-        outs = [(b, r) for (a, b), r in edges.items() if a == q]
+        ins = [(a, edges.pop((a, q))) for a in ins_of.pop(q) if a != q]
+        outs = [(b, edges.pop((q, b))) for b in outs_of.pop(q) if b != q]
         for a, _ in ins:
-            del edges[(a, q)]
+            outs_of.get(a, set()).discard(q)
         for b, _ in outs:
-            del edges[(q, b)]
+            ins_of.get(b, set()).discard(q)
         middle = "" if loop is None else _atom(loop) + "*"
         for a, into in ins:
             for b, out in outs:
                 path = _seq(into) + middle + _seq(out)
-                edges[(a, b)] = f"{edges[(a, b)]}|{path}" if (a, b) in edges else path
-                if len(edges[(a, b)]) > MAX_REGEX_CHARS:
+                old = edges.get((a, b))
+                edges[(a, b)] = path if old is None else f"{old}|{path}"
+                total += len(path) + (1 if old is not None else 0)
+                if a in outs_of:
+                    outs_of[a].add(b)
+                if b in ins_of:
+                    ins_of[b].add(a)
+                if len(edges[(a, b)]) > max_chars:
                     return None
-        if sum(map(len, edges.values())) > 4 * MAX_REGEX_CHARS:
+        total -= sum(len(r) for _, r in ins) + sum(len(r) for _, r in outs) + len(loop or "")
+        if total > 4 * max_chars:
             return None
-    return edges.get((start, final))
+    return edges.get(("start", "final"))
 
 
 def _label(symbols: set) -> str:

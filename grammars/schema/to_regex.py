@@ -58,6 +58,7 @@ from surecall.grammars.schema.multiple_of import (
     multiple_of_regex,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
+from surecall.grammars.schema.regular import RegularUnsupported, string_body
 from surecall.grammars.schema.property_counts import (
     MAX_EXTRA_REPEATS,
     MAX_OPTIONAL,
@@ -485,6 +486,9 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
+        regular = self.regular_string(schema, ptr)
+        if regular is not False:
+            return regular
         alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
@@ -507,6 +511,17 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k != "not"}
         self.relax_generic(schema, ptr)
         return _alternation([self.convert_type(t, schema, ptr) for t in types])
+
+    def regular_string(self, schema: dict, ptr: str) -> str | None | bool:
+        """A strings-only schema whose patterns, lengths and literals sit under not/oneOf/allOf, as
+        one automaton's body (schema/regular.py); False when it is not one (converted as before)."""
+        try:
+            found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored, self.deadline)
+        except RegularUnsupported:
+            return False
+        bounds = {"minLength": found.min_length, "maxLength": found.max_length}
+        return None if found.body is None else self.convert_string(
+            {k: v for k, v in bounds.items() if v is not None}, ptr, found.body)
 
     def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
         """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""

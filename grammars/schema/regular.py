@@ -1,0 +1,728 @@
+"""String schemas as one regular language: patterns, lengths and literals under not/allOf/anyOf/oneOf.
+
+`string_body(schema, resolve)` reads a schema that admits only strings and is built from
+`pattern` (search semantics), min/maxLength, const/enum, type and the combinators not, allOf,
+anyOf, oneOf, if/then/else and $ref. Each leaf becomes a DFA over classes of code points (a
+Thompson NFA from pattern.py's parser, then a subset construction); they combine by product and
+complement, are minimised, and the JSON string body regex comes out by state elimination
+(multiple_of.eliminate). Each character set is kept as what both Python `re` and ECMA-262 put in
+it (lower) and what either does (upper; `$` may also end before a final newline in `re`): a leaf
+under `not` takes the upper set, so the result is a subset of both validators' languages. Length
+bounds on the schema's own conjunction are handed back for the string counter (any size); those
+nested under combinators become counter states up to MAX_FOLDED_LENGTH. It raises
+RegularUnsupported past its size caps, on `format` and on whatever else it cannot read exactly:
+the caller then converts the schema as before (relaxing what it cannot enforce). Numbers and
+objects are not handled here.
+"""
+
+# Product and complement of DFAs and Moore's partition refinement are the textbook
+# constructions (Hopcroft, Motwani & Ullman, "Introduction to Automata Theory", ch. 4).
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from surecall.grammars.schema import json_lex as lex
+from surecall.grammars.schema.multiple_of import eliminate
+from surecall.grammars.schema.pattern import (
+    _CLASS_ESCAPES,
+    _LINE_TERMINATORS,
+    _PY_SPACE,
+    PatternUnsupported,
+    _Parser,
+    _python_ranges,
+    _top_branches,
+)
+
+MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
+MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
+MAX_BODY_CHARS = 12_000  # the string body regex written out
+MAX_FOLDED_LENGTH = 64  # a length bound nested under a combinator: one state per character up to it
+_MAX_DEPTH = 24  # $ref hops
+_MAX_NODES = 4_000  # subschemas read for one schema (a guard against $refs that branch and recur)
+_NOT_IN = "$surecall:not_in"  # conditionals.NOT_IN (the values the instance equals none of)
+_STRING_KEYS = ("pattern", "minLength", "maxLength", "format")
+_APPLIES = {  # keyword -> the one type it constrains (all others pass it)
+    **{k: "object" for k in ("properties", "required", "additionalProperties", "patternProperties",
+                             "propertyNames", "minProperties", "maxProperties", "dependentRequired",
+                             "dependentSchemas", "dependencies", "unevaluatedProperties")},
+    **{k: "array" for k in ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+                            "contains", "minContains", "maxContains", "unevaluatedItems")},
+    **{k: "number" for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")},
+}
+# Every control character, each as json.dumps writes it (short escapes where there is one).
+_CONTROL_ESCAPES = r"\\[bfnrt]|\\u00(?:0[0-7bBeEfF]|1[0-9a-fA-F])"
+_OTHER_TYPES = ("object", "array", "number", "boolean", "null")
+
+
+class RegularUnsupported(Exception):
+    """The schema is not read here as one string automaton (the message says why)."""
+
+
+Resolve = Callable[[str], object]  # a $ref -> its target schema
+
+
+@dataclass(frozen=True)
+class StringBody:
+    body: str | None  # the JSON string body regex (None: no string is valid)
+    min_length: int  # bounds on the whole string, for the counter (already folded when small)
+    max_length: int | None
+
+
+def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False,
+                deadline: float | None = None) -> StringBody:
+    """The strings `schema` admits as one body regex, when it admits only strings and needs the
+    algebra (a pattern or bound under not/oneOf/if, or two patterns); else RegularUnsupported."""
+    reader = _Reader(resolve, siblings_ignored)
+    if any(reader.truth(schema, kind) is not False for kind in _OTHER_TYPES):
+        raise RegularUnsupported("the schema may admit values other than strings")
+    expr = reader.expr(schema, top=True)
+    if not reader.needs_algebra:
+        raise RegularUnsupported("nothing here needs more than the converter's own string keywords")
+    low, high = reader.min_length, reader.max_length
+    if low > high if high is not None else False:
+        return StringBody(None, low, high)
+    if 0 < low <= MAX_FOLDED_LENGTH:
+        expr = ("all", [expr, ("len", low, None)])
+    return StringBody(_Builder(expr, deadline).body(), low, high)
+
+
+# --- schema -> boolean expression over leaves ----------------------------------------------
+# Leaves: ("pat", node, is_exact) a pattern's search language, ("len", lo, hi), ("lit", strings);
+# nodes: ("all" | "any" | "one", [exprs]), ("not", expr); True, False.
+
+
+class _Reader:
+    def __init__(self, resolve: Resolve, siblings_ignored: bool):
+        self.resolve = resolve
+        self.siblings_ignored = siblings_ignored
+        self.min_length, self.max_length = 0, None
+        self.needs_algebra = False
+        self.num_patterns = 0
+        self.num_nodes = 0
+        self.truths: dict[tuple[int, str], bool | None] = {}  # (id of subschema, type) -> truth
+
+    def visit(self) -> None:
+        self.num_nodes += 1
+        if self.num_nodes > _MAX_NODES:
+            raise RegularUnsupported(f"the schema has more than {_MAX_NODES} subschemas to read")
+
+    def target(self, schema: dict, depth: int) -> list:
+        """`schema`'s $ref target and the siblings that apply beside it."""
+        if depth > _MAX_DEPTH:
+            raise RegularUnsupported("references nest too deeply")
+        try:
+            target = self.resolve(schema["$ref"])
+        except Exception as exc:  # an unresolvable $ref: the converter reports it
+            raise RegularUnsupported(f"$ref {schema['$ref']!r}: {exc}") from exc
+        rest = {} if self.siblings_ignored else {k: v for k, v in schema.items() if k != "$ref"}
+        return [target, rest]
+
+    def truth(self, schema: object, kind: str, depth: int = 0) -> bool | None:
+        """Whether every (True), no (False) or some (None) value of JSON type `kind` is valid."""
+        if isinstance(schema, bool):
+            return schema
+        if not isinstance(schema, dict):
+            raise RegularUnsupported(f"expected a schema, got {type(schema).__name__}")
+        if "nullable" in schema:
+            raise RegularUnsupported("`nullable` is read by the converter")
+        key = (id(schema), kind)
+        if key not in self.truths:
+            self.visit()
+            self.truths[key] = None  # a reference cycle back here: unknown
+            parts = self.target(schema, depth) if "$ref" in schema else None
+            if parts is not None:
+                self.truths[key] = _and3(self.truth(s, kind, depth + 1) for s in parts)
+            else:
+                self.truths[key] = _and3(self.keyword_truth(schema, k, v, kind, depth) for k, v in schema.items())
+        return self.truths[key]
+
+    def keyword_truth(self, schema: dict, key: str, value: object, kind: str, depth: int) -> bool | None:
+        if key == "type":
+            types = [value] if isinstance(value, str) else list(value)
+            return True if kind in types else (None if kind == "number" and "integer" in types else False)
+        if key in ("const", "enum", _NOT_IN):
+            values = [value] if key == "const" else list(value)
+            has_kind = any(_kind(v) == kind for v in values)
+            return (None if has_kind else True) if key == _NOT_IN else (None if has_kind else False)
+        if key == "not":
+            inner = self.truth(value, kind, depth + 1)
+            return None if inner is None else not inner
+        if key in ("allOf", "anyOf", "oneOf"):
+            if key == "allOf":
+                return _and3(self.truth(s, kind, depth + 1) for s in value)
+            parts = [self.truth(s, kind, depth + 1) for s in value]
+            if key == "anyOf":
+                return None if None in parts and True not in parts else any(parts)
+            return None if None in parts else sum(parts) == 1
+        if key == "if":
+            cond = self.truth(value, kind, depth + 1)
+            then = self.truth(schema.get("then", True), kind, depth + 1)
+            other = self.truth(schema.get("else", True), kind, depth + 1)
+            return then if cond is True else other if cond is False else (then if then == other else None)
+        return None if _APPLIES.get(key) == kind else True
+
+    def expr(self, schema: object, top: bool = False, depth: int = 0) -> object:
+        """The strings `schema` admits as an expression (`top`: on the root's conjunction, where
+        length bounds are collected for the counter instead)."""
+        if isinstance(schema, bool):
+            return schema
+        self.visit()
+        if "$ref" in schema:
+            return ("all", [self.expr(s, top, depth + 1) for s in self.target(schema, depth)])
+        parts = []
+        for key, value in schema.items():
+            if key in ("minLength", "maxLength") and top:
+                self.length_bound(key, value)
+            elif key == "allOf":
+                parts.append(("all", [self.expr(s, top, depth + 1) for s in value]))
+            else:
+                parts.append(self.keyword_expr(schema, key, value, depth))
+        return ("all", parts)
+
+    def length_bound(self, key: str, value: object) -> None:
+        bound = _natural(value, key)
+        if key == "minLength":
+            self.min_length = max(self.min_length, bound)
+        else:
+            self.max_length = bound if self.max_length is None else min(self.max_length, bound)
+
+    def keyword_expr(self, schema: dict, key: str, value: object, depth: int) -> object:
+        if key == "type":
+            types = [value] if isinstance(value, str) else list(value)
+            return "string" in types
+        if key == "pattern":
+            self.num_patterns += 1
+            self.needs_algebra = self.needs_algebra or self.num_patterns > 1
+            return ("pat", *_pattern_node(value))
+        if key in ("minLength", "maxLength"):
+            bound = _natural(value, key)
+            if bound > MAX_FOLDED_LENGTH:
+                raise RegularUnsupported(f"{key} {bound} under a combinator is past {MAX_FOLDED_LENGTH}")
+            return ("len", bound, None) if key == "minLength" else ("len", 0, bound)
+        if key in ("const", "enum", _NOT_IN):
+            values = [value] if key == "const" else list(value)
+            lit = ("lit", tuple(sorted({v for v in values if isinstance(v, str)})))
+            return ("not", lit) if key == _NOT_IN else lit
+        if key == "format":
+            raise RegularUnsupported("a format is not read as an automaton here")
+        if key in ("not", "oneOf", "if"):
+            self.needs_algebra = self.needs_algebra or self.has_string_leaf(schema[key], depth)
+        if key == "not":
+            return ("not", self.expr(value, depth=depth + 1))
+        if key in ("anyOf", "oneOf"):
+            return ("any" if key == "anyOf" else "one", [self.expr(s, depth=depth + 1) for s in value])
+        if key == "if":
+            cond = self.expr(value, depth=depth + 1)
+            then = self.expr(schema.get("then", True), depth=depth + 1)
+            other = self.expr(schema.get("else", True), depth=depth + 1)
+            return ("any", [("all", [cond, then]), ("all", [("not", cond), other])])
+        return True  # then/else (read with `if`), annotations and keywords of other types
+
+    def has_string_leaf(self, sub: object, depth: int) -> bool:
+        """Whether a string keyword (or a literal) sits anywhere in `sub` (through $refs)."""
+        if isinstance(sub, list):
+            return any(self.has_string_leaf(s, depth) for s in sub)
+        if not isinstance(sub, dict):
+            return False
+        if any(k in sub for k in (*_STRING_KEYS, "const", "enum")):
+            return True
+        if "$ref" in sub and self.has_string_leaf(self.target(sub, depth), depth + 1):
+            return True
+        return any(self.has_string_leaf(sub.get(k), depth) for k in ("not", "allOf", "anyOf", "oneOf", "if",
+                                                                       "then", "else"))
+
+
+def _and3(parts) -> bool | None:
+    """Kleene's and (None: unknown), stopping at the first False."""
+    found: bool | None = True
+    for part in parts:
+        if part is False:
+            return False
+        if part is None:
+            found = None
+    return found
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _natural(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not float(value).is_integer():
+        raise RegularUnsupported(f"{key} {value!r} is not a natural number")
+    return int(value)
+
+
+# --- patterns -> syntax trees over (lower, upper) character sets ----------------------------
+# ("set", lower ranges, upper ranges), ("cat", [nodes]), ("alt", [nodes]), ("rep", node, lo, hi).
+
+
+def _pattern_node(pattern: str) -> tuple[object, bool]:
+    """(tree of the strings `pattern` finds a match in, whether lower and upper sets all agree)."""
+    if not isinstance(pattern, str):
+        raise RegularUnsupported(f"pattern {pattern!r} is not a string")
+    anything = ("rep", ("set", lex.ALL_CHARS, lex.ALL_CHARS), 0, None)
+    trailing_newline = ("rep", ("set", [], [(0x0A, 0x0A)]), 0, 1)  # Python's `$` also ends before one
+    branches, is_exact = [], True
+    try:
+        for branch in _top_branches(pattern):
+            parser = _TreeParser(branch)
+            for starts, body, ends in parser.parse_top():
+                branches.append(("cat", [body if starts else ("cat", [anything, body]),
+                                         trailing_newline if ends else anything]))
+                is_exact = is_exact and parser.is_agreed and not ends
+    except PatternUnsupported as exc:
+        raise RegularUnsupported(f"pattern {pattern!r}: {exc}") from exc
+    return ("alt", branches), is_exact
+
+
+class _TreeParser(_Parser):
+    """pattern.py's recursive descent, building trees instead of regex text."""
+
+    def __init__(self, pattern: str):
+        super().__init__(pattern, max_repeat=1 << 31)
+        self.is_agreed = True
+
+    def parse_alternation(self):
+        options = [self.parse_sequence(top=False)]
+        while self.peek() == "|":
+            self.pos += 1
+            options.append(self.parse_sequence(top=False))
+        return ("alt", options)
+
+    def parse_sequence(self, top: bool):
+        parts = []
+        while self.peek() not in ("", "|", ")") and not (top and self.peek() == "$" and self._dollar_ends()):
+            parts.append(self.parse_quantified())
+        return ("cat", parts)
+
+    def repeat(self, atom, low: int, high: int | None):
+        return ("rep", atom, low, high)
+
+    def parse_atom(self):
+        c = self.peek()
+        if c == "(":
+            return self.parse_group()
+        if c == "[":
+            return self.char_set(self.parse_class())
+        if c == ".":  # ECMA leaves out every line terminator, Python only \n
+            self.pos += 1
+            return self.char_set((lex.complement(_LINE_TERMINATORS), lex.complement([(0x0A, 0x0A)])))
+        if c in "^$":
+            raise self.fail("an anchor inside the pattern")
+        if c in "*+?":
+            raise self.fail("a quantifier with nothing to repeat")
+        if c == "\\":
+            return self.char_set(self.parse_escape(in_class=False))
+        self.pos += 1
+        return ("set", [(ord(c), ord(c))], [(ord(c), ord(c))])
+
+    def parse_group(self):
+        self.pos += 1
+        if self.peek() == "?":
+            if self.src.startswith("?:", self.pos):
+                self.pos += 2
+            elif self.peek(1) == "<" and self.peek(2) not in "=!":
+                end = self.src.find(">", self.pos)
+                if end < 0:
+                    raise self.fail("an unterminated group name")
+                self.pos = end + 1
+            else:
+                raise self.fail("a lookaround or inline flag group")
+        inner = self.parse_alternation()
+        if self.peek() != ")":
+            raise self.fail("an unbalanced parenthesis")
+        self.pos += 1
+        return inner
+
+    def parse_escape(self, in_class: bool, negated: bool = False):
+        c = self.peek(1)
+        if c.lower() in _CLASS_ESCAPES:  # Python's own (Unicode-wide) \d \w \s, not pattern.py's stand-in
+            self.pos += 2
+            ecma = list(_CLASS_ESCAPES[c.lower()])
+            python = list(_PY_SPACE) if c.lower() == "s" else list(_python_ranges(c.lower()))
+            return (lex.complement(ecma), lex.complement(python)) if c.isupper() else (ecma, python)
+        return super().parse_escape(in_class, negated)
+
+    def char_set(self, sets) -> tuple:
+        ecma, python = lex.normalize(sets[0]), lex.normalize(sets[1])
+        self.is_agreed = self.is_agreed and ecma == python
+        lower = lex.subtract(ecma, lex.complement(python))
+        return ("set", lower, lex.normalize(ecma + python))
+
+
+# --- expressions -> DFAs over atoms (classes of code points) --------------------------------
+
+
+@dataclass
+class _DFA:
+    trans: list[list[int]]  # [state][atom] -> state (complete: a dead state is a state)
+    accept: list[bool]  # start state 0
+
+
+class _Builder:
+    def __init__(self, expr: object, deadline: float | None):
+        self.expr = expr
+        self.deadline = deadline
+        ranges: list[list[tuple[int, int]]] = []
+        _collect_sets(expr, ranges)
+        self.atoms, self.bounds, self.interval_atom = _partition(ranges)
+        self.num_atoms = len(self.atoms)
+        self.masks: dict[tuple, int] = {}
+
+    def body(self) -> str | None:
+        lower, _ = self.build(self.expr)
+        return self.emit(lower)
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise RegularUnsupported("the string automaton ran past the compile's time budget")
+
+    def build(self, expr: object) -> tuple[_DFA, _DFA]:
+        """(lower, upper): a DFA inside both validators' languages of `expr`, and one holding both."""
+        self.check_time()
+        if isinstance(expr, bool):
+            dfa = self.constant(expr)
+            return dfa, dfa
+        kind = expr[0]
+        if kind == "pat":
+            lower = self.pattern_dfa(expr[1], upper=False)
+            return (lower, lower) if expr[2] else (lower, self.pattern_dfa(expr[1], upper=True))
+        if kind == "len":
+            dfa = self.length_dfa(expr[1], expr[2])
+            return dfa, dfa
+        if kind == "lit":
+            dfa = self.literal_dfa(expr[1])
+            return dfa, dfa
+        if kind == "not":  # the strings surely outside are those outside the upper language
+            lower, upper = self.build(expr[1])
+            outside = self.complement(upper)
+            return outside, outside if lower is upper else self.complement(lower)
+        parts = [self.build(e) for e in expr[1]]
+        return self.combine(kind, [p[0] for p in parts], [p[1] for p in parts])
+
+    def combine(self, kind: str, lowers: list[_DFA], uppers: list[_DFA]) -> tuple[_DFA, _DFA]:
+        n = len(lowers)
+        if n == 0:
+            dfa = self.constant(kind == "all")
+            return dfa, dfa
+        is_same = all(lo is up for lo, up in zip(lowers, uppers))
+        if kind in ("all", "any"):
+            test = all if kind == "all" else any
+            lower = self.product(lowers, lambda bits: test(bits))
+            return lower, lower if is_same else self.product(uppers, lambda bits: test(bits))
+        if is_same:  # oneOf: exactly one branch
+            one = self.product(lowers, lambda bits: sum(bits) == 1)
+            return one, one
+        both = lowers + uppers  # lower: branch i surely, no other possibly; upper: the converse
+        lower = self.product(both, lambda b: any(b[i] and not any(b[n + j] for j in range(n) if j != i)
+                                                 for i in range(n)))
+        upper = self.product(both, lambda b: any(b[n + i] and not any(b[j] for j in range(n) if j != i)
+                                                 for i in range(n)))
+        return lower, upper
+
+    # -- leaves
+    def constant(self, value: bool) -> _DFA:
+        return _DFA([[0] * self.num_atoms], [value])
+
+    def length_dfa(self, low: int, high: int | None) -> _DFA:
+        """Counts characters up to high + 1 (dead) or, with no high, up to low (then stays)."""
+        top = low if high is None else high + 1
+        trans = [[min(i + 1, top)] * self.num_atoms for i in range(top + 1)]
+        accept = [i >= low and (high is None or i <= high) for i in range(top + 1)]
+        return _DFA(trans, accept)
+
+    def literal_dfa(self, strings: tuple[str, ...]) -> _DFA:
+        trans, accept = [[-1] * self.num_atoms], [False]
+        for text in strings:
+            state = 0
+            for ch in text:
+                atom = self.interval_atom[bisect.bisect_right(self.bounds, ord(ch)) - 1]
+                if atom is None:  # a lone surrogate: no JSON text the grammar writes
+                    break
+                if trans[state][atom] < 0:
+                    trans.append([-1] * self.num_atoms)
+                    accept.append(False)
+                    trans[state][atom] = len(trans) - 1
+                state = trans[state][atom]
+            else:
+                accept[state] = True
+        dead = len(trans)
+        trans.append([dead] * self.num_atoms)
+        accept.append(False)
+        return _DFA([[dead if t < 0 else t for t in row] for row in trans], accept)
+
+    def mask(self, ranges: list[tuple[int, int]]) -> int:
+        """The atoms (as bits) whose code points lie in `ranges` (a union of elementary intervals)."""
+        key = tuple(ranges)
+        if key not in self.masks:
+            bits = 0
+            for lo, hi in ranges:
+                i = bisect.bisect_right(self.bounds, lo) - 1
+                while i < len(self.interval_atom) and self.bounds[i] <= hi:
+                    if self.interval_atom[i] is not None:
+                        bits |= 1 << self.interval_atom[i]
+                    i += 1
+            self.masks[key] = bits
+        return self.masks[key]
+
+    def pattern_dfa(self, node: object, upper: bool) -> _DFA:
+        nfa = _NFA()
+        start, end = nfa.fragment(node, upper, self)
+        return self.minimise(self.determinise(nfa, start, end))
+
+    def determinise(self, nfa: _NFA, start: int, end: int) -> _DFA:
+        first = nfa.closure({start})
+        index = {first: 0}
+        order = [first]
+        trans: list[list[int]] = []
+        while len(trans) < len(order):
+            if len(order) > MAX_DFA_STATES:
+                raise RegularUnsupported(f"a pattern's automaton passes {MAX_DFA_STATES} states")
+            members = order[len(trans)]
+            moves: list[set] = [set() for _ in range(self.num_atoms)]
+            for s in members:
+                for bits, t in nfa.edges[s]:
+                    for a in _bits(bits):
+                        moves[a].add(t)
+            row = []
+            for targets in moves:
+                key = nfa.closure(targets)
+                if key not in index:
+                    index[key] = len(order)
+                    order.append(key)
+                row.append(index[key])
+            trans.append(row)
+            self.check_time()
+        return _DFA(trans, [end in m for m in order])
+
+    # -- algebra
+    def complement(self, dfa: _DFA) -> _DFA:
+        return _DFA(dfa.trans, [not a for a in dfa.accept])
+
+    def product(self, dfas: list[_DFA], test: Callable[[tuple], bool]) -> _DFA:
+        start = (0,) * len(dfas)
+        index = {start: 0}
+        order = [start]
+        trans: list[list[int]] = []
+        while len(trans) < len(order):
+            if len(order) > MAX_DFA_STATES:
+                raise RegularUnsupported(f"a product automaton passes {MAX_DFA_STATES} states")
+            state = order[len(trans)]
+            row = []
+            for a in range(self.num_atoms):
+                nxt = tuple(d.trans[s][a] for d, s in zip(dfas, state))
+                if nxt not in index:
+                    index[nxt] = len(order)
+                    order.append(nxt)
+                row.append(index[nxt])
+            trans.append(row)
+        self.check_time()
+        accept = [test(tuple(d.accept[s] for d, s in zip(dfas, state))) for state in order]
+        return self.minimise(_DFA(trans, accept))
+
+    def minimise(self, dfa: _DFA) -> _DFA:
+        """Moore's partition refinement; blocks renumbered in order of first visit (start 0)."""
+        block = [int(a) for a in dfa.accept]
+        num_blocks = len(set(block))
+        while True:
+            signatures: dict = {}
+            new = [signatures.setdefault((block[s], tuple(block[t] for t in row)), len(signatures))
+                   for s, row in enumerate(dfa.trans)]
+            if len(signatures) == num_blocks:
+                break
+            block, num_blocks = new, len(signatures)
+        renumber, kept = {block[0]: 0}, [0]
+        for s in kept:  # grows while read: one state per block, in order of first visit
+            for t in dfa.trans[s]:
+                if block[t] not in renumber:
+                    renumber[block[t]] = len(kept)
+                    kept.append(t)
+        return _DFA([[renumber[block[t]] for t in dfa.trans[s]] for s in kept], [dfa.accept[s] for s in kept])
+
+    # -- regex
+    def emit(self, dfa: _DFA) -> str | None:
+        """The body regex of `dfa` (None: it accepts nothing)."""
+        live = _coreachable(dfa)
+        if 0 not in live:
+            return None
+        labels: dict[tuple[int, int], int] = {}
+        for s in live:
+            for a, t in enumerate(dfa.trans[s]):
+                if t in live:
+                    labels[(s, t)] = labels.get((s, t), 0) | (1 << a)
+        edges = {pair: self.label(bits) for pair, bits in labels.items()}
+        finals = {s for s in live if dfa.accept[s]}
+        regex = eliminate(edges, 0, finals, MAX_BODY_CHARS)
+        if regex is None:
+            raise RegularUnsupported(f"the string body regex passes {MAX_BODY_CHARS} characters")
+        return regex
+
+    def label(self, bits: int) -> str:
+        ranges = lex.normalize([r for a in _bits(bits) for r in self.atoms[a]])
+        if lex.subtract([(0, 0x1F)], ranges):  # some control character left out: one escape each
+            return lex.char_set_regex(ranges) or ""
+        rest = [p for p in (lex.char_set_regex(lex.subtract(ranges, [(0, 0x1F)])), _CONTROL_ESCAPES) if p]
+        return "|".join(rest)
+
+
+def _bits(bits: int):
+    a = 0
+    while bits:
+        if bits & 1:
+            yield a
+        bits >>= 1
+        a += 1
+
+
+def _coreachable(dfa: _DFA) -> set[int]:
+    preds: list[set[int]] = [set() for _ in dfa.accept]
+    for s, row in enumerate(dfa.trans):
+        for t in row:
+            preds[t].add(s)
+    live = {s for s, a in enumerate(dfa.accept) if a}
+    todo = list(live)
+    while todo:
+        for p in preds[todo.pop()]:
+            if p not in live:
+                live.add(p)
+                todo.append(p)
+    return live
+
+
+def _collect_sets(expr: object, out: list) -> None:
+    if isinstance(expr, bool):
+        return
+    kind = expr[0]
+    if kind == "pat":
+        _collect_node_sets(expr[1], out)
+    elif kind == "lit":
+        out.extend([[(ord(c), ord(c))] for text in expr[1] for c in text])
+    elif kind == "not":
+        _collect_sets(expr[1], out)
+    elif kind in ("all", "any", "one"):
+        for e in expr[1]:
+            _collect_sets(e, out)
+
+
+def _collect_node_sets(node: tuple, out: list) -> None:
+    if node[0] == "set":
+        out.extend([node[1], node[2]])
+    elif node[0] == "rep":
+        _collect_node_sets(node[1], out)
+    else:
+        for child in node[1]:
+            _collect_node_sets(child, out)
+
+
+def _partition(sets: list[list[tuple[int, int]]]):
+    """Atoms: the classes of code points no set tells apart (each a list of ranges), the
+    elementary intervals' bounds, and each interval's atom (None: the surrogates)."""
+    points = {0, 0xD800, 0xE000, lex.MAX_CODE_POINT + 1}
+    for ranges in sets:
+        for lo, hi in ranges:
+            points.update((lo, hi + 1))
+    bounds = sorted(p for p in points if p <= lex.MAX_CODE_POINT + 1)
+    signature = [0] * (len(bounds) - 1)
+    for k, ranges in enumerate({tuple(r) for r in sets}):
+        for lo, hi in ranges:
+            i = bisect.bisect_left(bounds, lo)
+            while i < len(signature) and bounds[i] <= hi:
+                signature[i] |= 1 << k
+                i += 1
+    atom_of_sig: dict[int, int] = {}
+    interval_atom: list[int | None] = []
+    atoms: list[list[tuple[int, int]]] = []
+    for i, sig in enumerate(signature):
+        if 0xD800 <= bounds[i] <= 0xDFFF:
+            interval_atom.append(None)
+            continue
+        if sig not in atom_of_sig:
+            atom_of_sig[sig] = len(atoms)
+            atoms.append([])
+        interval_atom.append(atom_of_sig[sig])
+        atoms[atom_of_sig[sig]].append((bounds[i], bounds[i + 1] - 1))
+
+    return atoms, bounds, interval_atom
+
+
+class _NFA:
+    """Thompson automaton: per state, epsilon targets and (atom bits, target) edges."""
+
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int]]] = []
+        self.closures: dict = {}
+
+    def state(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise RegularUnsupported(f"a pattern's NFA passes {MAX_NFA_STATES} states")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def fragment(self, node: tuple, upper: bool, builder: _Builder) -> tuple[int, int]:
+        kind = node[0]
+        start = self.state()
+        if kind == "set":
+            end = self.state()
+            bits = builder.mask(node[2] if upper else node[1])
+            if bits:
+                self.edges[start].append((bits, end))
+            return start, end
+        if kind == "cat":
+            end = start
+            for child in node[1]:
+                s, e = self.fragment(child, upper, builder)
+                self.eps[end].append(s)
+                end = e
+            return start, end
+        if kind == "alt":
+            end = self.state()
+            for child in node[1]:
+                s, e = self.fragment(child, upper, builder)
+                self.eps[start].append(s)
+                self.eps[e].append(end)
+            return start, end
+        _, child, low, high = node
+        end = start
+        for _ in range(low):
+            s, e = self.fragment(child, upper, builder)
+            self.eps[end].append(s)
+            end = e
+        if high is None:
+            s, e = self.fragment(child, upper, builder)
+            self.eps[end].append(s)
+            self.eps[e].append(s)
+            self.eps[s].append(e)
+            return start, e
+        final = self.state()
+        for _ in range(high - low):
+            self.eps[end].append(final)
+            s, e = self.fragment(child, upper, builder)
+            self.eps[end].append(s)
+            end = e
+        self.eps[end].append(final)
+        return start, final
+
+    def closure(self, states) -> frozenset:
+        key = frozenset(states)
+        if key not in self.closures:
+            seen, todo = set(key), list(key)
+            while todo:
+                for t in self.eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            self.closures[key] = frozenset(seen)
+        return self.closures[key]
