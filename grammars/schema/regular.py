@@ -40,6 +40,7 @@ from surecall.grammars.schema.pattern import (
 MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
 MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
 MAX_BODY_CHARS = 12_000  # the string body regex written out
+MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
 MAX_FOLDED_LENGTH = 64  # a length bound nested under a combinator: one state per character up to it
 _MAX_DEPTH = 24  # $ref hops
 _MAX_NODES = 4_000  # subschemas read for one schema (a guard against $refs that branch and recur)
@@ -379,57 +380,96 @@ class _Builder:
         self.atoms, self.bounds, self.interval_atom = _partition(ranges)
         self.num_atoms = len(self.atoms)
         self.masks: dict[tuple, int] = {}
+        self.is_approximate = False  # a union was cut to the branches that fit (stricter)
 
     def body(self) -> str | None:
-        lower, _ = self.build(self.expr)
-        return self.emit(lower)
+        lower, _ = self.build(self.expr, lower=True, upper=False)
+        body = self.emit(lower)
+        if body is None and self.is_approximate:
+            raise RegularUnsupported("the union left after dropping branches past the size caps is empty")
+        return body
 
     def check_time(self) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise RegularUnsupported("the string automaton ran past the compile's time budget")
 
-    def build(self, expr: object) -> tuple[_DFA, _DFA]:
-        """(lower, upper): a DFA inside both validators' languages of `expr`, and one holding both."""
+    def build(self, expr: object, lower: bool, upper: bool) -> tuple[_DFA | None, _DFA | None]:
+        """(lower, upper), each when asked for: a DFA inside both validators' languages of `expr`,
+        and one holding both (None where not asked)."""
         self.check_time()
         if isinstance(expr, bool):
             dfa = self.constant(expr)
             return dfa, dfa
         kind = expr[0]
         if kind == "pat":
-            lower = self.pattern_dfa(expr[1], upper=False)
-            return (lower, lower) if expr[2] else (lower, self.pattern_dfa(expr[1], upper=True))
-        if kind == "len":
-            dfa = self.length_dfa(expr[1], expr[2])
-            return dfa, dfa
-        if kind == "lit":
-            dfa = self.literal_dfa(expr[1])
+            low = self.pattern_dfa(expr[1], upper=False) if lower or expr[2] else None
+            return low, (low if expr[2] else self.pattern_dfa(expr[1], upper=True)) if upper else None
+        if kind in ("len", "lit"):
+            dfa = self.length_dfa(expr[1], expr[2]) if kind == "len" else self.literal_dfa(expr[1])
             return dfa, dfa
         if kind == "not":  # the strings surely outside are those outside the upper language
-            lower, upper = self.build(expr[1])
-            outside = self.complement(upper)
-            return outside, outside if lower is upper else self.complement(lower)
-        parts = [self.build(e) for e in expr[1]]
-        return self.combine(kind, [p[0] for p in parts], [p[1] for p in parts])
+            low, up = self.build(expr[1], lower=upper, upper=lower)
+            outside = self.complement(up) if lower else None
+            return outside, (outside if low is up else self.complement(low)) if upper else None
+        if kind == "one":
+            parts = [self.build(e, lower=True, upper=True) for e in expr[1]]
+            return self.exactly_one([p[0] for p in parts], [p[1] for p in parts], lower, upper)
+        expr = (kind, _flattened(kind, expr[1]))
+        parts = [self.build(e, lower, upper) for e in expr[1]]
+        test = all if kind == "all" else any
+        try:
+            low = self.combine([p[0] for p in parts], test, may_drop=kind == "any") if lower else None
+        except RegularUnsupported:
+            if kind != "all" or upper or not any(_is_union(e) for e in expr[1]):
+                raise
+            return self.build(_distributed(expr), lower=True, upper=False)
+        if upper and lower and all(p[0] is p[1] for p in parts):
+            return low, low
+        return low, self.combine([p[1] for p in parts], test, may_drop=kind == "all") if upper else None
 
-    def combine(self, kind: str, lowers: list[_DFA], uppers: list[_DFA]) -> tuple[_DFA, _DFA]:
+    def combine(self, dfas: list[_DFA], test, may_drop: bool) -> _DFA:
+        """The product of `dfas` under `test` (all: intersection, any: union). Past the size caps,
+        with `may_drop`, of the fewest-state operands that fit: a smaller union for a lower
+        language, a larger intersection for an upper one (never looser where it is used)."""
+        try:
+            return self.fold(dfas, test)
+        except RegularUnsupported:
+            if not may_drop:
+                raise
+        self.is_approximate = True
+        kept = self.constant(test is all)
+        for dfa in sorted(dfas, key=lambda d: len(d.accept)):
+            try:
+                grown = self.product([kept, dfa], test)
+            except RegularUnsupported:
+                break
+            if len(grown.accept) > MAX_KEPT_STATES:
+                break
+            kept = grown
+        return kept
+
+    def fold(self, dfas: list[_DFA], test) -> _DFA:
+        """The product two at a time, smallest first, minimised after each step."""
+        if not dfas:
+            return self.constant(test is all)
+        dfas = sorted(dfas, key=lambda d: len(d.accept))
+        out = dfas[0]
+        for dfa in dfas[1:]:
+            out = self.product([out, dfa], test)
+        return out
+
+    def exactly_one(self, lowers: list, uppers: list, lower: bool, upper: bool) -> tuple[_DFA | None, _DFA | None]:
+        """oneOf: lower holds where branch i surely holds and no other possibly does; upper the converse."""
         n = len(lowers)
-        if n == 0:
-            dfa = self.constant(kind == "all")
-            return dfa, dfa
-        is_same = all(lo is up for lo, up in zip(lowers, uppers))
-        if kind in ("all", "any"):
-            test = all if kind == "all" else any
-            lower = self.product(lowers, lambda bits: test(bits))
-            return lower, lower if is_same else self.product(uppers, lambda bits: test(bits))
-        if is_same:  # oneOf: exactly one branch
+        if all(lo is up for lo, up in zip(lowers, uppers)):
             one = self.product(lowers, lambda bits: sum(bits) == 1)
             return one, one
-        both = lowers + uppers  # lower: branch i surely, no other possibly; upper: the converse
-        lower = self.product(both, lambda b: any(b[i] and not any(b[n + j] for j in range(n) if j != i)
-                                                 for i in range(n)))
-        upper = self.product(both, lambda b: any(b[n + i] and not any(b[j] for j in range(n) if j != i)
-                                                 for i in range(n)))
-        return lower, upper
+        both = lowers + uppers
+        low = self.product(both, lambda b: any(b[i] and not any(b[n + j] for j in range(n) if j != i)
+                                               for i in range(n))) if lower else None
+        up = self.product(both, lambda b: any(b[n + i] and not any(b[j] for j in range(n) if j != i)
+                                              for i in range(n))) if upper else None
+        return low, up
 
     # -- leaves
     def constant(self, value: bool) -> _DFA:
@@ -574,6 +614,26 @@ class _Builder:
             return lex.char_set_regex(ranges) or ""
         rest = [p for p in (lex.char_set_regex(lex.subtract(ranges, [(0, 0x1F)])), _CONTROL_ESCAPES) if p]
         return "|".join(rest)
+
+
+def _flattened(kind: str, exprs: list) -> list:
+    """`exprs` with the children of nested `kind` nodes lifted into them."""
+    out = []
+    for e in exprs:
+        out.extend(_flattened(kind, e[1]) if isinstance(e, tuple) and e[0] == kind else [e])
+    return out
+
+
+def _is_union(expr: object) -> bool:
+    return isinstance(expr, tuple) and expr[0] == "any"
+
+
+def _distributed(expr: tuple) -> tuple:
+    """all[..., any[b1, ..., bn], ...] as any[all[..., b1, ...], ...] (its widest union spread)."""
+    parts = list(expr[1])
+    i = max((j for j, e in enumerate(parts) if _is_union(e)), key=lambda j: len(parts[j][1]))
+    rest = parts[:i] + parts[i + 1:]
+    return ("any", [("all", [*rest, branch]) for branch in parts[i][1]])
 
 
 def _bits(bits: int):

@@ -94,6 +94,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
+_MAX_REGULAR_S = 0.5  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -403,6 +404,7 @@ class Converter:
         self.any_regex: dict[int, str] = {}
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
+        self.regular_s = 0.0  # time spent trying string automata (schema/regular.py), capped at _MAX_REGULAR_S
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
         self.ref_siblings_ignored = ref_siblings_ignored(root)
@@ -515,10 +517,16 @@ class Converter:
     def regular_string(self, schema: dict, ptr: str) -> str | None | bool:
         """A strings-only schema whose patterns, lengths and literals sit under not/oneOf/allOf, as
         one automaton's body (schema/regular.py); False when it is not one (converted as before)."""
+        start = time.perf_counter()
+        if self.regular_s > _MAX_REGULAR_S:
+            return False
         try:
-            found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored, self.deadline)
+            found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
+                                min(self.deadline, start + _MAX_REGULAR_S - self.regular_s))
         except RegularUnsupported:
             return False
+        finally:
+            self.regular_s += time.perf_counter() - start
         bounds = {"minLength": found.min_length, "maxLength": found.max_length}
         return None if found.body is None else self.convert_string(
             {k: v for k, v in bounds.items() if v is not None}, ptr, found.body)
