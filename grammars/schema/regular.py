@@ -41,6 +41,7 @@ MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions
 MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
 MAX_BODY_CHARS = 12_000  # the string body regex written out
 MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
+MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
 MAX_FOLDED_LENGTH = 64  # a length bound nested under a combinator: one state per character up to it
 _MAX_DEPTH = 24  # $ref hops
 _MAX_NODES = 4_000  # subschemas read for one schema (a guard against $refs that branch and recur)
@@ -357,9 +358,25 @@ class _TreeParser(_Parser):
 
     def char_set(self, sets) -> tuple:
         ecma, python = lex.normalize(sets[0]), lex.normalize(sets[1])
-        self.is_agreed = self.is_agreed and ecma == python
-        lower = lex.subtract(ecma, lex.complement(python))
-        return ("set", lower, lex.normalize(ecma + python))
+        lower = _fewer_ranges(lex.subtract(ecma, lex.complement(python)), widen=False)
+        upper = _fewer_ranges(lex.normalize(ecma + python), widen=True)
+        self.is_agreed = self.is_agreed and lower == upper
+        return ("set", lower, upper)
+
+
+def _fewer_ranges(ranges: list[tuple[int, int]], widen: bool) -> list[tuple[int, int]]:
+    """`ranges` with at most MAX_CLASS_RANGES ranges past ASCII (Python's \\d and \\w have
+    hundreds, and each edge of the body regex spells its class out): the gaps between them filled
+    (`widen`: a superset, for an upper set) or the narrowest dropped (a subset, for a lower one)."""
+    ascii_part = [r for r in ranges if r[1] < 0x80]
+    wide = [r for r in ranges if r[1] >= 0x80]
+    if len(wide) <= MAX_CLASS_RANGES:
+        return ranges
+    if not widen:
+        return lex.normalize(ascii_part + sorted(wide, key=lambda r: r[0] - r[1])[:MAX_CLASS_RANGES])
+    gaps = sorted(range(len(wide) - 1), key=lambda i: wide[i + 1][0] - wide[i][1])
+    filled = [(wide[i][1], wide[i + 1][0]) for i in gaps[: len(wide) - MAX_CLASS_RANGES]]
+    return lex.subtract(lex.normalize(ranges + filled), [(0xD800, 0xDFFF)])
 
 
 # --- expressions -> DFAs over atoms (classes of code points) --------------------------------
