@@ -297,6 +297,46 @@ def eliminate(edges: dict, start: object, finals: set, max_chars: int) -> str | 
     return edges.get(("start", "final"))
 
 
+def residues_regex(k: int, residues: frozenset[int], low: int | None = None) -> str | None:
+    """Regex for the integers i (canonical, no exponent) with i mod k in `residues`, and i >= low
+    when `low` is -1, 0 or 1 (None: unbounded); None when there are none. MultipleOfUnsupported
+    past the limits (as for multipleOf: m = 7 already needs ~31k characters)."""
+    if low is not None and low not in (-1, 0, 1):
+        raise MultipleOfUnsupported(f"a lower bound of {low} beside residues mod {k} is not written")
+    residues = frozenset(r % k for r in residues)
+    parts = ["0"] if 0 in residues and (low is None or low <= 0) else []
+    for sign, wanted in (("", residues), ("-", frozenset(-r % k for r in residues))):
+        if wanted and (sign == "" or low is None or low <= -1):
+            magnitudes = _residue_magnitudes(k, wanted) if len(wanted) < k else "[1-9][0-9]*"
+            if low == -1 and sign == "-":  # only -1 below zero
+                magnitudes = "1" if 1 % k in wanted else None
+            parts += [f"{sign}(?:{magnitudes})"] if magnitudes else []
+    return "|".join(parts) if parts else None
+
+
+@lru_cache(maxsize=64)
+def _residue_magnitudes(k: int, wanted: frozenset[int]) -> str | None:
+    """The positive integers whose remainder mod k is in `wanted`, as a regex (None: past the limits)."""
+    if k > MAX_DFA_STATES:
+        raise MultipleOfUnsupported(f"residues mod {k} need more than {MAX_DFA_STATES} automaton states")
+    states, _ = _digit_dfa(k, 0, 0, 0)
+    accepting = {s for s in states if s[0] == "I" and s[1] in wanted}
+    blocks = _minimise(states, accepting)
+    inner = set(blocks.values())
+    if len(inner) > _MAX_MINIMAL_STATES:
+        raise MultipleOfUnsupported(f"residues mod {k} leave {len(inner)} automaton states, past {_MAX_MINIMAL_STATES}")
+    labels: dict = {}
+    for s, moves in states.items():
+        for symbol, t in moves.items():
+            if t[0] != "Z":  # magnitudes start with 1-9
+                labels.setdefault((blocks[s], blocks[t]), set()).add(symbol)
+    edges = {pair: _label(symbols) for pair, symbols in labels.items()}
+    regex = eliminate(edges, blocks[("S", 0, 0, False, 0)], {blocks[s] for s in accepting}, MAX_REGEX_CHARS)
+    if regex is None:
+        raise MultipleOfUnsupported(f"residues mod {k} give a regex longer than {MAX_REGEX_CHARS} characters")
+    return regex
+
+
 def _label(symbols: set) -> str:
     digits = sorted(int(c) for c in symbols if c != ".")
     parts = ([r"\."] if "." in symbols else []) + ([_digit_class(digits)] if digits else [])

@@ -21,12 +21,14 @@ objects are not handled here.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from surecall.grammars.schema import json_lex as lex
-from surecall.grammars.schema.multiple_of import eliminate
+from surecall.grammars.schema.conditionals import FRACTION
+from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, eliminate, residues_regex
 from surecall.grammars.schema.pattern import (
     _CLASS_ESCAPES,
     _LINE_TERMINATORS,
@@ -42,6 +44,7 @@ MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
 MAX_BODY_CHARS = 12_000  # the string body regex written out
 MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
 MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
+MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines
 MAX_FOLDED_LENGTH = 64  # a length bound nested under a combinator: one state per character up to it
 _MAX_DEPTH = 24  # $ref hops
 _MAX_NODES = 4_000  # subschemas read for one schema (a guard against $refs that branch and recur)
@@ -54,6 +57,7 @@ _APPLIES = {  # keyword -> the one type it constrains (all others pass it)
     **{k: "array" for k in ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
                             "contains", "minContains", "maxContains", "unevaluatedItems")},
     **{k: "number" for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")},
+    **{k: "string" for k in _STRING_KEYS},
 }
 # Every control character, each as json.dumps writes it (short escapes where there is one).
 _CONTROL_ESCAPES = r"\\[bfnrt]|\\u00(?:0[0-7bBeEfF]|1[0-9a-fA-F])"
@@ -90,6 +94,104 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
     if 0 < low <= MAX_FOLDED_LENGTH:
         expr = ("all", [expr, ("len", low, None)])
     return StringBody(_Builder(expr, deadline).body(), low, high)
+
+
+def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = False) -> str | None:
+    """The numbers `schema` admits, when it admits only numbers built from integral multipleOf
+    under not/anyOf/oneOf/if (and type, a lower bound of -1..1 on the whole): the integers by
+    their remainder mod the lcm (multiple_of.residues_regex), non-integers (which no integral
+    multipleOf holds) as conditionals.FRACTION where they pass and nothing bounds them. None:
+    no number; RegularUnsupported past the limits or for any other keyword."""
+    reader = _Reader(resolve, siblings_ignored)
+    if any(reader.truth(schema, kind) is not False for kind in ("object", "array", "string", "boolean", "null")):
+        raise RegularUnsupported("the schema may admit values other than numbers")
+    numbers = _NumberReader(reader)
+    expr = numbers.expr(schema, top=True)
+    if not numbers.needs_algebra:
+        raise RegularUnsupported("no multipleOf sits under not/anyOf/oneOf/if")
+    modulus = math.lcm(*numbers.moduli)
+    if modulus > MAX_MODULUS:
+        raise RegularUnsupported(f"the multipleOfs combine modulo {modulus}, past {MAX_MODULUS}")
+    residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
+    has_fractions = _holds(expr, False, 0) and numbers.low is None
+    if not residues and not has_fractions:
+        if _holds(expr, False, 0):  # only the bounded fractions pass: not written here
+            raise RegularUnsupported("only non-integers pass, beside a lower bound")
+        return None
+    try:
+        whole = residues_regex(modulus, residues, numbers.low) if residues else None
+    except MultipleOfUnsupported as exc:
+        raise RegularUnsupported(str(exc)) from exc
+    parts = [p for p in (whole, FRACTION if has_fractions else None) if p]
+    return "|".join(f"(?:{p})" for p in parts) if parts else None
+
+
+class _NumberReader:
+    """Number schemas as expressions over ("mof", k) and ("int",) leaves."""
+
+    def __init__(self, reader: _Reader):
+        self.reader = reader
+        self.moduli: list[int] = [1]
+        self.low: int | None = None  # the least integer the whole schema's lower bound leaves
+        self.needs_algebra = False
+
+    def expr(self, schema: object, top: bool = False, inside: bool = False, depth: int = 0) -> object:
+        if isinstance(schema, bool):
+            return schema
+        self.reader.visit()
+        if "$ref" in schema:
+            return ("all", [self.expr(s, top, inside, depth + 1) for s in self.reader.target(schema, depth)])
+        return ("all", [self.keyword_expr(schema, k, v, top, inside, depth) for k, v in schema.items()])
+
+    def keyword_expr(self, schema: dict, key: str, value: object, top: bool, inside: bool, depth: int) -> object:
+        if key == "type":
+            types = [value] if isinstance(value, str) else list(value)
+            return True if "number" in types else ("int",) if "integer" in types else False
+        if key == "multipleOf":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or not float(value).is_integer():
+                raise RegularUnsupported(f"multipleOf {value!r} is not a positive integer")
+            self.moduli.append(int(value))
+            self.needs_algebra = self.needs_algebra or inside
+            return ("mof", int(value))
+        if key in ("minimum", "exclusiveMinimum") and top:
+            self.lower_bound(key, value)
+            return True
+        if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "enum", _NOT_IN):
+            raise RegularUnsupported(f"{key} is not read beside multipleOf algebra")
+        sub = lambda s: self.expr(s, inside=True, depth=depth + 1)  # noqa: E731
+        if key == "not":
+            return ("not", sub(value))
+        if key == "allOf":
+            return ("all", [self.expr(s, top, inside, depth + 1) for s in value])
+        if key in ("anyOf", "oneOf"):
+            return ("any" if key == "anyOf" else "one", [sub(s) for s in value])
+        if key == "if":
+            cond, then, other = sub(value), sub(schema.get("then", True)), sub(schema.get("else", True))
+            return ("any", [("all", [cond, then]), ("all", [("not", cond), other])])
+        return True
+
+    def lower_bound(self, key: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RegularUnsupported(f"{key} {value!r} is not a number")
+        low = math.ceil(value) if key == "minimum" else math.floor(value) + 1
+        if low not in (-1, 0, 1):
+            raise RegularUnsupported(f"a lower bound of {value!r} is not written beside multipleOf algebra")
+        self.low = low if self.low is None else max(self.low, low)
+
+
+def _holds(expr: object, is_integer: bool, residue: int) -> bool:
+    """Whether a number (an integer with that remainder mod the lcm, or a non-integer) meets `expr`."""
+    if isinstance(expr, bool):
+        return expr
+    kind = expr[0]
+    if kind == "mof":
+        return is_integer and residue % expr[1] == 0
+    if kind == "int":
+        return is_integer
+    if kind == "not":
+        return not _holds(expr[1], is_integer, residue)
+    bits = [_holds(e, is_integer, residue) for e in expr[1]]
+    return all(bits) if kind == "all" else any(bits) if kind == "any" else sum(bits) == 1
 
 
 # --- schema -> boolean expression over leaves ----------------------------------------------

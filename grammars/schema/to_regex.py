@@ -58,7 +58,6 @@ from surecall.grammars.schema.multiple_of import (
     multiple_of_regex,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
-from surecall.grammars.schema.regular import RegularUnsupported, string_body
 from surecall.grammars.schema.property_counts import (
     MAX_EXTRA_REPEATS,
     MAX_OPTIONAL,
@@ -68,6 +67,7 @@ from surecall.grammars.schema.property_counts import (
     extra_keys,
 )
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
+from surecall.grammars.schema.regular import RegularUnsupported, number_regex, string_body
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -524,12 +524,19 @@ class Converter:
             found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
                                 min(self.deadline, start + _MAX_REGULAR_S - self.regular_s))
         except RegularUnsupported:
-            return False
+            return self.regular_number(schema, ptr)
         finally:
             self.regular_s += time.perf_counter() - start
         bounds = {"minLength": found.min_length, "maxLength": found.max_length}
         return None if found.body is None else self.convert_string(
             {k: v for k, v in bounds.items() if v is not None}, ptr, found.body)
+
+    def regular_number(self, schema: dict, ptr: str) -> str | None | bool:
+        """A numbers-only schema of integral multipleOf under not/anyOf/oneOf (schema/regular.py)."""
+        try:
+            return number_regex(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored)
+        except RegularUnsupported:
+            return False
 
     def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
         """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""

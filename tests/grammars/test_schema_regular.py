@@ -151,3 +151,53 @@ def test_allany21_language_matches_its_definition(data_dir):
         ours, python, ecma = language(s)
         assert not ours or (python and ecma), s
     assert language("ab1x")[0] and language("12")[0] and not language("ab1xy")[0]
+
+
+# --- numbers: integral multipleOf under not/anyOf/oneOf -------------------------------------------
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "not": {"multipleOf": 3}},
+    {"type": "number", "not": {"multipleOf": 2}},
+    {"type": "number", "oneOf": [{"multipleOf": 2}, {"multipleOf": 5}]},
+    {"type": "integer", "minimum": 1, "oneOf": [{"multipleOf": 2}, {"not": {"multipleOf": 4}}]},
+    {"type": "number", "minimum": 0, "anyOf": [{"multipleOf": 4}, {"not": {"multipleOf": 10}}],
+     "if": {"multipleOf": 2}, "then": {"not": {"multipleOf": 4}}},
+    {"type": "integer", "allOf": [{"multipleOf": 2}, {"not": {"multipleOf": 2}}, {"minimum": 1}]},
+])
+def test_multiple_of_algebra_is_exact_on_integers_and_stricter_on_fractions(schema):
+    try:
+        result = schema_to_regex(schema)
+    except UnsupportedSchema as exc:  # the last schema: nothing passes
+        assert "unsatisfiable" in str(exc) and not any(jsonschema.Draft202012Validator(schema).is_valid(n)
+                                                       for n in range(-50, 50))
+        return
+    assert result.relaxed == []
+    regex = re.compile(expand_marks(result.regex))
+    validator = jsonschema.Draft202012Validator(schema)
+    for n in range(-400, 400):
+        assert bool(regex.fullmatch(str(n))) == validator.is_valid(n), n
+    for text in ("1.5", "-2.25", "0.5", "3.0", "1e2"):
+        assert not regex.fullmatch(text) or validator.is_valid(json.loads(text)), text
+    assert not regex.fullmatch("-0") and not regex.fullmatch("01")
+
+
+def test_fractions_pass_where_no_integral_multiple_is_required():
+    schema = {"type": "number", "not": {"multipleOf": 2}}
+    regex = re.compile(expand_marks(schema_to_regex(schema).regex))
+    assert regex.fullmatch("1.5") and regex.fullmatch("3") and not regex.fullmatch("4")
+
+
+@pytest.mark.parametrize("schema, match", [
+    ({"type": "number", "not": {"multipleOf": 7}}, "longer than"),  # mod 7: ~31k characters
+    ({"type": "number", "not": {"multipleOf": 0.5}}, "positive integer"),
+    ({"type": "number", "minimum": 5, "not": {"multipleOf": 2}}, "lower bound"),
+    ({"anyOf": [{"type": "string"}, {"not": {"multipleOf": 2}}]}, "other than numbers"),
+])
+def test_multiple_of_algebra_gives_up_with_the_reason(schema, match):
+    from surecall.grammars.schema.regular import number_regex
+
+    with pytest.raises(RegularUnsupported, match=match):
+        number_regex(schema, lambda ref: None)
+    if "anyOf" in schema:  # each branch on its own admits one type only: both enforced
+        assert schema_to_regex(schema).relaxed == []
+    else:
+        assert schema_to_regex(schema).relaxed != []  # left to the validator, and listed
