@@ -195,7 +195,7 @@ def _holds(expr: object, is_integer: bool, residue: int) -> bool:
 
 
 # --- schema -> boolean expression over leaves ----------------------------------------------
-# Leaves: ("pat", node, is_exact) a pattern's search language, ("len", lo, hi), ("lit", strings);
+# Leaves: ("pat", pattern) a pattern's search language (parsed once the algebra is needed), ("len", lo, hi), ("lit", strings);
 # nodes: ("all" | "any" | "one", [exprs]), ("not", expr); True, False.
 
 
@@ -301,7 +301,9 @@ class _Reader:
         if key == "pattern":
             self.num_patterns += 1
             self.needs_algebra = self.needs_algebra or self.num_patterns > 1
-            return ("pat", *_pattern_node(value))
+            if not isinstance(value, str):
+                raise RegularUnsupported(f"pattern {value!r} is not a string")
+            return ("pat", value)
         if key in ("minLength", "maxLength"):
             bound = _natural(value, key)
             if bound > MAX_FOLDED_LENGTH:
@@ -373,8 +375,6 @@ def _natural(value: object, key: str) -> int:
 
 def _pattern_node(pattern: str) -> tuple[object, bool]:
     """(tree of the strings `pattern` finds a match in, whether lower and upper sets all agree)."""
-    if not isinstance(pattern, str):
-        raise RegularUnsupported(f"pattern {pattern!r} is not a string")
     anything = ("rep", ("set", lex.ALL_CHARS, lex.ALL_CHARS), 0, None)
     trailing_newline = ("rep", ("set", [], [(0x0A, 0x0A)]), 0, 1)  # Python's `$` also ends before one
     branches, is_exact = [], True
@@ -495,7 +495,9 @@ class _Builder:
         self.expr = expr
         self.deadline = deadline
         ranges: list[list[tuple[int, int]]] = []
-        _collect_sets(expr, ranges)
+        self.patterns: dict[str, tuple[object, bool]] = {}  # pattern -> (tree, lower and upper agree)
+        _collect_sets(expr, ranges, self.patterns)
+        self.pattern_dfas: dict[tuple[str, bool], _DFA] = {}
         self.atoms, self.bounds, self.interval_atom = _partition(ranges)
         self.num_atoms = len(self.atoms)
         self.masks: dict[tuple, int] = {}
@@ -521,8 +523,9 @@ class _Builder:
             return dfa, dfa
         kind = expr[0]
         if kind == "pat":
-            low = self.pattern_dfa(expr[1], upper=False) if lower or expr[2] else None
-            return low, (low if expr[2] else self.pattern_dfa(expr[1], upper=True)) if upper else None
+            is_exact = self.patterns[expr[1]][1]
+            low = self.pattern_dfa(expr[1], upper=False) if lower or is_exact else None
+            return low, (low if is_exact else self.pattern_dfa(expr[1], upper=True)) if upper else None
         if kind in ("len", "lit"):
             dfa = self.length_dfa(expr[1], expr[2]) if kind == "len" else self.literal_dfa(expr[1])
             return dfa, dfa
@@ -635,10 +638,13 @@ class _Builder:
             self.masks[key] = bits
         return self.masks[key]
 
-    def pattern_dfa(self, node: object, upper: bool) -> _DFA:
-        nfa = _NFA()
-        start, end = nfa.fragment(node, upper, self)
-        return self.minimise(self.determinise(nfa, start, end))
+    def pattern_dfa(self, pattern: str, upper: bool) -> _DFA:
+        key = (pattern, upper)
+        if key not in self.pattern_dfas:
+            nfa = _NFA()
+            start, end = nfa.fragment(self.patterns[pattern][0], upper, self)
+            self.pattern_dfas[key] = self.minimise(self.determinise(nfa, start, end))
+        return self.pattern_dfas[key]
 
     def determinise(self, nfa: _NFA, start: int, end: int) -> _DFA:
         first = nfa.closure({start})
@@ -779,19 +785,21 @@ def _coreachable(dfa: _DFA) -> set[int]:
     return live
 
 
-def _collect_sets(expr: object, out: list) -> None:
+def _collect_sets(expr: object, out: list, patterns: dict) -> None:
+    """The character sets `expr` tells apart, into `out`; each pattern parsed into `patterns`."""
     if isinstance(expr, bool):
         return
     kind = expr[0]
-    if kind == "pat":
-        _collect_node_sets(expr[1], out)
+    if kind == "pat" and expr[1] not in patterns:
+        patterns[expr[1]] = _pattern_node(expr[1])
+        _collect_node_sets(patterns[expr[1]][0], out)
     elif kind == "lit":
         out.extend([[(ord(c), ord(c))] for text in expr[1] for c in text])
     elif kind == "not":
-        _collect_sets(expr[1], out)
+        _collect_sets(expr[1], out, patterns)
     elif kind in ("all", "any", "one"):
         for e in expr[1]:
-            _collect_sets(e, out)
+            _collect_sets(e, out, patterns)
 
 
 def _collect_node_sets(node: tuple, out: list) -> None:
