@@ -44,7 +44,9 @@ MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
 MAX_BODY_CHARS = 12_000  # the string body regex written out
 MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
 MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
-MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines
+MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines (past it: listed)
+MAX_LISTED_INTEGERS = 64  # integers written out where the remainder set's regex is too long
+MAX_SEARCHED = 200_000  # integers tried for that list
 MAX_FOLDED_LENGTH = 64  # a length bound nested under a combinator: one state per character up to it
 _MAX_DEPTH = 24  # $ref hops
 _MAX_NODES = 4_000  # subschemas read for one schema (a guard against $refs that branch and recur)
@@ -99,9 +101,10 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
 def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = False) -> str | None:
     """The numbers `schema` admits, when it admits only numbers built from integral multipleOf
     under not/anyOf/oneOf/if (and type, a lower bound of -1..1 on the whole): the integers by
-    their remainder mod the lcm (multiple_of.residues_regex), non-integers (which no integral
-    multipleOf holds) as conditionals.FRACTION where they pass and nothing bounds them. None:
-    no number; RegularUnsupported past the limits or for any other keyword."""
+    their remainder mod the lcm (multiple_of.residues_regex), or, where that regex is too long,
+    the MAX_LISTED_INTEGERS nearest zero (stricter); non-integers (which no integral multipleOf
+    holds) as conditionals.FRACTION where they pass and nothing bounds them. None: no number;
+    RegularUnsupported for any other keyword."""
     reader = _Reader(resolve, siblings_ignored)
     if any(reader.truth(schema, kind) is not False for kind in ("object", "array", "string", "boolean", "null")):
         raise RegularUnsupported("the schema may admit values other than numbers")
@@ -110,20 +113,34 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
     if not numbers.needs_algebra:
         raise RegularUnsupported("no multipleOf sits under not/anyOf/oneOf/if")
     modulus = math.lcm(*numbers.moduli)
-    if modulus > MAX_MODULUS:
-        raise RegularUnsupported(f"the multipleOfs combine modulo {modulus}, past {MAX_MODULUS}")
-    residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
     has_fractions = _holds(expr, False, 0) and numbers.low is None
-    if not residues and not has_fractions:
+    try:
+        if modulus > MAX_MODULUS:
+            raise MultipleOfUnsupported(f"the multipleOfs combine modulo {modulus}, past {MAX_MODULUS}")
+        residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
+        whole = residues_regex(modulus, residues, numbers.low) if residues else None
+    except MultipleOfUnsupported:
+        whole = _listed_integers(expr, numbers.low)
+    if whole is None and not has_fractions:
         if _holds(expr, False, 0):  # only the bounded fractions pass: not written here
             raise RegularUnsupported("only non-integers pass, beside a lower bound")
         return None
-    try:
-        whole = residues_regex(modulus, residues, numbers.low) if residues else None
-    except MultipleOfUnsupported as exc:
-        raise RegularUnsupported(str(exc)) from exc
     parts = [p for p in (whole, FRACTION if has_fractions else None) if p]
-    return "|".join(f"(?:{p})" for p in parts) if parts else None
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+def _listed_integers(expr: object, low: int | None) -> str | None:
+    """The MAX_LISTED_INTEGERS integers nearest zero (from `low` up) that meet `expr`, written out:
+    stricter than the schema, for remainder sets whose regex is too long (mod 7 already is).
+    None when none is found among the first MAX_SEARCHED."""
+    found = []
+    for i in range(MAX_SEARCHED):
+        n = low + i if low is not None else (i + 1) // 2 * (1 if i % 2 else -1)  # 0, 1, -1, 2, -2, ...
+        if _holds(expr, True, n):
+            found.append(n)
+            if len(found) == MAX_LISTED_INTEGERS:
+                break
+    return "|".join(str(n) for n in sorted(found)) if found else None
 
 
 class _NumberReader:
@@ -184,7 +201,7 @@ def _holds(expr: object, is_integer: bool, residue: int) -> bool:
     if isinstance(expr, bool):
         return expr
     kind = expr[0]
-    if kind == "mof":
+    if kind == "mof":  # `residue`: the integer itself, or its remainder mod a multiple of every k
         return is_integer and residue % expr[1] == 0
     if kind == "int":
         return is_integer
