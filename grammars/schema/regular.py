@@ -120,7 +120,7 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
         residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
         whole = residues_regex(modulus, residues, numbers.low) if residues else None
     except MultipleOfUnsupported:
-        whole = _listed_integers(expr, numbers.low)
+        whole = _listed_integers(expr, numbers.low, modulus)
     if whole is None and not has_fractions:
         if _holds(expr, False, 0):  # only the bounded fractions pass: not written here
             raise RegularUnsupported("only non-integers pass, beside a lower bound")
@@ -129,14 +129,16 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
     return "|".join(f"(?:{p})" for p in parts)
 
 
-def _listed_integers(expr: object, low: int | None) -> str | None:
+def _listed_integers(expr: object, low: int | None, modulus: int) -> str | None:
     """The MAX_LISTED_INTEGERS integers nearest zero (from `low` up) that meet `expr`, written out:
     stricter than the schema, for remainder sets whose regex is too long (mod 7 already is).
     None when none is found among the first MAX_SEARCHED."""
-    found = []
+    found, holds = [], {}  # remainder mod `modulus` -> whether it meets expr
     for i in range(MAX_SEARCHED):
         n = low + i if low is not None else (i + 1) // 2 * (1 if i % 2 else -1)  # 0, 1, -1, 2, -2, ...
-        if _holds(expr, True, n):
+        if n % modulus not in holds:
+            holds[n % modulus] = _holds(expr, True, n % modulus)
+        if holds[n % modulus]:
             found.append(n)
             if len(found) == MAX_LISTED_INTEGERS:
                 break
