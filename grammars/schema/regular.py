@@ -119,8 +119,10 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
             raise MultipleOfUnsupported(f"the multipleOfs combine modulo {modulus}, past {MAX_MODULUS}")
         residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
         whole = residues_regex(modulus, residues, numbers.low) if residues else None
-    except MultipleOfUnsupported:
+    except MultipleOfUnsupported as exc:
         whole = _listed_integers(expr, numbers.low, modulus)
+        if whole is None and (modulus > MAX_SEARCHED or not MAX_LISTED_INTEGERS):  # none seen is not none at all
+            raise RegularUnsupported(str(exc)) from exc
     if whole is None and not has_fractions:
         if _holds(expr, False, 0):  # only the bounded fractions pass: not written here
             raise RegularUnsupported("only non-integers pass, beside a lower bound")
