@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.conditionals import FRACTION
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, eliminate, residues_regex
@@ -40,7 +42,7 @@ from surecall.grammars.schema.pattern import (
 )
 
 MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
-MAX_DFA_STATES = 3_000  # any automaton built on the way (before minimising)
+MAX_DFA_STATES = 2_000  # any automaton built on the way (before minimising)
 MAX_BODY_CHARS = 12_000  # the string body regex written out
 MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
 MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
@@ -80,6 +82,18 @@ class StringBody:
     max_length: int | None
 
 
+def may_be_scalar_algebra(schema: object) -> bool:
+    """A cheap first look: False when `schema` surely is neither a string_body nor a number_regex
+    case (a type or keyword of objects/arrays at its top, or no combinator at all)."""
+    if not isinstance(schema, dict) or not any(k in schema for k in ("not", "oneOf", "anyOf", "allOf", "if", "$ref")):
+        return False
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else None
+    if types is not None and not any(t in types for t in ("string", "number", "integer")):
+        return False
+    return not any(_APPLIES.get(k) in ("object", "array") for k in schema)
+
+
 def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False,
                 deadline: float | None = None) -> StringBody:
     """The strings `schema` admits as one body regex, when it admits only strings and needs the
@@ -88,7 +102,7 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
     if any(reader.truth(schema, kind) is not False for kind in _OTHER_TYPES):
         raise RegularUnsupported("the schema may admit values other than strings")
     expr = reader.expr(schema, top=True)
-    if not reader.needs_algebra:
+    if not (reader.needs_algebra or reader.has_literal_under and reader.num_patterns):
         raise RegularUnsupported("nothing here needs more than the converter's own string keywords")
     low, high = reader.min_length, reader.max_length
     if low > high if high is not None else False:
@@ -117,10 +131,10 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
     try:
         if modulus > MAX_MODULUS:
             raise MultipleOfUnsupported(f"the multipleOfs combine modulo {modulus}, past {MAX_MODULUS}")
-        residues = frozenset(r for r in range(modulus) if _holds(expr, True, r))
+        residues = frozenset(np.flatnonzero(_holds_all(expr, np.arange(modulus))).tolist())
         whole = residues_regex(modulus, residues, numbers.low) if residues else None
     except MultipleOfUnsupported as exc:
-        whole = _listed_integers(expr, numbers.low, modulus)
+        whole = _listed_integers(expr, numbers.low)
         if whole is None and (modulus > MAX_SEARCHED or not MAX_LISTED_INTEGERS):  # none seen is not none at all
             raise RegularUnsupported(str(exc)) from exc
     if whole is None and not has_fractions:
@@ -131,19 +145,13 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
     return "|".join(f"(?:{p})" for p in parts)
 
 
-def _listed_integers(expr: object, low: int | None, modulus: int) -> str | None:
+def _listed_integers(expr: object, low: int | None) -> str | None:
     """The MAX_LISTED_INTEGERS integers nearest zero (from `low` up) that meet `expr`, written out:
     stricter than the schema, for remainder sets whose regex is too long (mod 7 already is).
     None when none is found among the first MAX_SEARCHED."""
-    found, holds = [], {}  # remainder mod `modulus` -> whether it meets expr
-    for i in range(MAX_SEARCHED):
-        n = low + i if low is not None else (i + 1) // 2 * (1 if i % 2 else -1)  # 0, 1, -1, 2, -2, ...
-        if n % modulus not in holds:
-            holds[n % modulus] = _holds(expr, True, n % modulus)
-        if holds[n % modulus]:
-            found.append(n)
-            if len(found) == MAX_LISTED_INTEGERS:
-                break
+    steps = np.arange(MAX_SEARCHED)
+    candidates = low + steps if low is not None else (steps + 1) // 2 * np.where(steps % 2 == 1, 1, -1)
+    found = candidates[_holds_all(expr, candidates)][:MAX_LISTED_INTEGERS].tolist()  # 0, 1, -1, 2, -2, ...
     return "|".join(str(n) for n in sorted(found)) if found else None
 
 
@@ -200,6 +208,25 @@ class _NumberReader:
         self.low = low if self.low is None else max(self.low, low)
 
 
+def _holds_all(expr: object, integers: np.ndarray) -> np.ndarray:
+    """_holds for each of `integers` at once (a bool array)."""
+    if isinstance(expr, bool):
+        return np.full(integers.shape, expr)
+    kind = expr[0]
+    if kind == "mof":
+        return integers % expr[1] == 0
+    if kind == "int":
+        return np.ones(integers.shape, bool)
+    if kind == "not":
+        return ~_holds_all(expr[1], integers)
+    bits = [_holds_all(e, integers) for e in expr[1]]
+    if not bits:
+        return np.full(integers.shape, kind == "all")
+    if kind == "one":
+        return np.sum(bits, axis=0) == 1
+    return np.logical_and.reduce(bits) if kind == "all" else np.logical_or.reduce(bits)
+
+
 def _holds(expr: object, is_integer: bool, residue: int) -> bool:
     """Whether a number (an integer with that remainder mod the lcm, or a non-integer) meets `expr`."""
     if isinstance(expr, bool):
@@ -225,7 +252,8 @@ class _Reader:
         self.resolve = resolve
         self.siblings_ignored = siblings_ignored
         self.min_length, self.max_length = 0, None
-        self.needs_algebra = False
+        self.needs_algebra = False  # a pattern or length under not/oneOf/if, or two patterns
+        self.has_literal_under = False  # a const/enum under not/oneOf/if (needs it beside a pattern)
         self.num_patterns = 0
         self.num_nodes = 0
         self.truths: dict[tuple[int, str], bool | None] = {}  # (id of subschema, type) -> truth
@@ -336,8 +364,10 @@ class _Reader:
             return ("not", lit) if key == _NOT_IN else lit
         if key == "format":
             raise RegularUnsupported("a format is not read as an automaton here")
-        if key in ("not", "oneOf", "if"):
-            self.needs_algebra = self.needs_algebra or self.has_string_leaf(schema[key], depth)
+        if key in ("not", "oneOf", "if"):  # literals alone the converter excludes (NOT_IN) or tells apart
+            found = self.string_leaves(schema[key], depth)
+            self.needs_algebra = self.needs_algebra or "bound" in found
+            self.has_literal_under = self.has_literal_under or "literal" in found
         if key == "not":
             return ("not", self.expr(value, depth=depth + 1))
         if key in ("anyOf", "oneOf"):
@@ -349,18 +379,20 @@ class _Reader:
             return ("any", [("all", [cond, then]), ("all", [("not", cond), other])])
         return True  # then/else (read with `if`), annotations and keywords of other types
 
-    def has_string_leaf(self, sub: object, depth: int) -> bool:
-        """Whether a string keyword (or a literal) sits anywhere in `sub` (through $refs)."""
+    def string_leaves(self, sub: object, depth: int) -> set[str]:
+        """Which string leaves sit anywhere in `sub` (through $refs): "bound" (pattern, lengths,
+        format), "literal" (const/enum)."""
         if isinstance(sub, list):
-            return any(self.has_string_leaf(s, depth) for s in sub)
+            return set().union(*(self.string_leaves(s, depth) for s in sub))
         if not isinstance(sub, dict):
-            return False
-        if any(k in sub for k in (*_STRING_KEYS, "const", "enum")):
-            return True
-        if "$ref" in sub and self.has_string_leaf(self.target(sub, depth), depth + 1):
-            return True
-        return any(self.has_string_leaf(sub.get(k), depth) for k in ("not", "allOf", "anyOf", "oneOf", "if",
-                                                                       "then", "else"))
+            return set()
+        found = {"bound"} if any(k in sub for k in _STRING_KEYS) else set()
+        found |= {"literal"} if "const" in sub or "enum" in sub else set()
+        if "$ref" in sub:
+            found |= self.string_leaves(self.target(sub, depth), depth + 1)
+        for k in ("not", "allOf", "anyOf", "oneOf", "if", "then", "else"):
+            found |= self.string_leaves(sub.get(k), depth)
+        return found
 
 
 def _and3(parts) -> bool | None:
@@ -713,6 +745,8 @@ class _Builder:
                     order.append(nxt)
                 row.append(index[nxt])
             trans.append(row)
+            if len(trans) % 256 == 0:
+                self.check_time()
         self.check_time()
         accept = [test(tuple(d.accept[s] for d, s in zip(dfas, state))) for state in order]
         return self.minimise(_DFA(trans, accept))
@@ -728,6 +762,7 @@ class _Builder:
             if len(signatures) == num_blocks:
                 break
             block, num_blocks = new, len(signatures)
+            self.check_time()
         renumber, kept = {block[0]: 0}, [0]
         for s in kept:  # grows while read: one state per block, in order of first visit
             for t in dfa.trans[s]:

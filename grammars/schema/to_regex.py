@@ -67,7 +67,12 @@ from surecall.grammars.schema.property_counts import (
     extra_keys,
 )
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
-from surecall.grammars.schema.regular import RegularUnsupported, number_regex, string_body
+from surecall.grammars.schema.regular import (
+    RegularUnsupported,
+    may_be_scalar_algebra,
+    number_regex,
+    string_body,
+)
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -94,7 +99,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
-_MAX_REGULAR_S = 0.5  # one schema's string automata (schema/regular.py) that give up cost at most this
+_MAX_REGULAR_S = 0.3  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -518,7 +523,7 @@ class Converter:
         """A strings-only schema whose patterns, lengths and literals sit under not/oneOf/allOf, as
         one automaton's body (schema/regular.py); False when it is not one (converted as before)."""
         start = time.perf_counter()
-        if self.regular_s > _MAX_REGULAR_S:
+        if self.regular_s > _MAX_REGULAR_S or not may_be_scalar_algebra(schema):
             return False
         try:
             found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
