@@ -102,7 +102,8 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
     if any(reader.truth(schema, kind) is not False for kind in _OTHER_TYPES):
         raise RegularUnsupported("the schema may admit values other than strings")
     expr = reader.expr(schema, top=True)
-    if not (reader.needs_algebra or reader.has_literal_under and reader.num_patterns):
+    needs_algebra = reader.needs_algebra or _max_conjoined(expr) > 1 or (reader.has_literal_under and reader.num_patterns)
+    if not needs_algebra:
         raise RegularUnsupported("nothing here needs more than the converter's own string keywords")
     low, high = reader.min_length, reader.max_length
     if low > high if high is not None else False:
@@ -252,7 +253,7 @@ class _Reader:
         self.resolve = resolve
         self.siblings_ignored = siblings_ignored
         self.min_length, self.max_length = 0, None
-        self.needs_algebra = False  # a pattern or length under not/oneOf/if, or two patterns
+        self.needs_algebra = False  # a pattern or length under not/oneOf/if
         self.has_literal_under = False  # a const/enum under not/oneOf/if (needs it beside a pattern)
         self.num_patterns = 0
         self.num_nodes = 0
@@ -349,7 +350,6 @@ class _Reader:
             return "string" in types
         if key == "pattern":
             self.num_patterns += 1
-            self.needs_algebra = self.needs_algebra or self.num_patterns > 1
             if not isinstance(value, str):
                 raise RegularUnsupported(f"pattern {value!r} is not a string")
             return ("pat", value)
@@ -393,6 +393,18 @@ class _Reader:
         for k in ("not", "allOf", "anyOf", "oneOf", "if", "then", "else"):
             found |= self.string_leaves(sub.get(k), depth)
         return found
+
+
+def _max_conjoined(expr: object) -> int:
+    """The most patterns one branch of `expr` must meet together (the converter keeps one of them)."""
+    if isinstance(expr, bool) or expr[0] in ("len", "lit"):
+        return 0
+    if expr[0] == "pat":
+        return 1
+    if expr[0] == "not":
+        return _max_conjoined(expr[1])
+    counts = [_max_conjoined(e) for e in expr[1]]
+    return sum(counts) if expr[0] == "all" else max(counts, default=0)
 
 
 def _and3(parts) -> bool | None:
