@@ -42,9 +42,11 @@ from surecall.grammars.schema.pattern import (
 )
 
 MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
-MAX_DFA_STATES = 2_000  # any automaton built on the way (before minimising)
+MAX_DFA_STATES = 5_000  # any automaton built on the way (before minimising)
+MAX_PRODUCT_PAIRS = 1_000_000  # state pairs of one product laid out densely
 MAX_BODY_CHARS = 12_000  # the string body regex written out
-MAX_KEPT_STATES = 256  # a union cut to the branches that fit stops growing past this (its regex would not fit)
+MAX_KEPT_STATES = 1_000  # a union cut to the branches that fit stops growing past this
+MAX_TREE_FINALS = 8  # accepting states whose shortest paths a too-long body regex is cut to
 MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
 MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines (past it: listed)
 MAX_LISTED_INTEGERS = 64  # integers written out where the remainder set's regex is too long
@@ -570,7 +572,11 @@ class _Builder:
 
     def body(self) -> str | None:
         lower, _ = self.build(self.expr, lower=True, upper=False)
-        body = self.emit(lower)
+        try:
+            body = self.emit(lower)
+        except RegularUnsupported:
+            self.is_approximate = True
+            body = self.tree_emit(lower)
         if body is None and self.is_approximate:
             raise RegularUnsupported("the union left after dropping branches past the size caps is empty")
         return body
@@ -741,47 +747,47 @@ class _Builder:
         return _DFA(dfa.trans, [not a for a in dfa.accept])
 
     def product(self, dfas: list[_DFA], test: Callable[[tuple], bool]) -> _DFA:
-        start = (0,) * len(dfas)
-        index = {start: 0}
-        order = [start]
-        trans: list[list[int]] = []
-        while len(trans) < len(order):
-            if len(order) > MAX_DFA_STATES:
+        """The reachable product of `dfas`, accepting where `test` of their acceptances holds,
+        minimised. Two at a time over dense numpy tables (state pairs as i * n2 + j)."""
+        trans, accepts = np.asarray(dfas[0].trans, np.int64), [np.asarray(dfas[0].accept)]
+        for dfa in dfas[1:]:
+            other = np.asarray(dfa.trans, np.int64)
+            n1, n2 = len(trans), len(other)
+            if n1 * n2 > MAX_PRODUCT_PAIRS:
+                raise RegularUnsupported(f"a product automaton of {n1} x {n2} states passes {MAX_PRODUCT_PAIRS} pairs")
+            pairs = (trans[:, None, :] * n2 + other[None, :, :]).reshape(n1 * n2, self.num_atoms)
+            accepts = [np.repeat(acc, n2) for acc in accepts] + [np.tile(np.asarray(dfa.accept), n1)]
+            reached = _reachable(pairs)
+            if reached.size > MAX_DFA_STATES:
                 raise RegularUnsupported(f"a product automaton passes {MAX_DFA_STATES} states")
-            state = order[len(trans)]
-            row = []
-            for a in range(self.num_atoms):
-                nxt = tuple(d.trans[s][a] for d, s in zip(dfas, state))
-                if nxt not in index:
-                    index[nxt] = len(order)
-                    order.append(nxt)
-                row.append(index[nxt])
-            trans.append(row)
-            if len(trans) % 256 == 0:
-                self.check_time()
-        self.check_time()
-        accept = [test(tuple(d.accept[s] for d, s in zip(dfas, state))) for state in order]
+            remap = np.full(n1 * n2, -1, np.int64)
+            remap[reached] = np.arange(reached.size)
+            trans, accepts = remap[pairs[reached]], [acc[reached] for acc in accepts]
+            self.check_time()
+        bits = np.stack(accepts, axis=1)
+        accept = [test(tuple(row)) for row in bits.tolist()]
         return self.minimise(_DFA(trans, accept))
 
     def minimise(self, dfa: _DFA) -> _DFA:
-        """Moore's partition refinement; blocks renumbered in order of first visit (start 0)."""
-        block = [int(a) for a in dfa.accept]
-        num_blocks = len(set(block))
+        """Moore's partition refinement (numpy rows); blocks renumbered in order of first visit."""
+        trans = np.asarray(dfa.trans, np.int64)
+        _, block = np.unique(np.asarray(dfa.accept, bool), return_inverse=True)
+        block = block.reshape(-1)
+        num_blocks = int(block.max()) + 1
         while True:
-            signatures: dict = {}
-            new = [signatures.setdefault((block[s], tuple(block[t] for t in row)), len(signatures))
-                   for s, row in enumerate(dfa.trans)]
-            if len(signatures) == num_blocks:
+            new = _row_ids(np.concatenate([block[:, None], block[trans]], axis=1))
+            if new.max() + 1 == num_blocks:
                 break
-            block, num_blocks = new, len(signatures)
+            block, num_blocks = new, int(new.max()) + 1
             self.check_time()
-        renumber, kept = {block[0]: 0}, [0]
-        for s in kept:  # grows while read: one state per block, in order of first visit
-            for t in dfa.trans[s]:
-                if block[t] not in renumber:
-                    renumber[block[t]] = len(kept)
-                    kept.append(t)
-        return _DFA([[renumber[block[t]] for t in dfa.trans[s]] for s in kept], [dfa.accept[s] for s in kept])
+        quotient = np.zeros((num_blocks, trans.shape[1]), np.int64)
+        quotient[block] = block[trans]
+        accept = np.zeros(num_blocks, bool)
+        accept[block] = np.asarray(dfa.accept, bool)
+        order = _reachable(quotient, sort=False, start=int(block[0]))  # breadth-first: the start's block first
+        remap = np.full(num_blocks, -1, np.int64)
+        remap[order] = np.arange(order.size)
+        return _DFA(remap[quotient[order]].tolist(), accept[order].tolist())
 
     # -- regex
     def emit(self, dfa: _DFA) -> str | None:
@@ -799,6 +805,37 @@ class _Builder:
         regex = eliminate(edges, 0, finals, MAX_BODY_CHARS)
         if regex is None:
             raise RegularUnsupported(f"the string body regex passes {MAX_BODY_CHARS} characters")
+        return regex
+
+    def tree_emit(self, dfa: _DFA) -> str | None:
+        """A sub-language of `dfa` with a short regex, where its own is too long: the shortest
+        paths to its MAX_TREE_FINALS nearest accepting states, each state on them keeping its
+        self-loops (stricter than the schema, never looser; None: it accepts nothing)."""
+        live = _coreachable(dfa)
+        if 0 not in live:
+            return None
+        parent: dict[int, int | None] = {0: None}
+        order = [0]
+        for s in order:  # grows while read: breadth first over live states
+            for t in dfa.trans[s]:
+                if t in live and t not in parent:
+                    parent[t] = s
+                    order.append(t)
+        finals = [s for s in order if dfa.accept[s]][:MAX_TREE_FINALS]
+        kept: set[int] = set()
+        for s in finals:
+            while s is not None and s not in kept:
+                kept.add(s)
+                s = parent[s]
+        labels: dict[tuple[int, int], int] = {}
+        for s in kept:
+            for a, t in enumerate(dfa.trans[s]):
+                if t == s or (t in kept and parent[t] == s):
+                    labels[(s, t)] = labels.get((s, t), 0) | (1 << a)
+        edges = {pair: self.label(bits) for pair, bits in labels.items()}
+        regex = eliminate(edges, 0, set(finals), MAX_BODY_CHARS)
+        if regex is None:
+            raise RegularUnsupported(f"even the shortest paths' body regex passes {MAX_BODY_CHARS} characters")
         return regex
 
     def label(self, bits: int) -> str:
@@ -836,6 +873,28 @@ def _bits(bits: int):
             yield a
         bits >>= 1
         a += 1
+
+
+def _row_ids(rows: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of `rows` [S, k] (equal rows, equal ids), a column at a time."""
+    ids = np.zeros(len(rows), np.int64)
+    for column in rows.T:
+        _, ids = np.unique(ids * (int(column.max()) + 1) + column, return_inverse=True)
+        ids = ids.reshape(-1)
+    return ids
+
+
+def _reachable(trans: np.ndarray, sort: bool = True, start: int = 0) -> np.ndarray:
+    """The states reachable from `start` in `trans` [S, A], sorted or in breadth-first order."""
+    seen = np.zeros(len(trans), bool)
+    seen[start] = True
+    order, frontier = [np.array([start])], np.array([start])
+    while frontier.size:
+        nxt = np.unique(trans[frontier].reshape(-1))
+        frontier = nxt[~seen[nxt]]
+        seen[frontier] = True
+        order.append(frontier)
+    return np.flatnonzero(seen) if sort else np.concatenate(order)
 
 
 def _coreachable(dfa: _DFA) -> set[int]:

@@ -99,7 +99,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
-_MAX_REGULAR_S = 0.3  # one schema's string automata (schema/regular.py) that give up cost at most this
+_MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
