@@ -1,18 +1,23 @@
-"""String schemas as one regular language: patterns, lengths and literals under not/allOf/anyOf/oneOf.
+"""String and number schemas as one regular language: patterns, lengths, literals, multipleOf
+under not/allOf/anyOf/oneOf/if.
 
-`string_body(schema, resolve)` reads a schema that admits only strings and is built from
-`pattern` (search semantics), min/maxLength, const/enum, type and the combinators not, allOf,
-anyOf, oneOf, if/then/else and $ref. Each leaf becomes a DFA over classes of code points (a
-Thompson NFA from pattern.py's parser, then a subset construction); they combine by product and
-complement, are minimised, and the JSON string body regex comes out by state elimination
-(multiple_of.eliminate). Each character set is kept as what both Python `re` and ECMA-262 put in
-it (lower) and what either does (upper; `$` may also end before a final newline in `re`): a leaf
-under `not` takes the upper set, so the result is a subset of both validators' languages. Length
-bounds on the schema's own conjunction are handed back for the string counter (any size); those
-nested under combinators become counter states up to MAX_FOLDED_LENGTH. It raises
-RegularUnsupported past its size caps, on `format` and on whatever else it cannot read exactly:
-the caller then converts the schema as before (relaxing what it cannot enforce). Numbers and
-objects are not handled here.
+`string_body(schema, resolve)` reads a schema that admits only strings, built from `pattern`
+(search semantics), min/maxLength, const/enum, type and the combinators (and $ref). Each leaf
+becomes a DFA over classes of code points (a Thompson NFA from pattern.py's parser, then a
+subset construction); they combine by product and complement, are minimised, and the JSON
+string body regex comes out by state elimination (multiple_of.eliminate). Each character set is
+kept as what both Python `re` and ECMA-262 put in it (lower) and what either does (upper; `$`
+may also end before a final newline in `re`): under `not` the upper one is used, so the result
+is a subset of both validators' languages. Length bounds on the schema's own conjunction are
+handed back for the string counter (any size); nested ones become states up to
+MAX_FOLDED_LENGTH. Past the size caps it is stricter, never looser: a union keeps the branches
+that fit, an intersection spreads over its widest union first, and a body regex past
+MAX_BODY_CHARS is cut to the shortest paths to MAX_TREE_FINALS accepting states (with their
+self-loops). `number_regex` does integral multipleOf by remainders (multiple_of.residues_regex;
+past its limits the 64 valid integers nearest zero). Both raise RegularUnsupported on what they
+do not read exactly (format, lookaround, ...) or past the caps: the caller then converts the
+schema as before, relaxing what it cannot enforce. Objects and arrays are not handled here.
+Over 400 lines: the schema reading, the pattern trees and the automaton algebra are one chain.
 """
 
 # Product and complement of DFAs and Moore's partition refinement are the textbook
@@ -42,9 +47,10 @@ from surecall.grammars.schema.pattern import (
 )
 
 MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
-MAX_DFA_STATES = 5_000  # any automaton built on the way (before minimising)
+MAX_DFA_STATES = 30_000  # any automaton built on the way (before minimising)
 MAX_PRODUCT_PAIRS = 1_000_000  # state pairs of one product laid out densely
 MAX_BODY_CHARS = 12_000  # the string body regex written out
+MAX_EMITTED_STATES = 400  # states state elimination is tried on (its cost is quadratic in them)
 MAX_KEPT_STATES = 1_000  # a union cut to the branches that fit stops growing past this
 MAX_TREE_FINALS = 8  # accepting states whose shortest paths a too-long body regex is cut to
 MAX_CLASS_RANGES = 8  # past-ASCII ranges of one character set (see _fewer_ranges)
@@ -795,6 +801,8 @@ class _Builder:
         live = _coreachable(dfa)
         if 0 not in live:
             return None
+        if len(live) > MAX_EMITTED_STATES:
+            raise RegularUnsupported(f"the string automaton keeps {len(live)} states, past {MAX_EMITTED_STATES}")
         labels: dict[tuple[int, int], int] = {}
         for s in live:
             for a, t in enumerate(dfa.trans[s]):
@@ -877,11 +885,10 @@ def _bits(bits: int):
 
 def _row_ids(rows: np.ndarray) -> np.ndarray:
     """Dense ids of the distinct rows of `rows` [S, k] (equal rows, equal ids), a column at a time."""
-    ids = np.zeros(len(rows), np.int64)
-    for column in rows.T:
-        _, ids = np.unique(ids * (int(column.max()) + 1) + column, return_inverse=True)
-        ids = ids.reshape(-1)
-    return ids
+    packed = np.ascontiguousarray(rows, np.int32)
+    keys = packed.view(np.dtype((np.void, packed.dtype.itemsize * packed.shape[1]))).reshape(-1)
+    _, ids = np.unique(keys, return_inverse=True)
+    return ids.reshape(-1)
 
 
 def _reachable(trans: np.ndarray, sort: bool = True, start: int = 0) -> np.ndarray:
