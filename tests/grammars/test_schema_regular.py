@@ -1,6 +1,7 @@
-"""String schemas as one automaton (grammars/schema/regular.py): not/allOf/anyOf/oneOf of patterns,
-lengths and literals, checked against jsonschema (Python `re`) and jsonschema-rs (ECMA-262) on
-random strings with escapes and non-ASCII characters, and on Handwritten---allany21 by random walks.
+"""Scalar schemas as one automaton (grammars/schema/regular.py, string_automaton.py): not/allOf/
+anyOf/oneOf of patterns, lengths and literals, checked against jsonschema (Python `re`) and
+jsonschema-rs (ECMA-262) on random strings with escapes and non-ASCII characters; integral
+multipleOf by remainders against jsonschema; the Handwritten schemas it fixes by random walks.
 """
 
 from __future__ import annotations
@@ -122,15 +123,15 @@ def test_given_up_schema_keeps_its_keyword_relaxed_and_listed():
 def test_too_long_a_body_regex_is_cut_to_shortest_paths_never_looser():
     schema = {"type": "string", "allOf": [{"pattern": "a.*b.*c"}, {"pattern": "c.*b.*a"}, {"not": {"pattern": "abc"}},
                                           {"pattern": "^[abcx]*$"}]}
-    import surecall.grammars.schema.regular as regular
+    import surecall.grammars.schema.string_automaton as automaton
 
     exact = string_body(schema, lambda ref: None).body
-    original = regular.MAX_BODY_CHARS
-    regular.MAX_BODY_CHARS = len(exact) - 1  # the exact regex no longer fits
+    original = automaton.MAX_BODY_CHARS
+    automaton.MAX_BODY_CHARS = len(exact) - 1  # the exact regex no longer fits
     try:
         cut = string_body(schema, lambda ref: None).body
     finally:
-        regular.MAX_BODY_CHARS = original
+        automaton.MAX_BODY_CHARS = original
     assert len(cut) < len(exact)
     validator = jsonschema.Draft202012Validator(schema)
     matcher = re.compile(cut)
