@@ -239,38 +239,102 @@ def _minimise(states: dict, accepting: set) -> dict:
 
 def _eliminate(states: dict, accepting: set, blocks: dict) -> str | None:
     """State elimination on the minimal DFA; None past MAX_REGEX_CHARS."""
-    start, final = "start", "final"
-    edges: dict = {(start, blocks[("S", 0, 0, False, 0)]): ""}
     labels: dict = {}
     for s, moves in states.items():
         for symbol, t in moves.items():
             labels.setdefault((blocks[s], blocks[t]), set()).add(symbol)
-        if s in accepting:
-            edges[(blocks[s], final)] = ""
-    edges.update({pair: _label(symbols) for pair, symbols in labels.items()})
     inner = set(blocks.values())
     if len(inner) > _MAX_MINIMAL_STATES:
         return None
+    edges = {pair: _label(symbols) for pair, symbols in labels.items()}
+    finals = {blocks[s] for s in accepting}
+    return eliminate(edges, blocks[("S", 0, 0, False, 0)], finals, MAX_REGEX_CHARS)
+
+
+def eliminate(edges: dict, start: object, finals: set, max_chars: int) -> str | None:
+    """The regex of the automaton with `edges` {(p, q): regex} from `start` to any of `finals`, by
+    state elimination (the state with the fewest in x out paths first); None past `max_chars`
+    on one edge (or four times that in all)."""
+    edges = dict(edges)
+    inner = {p for pair in edges for p in pair} | {start} | set(finals)
+    edges[("start", start)] = ""
+    for q in finals:
+        edges[(q, "final")] = ""
+    ins_of: dict = {q: set() for q in inner}
+    outs_of: dict = {q: set() for q in inner}
+    for a, b in edges:
+        if b in ins_of:
+            ins_of[b].add(a)
+        if a in outs_of:
+            outs_of[a].add(b)
+    total = sum(map(len, edges.values()))
     while inner:
-        q = min(inner, key=lambda x: sum(a == x for a, _ in edges) * sum(b == x for _, b in edges))
+        q = min(inner, key=lambda x: len(ins_of[x] - {x}) * len(outs_of[x] - {x}))
         inner.discard(q)
         loop = edges.pop((q, q), None)
-        ins = [(a, r) for (a, b), r in edges.items() if b == q]
-        outs = [(b, r) for (a, b), r in edges.items() if a == q]
+        ins = [(a, edges.pop((a, q))) for a in ins_of.pop(q) if a != q]
+        outs = [(b, edges.pop((q, b))) for b in outs_of.pop(q) if b != q]
         for a, _ in ins:
-            del edges[(a, q)]
+            outs_of.get(a, set()).discard(q)
         for b, _ in outs:
-            del edges[(q, b)]
+            ins_of.get(b, set()).discard(q)
         middle = "" if loop is None else _atom(loop) + "*"
         for a, into in ins:
             for b, out in outs:
                 path = _seq(into) + middle + _seq(out)
-                edges[(a, b)] = f"{edges[(a, b)]}|{path}" if (a, b) in edges else path
-                if len(edges[(a, b)]) > MAX_REGEX_CHARS:
+                old = edges.get((a, b))
+                edges[(a, b)] = path if old is None else f"{old}|{path}"
+                total += len(path) + (1 if old is not None else 0)
+                if a in outs_of:
+                    outs_of[a].add(b)
+                if b in ins_of:
+                    ins_of[b].add(a)
+                if len(edges[(a, b)]) > max_chars:
                     return None
-        if sum(map(len, edges.values())) > 4 * MAX_REGEX_CHARS:
+        total -= sum(len(r) for _, r in ins) + sum(len(r) for _, r in outs) + len(loop or "")
+        if total > 4 * max_chars:
             return None
-    return edges.get((start, final))
+    return edges.get(("start", "final"))
+
+
+def residues_regex(k: int, residues: frozenset[int], low: int | None = None) -> str | None:
+    """Regex for the integers i (canonical, no exponent) with i mod k in `residues`, and i >= low
+    when `low` is -1, 0 or 1 (None: unbounded); None when there are none. MultipleOfUnsupported
+    past the limits (as for multipleOf: m = 7 already needs ~31k characters)."""
+    if low is not None and low not in (-1, 0, 1):
+        raise MultipleOfUnsupported(f"a lower bound of {low} beside residues mod {k} is not written")
+    residues = frozenset(r % k for r in residues)
+    parts = ["0"] if 0 in residues and (low is None or low <= 0) else []
+    for sign, wanted in (("", residues), ("-", frozenset(-r % k for r in residues))):
+        if wanted and (sign == "" or low is None or low <= -1):
+            magnitudes = _residue_magnitudes(k, wanted) if len(wanted) < k else "[1-9][0-9]*"
+            if low == -1 and sign == "-":  # only -1 below zero
+                magnitudes = "1" if 1 % k in wanted else None
+            parts += [f"{sign}(?:{magnitudes})"] if magnitudes else []
+    return "|".join(parts) if parts else None
+
+
+@lru_cache(maxsize=64)
+def _residue_magnitudes(k: int, wanted: frozenset[int]) -> str | None:
+    """The positive integers whose remainder mod k is in `wanted`, as a regex (None: past the limits)."""
+    if k > MAX_DFA_STATES:
+        raise MultipleOfUnsupported(f"residues mod {k} need more than {MAX_DFA_STATES} automaton states")
+    states, _ = _digit_dfa(k, 0, 0, 0)
+    accepting = {s for s in states if s[0] == "I" and s[1] in wanted}
+    blocks = _minimise(states, accepting)
+    inner = set(blocks.values())
+    if len(inner) > _MAX_MINIMAL_STATES:
+        raise MultipleOfUnsupported(f"residues mod {k} leave {len(inner)} automaton states, past {_MAX_MINIMAL_STATES}")
+    labels: dict = {}
+    for s, moves in states.items():
+        for symbol, t in moves.items():
+            if t[0] != "Z":  # magnitudes start with 1-9
+                labels.setdefault((blocks[s], blocks[t]), set()).add(symbol)
+    edges = {pair: _label(symbols) for pair, symbols in labels.items()}
+    regex = eliminate(edges, blocks[("S", 0, 0, False, 0)], {blocks[s] for s in accepting}, MAX_REGEX_CHARS)
+    if regex is None:
+        raise MultipleOfUnsupported(f"residues mod {k} give a regex longer than {MAX_REGEX_CHARS} characters")
+    return regex
 
 
 def _label(symbols: set) -> str:

@@ -67,6 +67,12 @@ from surecall.grammars.schema.property_counts import (
     extra_keys,
 )
 from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
+from surecall.grammars.schema.regular import (
+    RegularUnsupported,
+    may_be_scalar_algebra,
+    number_regex,
+    string_body,
+)
 from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -93,6 +99,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
+_MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -402,6 +409,7 @@ class Converter:
         self.any_regex: dict[int, str] = {}
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
+        self.regular_s = 0.0  # time spent trying string automata (schema/regular.py), capped at _MAX_REGULAR_S
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
         self.ref_siblings_ignored = ref_siblings_ignored(root)
@@ -485,6 +493,9 @@ class Converter:
             return self.any_value(self.options.max_any_depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
+        regular = self.regular_string(schema, ptr)
+        if regular is not False:
+            return regular
         alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
@@ -507,6 +518,30 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k != "not"}
         self.relax_generic(schema, ptr)
         return _alternation([self.convert_type(t, schema, ptr) for t in types])
+
+    def regular_string(self, schema: dict, ptr: str) -> str | None | bool:
+        """A strings-only schema whose patterns, lengths and literals sit under not/oneOf/allOf, as
+        one automaton's body (schema/regular.py); False when it is not one (converted as before)."""
+        start = time.perf_counter()
+        if self.regular_s > _MAX_REGULAR_S or not may_be_scalar_algebra(schema):
+            return False
+        try:
+            found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
+                                min(self.deadline, start + _MAX_REGULAR_S - self.regular_s))
+        except RegularUnsupported:
+            return self.regular_number(schema, ptr)
+        finally:
+            self.regular_s += time.perf_counter() - start
+        bounds = {"minLength": found.min_length, "maxLength": found.max_length}
+        return None if found.body is None else self.convert_string(
+            {k: v for k, v in bounds.items() if v is not None}, ptr, found.body)
+
+    def regular_number(self, schema: dict, ptr: str) -> str | None | bool:
+        """A numbers-only schema of integral multipleOf under not/anyOf/oneOf (schema/regular.py)."""
+        try:
+            return number_regex(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored)
+        except RegularUnsupported:
+            return False
 
     def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
         """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""

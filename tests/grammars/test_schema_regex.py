@@ -319,10 +319,10 @@ def test_not_of_a_type_and_enum_filters_are_enforced():
 
 def test_generic_relaxed_keywords_are_listed():
     schema = {"type": "object", "properties": {
-        "n": {"not": {"pattern": "^a"}}, "i": {"if": {"multipleOf": 3}, "then": {"minimum": 1}}}}
+        "n": {"not": {"format": "email"}}, "i": {"if": {"multipleOf": 3}, "then": {"minimum": 1}}}}
     assert set(relaxed(schema)) == {("/properties/n", "not"), ("/properties/i", "if")}
     reasons = schema_to_regex(schema).reasons
-    assert "'pattern'" in reasons[("/properties/n", "not")] and "'multipleOf'" in reasons[("/properties/i", "if")]
+    assert "'format'" in reasons[("/properties/n", "not")] and "'multipleOf'" in reasons[("/properties/i", "if")]
 
 
 # --- combinators and references --------------------------------------------------------------
@@ -330,7 +330,8 @@ def test_any_of_one_of_all_of():
     any_of = {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]}
     assert accepts(any_of, "5") and accepts(any_of, '"ab"') and not accepts(any_of, '"abc"')
     assert relaxed({"oneOf": [{"type": "integer"}, {"type": "string"}]}) == []
-    assert relaxed({"oneOf": [{"type": "integer"}, {"type": "number", "multipleOf": 2}]}) == [("", "oneOf")]
+    odd = {"oneOf": [{"type": "integer"}, {"type": "number", "multipleOf": 2}]}  # by remainders (schema/regular.py)
+    assert relaxed(odd) == [] and accepts(odd, "3") and not accepts(odd, "4") and not accepts(odd, "1.5")
     tagged = {"oneOf": [
         {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
         {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]}
