@@ -641,9 +641,12 @@ def _canonical(obj) -> str:
 
 
 def _with_reasons(meta: dict, result) -> dict:
-    """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order."""
+    """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order;
+    and "narrowed": [pointer, keyword, why] where the grammar is stricter than the schema (absent: nowhere)."""
     reasons = getattr(result, "reasons", {})
-    return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed]}
+    narrowed = [[p or "/", k, why] for (p, k), why in getattr(result, "narrowed", {}).items()]
+    return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed],
+            **({"narrowed": narrowed} if narrowed else {})}
 
 
 def _pieces(result) -> list[str]:

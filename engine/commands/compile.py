@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "table_bytes": table.nbytes, "cold_ms": round(cold_ms, 2), "warm_ms": round(warm_ms, 3),
         "min_tokens": int(table.dist[0]), "relaxed": [list(r) for r in table.relaxed],
         "relaxed_reasons": relaxed_reasons(table),
+        "narrowed": [{"pointer": p, "keyword": k, "reason": why} for p, k, why in table.meta.get("narrowed", [])],
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),
         "cache_max_bytes": table_cache.max_cache_bytes(),
     }
@@ -126,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"compile {cold_ms:.1f} ms cold, {warm_ms:.2f} ms warm (disk cache); shortest document {report['min_tokens']} tokens")
     print(f"relaxed (enforced by the validator, not the grammar): {'none' if not table.relaxed else ''}".rstrip())
     for r in report["relaxed_reasons"]:
+        print(f"  {r['keyword']} at {r['pointer']}: {r['reason']}")
+    if report["narrowed"]:
+        print("narrowed (stricter than the schema: every output validates, some valid values are never written):")
+    for r in report["narrowed"]:
         print(f"  {r['keyword']} at {r['pointer']}: {r['reason']}")
     print(f"disk cache: {report['cache_dir']} holds {report['cache_bytes'] / 2**20:.1f} MiB "
           f"(limit {report['cache_max_bytes'] / 2**20:.0f} MiB, SURECALL_CACHE_MAX_BYTES; least recently used evicted)")

@@ -60,6 +60,7 @@ class StringBody:
     body: str | None  # the JSON string body regex (None: no string is valid)
     min_length: int  # bounds on the whole string, for the counter (already folded when small)
     max_length: int | None
+    narrowed: str | None = None  # why the body is stricter than the schema (None: exact)
 
 
 def may_be_scalar_algebra(schema: object) -> bool:
@@ -90,16 +91,21 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
         return StringBody(None, low, high)
     if 0 < low <= MAX_FOLDED_LENGTH:
         expr = ("all", [expr, ("len", low, None)])
-    return StringBody(StringAutomaton(expr, deadline).body(), low, high)
+    automaton = StringAutomaton(expr, deadline)
+    body = automaton.body()
+    narrowed = ("the exact string language has no regex within the size caps: a union keeps the branches "
+                "that fit, a long body keeps its shortest paths") if automaton.is_approximate else None
+    return StringBody(body, low, high, narrowed)
 
 
-def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = False) -> str | None:
+def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = False) -> tuple[str | None, str | None]:
     """The numbers `schema` admits, when it admits only numbers built from integral multipleOf
     under not/anyOf/oneOf/if (and type, a lower bound of -1..1 on the whole): the integers by
     their remainder mod the lcm (multiple_of.residues_regex), or, where that regex is too long,
     the MAX_LISTED_INTEGERS nearest zero (stricter); non-integers (which no integral multipleOf
-    holds) as conditionals.FRACTION where they pass and nothing bounds them. None: no number;
-    RegularUnsupported for any other keyword."""
+    holds) as conditionals.FRACTION where they pass and nothing bounds them. Returns (regex, why
+    it is stricter than the schema or None); regex None: no number; RegularUnsupported for any
+    other keyword."""
     reader = _Reader(resolve, siblings_ignored)
     if any(reader.truth(schema, kind) is not False for kind in ("object", "array", "string", "boolean", "null")):
         raise RegularUnsupported("the schema may admit values other than numbers")
@@ -108,6 +114,7 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
     if not numbers.needs_algebra:
         raise RegularUnsupported("no multipleOf sits under not/anyOf/oneOf/if")
     modulus = math.lcm(*numbers.moduli)
+    narrowed = None
     has_fractions = _holds(expr, False, 0) and numbers.low is None
     try:
         if modulus > MAX_MODULUS:
@@ -116,14 +123,16 @@ def number_regex(schema: object, resolve: Resolve, siblings_ignored: bool = Fals
         whole = residues_regex(modulus, residues, numbers.low) if residues else None
     except MultipleOfUnsupported as exc:
         whole = _listed_integers(expr, numbers.low)
+        narrowed = (f"{exc}: only the {MAX_LISTED_INTEGERS} integers nearest "
+                    f"{'zero' if numbers.low is None else numbers.low} that pass are written") if whole else None
         if whole is None and (modulus > MAX_SEARCHED or not MAX_LISTED_INTEGERS):  # none seen is not none at all
             raise RegularUnsupported(str(exc)) from exc
     if whole is None and not has_fractions:
         if _holds(expr, False, 0):  # only the bounded fractions pass: not written here
             raise RegularUnsupported("only non-integers pass, beside a lower bound")
-        return None
+        return None, None
     parts = [p for p in (whole, FRACTION if has_fractions else None) if p]
-    return "|".join(f"(?:{p})" for p in parts)
+    return "|".join(f"(?:{p})" for p in parts), narrowed
 
 
 def _listed_integers(expr: object, low: int | None) -> str | None:

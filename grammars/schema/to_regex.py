@@ -119,6 +119,7 @@ class RegexResult:
     relaxed: list[tuple[str, str]] = field(default_factory=list)
     reasons: dict[tuple[str, str], str] = field(default_factory=dict)  # why each relaxed pair is not enforced
     pieces: list[str] = field(default_factory=list)  # with splice: the sub-regexes its placeholders stand for
+    narrowed: dict[tuple[str, str], str] = field(default_factory=dict)  # (pointer, keyword) -> why stricter than the schema
 
 
 def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, splice: bool = False) -> RegexResult:
@@ -143,7 +144,8 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
                 conv.truncated_at, "$ref")
         raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
     pieces = [] if conv.pieces is None else list(conv.pieces.regexes)
-    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces)
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces,
+                       narrowed=dict(conv.narrowed))
 
 
 def check_schema(schema: object) -> None:
@@ -396,6 +398,7 @@ class Converter:
         self.options = options
         self.ws = options.whitespace_regex()
         self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
+        self.narrowed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why the grammar is stricter there
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
         # Each $ref target's regex is converted once per nesting context and reused: (ref,
@@ -533,15 +536,20 @@ class Converter:
         finally:
             self.regular_s += time.perf_counter() - start
         bounds = {"minLength": found.min_length, "maxLength": found.max_length}
+        if found.narrowed:
+            self.narrowed[(ptr, _algebra_keyword(schema))] = found.narrowed
         return None if found.body is None else self.convert_string(
             {k: v for k, v in bounds.items() if v is not None}, ptr, found.body)
 
     def regular_number(self, schema: dict, ptr: str) -> str | None | bool:
         """A numbers-only schema of integral multipleOf under not/anyOf/oneOf (schema/regular.py)."""
         try:
-            return number_regex(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored)
+            regex, narrowed = number_regex(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored)
         except RegularUnsupported:
             return False
+        if narrowed:
+            self.narrowed[(ptr, _algebra_keyword(schema))] = narrowed
+        return regex
 
     def convert_alternatives(self, schema: dict, alternatives: Alternatives, ptr: str) -> str | None:
         """`schema` with its dependency keywords (and `not: {required}`) as allOf parts of alternatives."""
@@ -1667,3 +1675,8 @@ def _number_bounds_overlap(schema: dict) -> bool:
 def _json_equal(a: object, b: object) -> bool:
     """JSON equality: key order ignored, 1 == 1.0 (JSON Schema compares numbers by value)."""
     return canonical_json(_unmarked(a)) == canonical_json(_unmarked(b))
+
+
+def _algebra_keyword(schema: dict) -> str:
+    """The keyword that made `schema` need the string/number automaton (for the narrowed list)."""
+    return next((k for k in ("not", "oneOf", "anyOf", "allOf", "if", "$ref") if k in schema), "pattern")

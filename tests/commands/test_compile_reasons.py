@@ -58,3 +58,28 @@ def test_compile_json_lists_reasons(unique_schema, capsys):
     [entry] = report["relaxed_reasons"]
     assert entry["pointer"] == "/properties/tags" and entry["keyword"] == "uniqueItems"
     assert entry["reason"]  # the compiler's own reason, else the generic one
+
+
+NOT_SEVENS = {"type": "object", "properties": {"n": {"type": "integer", "not": {"multipleOf": 7}},
+                                               "m": {"type": "integer", "multipleOf": 5}}, "required": ["n", "m"]}
+
+
+def test_compile_lists_where_the_grammar_is_stricter_than_the_schema(tmp_path, monkeypatch, data_dir, capsys):
+    """An integer `not: {multipleOf: 7}` has no short regex: only listed integers are written, and
+    `surecall compile` says so (text and --json); the exact multipleOf 5 beside it is not listed."""
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(NOT_SEVENS))
+    assert main(["compile", str(path), "--tokenizer", "shared:gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    [entry] = report["narrowed"]
+    assert (entry["pointer"], entry["keyword"]) == ("/properties/n", "not")
+    assert "integers nearest zero" in entry["reason"]
+    assert main(["compile", str(path), "--tokenizer", "shared:gpt2"]) == 0
+    out = capsys.readouterr().out
+    assert "narrowed (stricter than the schema" in out and "not at /properties/n: " in out
+
+
+def test_compile_lists_nothing_narrowed_for_an_exact_grammar(unique_schema, capsys):
+    assert main(["compile", str(unique_schema), "--tokenizer", "shared:gpt2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["narrowed"] == []

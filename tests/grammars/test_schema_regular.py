@@ -125,14 +125,17 @@ def test_too_long_a_body_regex_is_cut_to_shortest_paths_never_looser():
                                           {"pattern": "^[abcx]*$"}]}
     import surecall.grammars.schema.string_automaton as automaton
 
-    exact = string_body(schema, lambda ref: None).body
+    found = string_body(schema, lambda ref: None)
+    exact = found.body
+    assert found.narrowed is None
     original = automaton.MAX_BODY_CHARS
     automaton.MAX_BODY_CHARS = len(exact) - 1  # the exact regex no longer fits
     try:
-        cut = string_body(schema, lambda ref: None).body
+        found = string_body(schema, lambda ref: None)
     finally:
         automaton.MAX_BODY_CHARS = original
-    assert len(cut) < len(exact)
+    cut = found.body
+    assert len(cut) < len(exact) and "shortest paths" in found.narrowed  # the cut is reported
     validator = jsonschema.Draft202012Validator(schema)
     matcher = re.compile(cut)
     every = ["".join(p) for n in range(8) for p in itertools.product("abcx", repeat=n)]
@@ -210,10 +213,13 @@ def test_remainder_sets_without_a_short_regex_are_listed_near_zero():
     from surecall.grammars.schema.regular import MAX_LISTED_INTEGERS, number_regex
 
     schema = {"type": "integer", "minimum": 1, "not": {"multipleOf": 7}}  # mod 7: ~31k characters
-    regex = re.compile(number_regex(schema, lambda ref: None))
-    listed = [n for n in range(-100, 1000) if regex.fullmatch(str(n))]
+    found, narrowed = number_regex(schema, lambda ref: None)
+    listed = [n for n in range(-100, 1000) if re.fullmatch(found, str(n))]
     assert listed == [n for n in range(1, 1000) if n % 7][:MAX_LISTED_INTEGERS]  # stricter, never looser
-    assert schema_to_regex(schema).relaxed == []
+    assert f"only the {MAX_LISTED_INTEGERS} integers nearest 1" in narrowed
+    result = schema_to_regex(schema)
+    assert result.relaxed == [] and list(result.narrowed) == [("", "not")]
+    assert schema_to_regex({"type": "integer", "not": {"multipleOf": 2}}).narrowed == {}  # exact: odd integers
 
 
 def test_fractions_pass_where_no_integral_multiple_is_required():
