@@ -103,6 +103,15 @@ def test_spliced_dfa_is_the_inlined_minimal_dfa(name):
         assert spliced.matches(text) == inlined.matches(text)
 
 
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_alternatives_joined_by_their_regexes_give_the_same_dfa(name, monkeypatch):
+    _, by_subsets, _ = inlined_and_spliced(SCHEMAS[name])
+    monkeypatch.setattr(splice, "_UNION_BY_SUBSETS", 0)  # every union as a spliced alternation
+    _, by_regexes, _ = inlined_and_spliced(SCHEMAS[name])
+    np.testing.assert_array_equal(by_regexes.trans, by_subsets.trans)
+    np.testing.assert_array_equal(by_regexes.accept, by_subsets.accept)
+
+
 def test_nested_pieces_hold_placeholders_of_earlier_ones():
     result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
     users = [i for i, piece in enumerate(result.pieces) if splice.placeholders_in(piece)]
