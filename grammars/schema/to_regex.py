@@ -591,7 +591,7 @@ class Converter:
 
         A conversion uses a ref's depth only as `depth >= max_ref_depth + 1`, read at depths
         entry + k for k up to the largest offset K it read: two entry depths that agree on that
-        test for every k <= K give the same regex (their classes: _depth_class). An entry keeps
+        test for every k <= K give the same regex (their classes: depth_class). An entry keeps
         (ref, K, entry depth) per ref read; a memo hit counts as the reads its entry made.
         """
         entries = self.ref_regex.setdefault(ref, [])
