@@ -31,10 +31,10 @@ _PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
 # The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
 # DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).
 _BYTES_PER_STATE = 12 * 1024
-# Alternatives whose spliced DFAs hold more states than this are joined as one alternation of their
-# regexes, spliced (their symbolic parents merge first), instead of by a subset construction over
-# the spliced DFAs, which walks a prefix they share once per alternative (Github_ultra o65418:
-# three 26k-state variants of one object, 5.5 s).
+# Alternatives whose spliced DFAs hold more states than this are joined as the union of their
+# parents (placeholders still bytes), spliced, instead of by a subset construction over the spliced
+# DFAs, which walks a prefix they share once per alternative (Github_ultra o65418: three 26k-state
+# variants of one object, 5.5 s).
 _UNION_BY_SUBSETS = 4096
 
 
@@ -90,6 +90,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
+    parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
     first_of = _FirstOf()
 
@@ -97,7 +98,8 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
             raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
         if index not in canonical:
-            dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            parents[index] = build(pieces[index])
+            dfa = splice_dfa(parents[index], lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
             check()
             canonical[index] = first_of.first(dfa, index)
             built.setdefault((canonical[index],), dfa)
@@ -108,9 +110,9 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             subs = [built[(i,)] for i in key]
             if sum(d.num_states for d in subs) <= _UNION_BY_SUBSETS:
                 built[key] = union_dfa(subs, max_states)
-            else:  # alternation of their regexes, spliced: large common parts are walked once, not in lockstep
-                union = "|".join(f"(?:{pieces[i]})" for i in key)
-                built[key] = splice_dfa(build(union), sub_of, lambda i: canonical_of(i, max(key)), max_states)
+            else:  # the union of their parents, spliced: large common parts are walked once, not in lockstep
+                parent = union_dfa([parents[i] for i in key], max_states)
+                built[key] = splice_dfa(parent, sub_of, lambda i: canonical_of(i, max(key)), max_states)
             check()
         return built[key]
 
