@@ -5,7 +5,8 @@ schema.to_regex (`splice=True`) writes a large value as a placeholder: PLACEHOLD
 `build_spliced` builds each piece's DFA once, bottom-up (pieces hold earlier pieces), pieces with
 equal DFAs sharing one symbol; each placeholder path s --lead, index--> t of the (minimised over
 those symbols) parent becomes an epsilon move into a copy of the piece's DFA that leaves for t, one
-copy per (piece, t) (alternatives at one place: one copy of their union), and a subset construction
+copy per (piece, t) (alternatives at one place: one copy of their union; large ones are unioned
+before their splice, as their pieces' own DFAs), and a subset construction
 makes it deterministic. The language is the inlined regex's, and the result its minimal DFA on
 JSON schemas (tests check it array for array): marks are plain bytes in it, so the token walk,
 counters and tables do not change. It saves regex text and outlines-core time, not DFA states.
