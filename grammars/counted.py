@@ -44,7 +44,10 @@ INVALID = -1  # char_rows value of a token that leaves a body other than by its 
 _FREE = -128  # while merging rows: a token dead in that state (any value will do)
 BOUNDARY = 0  # phase of a body state where the next byte starts a character
 NUM_PHASES = 16
-MAX_COUNTED_BODY_STATES = 128  # a pattern or format body counted beside its maxLength (body_fewest_chars)
+# A pattern or format body counted beside its maxLength has at most this many character-boundary
+# states (body_fewest_chars): each walks the whole vocabulary, while a state inside a UTF-8
+# character walks only the few tokens that start there and its row merges with its kind's.
+MAX_COUNTED_BODY_STATES = 128
 
 
 def _phase_table() -> np.ndarray:
@@ -234,9 +237,10 @@ def body_fewest_chars(body: str) -> int:
     if head < 0:
         raise CountedCutError("the string body matches nothing")
     members, phases = _body_phases(dfa.trans, head)
-    if members.size > MAX_COUNTED_BODY_STATES:
-        raise CountedCutError(f"its body has {members.size} states, above the {MAX_COUNTED_BODY_STATES} a counter "
-                              "rides (one row of the vocabulary each)")
+    starts = int((phases == BOUNDARY).sum())
+    if starts > MAX_COUNTED_BODY_STATES:
+        raise CountedCutError(f"its body has {starts} character states, above the {MAX_COUNTED_BODY_STATES} a counter "
+                              "rides (each walks the whole vocabulary)")
     rest = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
     return int(rest[members == head][0])
 

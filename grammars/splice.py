@@ -5,7 +5,8 @@ schema.to_regex (`splice=True`) writes a large value as a placeholder: PLACEHOLD
 `build_spliced` builds each piece's DFA once, bottom-up (pieces hold earlier pieces), pieces with
 equal DFAs sharing one symbol; each placeholder path s --lead, index--> t of the (minimised over
 those symbols) parent becomes an epsilon move into a copy of the piece's DFA that leaves for t, one
-copy per (piece, t) (alternatives at one place: one copy of their union), and a subset construction
+copy per (piece, t) (alternatives at one place: one copy of their union; large ones are unioned
+before their splice, as their pieces' own DFAs), and a subset construction
 makes it deterministic. The language is the inlined regex's, and the result its minimal DFA on
 JSON schemas (tests check it array for array): marks are plain bytes in it, so the token walk,
 counters and tables do not change. It saves regex text and outlines-core time, not DFA states.
@@ -31,6 +32,11 @@ _PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
 # The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
 # DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).
 _BYTES_PER_STATE = 12 * 1024
+# Alternatives whose spliced DFAs hold more states than this are joined as the union of their
+# parents (placeholders still bytes), spliced, instead of by a subset construction over the spliced
+# DFAs, which walks a prefix they share once per alternative (Github_ultra o65418: three 26k-state
+# variants of one object, 5.5 s).
+_UNION_BY_SUBSETS = 4096
 
 
 def placeholder(index: int) -> str:
@@ -85,6 +91,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
+    parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
     first_of = _FirstOf()
 
@@ -92,7 +99,8 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
             raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
         if index not in canonical:
-            dfa = splice_dfa(build(pieces[index]), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            parents[index] = build(pieces[index])
+            dfa = splice_dfa(parents[index], lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
             check()
             canonical[index] = first_of.first(dfa, index)
             built.setdefault((canonical[index],), dfa)
@@ -100,7 +108,12 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
 
     def sub_of(key: tuple[int, ...]) -> ByteDFA:
         if key not in built:  # alternatives at one place: their union, built once for every user
-            built[key] = union_dfa([built[(i,)] for i in key], max_states)
+            subs = [built[(i,)] for i in key]
+            if sum(d.num_states for d in subs) <= _UNION_BY_SUBSETS:
+                built[key] = union_dfa(subs, max_states)
+            else:  # the union of their parents, spliced: large common parts are walked once, not in lockstep
+                parent = union_dfa([parents[i] for i in key], max_states)
+                built[key] = splice_dfa(parent, sub_of, lambda i: canonical_of(i, max(key)), max_states)
             check()
         return built[key]
 

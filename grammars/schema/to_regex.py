@@ -401,12 +401,11 @@ class Converter:
         self.narrowed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why the grammar is stricter there
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.ref_depth: dict[str, int] = {}
-        # Each $ref target's regex is converted once per nesting context and reused: (ref,
-        # depths of the refs being expanded) -> regex. The string is still inlined at each use.
-        self.ref_regex: dict[tuple, str | None] = {}
+        # Each $ref target's regex is converted once per class of nesting contexts and reused:
+        # ref -> [(its reads of ref depths, regex)] (memo_ref). The string is inlined at each use.
+        self.ref_regex: dict[str, list[tuple[tuple[tuple[str, int, int], ...], str | None]]] = {}
+        self.depth_reads: list[tuple[dict[str, int], dict[str, int]]] = []  # per memo conversion under way
         self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
-        self.ref_reach: dict[str, frozenset[str]] = {}  # ref -> the refs its expansion can meet
-        self.ref_direct: dict[str, set[str]] = {}  # ref -> the refs written inside its target
         self.ref_stack: list[str] = []
         self.followed: list[str] | None = None  # the $refs the allOf merge under way follows
         self.any_regex: dict[int, str] = {}
@@ -608,43 +607,64 @@ class Converter:
         target, target_ptr = self.resolve(schema["$ref"], ptr)
         rest = self.ref_rest(schema)
         ref = schema["$ref"]
-        depth = self.ref_depth.get(ref, 0)
+        depth = self.read_depth(ref)
         if depth >= self.options.max_ref_depth + 1:
             self.truncated_at = self.truncated_at or ptr
             return None
         if any(k in _ASSERTING for k in rest):
             # the validator reports the target's keywords under the referencing schema's path
             return self.expand_ref(ref, depth, lambda: self.convert({"allOf": [_at(target, ptr), _at(rest, ptr)]}, ptr))
-        reach = self.refs_within(ref)  # only the depths its expansion can meet tell contexts apart
-        key = (ref, tuple(sorted((r, d) for r, d in self.ref_depth.items() if d and r in reach)))
-        if key not in self.ref_regex:
-            self.ref_regex[key] = self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr))
-        regex = self.ref_regex[key]
+        regex = self.memo_ref(ref, lambda: self.expand_ref(ref, depth, lambda: self.convert(target, target_ptr)))
         if regex is not None:
             uses = self.ref_uses.setdefault(ref, [0, len(regex)])
             uses[0] += 1
         return regex
 
-    def refs_within(self, ref: str) -> frozenset[str]:
-        """Every `$ref` the expansion of `ref` can meet: its target's, then theirs (a superset)."""
-        if ref not in self.ref_reach:
-            seen, stack = set(), [ref]
-            while stack:
-                r = stack.pop()
-                if r not in seen:
-                    seen.add(r)
-                    stack.extend(self.direct_refs(r))
-            self.ref_reach[ref] = frozenset(seen)
-        return self.ref_reach[ref]
+    def read_depth(self, ref: str) -> int:
+        """How often `ref` is being expanded here, noted as read by the conversion under way."""
+        if self.depth_reads:
+            entry, offsets = self.depth_reads[-1]
+            depth = self.ref_depth.get(ref, 0)
+            offsets[ref] = max(offsets.get(ref, 0), depth - entry.get(ref, 0))
+            return depth
+        return self.ref_depth.get(ref, 0)
 
-    def direct_refs(self, ref: str) -> set[str]:
-        if ref not in self.ref_direct:
-            try:
-                node, _ = self.resolve(ref, "")
-            except (SchemaError, UnsupportedSchema):
-                node = None
-            self.ref_direct[ref] = set(_refs_in(node))
-        return self.ref_direct[ref]
+    def memo_ref(self, ref: str, convert) -> str | None:
+        """`ref`'s regex in this nesting context, converted once per class of contexts.
+
+        A conversion uses a ref's depth only as `depth >= max_ref_depth + 1`, read at depths
+        entry + k for k up to the largest offset K it read: two entry depths that agree on that
+        test for every k <= K give the same regex (their classes: depth_class). An entry keeps
+        (ref, K, entry depth) per ref read; a memo hit counts as the reads its entry made.
+        """
+        entries = self.ref_regex.setdefault(ref, [])
+        for reads, regex in entries:
+            if all(self.depth_class(self.ref_depth.get(n, 0), k) == self.depth_class(d, k) for n, k, d in reads):
+                self.note_reads(reads)
+                return regex
+        frame: tuple[dict[str, int], dict[str, int]] = (dict(self.ref_depth), {})
+        self.depth_reads.append(frame)
+        try:
+            regex = convert()
+        finally:
+            self.depth_reads.pop()
+        reads = tuple((n, k, frame[0].get(n, 0)) for n, k in sorted(frame[1].items()))
+        self.note_reads(reads)
+        entries.append((reads, regex))
+        return regex
+
+    def note_reads(self, reads: tuple[tuple[str, int, int], ...]) -> None:
+        """Record an inner conversion's reads (ref, largest offset, ...) here, in the one under way."""
+        if not self.depth_reads:
+            return
+        entry, offsets = self.depth_reads[-1]
+        for n, k, _ in reads:
+            offsets[n] = max(offsets.get(n, 0), k + self.ref_depth.get(n, 0) - entry.get(n, 0))
+
+    def depth_class(self, depth: int, offset: int) -> int:
+        """`depth` up to what the tests `depth + k >= max_ref_depth + 1` (k = 0..offset) tell apart."""
+        top = self.options.max_ref_depth + 1
+        return min(max(depth, top - offset - 1), top)
 
     def expand_ref(self, ref: str, depth: int, convert) -> str | None:
         self.ref_depth[ref] = depth + 1
@@ -683,7 +703,7 @@ class Converter:
             refs = list(dict.fromkeys(self.followed))
         finally:
             self.followed = outer
-        saved = {ref: self.ref_depth.get(ref, 0) for ref in refs}
+        saved = {ref: self.read_depth(ref) for ref in refs}
         if any(depth >= self.options.max_ref_depth + 1 for depth in saved.values()):
             self.truncated_at = self.truncated_at or ptr
             return None
@@ -1506,19 +1526,6 @@ def _both_origins(first: str | tuple | None, second: str | tuple) -> tuple:
         return x if isinstance(x, tuple) else (x,)
 
     return tuple(dict.fromkeys((*parts(first), *parts(second))))
-
-
-def _refs_in(node: object):
-    """Every `$ref` string written anywhere inside `node`."""
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if isinstance(item.get("$ref"), str):
-                yield item["$ref"]
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 def _at(sub: object, pointer: str) -> object:

@@ -14,14 +14,14 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-from test_counted_strings import counted_vocab, extreme_walk, replay
+from test_counted_strings import _ids, counted_vocab, extreme_walk, replay
 
 from surecall.errors import UnsupportedSchema
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.pattern import counted_run
 from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
-from surecall.grammars.walk import accepts, decode, random_walk
+from surecall.grammars.walk import accepts, decode, kept, random_walk
 
 SIZES = [1, 48, 49, 60, 512, 8192]
 
@@ -213,6 +213,47 @@ def test_a_body_with_too_many_states_keeps_its_length_relaxed_with_a_reason():
     assert "states, above the 128 a counter rides" in result.reasons[("", "maxLength")]
     counted = schema_to_regex({"type": "string", "format": "date-time", "maxLength": 30})
     assert counted.relaxed == []
+
+
+WORDS_PATTERN = "^(?:\\S+\\s+){0,9}\\S+$"  # Github_ultra o62059: 360 body states (UTF-8 phases), 20 character states
+
+
+def test_a_body_counts_its_character_states_against_the_cap():
+    from surecall.grammars.counted import body_fewest_chars
+
+    assert body_fewest_chars(schema_to_regex({"type": "string", "pattern": WORDS_PATTERN}).regex[1:-1]) == 1
+    result = schema_to_regex({"type": "string", "pattern": WORDS_PATTERN, "maxLength": 120})
+    assert result.relaxed == []
+
+
+def _longest_body(table, vocab, prefix: str) -> str:
+    """The string a walk writes after `prefix` (which opens it) taking the most characters it may at each step."""
+    ids = _ids(vocab, prefix)
+    state, counter = replay(table, ids)
+    while table.count_row[state] >= 0:
+        toks, nexts = table.transitions(state)
+        choice = np.flatnonzero(kept(table, state, counter, toks, nexts, 10**6))
+        v = table.count_chars[table.count_row[state], toks[choice]].astype(np.int64)
+        opened = choice[(v & 1) == 0]
+        pick = opened[np.argmax(v[(v & 1) == 0])] if opened.size else choice[np.argmin(v)]
+        ids.append(int(toks[pick]))
+        state, counter = int(nexts[pick]), table.next_counter(state, counter, int(toks[pick]))
+    text = decode(vocab, ids).decode()
+    return json.JSONDecoder().raw_decode(text, len(prefix) - 1)[0]
+
+
+@pytest.mark.parametrize("size", [1, 120])
+def test_max_length_beside_a_word_count_pattern_is_hit_exactly(llama3, size):
+    schema = pattern_schema(WORDS_PATTERN, maxLength=size)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_counts
+    longest = _longest_body(table, llama3, '{"a": "')
+    assert len(longest) == size
+    jsonschema.validate({"a": longest}, schema)
+    rng = np.random.default_rng(size)
+    for _ in range(4):
+        ids = random_walk(table, llama3, rng)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
 
 
 def test_expand_counts_spells_a_counted_pattern_body_for_python_re():

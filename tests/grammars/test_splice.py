@@ -103,6 +103,15 @@ def test_spliced_dfa_is_the_inlined_minimal_dfa(name):
         assert spliced.matches(text) == inlined.matches(text)
 
 
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_alternatives_joined_by_their_parents_give_the_same_dfa(name, monkeypatch):
+    _, by_subsets, _ = inlined_and_spliced(SCHEMAS[name])
+    monkeypatch.setattr(splice, "_UNION_BY_SUBSETS", 0)  # every union as its parents' union, spliced
+    _, by_parents, _ = inlined_and_spliced(SCHEMAS[name])
+    np.testing.assert_array_equal(by_parents.trans, by_subsets.trans)
+    np.testing.assert_array_equal(by_parents.accept, by_subsets.accept)
+
+
 def test_nested_pieces_hold_placeholders_of_earlier_ones():
     result = schema_to_regex(SCHEMAS["nested_refs"], splice=True)
     users = [i for i, piece in enumerate(result.pieces) if splice.placeholders_in(piece)]
@@ -251,10 +260,58 @@ def test_a_ref_is_converted_once_whatever_refs_enclose_it():
     schema = {"$defs": defs, "$ref": "#/$defs/l0"}
     conv = to_regex.Converter(schema, to_regex.GrammarOptions(), splice.Pieces("\\x03"))
     regex = conv.convert(schema, "")
-    assert len(conv.ref_regex) == len(defs)
+    assert sum(map(len, conv.ref_regex.values())) == len(defs)
     result = splice.build_spliced(regex, conv.pieces.regexes, regex_to_dfa, 2 << 30)
     assert result.matches(b"[" * 12 + b"1" + b"]" * 12)
     assert result.matches(b"{\"v\":" * 12 + b"1" + b"}" * 12)
+
+
+def test_recursive_refs_convert_once_per_distinct_regex():
+    # a 3-cycle: the depths of the other two refs enclosing one differ in 24 ways that give 18 regexes
+    defs = {n: {"type": "object", "properties": {m: {"$ref": f"#/$defs/{m}"} for m in "abc" if m != n}}
+            for n in "abc"}
+    schema = {"$defs": defs, "$ref": "#/$defs/a"}
+    conv = to_regex.Converter(schema, GrammarOptions(max_ref_depth=2), splice.Pieces("\\x0b"))
+    conv.convert(schema, "")
+    for ref, entries in conv.ref_regex.items():
+        assert len({regex for _, regex in entries}) == len(entries), ref
+    assert sum(map(len, conv.ref_regex.values())) == 16 + 18 + 18
+
+
+def _random_recursive_schema(rng: random.Random) -> dict:
+    n = rng.randint(2, 5)
+    defs = {}
+    for i in range(n):
+        def ref():
+            t = rng.randrange(n + 1)
+            return {"$ref": f"#/$defs/d{t}"} if t < n else {"type": "integer"}
+        shape = rng.randrange(4)
+        if shape == 0:
+            defs[f"d{i}"] = {"anyOf": [{"type": "object", "properties": {"p": ref(), "q": ref()}}, {"type": "null"}]}
+        elif shape == 1:
+            defs[f"d{i}"] = {"type": "array", "items": ref(), "maxItems": 2}
+        elif shape == 2:
+            defs[f"d{i}"] = {"allOf": [ref(), {"type": ["object", "null", "integer"]}]}
+        else:
+            defs[f"d{i}"] = {"type": "object", "properties": {f"p{j}": ref() for j in range(rng.randint(1, 3))}}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_memoised_refs_give_the_unmemoised_regex(seed):
+    rng = random.Random(seed)
+    for _ in range(60):
+        schema, depth = _random_recursive_schema(rng), rng.randint(0, 3)
+        outcomes = []
+        for memo in (True, False):
+            conv = to_regex.Converter(schema, GrammarOptions(max_ref_depth=depth))
+            if not memo:
+                conv.memo_ref = lambda ref, convert: convert()
+            try:
+                outcomes.append(conv.convert(schema, ""))
+            except (UnsupportedSchema, RecursionError) as exc:
+                outcomes.append(type(exc).__name__)
+        assert outcomes[0] == outcomes[1], (schema, depth)
 
 
 @pytest.mark.parametrize("name", sorted(set(SCHEMAS) - {"union_of_pieces"}))  # that one has a single string
