@@ -419,16 +419,15 @@ def coreachable(succ, accept: np.ndarray) -> np.ndarray:
 
 def bfs_order(succ, start: int, live: np.ndarray) -> np.ndarray:
     """Live states reachable from `start`, in BFS order (the dense numbering)."""
-    seen = {start}
+    ok = live.tolist()  # Python lists: a numpy scalar read per edge costs more than the walk
+    seen = [False] * len(succ)
+    seen[start] = True
     order = [start]
-    queue = deque([start])
-    while queue:
-        s = queue.popleft()
+    for s in order:  # the list is the queue: appended to while read
         for t in succ[s]:
-            if live[t] and t not in seen:
-                seen.add(t)
+            if ok[t] and not seen[t]:
+                seen[t] = True
                 order.append(t)
-                queue.append(t)
     return np.asarray(order, dtype=np.int64)
 
 

@@ -20,7 +20,7 @@ runs no kernels.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -198,27 +198,34 @@ def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) -> np.ndarray:
-    """int64 per member: the fewest characters before a `"` closes the body (Bellman-Ford over
-    the body's edges; a byte from a boundary state starts one character)."""
+    """int64 per member: the fewest characters before a `"` closes the body (a 0-1 BFS over the
+    body's distinct reversed edges; a byte from a boundary state starts one character)."""
     n = members.size
-    to_local = {int(q): i for i, q in enumerate(members.tolist())}
+    to_local = np.full(trans.shape[0] + 1, -1, dtype=np.int64)  # slot -1 (dead) stays -1
+    to_local[members] = np.arange(n)
     rows = trans[members].astype(np.int64)
     closes = boundary & (rows[:, _QUOTE] >= 0)
     inside = rows >= 0
     inside[:, _QUOTE] &= ~boundary
     src = np.repeat(np.arange(n), inside.sum(axis=1))
-    dst = np.fromiter((to_local[t] for t in rows[inside].tolist()), dtype=np.int64, count=int(inside.sum()))
-    key = np.unique(src * n + dst)
+    key = np.unique(src * n + to_local[rows[inside]])
     src, dst = key // n, key % n
-    weight = boundary[src].astype(np.int64)
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
+    pred = src[by_dst].tolist()
+    cost = boundary.astype(np.int64).tolist()  # an edge's weight is its source's
     never = np.iinfo(np.int64).max // 2
-    rest = np.where(closes, 0, never)
-    for _ in range(n + 1):
-        new = rest.copy()
-        np.minimum.at(new, src, rest[dst] + weight)
-        if np.array_equal(new, rest):
-            break
-        rest = new
+    rest = [0 if c else never for c in closes.tolist()]
+    queue = deque(np.flatnonzero(closes).tolist())
+    while queue:  # weights 0/1: a 0-edge goes to the front, a 1-edge to the back
+        t = queue.popleft()
+        for i in range(ptr[t], ptr[t + 1]):
+            s = pred[i]
+            d = rest[t] + cost[s]
+            if d < rest[s]:
+                rest[s] = d
+                (queue.appendleft if cost[s] == 0 else queue.append)(s)
+    rest = np.asarray(rest, dtype=np.int64)
     if (rest >= never).any():
         raise CountedCutError(f"state {int(members[np.argmax(rest)])}: a counted body cannot be closed")
     return rest
