@@ -108,8 +108,14 @@ def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     return cut, regions
 
 
-def cut_marks_renumbered(dfa: ByteDFA) -> tuple[ByteDFA, Regions, np.ndarray]:
-    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned)."""
+def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA, Regions, np.ndarray]:
+    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned).
+
+    `is_pruned`: `dfa` is prune()'s output (BFS-numbered, no dead state), so without marks it is
+    its own result and the prune is skipped (a fixpoint: the same arrays either way).
+    """
+    if is_pruned and not (dfa.trans[:, [COUNT_ENTER, COUNT_EXIT]] >= 0).any():
+        return dfa, _regions(dfa, []), np.append(np.arange(dfa.num_states, dtype=np.int32), np.int32(-1))
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
     for kind in (COUNT_ENTER, COUNT_EXIT):
