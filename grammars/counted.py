@@ -118,17 +118,21 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
         return dfa, _regions(dfa, []), np.append(np.arange(dfa.num_states, dtype=np.int32), np.int32(-1))
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
-    for kind in (COUNT_ENTER, COUNT_EXIT):
-        for p in np.flatnonzero(trans[:, kind] >= 0).tolist():
-            target, bounds = _follow_mark(trans, p, kind)
-            into = trans == p
-            if kind == COUNT_ENTER:
-                if not (into[:, _QUOTE].sum() == into.sum() > 0):
-                    raise CountedCutError(f"state {p}: a counted string is entered other than by '\"'")
-                if heads.get(target, bounds) != bounds:
-                    raise CountedCutError(f"state {target}: one body with two pairs of bounds")
-                heads[target] = bounds
-            trans[into] = target
+    marks = [(kind, p) for kind in (COUNT_ENTER, COUNT_EXIT) for p in np.flatnonzero(trans[:, kind] >= 0).tolist()]
+    into = _edges_into(trans, [p for _, p in marks])
+    flat = trans.reshape(-1)
+    for kind, p in marks:  # in order, each redirect seen by the marks after it (as `trans == p` would)
+        target, bounds = _follow_mark(trans, p, kind)
+        edges = into.pop(p)
+        if kind == COUNT_ENTER:
+            if not (edges.size and ((edges & 255) == _QUOTE).all()):
+                raise CountedCutError(f"state {p}: a counted string is entered other than by '\"'")
+            if heads.get(target, bounds) != bounds:
+                raise CountedCutError(f"state {target}: one body with two pairs of bounds")
+            heads[target] = bounds
+        flat[edges] = target
+        if target in into:  # a mark still to cut: these edges are cut with it
+            into[target] = np.concatenate([into[target], edges])
     trans[:, COUNT_ENTER] = -1
     trans[:, COUNT_EXIT] = -1
     succ = successor_lists(trans)
@@ -139,6 +143,18 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
     return cut, _regions(cut, live_heads), new_id
+
+
+def _edges_into(trans: np.ndarray, states: list[int]) -> dict[int, np.ndarray]:
+    """Per state of `states`, the flat indices (row * 256 + byte) of the edges into it: one pass
+    over `trans` for all of them."""
+    is_target = np.zeros(trans.shape[0] + 1, dtype=bool)  # slot -1 (dead) stays False
+    is_target[states] = True
+    flat = trans.reshape(-1)
+    at = np.flatnonzero(is_target[flat])
+    at = at[np.argsort(flat[at], kind="stable")]
+    target = flat[at]
+    return {p: at[np.searchsorted(target, p, "left") : np.searchsorted(target, p, "right")] for p in states}
 
 
 def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:
@@ -261,26 +277,27 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
     leaves the body otherwise, -1 for a dead byte.
     """
     h = int(regions.head[r])
-    inside_rows = []
-    order, seen = [h], {h: 0}
-    i = 0
-    while i < len(order):
-        row = dfa.trans[order[i]].astype(np.int64)
-        inside = (row >= 0) & (regions.region[np.maximum(row, 0)] == r)
-        if regions.phase[order[i]] == BOUNDARY:
-            inside[_QUOTE] = False
-        inside_rows.append((row, inside))
-        for t in row[inside].tolist():  # byte order: a canonical numbering for the shape cache
+    members = np.flatnonzero(regions.region == r)  # (the BFS below reaches those it reaches)
+    rows = dfa.trans[members].astype(np.int64)
+    inside = (rows >= 0) & (np.append(regions.region, -1)[rows] == r)
+    inside[regions.phase[members] == BOUNDARY, _QUOTE] = False
+    at, byte = np.nonzero(inside)  # row-major: each member's targets in byte order
+    targets = rows[at, byte].tolist()
+    bounds = np.searchsorted(at, np.arange(members.size + 1)).tolist()
+    index = {q: i for i, q in enumerate(members.tolist())}
+    order, seen = [h], {h}
+    for q in order:  # BFS in byte order: a canonical numbering for the shape cache
+        i = index[q]
+        for t in targets[bounds[i] : bounds[i + 1]]:
             if t not in seen:
-                seen[t] = len(order)
+                seen.add(t)
                 order.append(t)
-        i += 1
     g = np.asarray(order, dtype=np.int64)
-    to_local = np.full(dfa.num_states, -1, dtype=np.int64)
+    to_local = np.full(dfa.num_states + 1, -1, dtype=np.int64)  # slot -1 (dead) stays -1
     to_local[g] = np.arange(g.size)
-    local = np.empty((g.size, 256), dtype=np.int32)
-    for li, (row, inside) in enumerate(inside_rows):
-        local[li] = np.where(inside, to_local[np.maximum(row, 0)], np.where(row >= 0, -3, -1))
+    sel = np.asarray([index[q] for q in order], dtype=np.int64)
+    rows, inside = rows[sel], inside[sel]
+    local = np.where(inside, to_local[rows], np.where(rows >= 0, -3, -1)).astype(np.int32)
     boundary = regions.phase[g] == BOUNDARY
     local[boundary, _QUOTE] = np.where(dfa.trans[g[boundary], _QUOTE] >= 0, -2, -1)
     return local, g
