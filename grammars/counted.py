@@ -136,7 +136,9 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
     trans[:, COUNT_ENTER] = -1
     trans[:, COUNT_EXIT] = -1
     succ = successor_lists(trans)
-    live = coreachable(succ, dfa.accept)
+    # A pruned DFA's states all reach acceptance, and still do once the marks' edges skip them
+    # (only the mark states become unreachable): the reverse walk is needed otherwise only.
+    live = np.ones(trans.shape[0], dtype=bool) if is_pruned else coreachable(succ, dfa.accept)
     order = bfs_order(succ, 0, live)
     new_id = np.full(trans.shape[0] + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
