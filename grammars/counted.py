@@ -178,16 +178,14 @@ def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, 
 
 def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
     """Each head's body: the states it reaches without closing the string, with their phases and rest."""
-    region = np.full(dfa.num_states, -1, dtype=np.int32)
-    phase = np.full(dfa.num_states, -1, dtype=np.int8)
+    region, phase = _all_body_phases(dfa.trans, [h for h, _ in heads])
+    inside = region >= 0
+    if dfa.accept[inside].any() or inside[0]:
+        raise CountedCutError("a counted body overlaps other text (an accepting or the start state)")
     rest = np.zeros(dfa.num_states, dtype=np.int64)
-    for r, (h, _) in enumerate(heads):
-        members, phases = _body_phases(dfa.trans, h)
-        if (region[members] >= 0).any() or dfa.accept[members].any() or (members == 0).any():
-            raise CountedCutError(f"state {h}: a counted body overlaps other text")
-        region[members] = r
-        phase[members] = phases
-        rest[members] = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
+    members = np.flatnonzero(inside)
+    if members.size:  # bodies are disjoint and their edges stay inside: one walk for them all
+        rest[members] = _fewest_chars(dfa.trans, members, phase[members] == BOUNDARY)
     return Regions(
         region=region,
         head=np.asarray([h for h, _ in heads], dtype=np.int32),
@@ -196,6 +194,47 @@ def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
         phase=phase,
         rest=rest,
     )
+
+
+def _all_body_phases(trans: np.ndarray, heads: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 region, int8 phase) per state of the bodies from `heads` (as _body_phases, all
+    bodies at once, one breadth-first level per step); -1 outside. A state reached from two
+    heads or in two phases, or a byte that is no string-body text, raises CountedCutError."""
+    n = trans.shape[0]
+    region = np.full(n, -1, dtype=np.int32)
+    phase = np.full(n, -1, dtype=np.int8)
+    if not heads:
+        return region, phase
+    frontier = np.asarray(heads, dtype=np.int64)
+    if np.unique(frontier).size < frontier.size:
+        raise CountedCutError("one counted body with two pairs of bounds")
+    region[frontier] = np.arange(frontier.size, dtype=np.int32)
+    phase[frontier] = BOUNDARY
+    while frontier.size:
+        rows = trans[frontier].astype(np.int64)
+        ph = phase[frontier]
+        live = rows >= 0
+        live[ph == BOUNDARY, _QUOTE] = False  # closes the string: not a body byte
+        at, byte = np.nonzero(live)
+        nph = _NEXT_PHASE[ph[at], byte].astype(np.int64)
+        if (nph < 0).any():
+            q = int(frontier[at[np.argmax(nph < 0)]])
+            raise CountedCutError(f"state {q}: a counted body holds a byte that is not JSON string text")
+        key = np.unique((rows[at, byte] << 40) + (region[frontier[at]].astype(np.int64) << 8) + nph)
+        t, r, p = key >> 40, (key >> 8) & 0xFFFFFFFF, key & 0xFF
+        if t.size > 1 and (t[1:] == t[:-1]).any():
+            q = int(t[1:][t[1:] == t[:-1]][0])
+            raise CountedCutError(f"state {q}: a counted body state both starts and continues a character, "
+                                  "or two bodies overlap")
+        seen = region[t] >= 0
+        if ((region[t] != r) | (phase[t] != p))[seen].any():
+            q = int(t[seen & ((region[t] != r) | (phase[t] != p))][0])
+            raise CountedCutError(f"state {q}: a counted body state both starts and continues a character, "
+                                  "or two bodies overlap")
+        frontier = t[~seen]
+        region[frontier] = r[~seen]
+        phase[frontier] = p[~seen]
+    return region, phase
 
 
 def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
