@@ -56,11 +56,13 @@ def _byte_vocabulary():
     return Vocabulary(_EOS_ID, {bytes([b]): [b] for b in range(256)})
 
 
-def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
+def regex_to_dfa(regex: str, minimal: bool = True, pruned: bool = True) -> ByteDFA:
     """Compile `regex` into a pruned, densely numbered byte DFA (state 0 is the start).
 
     With `minimal` (the default) the DFA is also minimised (`minimize`): outlines-core's subset
     construction keeps many equivalent states (up to 15x on JSONSchemaBench's larger schemas).
+    Without `pruned`, unreachable and dead states stay and only the start is moved to 0 (for a
+    caller that edits the DFA and prunes it afterwards: string_bodies.py saves a prune so).
     Raises SchemaError when outlines-core rejects the regex or it matches nothing.
     """
     trans, accept, start = _anchored_transitions(regex)
@@ -69,7 +71,16 @@ def regex_to_dfa(regex: str, minimal: bool = True) -> ByteDFA:
         if quotient is not None:
             trans, accept, block = quotient
             start = int(block[start])
-    return prune(trans, accept, start)
+    return prune(trans, accept, start) if pruned else _start_first(trans, accept, start)
+
+
+def _start_first(trans: np.ndarray, accept: np.ndarray, start: int) -> ByteDFA:
+    """The same automaton with states 0 and `start` swapped (nothing pruned)."""
+    swap = np.arange(trans.shape[0] + 1, dtype=np.int32)
+    swap[-1] = -1  # dead stays dead
+    swap[[0, start]] = start, 0
+    order = swap[:-1]
+    return ByteDFA(trans=np.ascontiguousarray(swap[trans[order]], dtype=np.int32), accept=accept[order].copy())
 
 
 # outlines-core's DFA builder also determinises the unanchored search automaton (a match may
@@ -419,16 +430,15 @@ def coreachable(succ, accept: np.ndarray) -> np.ndarray:
 
 def bfs_order(succ, start: int, live: np.ndarray) -> np.ndarray:
     """Live states reachable from `start`, in BFS order (the dense numbering)."""
-    seen = {start}
+    ok = live.tolist()  # Python lists: a numpy scalar read per edge costs more than the walk
+    seen = [False] * len(succ)
+    seen[start] = True
     order = [start]
-    queue = deque([start])
-    while queue:
-        s = queue.popleft()
+    for s in order:  # the list is the queue: appended to while read
         for t in succ[s]:
-            if live[t] and t not in seen:
-                seen.add(t)
+            if ok[t] and not seen[t]:
+                seen[t] = True
                 order.append(t)
-                queue.append(t)
     return np.asarray(order, dtype=np.int64)
 
 

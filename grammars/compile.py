@@ -157,7 +157,8 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     def build(r: str) -> ByteDFA:
         if len(r) > _ISOLATE_REGEX_CHARS:
             return _regex_dfa(r, options, clock)
-        return build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock))
+        return build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock),
+                                        lambda text: _regex_dfa(text, options, clock, pruned=False))
 
     if pieces:
         dfa = build_spliced(regex, pieces, build, options.memory_budget_bytes, lambda: clock.check("byte DFA (splice)"))
@@ -166,11 +167,12 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
         dfa = build(regex)
     clock.check("byte DFA")
     chars = len(regex) + sum(map(len, pieces))
-    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock)
+    return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
 
 
-def _regex_dfa(regex: str, options, clock: _Clock) -> ByteDFA:
-    """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first)."""
+def _regex_dfa(regex: str, options, clock: _Clock, pruned: bool = True) -> ByteDFA:
+    """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first);
+    `pruned=False` as in regex_to_dfa (a regex built in the child process comes back pruned)."""
     if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
         raise CompileBudgetExceeded(
             f"regex of {len(regex)} characters is too large to compile within the memory budget of "
@@ -181,15 +183,17 @@ def _regex_dfa(regex: str, options, clock: _Clock) -> ByteDFA:
     if len(regex) > _ISOLATE_REGEX_CHARS:
         return regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
                                      options.memory_budget_bytes)
-    return regex_to_dfa(regex)
+    return regex_to_dfa(regex, pruned=pruned)
 
 
-def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None) -> TokenTable:
-    """A byte DFA (built here or composed by a caller, e.g. `tool_modes`) -> TokenTable over `vocab`."""
+def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None,
+                is_pruned: bool = False) -> TokenTable:
+    """A byte DFA (built here or composed by a caller, e.g. `tool_modes`) -> TokenTable over `vocab`;
+    `is_pruned`: `dfa` is automaton.prune's output (its re-prune is skipped where no mark is cut)."""
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
-    dfa, counted, item_regions = cut_all_marks(dfa)  # count marks (schema.to_regex) become counter regions
+    dfa, counted, item_regions = cut_all_marks(dfa, is_pruned)  # count marks (schema.to_regex) become counter regions
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)

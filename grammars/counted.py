@@ -20,7 +20,7 @@ runs no kernels.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -111,31 +111,55 @@ def cut_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions]:
     return cut, regions
 
 
-def cut_marks_renumbered(dfa: ByteDFA) -> tuple[ByteDFA, Regions, np.ndarray]:
-    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned)."""
+def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA, Regions, np.ndarray]:
+    """cut_marks, plus the old -> new state ids of the pruned DFA (-1: pruned).
+
+    `is_pruned`: `dfa` is prune()'s output (BFS-numbered, no dead state), so without marks it is
+    its own result and the prune is skipped (a fixpoint: the same arrays either way).
+    """
+    if is_pruned and not (dfa.trans[:, [COUNT_ENTER, COUNT_EXIT]] >= 0).any():
+        return dfa, _regions(dfa, []), np.append(np.arange(dfa.num_states, dtype=np.int32), np.int32(-1))
     trans = dfa.trans.copy()
     heads: dict[int, tuple[int, int]] = {}
-    for kind in (COUNT_ENTER, COUNT_EXIT):
-        for p in np.flatnonzero(trans[:, kind] >= 0).tolist():
-            target, bounds = _follow_mark(trans, p, kind)
-            into = trans == p
-            if kind == COUNT_ENTER:
-                if not (into[:, _QUOTE].sum() == into.sum() > 0):
-                    raise CountedCutError(f"state {p}: a counted string is entered other than by '\"'")
-                if heads.get(target, bounds) != bounds:
-                    raise CountedCutError(f"state {target}: one body with two pairs of bounds")
-                heads[target] = bounds
-            trans[into] = target
+    marks = [(kind, p) for kind in (COUNT_ENTER, COUNT_EXIT) for p in np.flatnonzero(trans[:, kind] >= 0).tolist()]
+    into = _edges_into(trans, [p for _, p in marks])
+    flat = trans.reshape(-1)
+    for kind, p in marks:  # in order, each redirect seen by the marks after it (as `trans == p` would)
+        target, bounds = _follow_mark(trans, p, kind)
+        edges = into.pop(p)
+        if kind == COUNT_ENTER:
+            if not (edges.size and ((edges & 255) == _QUOTE).all()):
+                raise CountedCutError(f"state {p}: a counted string is entered other than by '\"'")
+            if heads.get(target, bounds) != bounds:
+                raise CountedCutError(f"state {target}: one body with two pairs of bounds")
+            heads[target] = bounds
+        flat[edges] = target
+        if target in into:  # a mark still to cut: these edges are cut with it
+            into[target] = np.concatenate([into[target], edges])
     trans[:, COUNT_ENTER] = -1
     trans[:, COUNT_EXIT] = -1
     succ = successor_lists(trans)
-    live = coreachable(succ, dfa.accept)
+    # A pruned DFA's states all reach acceptance, and still do once the marks' edges skip them
+    # (only the mark states become unreachable): the reverse walk is needed otherwise only.
+    live = np.ones(trans.shape[0], dtype=bool) if is_pruned else coreachable(succ, dfa.accept)
     order = bfs_order(succ, 0, live)
     new_id = np.full(trans.shape[0] + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
     return cut, _regions(cut, live_heads), new_id
+
+
+def _edges_into(trans: np.ndarray, states: list[int]) -> dict[int, np.ndarray]:
+    """Per state of `states`, the flat indices (row * 256 + byte) of the edges into it: one pass
+    over `trans` for all of them."""
+    is_target = np.zeros(trans.shape[0] + 1, dtype=bool)  # slot -1 (dead) stays False
+    is_target[states] = True
+    flat = trans.reshape(-1)
+    at = np.flatnonzero(is_target[flat])
+    at = at[np.argsort(flat[at], kind="stable")]
+    target = flat[at]
+    return {p: at[np.searchsorted(target, p, "left") : np.searchsorted(target, p, "right")] for p in states}
 
 
 def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:
@@ -157,16 +181,14 @@ def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, 
 
 def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
     """Each head's body: the states it reaches without closing the string, with their phases and rest."""
-    region = np.full(dfa.num_states, -1, dtype=np.int32)
-    phase = np.full(dfa.num_states, -1, dtype=np.int8)
+    region, phase = _all_body_phases(dfa.trans, [h for h, _ in heads])
+    inside = region >= 0
+    if dfa.accept[inside].any() or inside[0]:
+        raise CountedCutError("a counted body overlaps other text (an accepting or the start state)")
     rest = np.zeros(dfa.num_states, dtype=np.int64)
-    for r, (h, _) in enumerate(heads):
-        members, phases = _body_phases(dfa.trans, h)
-        if (region[members] >= 0).any() or dfa.accept[members].any() or (members == 0).any():
-            raise CountedCutError(f"state {h}: a counted body overlaps other text")
-        region[members] = r
-        phase[members] = phases
-        rest[members] = _fewest_chars(dfa.trans, members, phases == BOUNDARY)
+    members = np.flatnonzero(inside)
+    if members.size:  # bodies are disjoint and their edges stay inside: one walk for them all
+        rest[members] = _fewest_chars(dfa.trans, members, phase[members] == BOUNDARY)
     return Regions(
         region=region,
         head=np.asarray([h for h, _ in heads], dtype=np.int32),
@@ -175,6 +197,47 @@ def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
         phase=phase,
         rest=rest,
     )
+
+
+def _all_body_phases(trans: np.ndarray, heads: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 region, int8 phase) per state of the bodies from `heads` (as _body_phases, all
+    bodies at once, one breadth-first level per step); -1 outside. A state reached from two
+    heads or in two phases, or a byte that is no string-body text, raises CountedCutError."""
+    n = trans.shape[0]
+    region = np.full(n, -1, dtype=np.int32)
+    phase = np.full(n, -1, dtype=np.int8)
+    if not heads:
+        return region, phase
+    frontier = np.asarray(heads, dtype=np.int64)
+    if np.unique(frontier).size < frontier.size:
+        raise CountedCutError("one counted body with two pairs of bounds")
+    region[frontier] = np.arange(frontier.size, dtype=np.int32)
+    phase[frontier] = BOUNDARY
+    while frontier.size:
+        rows = trans[frontier].astype(np.int64)
+        ph = phase[frontier]
+        live = rows >= 0
+        live[ph == BOUNDARY, _QUOTE] = False  # closes the string: not a body byte
+        at, byte = np.nonzero(live)
+        nph = _NEXT_PHASE[ph[at], byte].astype(np.int64)
+        if (nph < 0).any():
+            q = int(frontier[at[np.argmax(nph < 0)]])
+            raise CountedCutError(f"state {q}: a counted body holds a byte that is not JSON string text")
+        key = np.unique((rows[at, byte] << 40) + (region[frontier[at]].astype(np.int64) << 8) + nph)
+        t, r, p = key >> 40, (key >> 8) & 0xFFFFFFFF, key & 0xFF
+        if t.size > 1 and (t[1:] == t[:-1]).any():
+            q = int(t[1:][t[1:] == t[:-1]][0])
+            raise CountedCutError(f"state {q}: a counted body state both starts and continues a character, "
+                                  "or two bodies overlap")
+        seen = region[t] >= 0
+        if ((region[t] != r) | (phase[t] != p))[seen].any():
+            q = int(t[seen & ((region[t] != r) | (phase[t] != p))][0])
+            raise CountedCutError(f"state {q}: a counted body state both starts and continues a character, "
+                                  "or two bodies overlap")
+        frontier = t[~seen]
+        region[frontier] = r[~seen]
+        phase[frontier] = p[~seen]
+    return region, phase
 
 
 def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,27 +264,34 @@ def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) -> np.ndarray:
-    """int64 per member: the fewest characters before a `"` closes the body (Bellman-Ford over
-    the body's edges; a byte from a boundary state starts one character)."""
+    """int64 per member: the fewest characters before a `"` closes the body (a 0-1 BFS over the
+    body's distinct reversed edges; a byte from a boundary state starts one character)."""
     n = members.size
-    to_local = {int(q): i for i, q in enumerate(members.tolist())}
+    to_local = np.full(trans.shape[0] + 1, -1, dtype=np.int64)  # slot -1 (dead) stays -1
+    to_local[members] = np.arange(n)
     rows = trans[members].astype(np.int64)
     closes = boundary & (rows[:, _QUOTE] >= 0)
     inside = rows >= 0
     inside[:, _QUOTE] &= ~boundary
     src = np.repeat(np.arange(n), inside.sum(axis=1))
-    dst = np.fromiter((to_local[t] for t in rows[inside].tolist()), dtype=np.int64, count=int(inside.sum()))
-    key = np.unique(src * n + dst)
+    key = np.unique(src * n + to_local[rows[inside]])
     src, dst = key // n, key % n
-    weight = boundary[src].astype(np.int64)
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
+    pred = src[by_dst].tolist()
+    cost = boundary.astype(np.int64).tolist()  # an edge's weight is its source's
     never = np.iinfo(np.int64).max // 2
-    rest = np.where(closes, 0, never)
-    for _ in range(n + 1):
-        new = rest.copy()
-        np.minimum.at(new, src, rest[dst] + weight)
-        if np.array_equal(new, rest):
-            break
-        rest = new
+    rest = [0 if c else never for c in closes.tolist()]
+    queue = deque(np.flatnonzero(closes).tolist())
+    while queue:  # weights 0/1: a 0-edge goes to the front, a 1-edge to the back
+        t = queue.popleft()
+        for i in range(ptr[t], ptr[t + 1]):
+            s = pred[i]
+            d = rest[t] + cost[s]
+            if d < rest[s]:
+                rest[s] = d
+                (queue.appendleft if cost[s] == 0 else queue.append)(s)
+    rest = np.asarray(rest, dtype=np.int64)
     if (rest >= never).any():
         raise CountedCutError(f"state {int(members[np.argmax(rest)])}: a counted body cannot be closed")
     return rest
@@ -252,26 +322,27 @@ def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np
     leaves the body otherwise, -1 for a dead byte.
     """
     h = int(regions.head[r])
-    inside_rows = []
-    order, seen = [h], {h: 0}
-    i = 0
-    while i < len(order):
-        row = dfa.trans[order[i]].astype(np.int64)
-        inside = (row >= 0) & (regions.region[np.maximum(row, 0)] == r)
-        if regions.phase[order[i]] == BOUNDARY:
-            inside[_QUOTE] = False
-        inside_rows.append((row, inside))
-        for t in row[inside].tolist():  # byte order: a canonical numbering for the shape cache
+    members = np.flatnonzero(regions.region == r)  # (the BFS below reaches those it reaches)
+    rows = dfa.trans[members].astype(np.int64)
+    inside = (rows >= 0) & (np.append(regions.region, -1)[rows] == r)
+    inside[regions.phase[members] == BOUNDARY, _QUOTE] = False
+    at, byte = np.nonzero(inside)  # row-major: each member's targets in byte order
+    targets = rows[at, byte].tolist()
+    bounds = np.searchsorted(at, np.arange(members.size + 1)).tolist()
+    index = {q: i for i, q in enumerate(members.tolist())}
+    order, seen = [h], {h}
+    for q in order:  # BFS in byte order: a canonical numbering for the shape cache
+        i = index[q]
+        for t in targets[bounds[i] : bounds[i + 1]]:
             if t not in seen:
-                seen[t] = len(order)
+                seen.add(t)
                 order.append(t)
-        i += 1
     g = np.asarray(order, dtype=np.int64)
-    to_local = np.full(dfa.num_states, -1, dtype=np.int64)
+    to_local = np.full(dfa.num_states + 1, -1, dtype=np.int64)  # slot -1 (dead) stays -1
     to_local[g] = np.arange(g.size)
-    local = np.empty((g.size, 256), dtype=np.int32)
-    for li, (row, inside) in enumerate(inside_rows):
-        local[li] = np.where(inside, to_local[np.maximum(row, 0)], np.where(row >= 0, -3, -1))
+    sel = np.asarray([index[q] for q in order], dtype=np.int64)
+    rows, inside = rows[sel], inside[sel]
+    local = np.where(inside, to_local[rows], np.where(rows >= 0, -3, -1)).astype(np.int32)
     boundary = regions.phase[g] == BOUNDARY
     local[boundary, _QUOTE] = np.where(dfa.trans[g[boundary], _QUOTE] >= 0, -2, -1)
     return local, g

@@ -75,10 +75,11 @@ class ItemRegions:
         return ItemRegions(region, self.lo, self.hi, events, levels)
 
 
-def cut_all_marks(dfa: ByteDFA) -> tuple[ByteDFA, Regions, ItemRegions | None]:
-    """The DFA without string or item marks, its counted strings and its counted arrays (None: none)."""
+def cut_all_marks(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA, Regions, ItemRegions | None]:
+    """The DFA without string or item marks, its counted strings and its counted arrays (None: none);
+    `is_pruned` as in cut_marks_renumbered (a grammar without marks is then returned as it is)."""
     if not (dfa.trans[:, ITEM_MARK] >= 0).any():
-        cut, regions = cut_marks_renumbered(dfa)[:2]
+        cut, regions = cut_marks_renumbered(dfa, is_pruned)[:2]
         return cut, regions, None
     marked, items = cut_item_marks(dfa)
     cut, regions, new_id = cut_marks_renumbered(marked)

@@ -30,8 +30,12 @@ _MIN_BODIES = 2  # one body alone saves less than the overlay costs
 _shared_dfas: dict[str, ByteDFA] = {}
 
 
-def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA]) -> ByteDFA:
+def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA],
+                             build_parent: Callable[[str], ByteDFA] | None = None) -> ByteDFA:
     """`build(regex)`, with its string bodies taken from the per-process DFA of STRING_BODY.
+
+    `build_parent` builds the regex with placeholders (default `build`); it may leave the DFA
+    unpruned (start 0, dead and unreachable states kept): the overlay prunes it anyway.
 
     Only for a regex without placeholders of its own (splice.py's pieces are built leaf first);
     falls back to `build(regex)` where a body's rows would share a byte with the rows around it.
@@ -40,7 +44,7 @@ def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA]) -> Byt
     """
     if regex.count(STRING_BODY) < _MIN_BODIES or placeholders_in(regex) or "\\" + STRING_BODY in regex:
         return build(regex)  # (after a backslash the text would not be a group: leave it as written)
-    parent = build(regex.replace(STRING_BODY, placeholder(_BODY_INDEX)))
+    parent = (build_parent or build)(regex.replace(STRING_BODY, placeholder(_BODY_INDEX)))
     body = _shared_dfas.get(STRING_BODY)
     if body is None:
         body = _shared_dfas[STRING_BODY] = regex_to_dfa(STRING_BODY)
