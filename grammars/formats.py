@@ -141,7 +141,7 @@ def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",
     """Regex of one call to any tool of the catalog, in `tool_format`'s envelope."""
     options = options or GrammarOptions()
     fmt = get_format(tool_format)
-    branches, relaxed, reasons = [], [], {}
+    branches, relaxed, reasons, narrowed = [], [], {}, {}
     for name, schema in tool_schemas(tools):
         try:
             result = schema_to_regex(schema, options)
@@ -150,8 +150,9 @@ def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",
         branches.append(fmt.call_regex(name, result.regex, options))
         relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
         reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})
+        narrowed.update({(f"{name}#{p}", k): why for (p, k), why in result.narrowed.items()})
     calls = "|".join(f"(?:{b})" for b in branches)
-    return RegexResult(regex=fmt.envelope_regex(calls), relaxed=relaxed, reasons=reasons)
+    return RegexResult(regex=fmt.envelope_regex(calls), relaxed=relaxed, reasons=reasons, narrowed=narrowed)
 
 
 def _literal(text: str) -> str:

@@ -83,3 +83,16 @@ def test_compile_lists_where_the_grammar_is_stricter_than_the_schema(tmp_path, m
 def test_compile_lists_nothing_narrowed_for_an_exact_grammar(unique_schema, capsys):
     assert main(["compile", str(unique_schema), "--tokenizer", "shared:gpt2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["narrowed"] == []
+
+
+def test_a_catalog_lists_each_tools_narrowing(tmp_path, monkeypatch, data_dir, capsys):
+    """In a tool catalog the narrowed pointer names the tool, as relaxed ones do."""
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+    tools = [{"name": "pick", "description": "pick a number", "parameters": NOT_SEVENS},
+             {"name": "echo", "description": "echo", "parameters": {"type": "object", "properties": {
+                 "text": {"type": "string", "maxLength": 20}}, "required": ["text"]}}]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    assert main(["compile", str(path), "--tokenizer", "shared:gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(e["pointer"], e["keyword"]) for e in report["narrowed"]] == [("pick#/properties/n", "not")]
