@@ -295,6 +295,11 @@ class _Parser:
         return escape_literal(c)
 
     def parse_group(self) -> str | None:
+        inner = self.parse_group_body()
+        return None if inner is None else f"(?:{inner})"
+
+    def parse_group_body(self):
+        """A group's inner alternation (its header skipped, its `)` read), as parse_alternation gives it."""
         self.pos += 1
         if self.peek() == "?":
             if self.src.startswith("?:", self.pos):
@@ -310,7 +315,7 @@ class _Parser:
         if self.peek() != ")":
             raise self.fail("an unbalanced parenthesis")
         self.pos += 1
-        return None if inner is None else f"(?:{inner})"
+        return inner
 
     def parse_class(self) -> Sets:
         self.pos += 1

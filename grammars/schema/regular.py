@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surecall.grammars.schema.conditionals import FRACTION
+from surecall.grammars.schema.conditionals import FRACTION, kind_of
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, residues_regex
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton
 
@@ -408,13 +408,9 @@ def _and3(parts) -> bool | None:
 
 
 def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    """conditionals.kind_of, with every number (integral too) a "number"."""
+    kind = kind_of(value)
+    return "number" if kind == "integer" else kind
 
 
 def _natural(value: object, key: str) -> int:

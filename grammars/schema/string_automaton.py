@@ -113,22 +113,7 @@ class _TreeParser(_Parser):
         return ("set", [(ord(c), ord(c))], [(ord(c), ord(c))])
 
     def parse_group(self):
-        self.pos += 1
-        if self.peek() == "?":
-            if self.src.startswith("?:", self.pos):
-                self.pos += 2
-            elif self.peek(1) == "<" and self.peek(2) not in "=!":
-                end = self.src.find(">", self.pos)
-                if end < 0:
-                    raise self.fail("an unterminated group name")
-                self.pos = end + 1
-            else:
-                raise self.fail("a lookaround or inline flag group")
-        inner = self.parse_alternation()
-        if self.peek() != ")":
-            raise self.fail("an unbalanced parenthesis")
-        self.pos += 1
-        return inner
+        return self.parse_group_body()  # a tree needs no (?:...) around it
 
     def parse_escape(self, in_class: bool, negated: bool = False):
         c = self.peek(1)
