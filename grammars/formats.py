@@ -12,7 +12,7 @@ Relaxed keywords of a catalog are named `<tool>#<json pointer>` (e.g.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from surecall.errors import MalformedCall, SchemaError, ToolDefinitionError
 from surecall.grammars.options import GrammarOptions
@@ -139,20 +139,26 @@ def tool_schemas(tools: list) -> list[tuple[str, object]]:
 def catalog_regex(tools: list, tool_format: str | ToolFormat = "json",
                   options: GrammarOptions | None = None) -> RegexResult:
     """Regex of one call to any tool of the catalog, in `tool_format`'s envelope."""
-    options = options or GrammarOptions()
     fmt = get_format(tool_format)
-    branches, relaxed, reasons, narrowed = [], [], {}, {}
-    for name, schema in tool_schemas(tools):
+    branches, merged = tool_branches(tool_schemas(tools), fmt, options or GrammarOptions())
+    calls = "|".join(f"(?:{b})" for b in branches)
+    return replace(merged, regex=fmt.envelope_regex(calls))
+
+
+def tool_branches(named: list, fmt: ToolFormat, options: GrammarOptions) -> tuple[list[str], RegexResult]:
+    """Each (name, schema)'s call regex in `fmt`, and one RegexResult (empty regex) with their relaxed,
+    reasons and narrowed pairs, pointers prefixed by the tool's name ("name#/pointer")."""
+    branches, merged = [], RegexResult(regex="")
+    for name, schema in named:
         try:
             result = schema_to_regex(schema, options)
         except SchemaError as exc:
             raise type(exc)(f"tool {name!r}: {exc}", f"{name}#{exc.pointer}", exc.keyword) from None
         branches.append(fmt.call_regex(name, result.regex, options))
-        relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
-        reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})
-        narrowed.update({(f"{name}#{p}", k): why for (p, k), why in result.narrowed.items()})
-    calls = "|".join(f"(?:{b})" for b in branches)
-    return RegexResult(regex=fmt.envelope_regex(calls), relaxed=relaxed, reasons=reasons, narrowed=narrowed)
+        merged.relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
+        merged.reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})
+        merged.narrowed.update({(f"{name}#{p}", k): why for (p, k), why in result.narrowed.items()})
+    return branches, merged
 
 
 def _literal(text: str) -> str:

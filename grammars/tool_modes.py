@@ -18,12 +18,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from surecall.errors import SchemaError
 from surecall.grammars import cache as table_cache
 from surecall.grammars.automaton import ByteDFA, prune, regex_to_dfa
-from surecall.grammars.formats import ToolFormat, _literal, get_format
+from surecall.grammars.formats import ToolFormat, _literal, get_format, tool_branches
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.schema.to_regex import schema_to_regex
+from surecall.grammars.schema.to_regex import RegexResult, schema_to_regex
 
 SENTINEL_BASE = 0xF8  # bytes 0xF8..0xFF never occur in UTF-8
 # Raw control bytes that JSON strings, whitespace and glue never hold, and that the marks of
@@ -183,18 +182,12 @@ def _glue(text: str, holders: dict[str, str]) -> str:
     return "".join(out)
 
 
-def calls_regex(grammar: ModeGrammar, options: GrammarOptions) -> tuple[str, list]:
-    """Regex of the calls (start included) with control strings as placeholders; and the relaxed keywords."""
+def calls_regex(grammar: ModeGrammar, options: GrammarOptions) -> RegexResult:
+    """Regex of the calls (start included) with control strings as placeholders, and the tools'
+    relaxed, reasons and narrowed pairs ("name#/pointer")."""
     fmt = replace(get_format(grammar.format), is_list=False)
     syntax, holders = grammar.syntax, _placeholders(grammar.controls)
-    branches, relaxed = [], []
-    for name, schema in grammar.tools:
-        try:
-            result = schema_to_regex(schema, options)
-        except SchemaError as exc:
-            raise type(exc)(f"tool {name!r}: {exc}", f"{name}#{exc.pointer}", exc.keyword) from None
-        branches.append(fmt.call_regex(name, result.regex, options))
-        relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
+    branches, merged = tool_branches(grammar.tools, fmt, options)
     call = "(?:" + "|".join(f"(?:{b})" for b in branches) + ")"
     ws = options.whitespace_regex()
     if syntax.listed:
@@ -204,7 +197,7 @@ def calls_regex(grammar: ModeGrammar, options: GrammarOptions) -> tuple[str, lis
     each = _glue(syntax.each, holders)
     start = _glue(syntax.start, holders) if syntax.start else ""
     more = f"(?:{between}{call}{each})*" if grammar.parallel else ""
-    return f"{start}{open_}{call}{each}{more}{close}", relaxed
+    return replace(merged, regex=f"{start}{open_}{call}{each}{more}{close}")
 
 
 def ended_dfa(regex: str) -> ByteDFA:
@@ -303,22 +296,23 @@ def _walk(dfa: ByteDFA, data: bytes, state: int = 0) -> int:
     return state
 
 
-def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, list]:
-    """The byte DFA of a mode (over the sentinel bytes of `control_vocab`) and its relaxed keywords."""
+def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, RegexResult]:
+    """The byte DFA of a mode (over the sentinel bytes of `control_vocab`) and what it relaxes and
+    narrows (a RegexResult whose regex is not needed any more: empty)."""
     if grammar.kind == "json":
         result = schema_to_regex(grammar.schema, options)
-        return ended_dfa(result.regex), list(result.relaxed)
+        return ended_dfa(result.regex), replace(result, regex="")
     syntax = grammar.syntax
     start = (syntax.start or "").encode()
     if grammar.kind == "text":
-        return text_dfa(start).dfa, []
-    regex, relaxed = calls_regex(grammar, options)
-    calls = _relabel(ended_dfa(regex), len(grammar.controls))
+        return text_dfa(start).dfa, RegexResult(regex="")
+    result = calls_regex(grammar, options)
+    calls, result = _relabel(ended_dfa(result.regex), len(grammar.controls)), replace(result, regex="")
     if grammar.kind == "calls":
-        return calls, relaxed
+        return calls, result
     kind = grammar.start_kind
     if grammar.schema is not None:
-        return _answer_or_calls(grammar, options, calls, relaxed)
+        return _answer_or_calls(grammar, options, calls, result)
     text = text_dfa(start, no_lead_brace=kind == "lead")
     n = text.dfa.num_states
     trans = np.concatenate([text.dfa.trans, np.where(calls.trans >= 0, calls.trans + n, -1)]).astype(np.int32)
@@ -334,10 +328,10 @@ def mode_dfa(grammar: ModeGrammar, options: GrammarOptions) -> tuple[ByteDFA, li
     else:
         for state, byte in text.lead:
             trans[state, byte] = int(calls.trans[0, byte]) + n
-    return prune(trans, accept), relaxed
+    return prune(trans, accept), result
 
 
-def _answer_or_calls(grammar: ModeGrammar, options: GrammarOptions, calls: ByteDFA, relaxed: list):
+def _answer_or_calls(grammar: ModeGrammar, options: GrammarOptions, calls: ByteDFA, tools: RegexResult):
     """`auto` with a JSON answer: the completion is the answer, or (control token first) the calls."""
     if grammar.start_kind != "control":
         raise ValueError(f"Invalid schema: a JSON answer or calls needs a control-token call start; "
@@ -348,12 +342,14 @@ def _answer_or_calls(grammar: ModeGrammar, options: GrammarOptions, calls: ByteD
     trans = np.concatenate([answer.trans, np.where(calls.trans >= 0, calls.trans + n, -1)]).astype(np.int32)
     sentinel = SENTINEL_BASE + [c for c, _ in grammar.controls].index(grammar.syntax.start)
     trans[0, sentinel] = int(calls.trans[0, sentinel]) + n  # only before the answer's first byte
-    return prune(trans, np.concatenate([answer.accept, calls.accept])), [*result.relaxed, *relaxed]
+    merged = RegexResult(regex="", relaxed=[*result.relaxed, *tools.relaxed], reasons={**result.reasons, **tools.reasons},
+                         narrowed={**result.narrowed, **tools.narrowed})
+    return prune(trans, np.concatenate([answer.accept, calls.accept])), merged
 
 
 def compile_mode(grammar: ModeGrammar, vocab, options: GrammarOptions | None = None, use_cache: bool | str = True):
     """TokenTable of a mode over `vocab` (its control ids given sentinel bytes); cached on disk."""
-    from surecall.grammars.compile import _through_cache, compile_dfa
+    from surecall.grammars.compile import _pairs, _through_cache, _with_reasons, compile_dfa
 
     options = options or GrammarOptions()
     cvocab = control_vocab(vocab, grammar.controls)
@@ -363,15 +359,15 @@ def compile_mode(grammar: ModeGrammar, vocab, options: GrammarOptions | None = N
         from surecall.grammars.counted import CountedCutError
 
         meta = {"kind": "mode", "mode": grammar.kind, "format": grammar.format}
-        dfa, relaxed = mode_dfa(grammar, options)
+        dfa, result = mode_dfa(grammar, options)
         try:
-            return compile_dfa(dfa, cvocab, options, [(str(p), str(k)) for p, k in relaxed], meta)
+            return compile_dfa(dfa, cvocab, options, _pairs(result.relaxed), _with_reasons(meta, result))
         except CountedCutError as exc:  # the composed automaton mixes a count mark with other text
             if not options.counted_lengths:
                 raise
             plain = dataclasses.replace(options, counted_lengths=False)
-            dfa, relaxed = mode_dfa(grammar, plain)
-            table = compile_dfa(dfa, cvocab, plain, [(str(p), str(k)) for p, k in relaxed], meta)
+            dfa, result = mode_dfa(grammar, plain)
+            table = compile_dfa(dfa, cvocab, plain, _pairs(result.relaxed), _with_reasons(meta, result))
             table.meta["counted_fallback"] = str(exc)
             return table
 

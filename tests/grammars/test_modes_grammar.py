@@ -165,6 +165,29 @@ def test_without_the_control_id_auto_never_leaves_text():
     assert entered and not entered & seen  # the control id leaves text, into the call
 
 
+def test_mode_tables_list_each_tools_narrowings_and_relaxed_reasons():
+    """A `tool_choice` mode table names, per tool, where it is stricter than the schema and why a
+    relaxed keyword is not enforced, as a catalog's table does; the JSON answer's pairs come first."""
+    vocab = _toy_vocab()
+    pick = ("pick", {"type": "object", "properties": {"n": {"type": "integer", "not": {"multipleOf": 7}}},
+                     "required": ["n"]})
+    tags = ("tags", {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True,
+                                                             "items": {"type": "string"}}}, "required": ["t"]})
+    controls = find_controls(vocab, SYNTAX["hermes"])
+    for kind in ("calls", "auto"):
+        table = compile_mode(ModeGrammar(kind, "hermes", (pick, tags), True, controls=controls), vocab, use_cache=False)
+        assert [(p, k) for p, k, _ in table.meta["narrowed"]] == [("pick#/properties/n", "not")]
+        assert "integers nearest zero" in table.meta["narrowed"][0][2]
+        assert table.relaxed == [("tags#/properties/t", "uniqueItems")]
+        assert len(table.meta["relaxed_reasons"]) == 1 and table.meta["relaxed_reasons"][0]
+    answer = {"type": "object", "properties": {"k": {"type": "integer", "not": {"multipleOf": 7}}}, "required": ["k"]}
+    grammar = ModeGrammar("auto", "hermes", (pick,), True, controls=controls, schema=answer)
+    table = compile_mode(grammar, vocab, use_cache=False)
+    assert [(p, k) for p, k, _ in table.meta["narrowed"]] == [("/properties/k", "not"), ("pick#/properties/n", "not")]
+    plain = compile_mode(ModeGrammar("text", "hermes", (), True, controls=controls), vocab, use_cache=False)
+    assert "narrowed" not in plain.meta and plain.relaxed == []
+
+
 # --- the output reader ------------------------------------------------------------------------------
 def _ids(vocab: Vocab, *parts) -> list[int]:
     """Token ids for parts: an int is itself, bytes are one byte token each."""
