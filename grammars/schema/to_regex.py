@@ -28,6 +28,7 @@ regex-automata (outlines-core). Over 400 lines because the keyword walk is one c
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -52,6 +53,7 @@ from surecall.grammars.schema.conditionals import (
     kind_of,
     relaxed_reason,
 )
+from surecall.grammars.schema.disjoint import ranges_meet
 from surecall.grammars.schema.multiple_of import (
     MultipleOfUnsupported,
     combined_multiple,
@@ -101,6 +103,8 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 _MAX_MULTIPLE_CHARS = 16_000
 _MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
+_ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
+_MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
 _FROM = "$surecall:from"
@@ -826,45 +830,115 @@ class Converter:
     def disjoint(self, branches: list) -> bool:
         """True when nothing the grammar emits for one branch satisfies another branch.
 
-        Sufficient tests, per ordered pair: disjoint types; a closed object branch that never
-        writes a property the other requires; or a shared required discriminator property
-        whose const/enum values differ.
+        Sufficient tests, per ordered pair (schema/disjoint.py lists them): a branch of literals
+        none of whose values validates against the other branch; then, per type both branches
+        admit: number ranges that do not meet; objects where one never writes a name the other
+        requires (or forbids one the other always writes), or a name both write with values
+        that exclude each other (the same tests, a few levels down: discriminators).
         """
         flat = []
         for sub in branches:
             try:
-                sub = self.flatten(sub, "", 0)
+                flat.append(self.flatten(sub, "", 0))
             except SchemaError:
                 return False
-            if not isinstance(sub, dict) or any(k in sub for k in ("anyOf", "oneOf", "not", "if")):
+        memo: dict = {}  # id(property schema) -> (it, flattened): each flattened once per oneOf
+        kinds = [self.kinds(f, 0) if isinstance(f, dict) else set() if f is False else set(_ALL_KINDS) for f in flat]
+        for i, j in itertools.permutations(range(len(flat)), 2):
+            shared = kinds[i] & kinds[j]
+            if shared and not self.excludes(flat[i], flat[j], branches[i], branches[j], shared=shared, memo=memo):
                 return False
-            flat.append(sub)
-        return all(self.excludes(a, b) for a in flat for b in flat if a is not b)
+        return True
 
-    def excludes(self, emitted: dict, other: dict) -> bool:
-        """True when no value the grammar writes for `emitted` satisfies `other`."""
-        types_a, types_b = set(self.types_of(emitted)), set(self.types_of(other))
-        for types in (types_a, types_b):
-            if "number" in types:
-                types.add("integer")
-        if not types_a & types_b:
+    def excludes(self, emitted: object, other: object, raw_emitted: object, raw_other: object, depth: int = 0,
+                 shared: set | None = None, memo: dict | None = None) -> bool:
+        """True when no value the grammar writes for `emitted` satisfies `other` (both flattened;
+        raw_*: the same schemas before flattening, for the validator; shared: the types both
+        admit, when the caller has them)."""
+        if emitted is False or other is False:
             return True
-        if types_a != {"object"}:
+        if not isinstance(emitted, dict) or not isinstance(other, dict) or depth > _MAX_EXCLUDE_DEPTH:
             return False
-        props = emitted.get("properties", {})
+        for literal, against in ((emitted, raw_other), (other, raw_emitted)):
+            values = _constants(literal)
+            verdict = None if values is None else self.none_valid(values, against)
+            if verdict is not None:  # a value the grammar writes for a branch validates against it
+                return verdict
+        if shared is None:
+            shared = self.kinds(emitted, depth) & self.kinds(other, depth)
+        if not shared:
+            return True
+        if any(k in sub for sub in (emitted, other) for k in ("anyOf", "oneOf", "not", "if", NOT_IN)):
+            return False
+        return all(self.excludes_as(kind, emitted, other, depth, {} if memo is None else memo) for kind in shared)
+
+    def kinds(self, flat: dict, depth: int) -> set[str]:
+        """The JSON types a flattened schema admits ("number" brings "integer"): its type (or the
+        types its keywords belong to), its literals' types, narrowed by each anyOf/oneOf."""
+        values = _constants(flat)
+        types = {kind_of(v) for v in values} if values is not None else set(self.types_of(flat))
+        if "number" in types:
+            types.add("integer")
+        for key in ("anyOf", "oneOf"):
+            if isinstance(flat.get(key), list) and depth <= _MAX_EXCLUDE_DEPTH:
+                union = set()
+                for sub in flat[key]:
+                    try:
+                        sub = self.flatten(sub, "", 0)
+                    except SchemaError:
+                        return types
+                    union |= self.kinds(sub, depth + 1) if isinstance(sub, dict) else set() if sub is False else set(_ALL_KINDS)
+                types &= union
+        return types
+
+    def excludes_as(self, kind: str, emitted: dict, other: dict, depth: int, memo: dict) -> bool:
+        """`excludes` for the values of one JSON type both schemas admit."""
+        if kind in ("integer", "number"):
+            return not ranges_meet(emitted, other, integral=kind == "integer")
+        if kind != "object":
+            return False
+        props, other_props = emitted.get("properties", {}), other.get("properties", {})
         is_open = self.options.allow_additional_properties or "additionalProperties" in emitted
         is_closed = bool(props) and not emitted.get("patternProperties") and (
             emitted.get("additionalProperties") is False or not is_open)
-        required_b = other.get("required", [])
         written = set(props) | set(emitted.get("required", []))  # required-undeclared are written too
-        if is_closed and any(name not in written for name in required_b):
+        if is_closed and any(name not in written for name in other.get("required", [])):
             return True
-        for name in set(emitted.get("required", [])) & set(required_b):
-            left, right = _constants(props.get(name)), _constants(other.get("properties", {}).get(name))
-            if left is not None and right is not None and not any(
-                    _json_equal(x, y) for x in left for y in right):
+        always = set(emitted.get("required", []))
+        if (other.get("additionalProperties") is False and not other.get("patternProperties")
+                and any(name not in other_props for name in always)):
+            return True
+        for name in sorted(always & set(props) & set(other_props)):
+            left, right = self.flattened(props[name], memo), self.flattened(other_props[name], memo)
+            if left is not None and right is not None and self.excludes(
+                    left, right, props[name], other_props[name], depth + 1, memo=memo):
                 return True
         return False
+
+    def flattened(self, sub: object, memo: dict) -> object | None:
+        """`flatten(sub)` once per object in `memo` (None: it cannot be flattened)."""
+        hit = memo.get(id(sub))
+        if hit is None or hit[0] is not sub:
+            try:
+                hit = memo[id(sub)] = (sub, self.flatten(sub, "", 0))
+            except SchemaError:
+                hit = memo[id(sub)] = (sub, None)
+        return hit[1]
+
+    def none_valid(self, values: list, schema: object) -> bool | None:
+        """Whether no value of `values` validates against `schema` (None: the validator cannot
+        be built or run here, e.g. a $ref outside definitions/$defs)."""
+        if schema is False or schema is True:
+            return schema is False
+        if not isinstance(schema, dict):
+            return None
+        validator = self.enum_validator(_unmarked(schema))
+        if validator is None:
+            return None
+        try:
+            return not any(validator.is_valid(v) for v in values)
+        except Exception:
+            return None
 
     # -- constants -----------------------------------------------------------------------
     def convert_enum(self, schema: dict, ptr: str) -> str | None:
@@ -894,9 +968,9 @@ class Converter:
         """A validator of `probe` beside the root's definitions (built once per probe), or None."""
         text = json.dumps(probe, sort_keys=True, default=repr)
         if text not in self.enum_validators:
-            for defs in ("$defs", "definitions"):
-                if isinstance(self.root, dict) and defs in self.root and defs not in probe:
-                    probe = {**probe, defs: self.root[defs]}
+            for key in ("$defs", "definitions", "$schema"):  # $schema: the root's draft, not the newest
+                if isinstance(self.root, dict) and key in self.root and key not in probe:
+                    probe = {**probe, key: self.root[key]}
             try:
                 self.enum_validators[text] = jsonschema_rs.validator_for(probe)
             except Exception:
