@@ -128,10 +128,12 @@ def goals(per_subset: dict, overall: dict, catalog: dict, rows: list[dict]) -> l
          f"p99 {fmt((o['table_p99_bytes'] or 0) / MB)} MB, p50 {fmt((o['table_p50_bytes'] or 0) / MB, 2)} MB",
          (o["table_max_bytes"] or 0) <= 32 * MB)
     if "cold_ms" in catalog:
+        ratio = catalog.get("cold_over_xgrammar", catalog["cold_ms"] / catalog["xgrammar_ms"])
         goal("seed catalog, all bounds enforced, cold compile at most xgrammar's and table under 4 MB",
-             f"cold {fmt(catalog['cold_ms'])} ms vs xgrammar {fmt(catalog['xgrammar_ms'])} ms, table "
+             f"cold {fmt(catalog['cold_ms'])} ms vs xgrammar {fmt(catalog['xgrammar_ms'])} ms "
+             f"(median paired ratio {fmt(ratio, 2)}x over {catalog.get('repeats', '?')} interleaved repeats), table "
              f"{fmt(catalog['table_bytes'] / MB, 2)} MB, {len(catalog['relaxed'])} relaxed",
-             catalog["cold_ms"] <= catalog["xgrammar_ms"] and catalog["table_bytes"] < 4 * MB and not catalog["relaxed"])
+             ratio <= 1 and catalog["table_bytes"] < 4 * MB and not catalog["relaxed"])
     return out
 
 
