@@ -2,9 +2,10 @@
 
 Each regex accepts a subset of the format's valid strings that is easy for a model to hit (for
 example only `T` and `Z` in date-times, no leading zeros in IPv4, bounded label lengths in
-hostnames): the grammar may be stricter than the format, never looser. Formats missing here
-(iri, idn-*, duration, regex, json-pointer, uri-template, ...) are relaxed by the
-caller. Every regex is plain ASCII without `"` or `\\`, so it reads the same escaped or not.
+hostnames; ASCII forms for iri and idn-*): the grammar may be stricter than the format, never
+looser. `regex` (not a regular language) is relaxed by the caller; a format that no JSON Schema
+draft 4-2020-12 defines (`FORMAT_NAMES`) is an annotation, which validators ignore, and is not listed.
+Every regex is plain ASCII without `"` or `\\`, so it reads the same escaped or not.
 """
 
 from __future__ import annotations
@@ -63,6 +64,22 @@ URI = f"{_SCHEME}:(?:{_NET_OR_ABSOLUTE}|{_ROOTLESS})?{_QUERY_FRAGMENT}"
 _RELATIVE_REF = f"(?:{_NET_OR_ABSOLUTE}|(?:[{_SUB}@-]|{_PCT})+{_ABEMPTY})?{_QUERY_FRAGMENT}"
 URI_REFERENCE = f"(?:{URI}|{_RELATIVE_REF})"
 
+# RFC 3339 appendix A: "P" (dur-date / dur-time / dur-week); each unit at most once, in order.
+_N = "[0-9]+"
+_DUR_TIME = f"T(?:{_N}H(?:{_N}M(?:{_N}S)?)?|{_N}M(?:{_N}S)?|{_N}S)"
+_DUR_DATE = f"(?:{_N}D|{_N}M(?:{_N}D)?|{_N}Y(?:{_N}M(?:{_N}D)?)?)(?:{_DUR_TIME})?"
+DURATION = f"P(?:{_DUR_DATE}|{_DUR_TIME}|{_N}W)"
+# RFC 6901: ("/" *(unescaped / "~0" / "~1"))*, unescaped here printable ASCII but " / \ ~.
+_POINTER_CHAR = "[\\x20\\x21\\x23-\\x2e\\x30-\\x5b\\x5d-\\x7d]"
+JSON_POINTER = f"(?:/(?:{_POINTER_CHAR}|~[01])*)*"
+RELATIVE_JSON_POINTER = f"(?:0|[1-9][0-9]*)(?:#|{JSON_POINTER})"
+# RFC 6570 levels 1-4 with the level 2-3 operators: literals (ASCII, pct-encoded) and
+# expressions "{" [op] varspec *("," varspec) "}", varspec = varname [":" 1-9999 / "*"].
+_VARCHAR = f"(?:[a-zA-Z0-9_]|{_PCT})"
+_VARSPEC = f"{_VARCHAR}(?:\\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\\*)?"
+_TEMPLATE_LITERAL = "[!#$&()*+,./0-9:;=?@A-Z\\[\\]_a-z~-]"
+URI_TEMPLATE = f"(?:{_TEMPLATE_LITERAL}|{_PCT}|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+
 STRING_FORMATS: dict[str, str] = {
     "date": DATE,
     "time": TIME,
@@ -74,4 +91,16 @@ STRING_FORMATS: dict[str, str] = {
     "email": EMAIL,
     "uri": URI,
     "uri-reference": URI_REFERENCE,
+    "iri": URI,  # an ASCII IRI is a URI
+    "iri-reference": URI_REFERENCE,
+    "idn-hostname": HOSTNAME,
+    "idn-email": EMAIL,
+    "duration": DURATION,
+    "json-pointer": JSON_POINTER,
+    "relative-json-pointer": RELATIVE_JSON_POINTER,
+    "uri-template": URI_TEMPLATE,
 }
+
+# The formats JSON Schema drafts 4 to 2020-12 define: only these can fail validation (draft 3's
+# color, phone, ... are unknown to draft 4 and later validators).
+FORMAT_NAMES = frozenset({*STRING_FORMATS, "regex"})

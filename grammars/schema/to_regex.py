@@ -75,7 +75,7 @@ from surecall.grammars.schema.regular import (
     number_regex,
     string_body,
 )
-from surecall.grammars.schema.string_formats import STRING_FORMATS
+from surecall.grammars.schema.string_formats import FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
 
@@ -265,7 +265,7 @@ _REASONS = {
     "uniqueItems": "a finite automaton cannot remember which items were already written",
     "multipleOf": "divisibility is not enforced here (the remainder automaton's regex is too long)",
     "pattern": "the pattern uses a construct without an exact translation (lookaround, backreference, ...)",
-    "format": "the format is unknown, or a pattern already constrains the string",
+    "format": "the format has no regex here (regex), or a pattern already constrains the string",
     "oneOf": "exclusivity of the branches is not enforced (any branch may match)",
     "contains": "which items match `contains` is not tracked",
     "not": "negation of a schema is not enforced",
@@ -1067,7 +1067,7 @@ class Converter:
             return self.run_string(schema, ptr, *run)
         if "pattern" in schema and body is None:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
-        if "format" in schema:
+        if schema.get("format") in FORMAT_NAMES:  # any other format is an annotation: validators ignore it
             fmt = STRING_FORMATS.get(schema["format"])
             if fmt is None or body is not None:
                 self.relax(ptr, "format")

@@ -256,8 +256,19 @@ def test_format_regexes_only_produce_valid_strings(fmt):
     assert finished >= 100
 
 
-def test_unknown_format_is_relaxed_and_listed():
-    assert relaxed({"type": "string", "format": "idn-email"}) == [("", "format")]
+def test_a_defined_format_without_a_regex_is_relaxed_and_listed():
+    assert relaxed({"type": "string", "format": "regex"}) == [("", "format")]
+
+
+def test_a_format_no_draft_defines_is_an_annotation():
+    """JSON Schema validators ignore an unknown format (jsonschema-rs with formats checked too),
+    so leaving the string free enforces everything: nothing is listed."""
+    import jsonschema_rs
+
+    schema = {"type": "string", "format": "non-blank"}
+    assert relaxed(schema) == []
+    assert jsonschema_rs.validator_for(schema, validate_formats=True).is_valid("")
+    assert accepts(schema, '""') and accepts(schema, '" x"')
 
 
 # --- objects and arrays ----------------------------------------------------------------------
