@@ -612,22 +612,24 @@ def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:
     """Per state, how many tokens survive their first two bytes (one-byte tokens: their first).
 
     after[t, b]: the tokens starting with byte b whose second byte state t takes (plus those that
-    are b alone): one matmul over all states (counts are integers below 2^24: exact in float32),
-    then each state sums it over its edges, a block of states at a time.
+    are b alone), one matmul per block of states (counts are integers below 2^24: exact in
+    float32); then each state sums it over its edges.
     """
-    live = dfa.trans >= 0
     groups = vi.grp2_count.reshape(256, 257)
-    after = np.rint(live.astype(np.float32) @ groups[:, :256].T.astype(np.float32)).astype(np.int64)
-    after += groups[:, 256]
+    second = groups[:, :256].T.astype(np.float32)
+    after = np.empty(dfa.trans.shape, dtype=np.int32)
+    for lo in range(0, dfa.num_states, _PAIRS_BLOCK):
+        live = (dfa.trans[lo : lo + _PAIRS_BLOCK] >= 0).astype(np.float32)
+        after[lo : lo + live.shape[0]] = np.rint(live @ second).astype(np.int32) + groups[:, 256]
     pairs = np.zeros(dfa.num_states, dtype=np.int64)
     columns = np.arange(256)
     for lo in range(0, dfa.num_states, _PAIRS_BLOCK):
         trans = dfa.trans[lo : lo + _PAIRS_BLOCK]
-        pairs[lo : lo + trans.shape[0]] = np.where(trans >= 0, after[trans, columns], 0).sum(axis=1)
+        pairs[lo : lo + trans.shape[0]] = np.where(trans >= 0, after[trans, columns], 0).sum(axis=1, dtype=np.int64)
     return pairs
 
 
-_PAIRS_BLOCK = 4096  # states per block of _pairs_two_bytes' gather ([block, 256] int64)
+_PAIRS_BLOCK = 4096  # states per block of _pairs_two_bytes' matmul and gather ([block, 256])
 
 
 class _Clock:
