@@ -67,7 +67,8 @@ def regex_to_dfa(regex: str, minimal: bool = True, pruned: bool = True) -> ByteD
     """
     trans, accept, start = _anchored_transitions(regex)
     if minimal:  # minimise first, then prune the (smaller) quotient once
-        quotient = quotient_by(ByteDFA(trans, accept), _refine(trans, accept))
+        classes = _class_columns(trans)
+        quotient = quotient_by(ByteDFA(trans, accept), _refine(trans, accept, classes), classes)
         if quotient is not None:
             trans, accept, block = quotient
             start = int(block[start])
@@ -299,15 +300,17 @@ def prune(trans: np.ndarray, accept: np.ndarray, start: int = 0) -> ByteDFA:
 
 def byte_classes(trans: np.ndarray) -> np.ndarray:
     """For each byte, the smallest byte whose column of `trans` is identical (its class representative)."""
-    n = trans.shape[0]
-    weights = np.random.default_rng(0).integers(1, 2**63, size=n, dtype=np.uint64) | np.uint64(1)
-    with np.errstate(over="ignore"):
-        col_hash = weights @ (trans.astype(np.uint64) + np.uint64(1)) if n else np.zeros(256, np.uint64)
-    _, first, inverse = np.unique(col_hash, return_index=True, return_inverse=True)
-    rep = first[inverse.reshape(-1)]
-    if not np.array_equal(trans[:, rep], trans):  # a hash collision: keep every byte apart
-        return np.arange(256)
-    return rep
+    if not trans.shape[0]:
+        return np.arange(trans.shape[1])
+    columns = np.ascontiguousarray(trans.T)  # [256, n]: one byte's column per row, compared whole
+    _, first, inverse = np.unique(columns.view(np.dtype((np.void, columns.dtype.itemsize * trans.shape[0])))
+                                  .reshape(-1), return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)]
+
+
+def _class_columns(trans: np.ndarray) -> np.ndarray:
+    """One representative byte per class of identical columns, ascending."""
+    return np.unique(byte_classes(trans))
 
 
 def minimize(dfa: ByteDFA) -> ByteDFA:
@@ -320,17 +323,18 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     congruence accepts exactly the same language. If the check fails, the DFA is returned as is.
     `dfa` must be pruned (no dead states), or the result may keep some equivalent states.
     """
-    block = _refine(dfa.trans, dfa.accept)
+    classes = _class_columns(dfa.trans)
+    block = _refine(dfa.trans, dfa.accept, classes)
     if int(block.max()) + 1 == dfa.num_states:
         return dfa
-    quotient = quotient_by(dfa, block)
+    quotient = quotient_by(dfa, block, classes)
     if quotient is None:
         return dfa
     trans, accept, start_block = quotient
     return prune(trans, accept, int(start_block[0]))
 
 
-def _refine(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
     """Moore's coarsest partition of the states (block id per state), signatures hashed.
 
     A worklist form of Moore's rounds: a round re-signs only the blocks holding a predecessor
@@ -339,7 +343,7 @@ def _refine(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     is the same coarsest stable partition (dead = -1 is its own class throughout).
     """
     n = accept.shape[0]
-    t = trans[:, np.unique(byte_classes(trans))]  # [n, C]
+    t = trans[:, _class_columns(trans) if classes is None else classes]  # [n, C]
     t = np.where(t < 0, n, t).astype(np.intp)  # dead (-1) reads the last slot; intp gathers fastest
     weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
     _, block = np.unique(accept, return_inverse=True)
@@ -383,17 +387,18 @@ def _predecessors(t: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(dst[order], np.arange(n + 1)), src[order]
 
 
-def quotient_by(dfa: ByteDFA, block: np.ndarray):
+def quotient_by(dfa: ByteDFA, block: np.ndarray, classes: np.ndarray | None = None):
     """(trans, accept, block of each old state) of `dfa` with each block of states merged, or
     None when the partition is not a congruence (members differ in acceptance or in a
-    successor's block)."""
+    successor's block). `classes` (byte_classes' representatives) limits the check to one
+    byte per class of identical columns: the other bytes' columns are copies."""
     _, first = np.unique(block, return_index=True)  # block ids are 0..count-1: each one's first state
     padded = np.append(block, -1)  # index -1 (dead) reads the last slot
-    members = padded[dfa.trans]
+    members = padded[dfa.trans if classes is None else dfa.trans[:, classes]]
     rep = first[block]
     if not (np.array_equal(members, members[rep]) and np.array_equal(dfa.accept, dfa.accept[rep])):
         return None
-    return members[first].astype(np.int32), dfa.accept[first].copy(), block
+    return padded[dfa.trans[first]].astype(np.int32), dfa.accept[first].copy(), block
 
 
 def successor_lists(trans: np.ndarray) -> list[list[int]]:

@@ -609,15 +609,27 @@ def _estimate(dfa: ByteDFA, words: int, pairs: np.ndarray, cyclic: np.ndarray) -
 
 
 def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:
-    """Per state, how many tokens survive their first two bytes (one-byte tokens: their first)."""
-    live = dfa.trans >= 0
-    groups = vi.grp2_count.reshape(256, 257).astype(np.float64)
+    """Per state, how many tokens survive their first two bytes (one-byte tokens: their first).
+
+    after[t, b]: the tokens starting with byte b whose second byte state t takes (plus those that
+    are b alone), one matmul per block of states (counts are integers below 2^24: exact in
+    float32); then each state sums it over its edges.
+    """
+    groups = vi.grp2_count.reshape(256, 257)
+    second = groups[:, :256].T.astype(np.float32)
+    after = np.empty(dfa.trans.shape, dtype=np.int32)
+    for lo in range(0, dfa.num_states, _PAIRS_BLOCK):
+        live = (dfa.trans[lo : lo + _PAIRS_BLOCK] >= 0).astype(np.float32)
+        after[lo : lo + live.shape[0]] = np.rint(live @ second).astype(np.int32) + groups[:, 256]
     pairs = np.zeros(dfa.num_states, dtype=np.int64)
-    for b in np.flatnonzero(live.any(axis=0)).tolist():
-        states = np.flatnonzero(live[:, b])
-        after = live[dfa.trans[states, b]]
-        pairs[states] += np.rint(after @ groups[b, :256] + groups[b, 256]).astype(np.int64)
+    columns = np.arange(256)
+    for lo in range(0, dfa.num_states, _PAIRS_BLOCK):
+        trans = dfa.trans[lo : lo + _PAIRS_BLOCK]
+        pairs[lo : lo + trans.shape[0]] = np.where(trans >= 0, after[trans, columns], 0).sum(axis=1, dtype=np.int64)
     return pairs
+
+
+_PAIRS_BLOCK = 4096  # states per block of _pairs_two_bytes' matmul and gather ([block, 256])
 
 
 class _Clock:
