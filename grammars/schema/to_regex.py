@@ -895,6 +895,8 @@ class Converter:
         """`excludes` for the values of one JSON type both schemas admit."""
         if kind in ("integer", "number"):
             return not ranges_meet(emitted, other, integral=kind == "integer")
+        if kind == "array":
+            return self.arrays_exclude(emitted, other, depth, memo)
         if kind != "object":
             return False
         props, other_props = emitted.get("properties", {}), other.get("properties", {})
@@ -914,6 +916,19 @@ class Converter:
                     left, right, props[name], other_props[name], depth + 1, memo=memo):
                 return True
         return False
+
+    def arrays_exclude(self, emitted: dict, other: dict, depth: int, memo: dict) -> bool:
+        """Arrays: `emitted` writes at least one item, its items never satisfy `other`'s items (plain
+        `items` schemas on both sides, no tuple forms)."""
+        if int(emitted.get("minItems", 0)) < 1 or any(k in sub for sub in (emitted, other)
+                                                      for k in ("prefixItems", "contains")):
+            return False
+        items, other_items = emitted.get("items", True), other.get("items", True)
+        if isinstance(items, list) or isinstance(other_items, list):
+            return False
+        left, right = self.flattened(items, memo), self.flattened(other_items, memo)
+        return left is not None and right is not None and self.excludes(left, right, items, other_items, depth + 1,
+                                                                       memo=memo)
 
     def flattened(self, sub: object, memo: dict) -> object | None:
         """`flatten(sub)` once per object in `memo` (None: it cannot be flattened)."""

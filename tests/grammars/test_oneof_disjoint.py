@@ -41,6 +41,10 @@ PROVEN = {
         {"oneOf": [{"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
                    {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False}]},
         [o for o in OBJECTS if o != {"x": "s", "y": 1}]),  # valid, but objects are closed by default
+    "non_empty_arrays_of_disjoint_items": (
+        {"oneOf": [{"type": "array", "items": {"type": "number"}, "minItems": 1},
+                   {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+        [[], [1], ["a"], [1, "a"], ["a", "b"], "x"]),
     "nested_discriminator": (
         {"oneOf": [{"type": "object", "required": ["meta"], "properties": {"meta": {
             "type": "object", "required": ["kind"], "properties": {"kind": {"const": "a"}}}}},
@@ -68,6 +72,7 @@ def test_proven_disjoint_oneof_is_exact(name):
     {"oneOf": [{"type": "number", "exclusiveMaximum": 1.5}, {"type": "number", "minimum": 1.2}]},  # 1.3
     {"oneOf": [{"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}, {"type": "object"}]},
     {"oneOf": [{"enum": [1, 2]}, {"type": "integer", "minimum": 2}]},  # 2 is in both
+    {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "array", "items": {"type": "string"}}]},  # []
     {"oneOf": [{"type": "object", "required": ["meta"], "properties": {"meta": {"properties": {"kind": {"const": "a"}}}}},
                {"type": "object", "required": ["meta"], "properties": {"meta": {"properties": {"kind": {"const": "b"}}}}}]},
 ])
@@ -77,7 +82,7 @@ def test_overlapping_oneof_is_never_proven_disjoint(schema):
     if ("", "oneOf") in result.relaxed:
         return
     validator = jsonschema.validators.validator_for(schema)(schema)
-    for value in [*NUMBERS, *OBJECTS, {"meta": {}}, {"meta": {"kind": "a", "z": 1}}]:
+    for value in [*NUMBERS, *OBJECTS, {"meta": {}}, {"meta": {"kind": "a", "z": 1}}, [], [1], ["a"]]:
         if _accepts(schema, value):
             assert validator.is_valid(value), value
 
