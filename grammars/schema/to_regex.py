@@ -53,6 +53,7 @@ from surecall.grammars.schema.conditionals import (
     kind_of,
     relaxed_reason,
 )
+from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
 from surecall.grammars.schema.multiple_of import (
     MultipleOfUnsupported,
@@ -682,12 +683,14 @@ class Converter:
     def merge_all_of(self, schema: dict, ptr: str, hops: int = 0) -> dict | bool:
         """One keyword dict equal to the allOf (references inside it followed)."""
         merged: dict | bool = {k: v for k, v in schema.items() if k not in ("allOf", _AT, _FROM)}
-        num_branches = if_branches(schema["allOf"], lambda ref: self.resolve(ref, ptr)[0])
-        for i, sub in enumerate(schema["allOf"]):
+        parts, declined = self.discriminated(schema["allOf"], ptr)
+        num_branches = if_branches(parts, lambda ref: self.resolve(ref, ptr)[0])
+        for i, sub in enumerate(parts):
             sub_ptr = sub.get(_AT, pointer_join(ptr, "allOf", i)) if isinstance(sub, dict) else ptr
             if num_branches > MAX_IF_BRANCHES and isinstance(sub, dict) and "if" in sub:
+                why = f"; {declined[i]}" if i in declined else ""
                 self.relax(sub_ptr, "if", f"the allOf's if/then/else parts cross into {num_branches} branches "
-                           f"(past {MAX_IF_BRANCHES})")
+                           f"(past {MAX_IF_BRANCHES}){why}")
                 sub = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
             sub = self.flatten(sub, sub_ptr, hops)
             if sub is False:
@@ -697,6 +700,13 @@ class Converter:
                 if merged is False:
                     return False
         return merged
+
+    def discriminated(self, parts: list, ptr: str) -> tuple[list, dict[int, str]]:
+        """The allOf's parts with its `if`s on one property's value as one union, and why a group
+        was declined, by index (schema/discriminators.py)."""
+        if not self.options.rewrite_conditionals:
+            return parts, {}
+        return discriminator_groups(parts, ptr, _at)
 
     def convert_all_of(self, schema: dict, ptr: str) -> str | None:
         """The allOf merged into one dict and converted, the `$ref`s the merge followed counted as
