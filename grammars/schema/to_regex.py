@@ -92,6 +92,8 @@ _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "m
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
 _RELAXED_OBJECT = ("propertyNames", "dependentRequired", "unevaluatedProperties")
 _RELAXED_ARRAY = ("contains", "unevaluatedItems")
+_CONTAINS_ALSO = "$surecall:contains_also"  # the other `contains` an allOf merged beside the first one
+MAX_CONTAINS = 3  # contains on one array written exactly (13 ordered partitions of 3); past it relaxed
 _UNSUPPORTED = ("$dynamicRef", "$recursiveRef")
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
@@ -809,6 +811,10 @@ class Converter:
         elif key in ("additionalProperties", "items", "additionalItems") and not (
                 isinstance(old, list) or isinstance(value, list)):
             out[key] = {"allOf": [old, value]}
+        elif key == "contains":  # both hold: some item matches each (contains_array)
+            out[_CONTAINS_ALSO] = [*out.get(_CONTAINS_ALSO, []), _at(value, pointer_join(ptr, "contains"))]
+        elif key == _CONTAINS_ALSO:
+            out[key] = [*old, *value]
         elif key in ("pattern", "format", "multipleOf", *_RELAXED_ANY, *_RELAXED_OBJECT, *_RELAXED_ARRAY):
             self.relax(ptr, key)  # the first one is kept (and enforced where it can be)
         elif key in _ASSERTING:
@@ -1329,20 +1335,39 @@ class Converter:
                                 lambda v: json_literal(v, self.options), self.ws)
 
     def contains_array(self, schema: dict, prefix: list, rest_schema: object, rest_ptr: str, ptr: str) -> str | None | bool:
-        """`contains` on a plain item list: items, one of which also matches `contains` (None: no
-        item can); False when other array keywords (prefixItems, item or contains counts,
-        uniqueItems) come with it, which are not combined here."""
+        """`contains` (up to MAX_CONTAINS of them, merged from an allOf) on a plain item list: items,
+        some matching each `contains` (None: no list can); False when other array keywords
+        (prefixItems, item or contains counts, uniqueItems) come with it, not combined here.
+
+        A list holds every C_j iff it is items with, in order, the first witnesses: an ordered
+        partition T_1..T_m of the contains, the witness of T_i an item matching all of T_i. The
+        regex is the union over those partitions (3 for two contains, 13 for three)."""
         others = ("prefixItems", "minContains", "maxContains", "maxItems", "uniqueItems", "unevaluatedItems")
         if "contains" not in schema or prefix or any(k in schema for k in others) or int(schema.get("minItems", 0)) > 1:
             return False
-        hit = self.convert({"allOf": [_at(rest_schema, rest_ptr), _at(schema["contains"], pointer_join(ptr, "contains"))]},
-                           ptr)
-        if hit is None:
-            return None
+        wanted = [_at(schema["contains"], pointer_join(ptr, "contains")), *schema.get(_CONTAINS_ALSO, [])]
+        if len(wanted) > MAX_CONTAINS:
+            return False
+        hits: dict[frozenset, str | None] = {}
+
+        def hit(subset: frozenset) -> str | None:
+            if subset not in hits:
+                hits[subset] = self.convert({"allOf": [_at(rest_schema, rest_ptr), *(wanted[j] for j in sorted(subset))]},
+                                            ptr)
+            return hits[subset]
+
         item = self.convert(rest_schema, rest_ptr)
         sep = f"{self.ws},{self.ws}"
-        before, after = (f"(?:{_group(item)}{sep})*", f"(?:{sep}{_group(item)})*") if item is not None else ("", "")
-        return f"\\[{self.ws}{before}{_group(hit)}{after}{self.ws}\\]"
+        between = f"(?:{sep}{_group(item)})*" if item is not None else ""
+        before = f"(?:{_group(item)}{sep})*" if item is not None else ""
+        lists = []
+        for parts in ordered_partitions(list(range(len(wanted)))):
+            witnesses = [hit(frozenset(p)) for p in parts]
+            if None not in witnesses:
+                lists.append(before + sep.join(f"{_group(w)}{between}" for w in witnesses))
+        if not lists:
+            return None
+        return f"\\[{self.ws}{_group(_alternation(lists))}{self.ws}\\]"
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
         return array_regex(items, rest, low, high, self.ws)
@@ -1786,3 +1811,16 @@ def _json_equal(a: object, b: object) -> bool:
 def _algebra_keyword(schema: dict) -> str:
     """The keyword that made `schema` need the string/number automaton (for the narrowed list)."""
     return next((k for k in ("not", "oneOf", "anyOf", "allOf", "if", "$ref") if k in schema), "pattern")
+
+
+def ordered_partitions(items: list) -> list[list[list]]:
+    """Every sequence of non-empty disjoint blocks whose union is `items` (the first witnesses of
+    several `contains`, in the order they appear)."""
+    if not items:
+        return [[]]
+    out = []
+    for mask in range(1, 1 << len(items)):
+        block = [x for i, x in enumerate(items) if mask >> i & 1]
+        rest = [x for i, x in enumerate(items) if not mask >> i & 1]
+        out += [[block, *tail] for tail in ordered_partitions(rest)]
+    return out
