@@ -973,6 +973,8 @@ class Converter:
 
     # -- constants -----------------------------------------------------------------------
     def convert_enum(self, schema: dict, ptr: str) -> str | None:
+        if schema.get("type") == []:  # an allOf merged disjoint types: no value (the validator refuses `type: []`)
+            return None
         values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
         if "const" in schema and "enum" in schema:
             values = [v for v in values if _json_equal(v, schema["const"])]
@@ -1352,8 +1354,8 @@ class Converter:
 
         def hit(subset: frozenset) -> str | None:
             if subset not in hits:
-                hits[subset] = self.convert({"allOf": [_at(rest_schema, rest_ptr), *(wanted[j] for j in sorted(subset))]},
-                                            ptr)
+                hits[subset] = self.unless_none(lambda: self.convert(
+                    {"allOf": [_at(rest_schema, rest_ptr), *(wanted[j] for j in sorted(subset))]}, ptr))
             return hits[subset]
 
         item = self.convert(rest_schema, rest_ptr)
@@ -1368,6 +1370,17 @@ class Converter:
         if not lists:
             return None
         return f"\\[{self.ws}{_group(_alternation(lists))}{self.ws}\\]"
+
+    def unless_none(self, convert) -> str | None:
+        """convert(), whose relaxed keywords are dropped when it admits nothing (None) and memoized
+        no reference meanwhile: an empty branch (one item matching exclusive contains) leaves
+        nothing to the validator."""
+        relaxed, memo = dict(self.relaxed), sum(map(len, self.ref_regex.values()))
+        regex = convert()
+        if regex is None and memo == sum(map(len, self.ref_regex.values())):
+            self.relaxed.clear()
+            self.relaxed.update(relaxed)
+        return regex
 
     def array_regex(self, items: list[str], rest: str | None, low: int, high: int | None) -> str:
         return array_regex(items, rest, low, high, self.ws)
