@@ -1369,7 +1369,8 @@ class Converter:
                 lists.append(before + sep.join(f"{_group(w)}{between}" for w in witnesses))
         if not lists:
             return None
-        return f"\\[{self.ws}{_group(_alternation(lists))}{self.ws}\\]"
+        body = lists[0] if len(lists) == 1 else _group(_alternation(lists))  # one contains: as before
+        return f"\\[{self.ws}{body}{self.ws}\\]"
 
     def unless_none(self, convert) -> str | None:
         """convert(), whose relaxed keywords are dropped when it admits nothing (None) and memoized
