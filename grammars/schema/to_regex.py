@@ -52,6 +52,13 @@ from surecall.grammars.schema.conditionals import (
     kind_of,
     relaxed_reason,
 )
+from surecall.grammars.schema.object_exists import (
+    NotExact,
+    ObjectReader,
+    Writer,
+    exists_object_regex,
+    needs_exists,
+)
 from surecall.grammars.schema.multiple_of import (
     MultipleOfUnsupported,
     combined_multiple,
@@ -501,6 +508,9 @@ class Converter:
         alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
+        exists = self.exists_object(schema, ptr)
+        if exists is not False:
+            return exists
         if "allOf" in schema:
             return self.convert_all_of(schema, ptr)
         for key in ("anyOf", "oneOf"):
@@ -1249,6 +1259,34 @@ class Converter:
         return array_regex(items, rest, low, high, self.ws)
 
     # -- objects -------------------------------------------------------------------------
+    def exists_object(self, schema: dict, ptr: str) -> str | None | bool:
+        """An object whose `not` asks for keys to exist, written exactly (schema/object_exists.py);
+        False when it is not one or is not written there (then converted, and relaxed, as before)."""
+        def resolve(ref: str) -> object:
+            return self.resolve(ref, ptr)[0]
+
+        if not needs_exists(schema, resolve):
+            return False
+        saved = dict(self.relaxed), dict(self.narrowed)
+        values: dict[str, str | None] = {}
+
+        def value(schemas: list, exact: bool = False) -> str | None:
+            key = json.dumps(schemas, sort_keys=True, default=str)
+            if key not in values or exact:
+                before = set(self.relaxed)
+                values[key] = self.convert({"allOf": schemas} if len(schemas) != 1 else schemas[0], ptr)
+                if exact and set(self.relaxed) - before:
+                    raise NotExact("a value an existing key must have is not enforced exactly")
+            return values[key]
+
+        writer = Writer(value, lambda schemas: value(schemas, exact=True), self.ws, self.deadline)
+        try:
+            return exists_object_regex(schema, ObjectReader(resolve, self.ref_rest, self.ref_siblings_ignored), writer)
+        except (NotExact, RegularUnsupported) as exc:
+            self.relaxed, self.narrowed = saved
+            self.exists_failures = getattr(self, "exists_failures", []) + [(ptr, str(exc))]
+            return False
+
     def convert_object(self, schema: dict, ptr: str) -> str | None:
         for key in _RELAXED_OBJECT:
             if key in schema and key != "propertyNames":  # propertyNames: extra_key, blocked_names

@@ -1,0 +1,434 @@
+"""Objects whose `not` asks for keys to exist, written exactly: key classes and a small member automaton.
+
+`ObjectReader` reads an object schema (through allOf/anyOf/$ref/not) as a union of terms, each
+universal rules "every key of class C has a value in V" (properties, patternProperties with
+their own additionalProperties, propertyNames), existentials "some key of class E has a value
+in W" (what `not` of those keywords, or `required`, means) and a property count range.
+`exists_object_regex` partitions the keys of each term into atoms (key classes as one DFA,
+schema/string_automaton.py), lets each member credit the existentials it meets, walks the
+states (existentials met, member count) and writes them as a regex with JSON whitespace; keys
+may come in any order. Values are converted by the Converter. It takes over only where an
+object-level `not` is not negated by schema/conditionals.py, and answers False (the converter
+relaxes as before) past its caps or on any keyword it does not read. Duplicate keys are not told
+apart (as for the converter's extra keys): a repeated key counts as one more member.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from surecall.grammars.schema.regular import _Reader
+from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, _coreachable
+
+MAX_TERMS = 32  # branches of the union one object schema reads as
+MAX_ATOMS = 48  # key classes of one term
+MAX_CREDITING = 4  # existentials with a value condition one key class may meet together (2^n members)
+MAX_STATES = 256  # (existentials met, count) states of one term
+MAX_COUNT = 32  # maxProperties counted exactly (past it: not taken over)
+MAX_REGEX_CHARS = 400_000  # the object's regex written out
+_IGNORED = {"title", "description", "$comment", "comment", "examples", "default", "$schema", "$id", "id",
+            "definitions", "$defs", "deprecated", "readOnly", "writeOnly", "markdownDescription",
+            "$surecall:at", "$surecall:from", "$anchor"}
+_OTHER_TYPE_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+                    "minContains", "maxContains", "minLength", "maxLength", "pattern", "format", "minimum",
+                    "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "contentEncoding",
+                    "contentMediaType"}
+_TRIGGERS = ("propertyNames", "patternProperties", "additionalProperties", "minProperties", "maxProperties")
+
+
+class NotExact(Exception):
+    """The object schema is not written exactly here (the message says why)."""
+
+
+@dataclass
+class Term:
+    """One branch: every key in rules[i][0] has a value in rules[i][1]; for each exists[j] some key in
+    its class has a value in its schema; lo <= number of members <= hi."""
+
+    rules: list = field(default_factory=list)  # (key class expr, value schema)
+    exists: list = field(default_factory=list)  # (key class expr, value schema)
+    lo: int = 0
+    hi: int | None = None
+
+    def merged(self, other: Term) -> Term | None:
+        hi = other.hi if self.hi is None else self.hi if other.hi is None else min(self.hi, other.hi)
+        lo = max(self.lo, other.lo)
+        if hi is not None and lo > hi:
+            return None
+        exists = list({_key(e): e for e in [*self.exists, *other.exists]}.values())
+        return Term([*self.rules, *other.rules], exists, lo, hi)
+
+
+def _key(item) -> str:
+    return json.dumps(item, sort_keys=True, default=str)
+
+
+def needs_exists(schema: object, resolve: Callable[[str], object], depth: int = 0) -> bool:
+    """Whether an object-level `not` sits in `schema` (through allOf/anyOf/$ref): the cases taken over."""
+    if not isinstance(schema, dict) or depth > 16:
+        return False
+    if isinstance(schema.get("not"), dict) and _mentions_object(schema["not"], resolve, 0):
+        return True
+    subs = [s for k in ("allOf", "anyOf") if isinstance(schema.get(k), list) for s in schema[k]]
+    if isinstance(schema.get("$ref"), str):
+        try:
+            subs.append(resolve(schema["$ref"]))
+        except Exception:  # noqa: BLE001 - the converter reports the reference
+            return False
+    return any(needs_exists(s, resolve, depth + 1) for s in subs)
+
+
+def _mentions_object(schema: object, resolve, depth: int) -> bool:
+    if not isinstance(schema, dict) or depth > 16:
+        return False
+    if any(k in schema for k in _TRIGGERS):
+        return True
+    subs = [s for k in ("allOf", "anyOf") if isinstance(schema.get(k), list) for s in schema[k]]
+    subs += [schema["not"]] if "not" in schema else []
+    if isinstance(schema.get("$ref"), str):
+        try:
+            subs.append(resolve(schema["$ref"]))
+        except Exception:  # noqa: BLE001
+            return False
+    return any(_mentions_object(s, resolve, depth + 1) for s in subs)
+
+
+class ObjectReader:
+    """An object schema as a union of Terms (NotExact on what it does not read)."""
+
+    def __init__(self, resolve: Callable[[str], object], ref_rest: Callable[[dict], dict], siblings_ignored: bool):
+        self.resolve = resolve
+        self.ref_rest = ref_rest
+        self.names = _Reader(resolve, siblings_ignored)  # propertyNames schemas as string expressions
+        self.depth = 0
+
+    def admits_non_objects(self, schema: object) -> bool:
+        """Whether a value that is not an object may be valid (only type, object keywords and combinators read)."""
+        if isinstance(schema, bool):
+            return schema
+        parts = []
+        for key, value in schema.items():
+            if key == "type":
+                types = [value] if isinstance(value, str) else list(value)
+                parts.append(any(t != "object" for t in types))
+            elif key == "not":
+                parts.append(not self.admits_non_objects(value))
+            elif key == "allOf":
+                parts.append(all(self.admits_non_objects(s) for s in value))
+            elif key == "anyOf":
+                parts.append(any(self.admits_non_objects(s) for s in value))
+            elif key == "$ref":
+                parts.append(self.admits_non_objects(self.resolve(value)))
+        return all(parts)
+
+    def positive(self, schema: object) -> list[Term]:
+        if schema is True:
+            return [Term()]
+        if schema is False:
+            return []
+        if not isinstance(schema, dict):
+            raise NotExact(f"expected a schema, got {type(schema).__name__}")
+        self.enter()
+        try:
+            if "$ref" in schema:
+                return self.conjoined([self.resolve(schema["$ref"]), self.ref_rest(schema)], self.positive)
+            out = [Term()]
+            for key, value in schema.items():
+                out = self.conjoin(out, self.keyword(schema, key, value))
+                if not out:
+                    return []
+            return out
+        finally:
+            self.depth -= 1
+
+    def negative(self, schema: object) -> list[Term]:
+        """The objects `schema` rejects: one disjunct per keyword."""
+        if schema is True:
+            return []
+        if schema is False:
+            return [Term()]
+        if not isinstance(schema, dict):
+            raise NotExact(f"expected a schema, got {type(schema).__name__}")
+        self.enter()
+        try:
+            if "$ref" in schema:
+                return self.negative({"allOf": [self.resolve(schema["$ref"]), self.ref_rest(schema)]})
+            out: list[Term] = []
+            for key, value in schema.items():
+                out += self.negated_keyword(schema, key, value)
+                self.check_terms(out)
+            return out
+        finally:
+            self.depth -= 1
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > 24:
+            raise NotExact("references nest too deeply")
+
+    def conjoin(self, left: list[Term], right: list[Term]) -> list[Term]:
+        out = [m for a in left for b in right if (m := a.merged(b)) is not None]
+        self.check_terms(out)
+        return out
+
+    def conjoined(self, schemas: list, read) -> list[Term]:
+        out = [Term()]
+        for sub in schemas:
+            out = self.conjoin(out, read(sub))
+        return out
+
+    def check_terms(self, terms: list) -> None:
+        if len(terms) > MAX_TERMS:
+            raise NotExact(f"the object schema crosses into more than {MAX_TERMS} branches")
+
+    def key_class(self, names_schema: object) -> object:
+        try:
+            return self.names.expr(names_schema)
+        except RegularUnsupported as exc:
+            raise NotExact(f"propertyNames is not read as a key class: {exc}") from exc
+
+    def keyword(self, schema: dict, key: str, value: object) -> list[Term]:
+        if key in _IGNORED or key in _OTHER_TYPE_KEYS:
+            return [Term()]
+        if key == "type":
+            types = [value] if isinstance(value, str) else list(value)
+            return [Term()] if "object" in types else []
+        if key == "propertyNames":
+            return [Term(rules=[(("not", self.key_class(value)), False)])]
+        if key in ("properties", "patternProperties", "additionalProperties"):
+            return [Term(rules=[rule for rule in member_rules(schema, key)])]
+        if key == "required":
+            return [Term(exists=[(("lit", (name,)), True) for name in dict.fromkeys(value)])]
+        if key in ("minProperties", "maxProperties"):
+            bound = _natural(value, key)
+            return [Term(lo=bound)] if key == "minProperties" else [Term(hi=bound)]
+        if key == "allOf":
+            return self.conjoined(value, self.positive)
+        if key == "anyOf":
+            out = [t for sub in value for t in self.positive(sub)]
+            self.check_terms(out)
+            return out
+        if key == "not":
+            return self.negative(value)
+        raise NotExact(f"{key!r} is not read beside an object-level not")
+
+    def negated_keyword(self, schema: dict, key: str, value: object) -> list[Term]:
+        if key in _IGNORED or key in _OTHER_TYPE_KEYS:
+            return []  # holds for every object: its negation for none
+        if key == "type":
+            types = [value] if isinstance(value, str) else list(value)
+            return [] if "object" in types else [Term()]
+        if key == "propertyNames":
+            return [Term(exists=[(("not", self.key_class(value)), True)])]
+        if key in ("properties", "patternProperties", "additionalProperties"):
+            return [Term(exists=[(cls, _negated_value(sub))]) for cls, sub in member_rules(schema, key)
+                    if sub is not True]
+        if key == "required":
+            return [Term(rules=[(("lit", (name,)), False)]) for name in dict.fromkeys(value)]
+        if key in ("minProperties", "maxProperties"):
+            bound = _natural(value, key)
+            if key == "minProperties":
+                return [Term(hi=bound - 1)] if bound > 0 else []
+            return [Term(lo=bound + 1)]
+        if key == "allOf":
+            return [t for sub in value for t in self.negative(sub)]
+        if key == "anyOf":
+            return self.conjoined(value, self.negative)
+        if key == "not":
+            return self.positive(value)
+        raise NotExact(f"the negation of {key!r} is not read at object level")
+
+
+def member_rules(schema: dict, key: str) -> list[tuple[object, object]]:
+    """The (key class, value schema) rules keyword `key` of `schema` states (additionalProperties
+    relative to its own node's properties and patternProperties)."""
+    if key == "properties":
+        return [(("lit", (name,)), sub) for name, sub in value_items(schema, key)]
+    if key == "patternProperties":
+        return [(("pat", pattern), sub) for pattern, sub in value_items(schema, key)]
+    others = [("lit", (name,)) for name, _ in value_items(schema, "properties")]
+    others += [("pat", pattern) for pattern, _ in value_items(schema, "patternProperties")]
+    return [(("not", ("any", others)), schema[key])]
+
+
+def value_items(schema: dict, key: str) -> list[tuple[str, object]]:
+    value = schema.get(key, {})
+    if not isinstance(value, dict):
+        raise NotExact(f"{key} is not an object")
+    return list(value.items())
+
+
+def _negated_value(sub: object) -> object:
+    if isinstance(sub, bool):
+        return not sub
+    if isinstance(sub, dict) and "not" in sub and all(k == "not" or k in _IGNORED for k in sub):
+        return sub["not"]
+    return {"not": sub}
+
+
+def _natural(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not float(value).is_integer():
+        raise NotExact(f"{key} {value!r} is not a natural number")
+    return int(value)
+
+
+# --- terms -> regex ---------------------------------------------------------------------------
+
+
+@dataclass
+class Writer:
+    """What the regex needs from the Converter: values, exactness checks, whitespace."""
+
+    value: Callable[[list], str | None]  # allOf of these value schemas -> regex (None: no value)
+    exact_value: Callable[[list], str | None]  # the same, NotExact if any of it is relaxed
+    ws: str
+    deadline: float | None
+
+
+def term_regex(term: Term, writer: Writer) -> str | None:
+    """The objects of one term as a regex (None: none)."""
+    classes = [cls for cls, _ in term.rules] + [cls for cls, _ in term.exists]
+    try:
+        automaton = StringAutomaton(("any", classes), writer.deadline)
+        atoms = _atoms(automaton, term)
+        members = _members(automaton, term, atoms, writer)
+    except RegularUnsupported as exc:
+        raise NotExact(f"the key classes are not written: {exc}") from exc
+    return _render(members, len(term.exists), term.lo, term.hi, writer.ws)
+
+
+def _atoms(automaton: StringAutomaton, term: Term) -> list[tuple[object, frozenset]]:
+    """The key classes no rule or existential tells apart: (DFA, indices of the classes it lies in),
+    keys of a rule with value False left out."""
+    forbidden = [cls for cls, value in term.rules if value is False]
+    universe = automaton.constant(True)
+    if forbidden:
+        _, up = automaton.build(("any", forbidden), lower=False, upper=True)
+        universe = automaton.product([universe, automaton.complement(up)], all)
+    atoms = [(universe, frozenset())] if _nonempty(universe) else []
+    classes = [cls for cls, _ in term.rules] + [cls for cls, _ in term.exists]
+    for i, cls in enumerate(classes):
+        if i < len(term.rules) and term.rules[i][1] is False:
+            continue
+        low, up = automaton.build(cls, lower=True, upper=True)
+        outside = automaton.complement(up)
+        split = []
+        for dfa, inside in atoms:
+            for part, bits in ((automaton.product([dfa, low], all), inside | {i}),
+                               (automaton.product([dfa, outside], all), inside)):
+                if _nonempty(part):
+                    split.append((part, bits))
+        atoms = split
+        if len(atoms) > MAX_ATOMS:
+            raise NotExact(f"the keys split into more than {MAX_ATOMS} classes")
+    return atoms
+
+
+def _nonempty(dfa) -> bool:
+    return 0 in _coreachable(dfa)
+
+
+def _members(automaton, term: Term, atoms, writer: Writer) -> list[tuple[str, str, int]]:
+    """(key regex, value regex, bit mask of the existentials it meets) for each atom and each choice of the
+    value-conditioned existentials its value meets."""
+    num_rules = len(term.rules)
+    members = []
+    for dfa, inside in atoms:
+        values = [term.rules[i][1] for i in sorted(inside) if i < num_rules]
+        met = [i - num_rules for i in sorted(inside) if i >= num_rules]
+        always = sum(1 << j for j in met if term.exists[j][1] is True)
+        chosen = [j for j in met if term.exists[j][1] is not True]
+        if len(chosen) > MAX_CREDITING:
+            raise NotExact(f"a key class meets {len(chosen)} existentials with value conditions "
+                           f"(past {MAX_CREDITING})")
+        body = automaton.emit(dfa)
+        if body is None:
+            continue
+        key = f'"{body}"'
+        for size in range(len(chosen) + 1):
+            for subset in itertools.combinations(chosen, size):
+                if subset:
+                    value = writer.exact_value(values + [term.exists[j][1] for j in subset])
+                else:
+                    value = writer.value(values)
+                if value is not None:
+                    members.append((key, value, always | sum(1 << j for j in subset)))
+    return members
+
+
+def _render(members: list[tuple[str, str, int]], num_exists: int, lo: int, hi: int | None, ws: str) -> str | None:
+    """`{...}` over the states (existentials met, members counted up to hi, or up to lo when open)."""
+    if hi is not None and hi > MAX_COUNT:
+        raise NotExact(f"maxProperties {hi} beside an object-level not is past {MAX_COUNT}")
+    full, cap = (1 << num_exists) - 1, lo if hi is None else hi
+
+    def step(state, credit):
+        mask, count = state
+        if hi is not None and count + 1 > hi:
+            return None
+        return (mask | credit, min(count + 1, cap))
+
+    def accepting(state):
+        return state[0] == full and state[1] >= lo
+
+    edges: dict = {}
+    order, seen = [(0, 0)], {(0, 0)}
+    for state in order:
+        for key, value, credit in members:
+            nxt = step(state, credit)
+            if nxt is None:
+                continue
+            edges.setdefault(state, {}).setdefault(nxt, {}).setdefault(value, []).append(key)
+            if nxt not in seen:
+                seen.add(nxt)
+                order.append(nxt)
+                if len(order) > MAX_STATES:
+                    raise NotExact(f"the member automaton passes {MAX_STATES} states")
+    live = {s for s in order if accepting(s)}
+    changed = True
+    while changed:
+        changed = False
+        for s in order:
+            if s not in live and any(t in live for t in edges.get(s, {})):
+                live.add(s)
+                changed = True
+    if (0, 0) not in live:
+        return None
+    sep = f"{ws},{ws}"
+    label = {(s, t): "|".join(f"(?:{'|'.join(dict.fromkeys(keys))}){ws}:{ws}(?:{value})" for value, keys in by_value.items())
+             for s, out in edges.items() for t, by_value in out.items()}
+    rest: dict = {}
+
+    def after(s) -> str:  # what may follow once state s is reached by at least one member
+        if s not in rest:
+            loop = label.get((s, s))
+            exits = [f"{sep}(?:{label[(s, t)]}){after(t)}" for t in edges.get(s, {}) if t != s and t in live]
+            exits += [""] if accepting(s) else []
+            head = f"(?:{sep}(?:{loop}))*" if loop else ""
+            tail = exits[0] if len(exits) == 1 else "(?:" + "|".join(exits) + ")"
+            rest[s] = head + tail
+            if len(rest[s]) > MAX_REGEX_CHARS:
+                raise NotExact(f"the object's regex passes {MAX_REGEX_CHARS} characters")
+        return rest[s]
+
+    firsts = [f"(?:{label[((0, 0), t)]}){after(t)}" for t in edges.get((0, 0), {}) if t in live]
+    if not firsts:
+        return f"\\{{{ws}\\}}"
+    body = "|".join(f"(?:{f})" for f in firsts)
+    if accepting((0, 0)):
+        return f"\\{{{ws}(?:(?:{body}){ws})?\\}}"
+    return f"\\{{{ws}(?:{body}){ws}\\}}"
+
+
+def exists_object_regex(schema: dict, reader: ObjectReader, writer: Writer) -> str | None:
+    """The objects `schema` admits, exactly (NotExact: not written here; it may admit non-objects)."""
+    if reader.admits_non_objects(schema):
+        raise NotExact("the schema also admits values that are not objects")
+    terms = reader.positive(schema)
+    regexes = list(dict.fromkeys(r for r in (term_regex(t, writer) for t in terms) if r is not None))
+    if not regexes:
+        return None
+    return regexes[0] if len(regexes) == 1 else "|".join(f"(?:{r})" for r in regexes)
