@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ MAX_ATOMS = 48  # key classes of one term
 MAX_CREDITING = 4  # existentials with a value condition one key class may meet together (2^n members)
 MAX_STATES = 256  # (existentials met, count) states of one term
 MAX_COUNT = 32  # maxProperties counted exactly (past it: not taken over)
+MAX_LISTED = 256  # integers a member value's bounds may leave to be written out (listed_integers)
 MAX_REGEX_CHARS = 400_000  # the object's regex written out
 _IGNORED = {"title", "description", "$comment", "comment", "examples", "default", "$schema", "$id", "id",
             "definitions", "$defs", "deprecated", "readOnly", "writeOnly", "markdownDescription",
@@ -275,6 +277,33 @@ def _natural(value: object, key: str) -> int:
     return int(value)
 
 
+def listed_integers(schemas: list, is_valid: Callable[[int], bool]) -> str | None | bool:
+    """The integers an allOf of `schemas` admits, written out, when one of them is `type: integer`
+    and their bounds leave at most MAX_LISTED values (False: not such a value; None: none pass).
+    For member values whose keywords the converter would relax (not: multipleOf beside bounds)."""
+    low, high, is_integer = None, None, False
+    todo = list(schemas)
+    while todo:
+        sub = todo.pop()
+        if not isinstance(sub, dict):
+            continue
+        is_integer = is_integer or sub.get("type") == "integer"
+        todo += sub.get("allOf", []) if isinstance(sub.get("allOf"), list) else []
+        for key, value in sub.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if key in ("minimum", "exclusiveMinimum"):
+                bound = math.floor(value) + 1 if key == "exclusiveMinimum" else math.ceil(value)
+                low = bound if low is None else max(low, bound)
+            elif key in ("maximum", "exclusiveMaximum"):
+                bound = math.ceil(value) - 1 if key == "exclusiveMaximum" else math.floor(value)
+                high = bound if high is None else min(high, bound)
+    if not is_integer or low is None or high is None or high - low >= MAX_LISTED:
+        return False
+    passing = [str(n) for n in range(low, high + 1) if is_valid(n)]
+    return "|".join(passing) if passing else None
+
+
 # --- terms -> regex ---------------------------------------------------------------------------
 
 
@@ -282,22 +311,41 @@ def _natural(value: object, key: str) -> int:
 class Writer:
     """What the regex needs from the Converter: values, exactness checks, whitespace."""
 
-    value: Callable[[list], str | None]  # allOf of these value schemas -> regex (None: no value)
+    value: Callable[[list], str | None]  # allOf of these value schemas -> regex (None: no value; [] any)
     exact_value: Callable[[list], str | None]  # the same, NotExact if any of it is relaxed
     ws: str
     deadline: float | None
+    share: Callable[[str], str] = lambda regex: regex  # a value regex written on several edges -> its placeholder
 
 
 def term_regex(term: Term, writer: Writer) -> str | None:
-    """The objects of one term as a regex (None: none)."""
+    """The objects of one term as a regex (None: none). Values are converted only for the
+    members some accepted object uses (a class no object reaches adds no relaxed keyword)."""
     classes = [cls for cls, _ in term.rules] + [cls for cls, _ in term.exists]
     try:
         automaton = StringAutomaton(("any", classes), writer.deadline)
-        atoms = _atoms(automaton, term)
-        members = _members(automaton, term, atoms, writer)
+        members = _members(automaton, term, _atoms(automaton, term))
     except RegularUnsupported as exc:
         raise NotExact(f"the key classes are not written: {exc}") from exc
-    return _render(members, len(term.exists), term.lo, term.hi, writer.ws)
+    values: dict[int, str | None] = {}
+    while True:
+        alive = [i for i in range(len(members)) if values.get(i, "") is not None]
+        graph = _explore([members[i][2] for i in alive], len(term.exists), term.lo, term.hi)
+        used = sorted({alive[m] for out in graph[1].values() for ms in out.values() for m in ms})
+        todo = [i for i in used if i not in values]
+        if not todo:
+            break
+        for i in todo:
+            _, schemas, _, exact = members[i]
+            values[i] = writer.exact_value(schemas) if exact else writer.value(schemas)
+    if graph[0] is None:
+        return None
+    uses: dict[str, int] = {}
+    for i in used:
+        uses[values[i]] = uses.get(values[i], 0) + 1
+    shared = {value: writer.share(value) if n > 1 else value for value, n in uses.items()}
+    written = [(members[i][0], shared.get(values.get(i))) for i in alive]  # unused ones are on no edge
+    return _written(_minimised(graph, written), writer.ws)
 
 
 def _atoms(automaton: StringAutomaton, term: Term) -> list[tuple[object, frozenset]]:
@@ -331,9 +379,9 @@ def _nonempty(dfa) -> bool:
     return 0 in _coreachable(dfa)
 
 
-def _members(automaton, term: Term, atoms, writer: Writer) -> list[tuple[str, str, int]]:
-    """(key regex, value regex, bit mask of the existentials it meets) for each atom and each choice of the
-    value-conditioned existentials its value meets."""
+def _members(automaton, term: Term, atoms) -> list[tuple[str, list, int, bool]]:
+    """(key regex, value schemas, bit mask of the existentials it meets, whether the value must be
+    exact) for each atom and each choice of the value-conditioned existentials its value meets."""
     num_rules = len(term.rules)
     members = []
     for dfa, inside in atoms:
@@ -347,41 +395,32 @@ def _members(automaton, term: Term, atoms, writer: Writer) -> list[tuple[str, st
         body = automaton.emit(dfa)
         if body is None:
             continue
-        key = f'"{body}"'
         for size in range(len(chosen) + 1):
             for subset in itertools.combinations(chosen, size):
-                if subset:
-                    value = writer.exact_value(values + [term.exists[j][1] for j in subset])
-                else:
-                    value = writer.value(values)
-                if value is not None:
-                    members.append((key, value, always | sum(1 << j for j in subset)))
+                schemas = values + [term.exists[j][1] for j in subset]
+                members.append((f'"{body}"', schemas, always | sum(1 << j for j in subset), bool(subset)))
     return members
 
 
-def _render(members: list[tuple[str, str, int]], num_exists: int, lo: int, hi: int | None, ws: str) -> str | None:
-    """`{...}` over the states (existentials met, members counted up to hi, or up to lo when open)."""
+def _explore(credits: list[int], num_exists: int, lo: int, hi: int | None) -> tuple:
+    """The states (existentials met, members counted up to hi, or up to lo when open) that reach
+    acceptance: (states in visit order or None when the start does not, {state: {state: [member
+    index]}} between them, accepting test)."""
     if hi is not None and hi > MAX_COUNT:
         raise NotExact(f"maxProperties {hi} beside an object-level not is past {MAX_COUNT}")
     full, cap = (1 << num_exists) - 1, lo if hi is None else hi
 
-    def step(state, credit):
-        mask, count = state
-        if hi is not None and count + 1 > hi:
-            return None
-        return (mask | credit, min(count + 1, cap))
-
-    def accepting(state):
+    def accepting(state) -> bool:
         return state[0] == full and state[1] >= lo
 
     edges: dict = {}
     order, seen = [(0, 0)], {(0, 0)}
     for state in order:
-        for key, value, credit in members:
-            nxt = step(state, credit)
-            if nxt is None:
-                continue
-            edges.setdefault(state, {}).setdefault(nxt, {}).setdefault(value, []).append(key)
+        if hi is not None and state[1] + 1 > hi:
+            continue
+        for m, credit in enumerate(credits):
+            nxt = (state[0] | credit, min(state[1] + 1, cap))
+            edges.setdefault(state, {}).setdefault(nxt, []).append(m)
             if nxt not in seen:
                 seen.add(nxt)
                 order.append(nxt)
@@ -396,17 +435,55 @@ def _render(members: list[tuple[str, str, int]], num_exists: int, lo: int, hi: i
                 live.add(s)
                 changed = True
     if (0, 0) not in live:
-        return None
+        return None, {}, accepting
+    kept = {s: {t: ms for t, ms in edges.get(s, {}).items() if t in live} for s in order if s in live}
+    return [s for s in order if s in live], kept, accepting
+
+
+def _minimised(graph: tuple, members: list[tuple[str, str]]) -> tuple[dict, set]:
+    """The live states merged where they accept the same continuations (Moore): (edges between
+    blocks as {block: {block: {value: [keys]}}}, accepting blocks); block 0 holds the start."""
+    states, edges, accepting = graph
+    moves = {s: {members[m]: t for t, ms in edges[s].items() for m in ms} for s in states}
+    block = {s: int(accepting(s)) for s in states}
+    while True:
+        signature = {s: (block[s], tuple(sorted((m, block[t]) for m, t in moves[s].items()))) for s in states}
+        ids: dict = {}
+        for s in states:  # numbered in order of first visit: the start's block is 0
+            ids.setdefault(signature[s], len(ids))
+        new = {s: ids[signature[s]] for s in states}
+        if len(ids) == len(set(block.values())):
+            break
+        block = new
+    block = new
+    out: dict = {}
+    for s in states:
+        for (key, value), t in moves[s].items():
+            keys = out.setdefault(block[s], {}).setdefault(block[t], {}).setdefault(value, [])
+            if key not in keys:
+                keys.append(key)
+    return out, {block[s] for s in states if accepting(s)}
+
+
+def _written(graph: tuple[dict, set], ws: str) -> str:
+    """The member automaton as `{...}`: each block's continuations written once per way in (the
+    graph is acyclic but for self-loops, as members only add to what is met and counted)."""
+    edges, finals = graph
     sep = f"{ws},{ws}"
-    label = {(s, t): "|".join(f"(?:{'|'.join(dict.fromkeys(keys))}){ws}:{ws}(?:{value})" for value, keys in by_value.items())
+    label = {(s, t): "|".join(f"(?:{'|'.join(keys)}){ws}:{ws}(?:{value})" for value, keys in by_value.items())
              for s, out in edges.items() for t, by_value in out.items()}
+    open_states: set = set()
     rest: dict = {}
 
     def after(s) -> str:  # what may follow once state s is reached by at least one member
+        if s in open_states:
+            raise NotExact("the minimised member automaton has a cycle")
         if s not in rest:
+            open_states.add(s)
             loop = label.get((s, s))
-            exits = [f"{sep}(?:{label[(s, t)]}){after(t)}" for t in edges.get(s, {}) if t != s and t in live]
-            exits += [""] if accepting(s) else []
+            exits = [f"{sep}(?:{label[(s, t)]}){after(t)}" for t in edges.get(s, {}) if t != s]
+            exits += [""] if s in finals else []
+            open_states.discard(s)
             head = f"(?:{sep}(?:{loop}))*" if loop else ""
             tail = exits[0] if len(exits) == 1 else "(?:" + "|".join(exits) + ")"
             rest[s] = head + tail
@@ -414,11 +491,11 @@ def _render(members: list[tuple[str, str, int]], num_exists: int, lo: int, hi: i
                 raise NotExact(f"the object's regex passes {MAX_REGEX_CHARS} characters")
         return rest[s]
 
-    firsts = [f"(?:{label[((0, 0), t)]}){after(t)}" for t in edges.get((0, 0), {}) if t in live]
+    firsts = [f"(?:{label[(0, t)]}){after(t)}" for t in edges.get(0, {})]
     if not firsts:
         return f"\\{{{ws}\\}}"
     body = "|".join(f"(?:{f})" for f in firsts)
-    if accepting((0, 0)):
+    if 0 in finals:
         return f"\\{{{ws}(?:(?:{body}){ws})?\\}}"
     return f"\\{{{ws}(?:{body}){ws}\\}}"
 

@@ -57,6 +57,7 @@ from surecall.grammars.schema.object_exists import (
     ObjectReader,
     Writer,
     exists_object_regex,
+    listed_integers,
     needs_exists,
 )
 from surecall.grammars.schema.multiple_of import (
@@ -106,6 +107,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
+_SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes on several edges: spliced past this
 _MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
@@ -1273,13 +1275,20 @@ class Converter:
         def value(schemas: list, exact: bool = False) -> str | None:
             key = json.dumps(schemas, sort_keys=True, default=str)
             if key not in values or exact:
-                before = set(self.relaxed)
-                values[key] = self.convert({"allOf": schemas} if len(schemas) != 1 else schemas[0], ptr)
-                if exact and set(self.relaxed) - before:
+                before = dict(self.relaxed)
+                values[key] = self.convert({"allOf": schemas} if len(schemas) > 1 else schemas[0] if schemas else True, ptr)
+                if set(self.relaxed) - set(before):
+                    listed = listed_integers(schemas, self.all_of_validator(schemas))
+                    if listed is not False:
+                        self.relaxed, values[key] = before, listed
+                if exact and set(self.relaxed) - set(before):
                     raise NotExact("a value an existing key must have is not enforced exactly")
             return values[key]
 
-        writer = Writer(value, lambda schemas: value(schemas, exact=True), self.ws, self.deadline)
+        def share(regex: str) -> str:  # written on several edges: one sub-automaton when splicing
+            return self.pieces.add(regex) if self.pieces is not None and len(regex) > _SHARED_VALUE_CHARS else regex
+
+        writer = Writer(value, lambda schemas: value(schemas, exact=True), self.ws, self.deadline, share)
         try:
             return exists_object_regex(schema, ObjectReader(resolve, self.ref_rest, self.ref_siblings_ignored), writer)
         except (NotExact, RegularUnsupported) as exc:
@@ -1356,6 +1365,14 @@ class Converter:
         if body is None:  # no selection fits: relaxed as before (extras may be closed by policy only)
             return f"\\{{{ws}\\}}" if is_empty_ok else False
         return f"\\{{{ws}(?:{body}{ws})?\\}}" if is_empty_ok else f"\\{{{ws}{body}{ws}\\}}"
+
+    def all_of_validator(self, schemas: list):
+        """is_valid of the allOf of `schemas` (the root's definitions beside it for its $refs)."""
+        probe: dict = {"allOf": _unmarked(schemas)}
+        for defs in ("$defs", "definitions"):
+            if isinstance(self.root, dict) and defs in self.root:
+                probe[defs] = self.root[defs]
+        return jsonschema_rs.validator_for(probe).is_valid
 
     def blocked_names(self, schema: dict, names: list[str], ptr: str) -> list[str]:
         """The declared (or required) names that fail propertyNames (one that cannot be told
