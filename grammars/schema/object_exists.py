@@ -398,7 +398,7 @@ def _members(automaton, term: Term, atoms) -> list[tuple[str, list, int, bool]]:
         for size in range(len(chosen) + 1):
             for subset in itertools.combinations(chosen, size):
                 schemas = values + [term.exists[j][1] for j in subset]
-                members.append((f'"{body}"', schemas, always | sum(1 << j for j in subset), bool(subset)))
+                members.append((f'"(?:{body})"', schemas, always | sum(1 << j for j in subset), bool(subset)))
     return members
 
 
