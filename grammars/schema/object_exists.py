@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from surecall.grammars.schema.regular import _Reader
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, _coreachable
 
+MAX_LOOKED = 64  # subschemas needs_exists looks at (it runs on every node the converter reads)
 MAX_TERMS = 32  # branches of the union one object schema reads as
 MAX_ATOMS = 48  # key classes of one term
 MAX_CREDITING = 4  # existentials with a value condition one key class may meet together (2^n members)
@@ -68,34 +69,25 @@ def _key(item) -> str:
     return json.dumps(item, sort_keys=True, default=str)
 
 
-def needs_exists(schema: object, resolve: Callable[[str], object], depth: int = 0) -> bool:
-    """Whether an object-level `not` sits in `schema` (through allOf/anyOf/$ref): the cases taken over."""
-    if not isinstance(schema, dict) or depth > 16:
-        return False
-    if isinstance(schema.get("not"), dict) and _mentions_object(schema["not"], resolve, 0):
-        return True
-    subs = [s for k in ("allOf", "anyOf") if isinstance(schema.get(k), list) for s in schema[k]]
-    if isinstance(schema.get("$ref"), str):
-        try:
-            subs.append(resolve(schema["$ref"]))
-        except Exception:  # noqa: BLE001 - the converter reports the reference
-            return False
-    return any(needs_exists(s, resolve, depth + 1) for s in subs)
-
-
-def _mentions_object(schema: object, resolve, depth: int) -> bool:
-    if not isinstance(schema, dict) or depth > 16:
-        return False
-    if any(k in schema for k in _TRIGGERS):
-        return True
-    subs = [s for k in ("allOf", "anyOf") if isinstance(schema.get(k), list) for s in schema[k]]
-    subs += [schema["not"]] if "not" in schema else []
-    if isinstance(schema.get("$ref"), str):
-        try:
-            subs.append(resolve(schema["$ref"]))
-        except Exception:  # noqa: BLE001
-            return False
-    return any(_mentions_object(s, resolve, depth + 1) for s in subs)
+def needs_exists(schema: object, resolve: Callable[[str], object]) -> bool:
+    """Whether an object-level `not` sits in `schema` (through allOf/anyOf/$ref, at most
+    MAX_LOOKED subschemas looked at): the cases taken over."""
+    todo, seen = [(schema, False)], set()
+    while todo and len(seen) < MAX_LOOKED:
+        sub, under_not = todo.pop()
+        if not isinstance(sub, dict) or (id(sub), under_not) in seen:
+            continue
+        seen.add((id(sub), under_not))
+        if under_not and any(k in sub for k in _TRIGGERS):
+            return True
+        todo += [(s, under_not) for k in ("allOf", "anyOf") if isinstance(sub.get(k), list) for s in sub[k]]
+        todo += [(sub["not"], True)] if isinstance(sub.get("not"), dict) else []
+        if isinstance(sub.get("$ref"), str):
+            try:
+                todo.append((resolve(sub["$ref"]), under_not))
+            except Exception:  # noqa: BLE001 - the converter reports the reference
+                return False
+    return False
 
 
 class ObjectReader:
