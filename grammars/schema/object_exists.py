@@ -10,7 +10,8 @@ states (existentials met, member count) and writes them as a regex with JSON whi
 may come in any order. Values are converted by the Converter. It takes over only where an
 object-level `not` is not negated by schema/conditionals.py, and answers False (the converter
 relaxes as before) past its caps or on any keyword it does not read. Duplicate keys are not told
-apart (as for the converter's extra keys): a repeated key counts as one more member.
+apart (as for the converter's extra keys): a repeated key counts as one more member. Over 400
+lines: reading the schema into terms and writing a term's automaton are one pipeline.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from surecall.grammars.schema.regular import _Reader
-from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, _coreachable
+from surecall.grammars.schema.string_automaton import (
+    RegularUnsupported,
+    StringAutomaton,
+    _coreachable,
+)
 
 MAX_LOOKED = 64  # subschemas needs_exists looks at (it runs on every node the converter reads)
 MAX_TERMS = 32  # branches of the union one object schema reads as

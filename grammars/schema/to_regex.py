@@ -52,6 +52,11 @@ from surecall.grammars.schema.conditionals import (
     kind_of,
     relaxed_reason,
 )
+from surecall.grammars.schema.multiple_of import (
+    MultipleOfUnsupported,
+    combined_multiple,
+    multiple_of_regex,
+)
 from surecall.grammars.schema.object_exists import (
     NotExact,
     ObjectReader,
@@ -59,11 +64,6 @@ from surecall.grammars.schema.object_exists import (
     exists_object_regex,
     listed_integers,
     needs_exists,
-)
-from surecall.grammars.schema.multiple_of import (
-    MultipleOfUnsupported,
-    combined_multiple,
-    multiple_of_regex,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.property_counts import (
