@@ -60,6 +60,14 @@ from surecall.grammars.schema.multiple_of import (
     combined_multiple,
     multiple_of_regex,
 )
+from surecall.grammars.schema.object_exists import (
+    NotExact,
+    ObjectReader,
+    Writer,
+    exists_object_regex,
+    listed_integers,
+    needs_exists,
+)
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
 from surecall.grammars.schema.property_counts import (
     MAX_EXTRA_REPEATS,
@@ -104,6 +112,7 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
+_SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes on several edges: spliced past this
 _MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -508,6 +517,9 @@ class Converter:
         alternatives = self.rewrite_parts(schema, ptr)
         if alternatives is not None:
             return self.convert_alternatives(schema, alternatives, ptr)
+        exists = self.exists_object(schema, ptr)
+        if exists is not False:
+            return exists
         if "allOf" in schema:
             return self.convert_all_of(schema, ptr)
         for key in ("anyOf", "oneOf"):
@@ -1387,6 +1399,41 @@ class Converter:
         return array_regex(items, rest, low, high, self.ws)
 
     # -- objects -------------------------------------------------------------------------
+    def exists_object(self, schema: dict, ptr: str) -> str | None | bool:
+        """An object whose `not` asks for keys to exist, written exactly (schema/object_exists.py);
+        False when it is not one or is not written there (then converted, and relaxed, as before)."""
+        def resolve(ref: str) -> object:
+            return self.resolve(ref, ptr)[0]
+
+        if not needs_exists(schema, resolve):
+            return False
+        saved = dict(self.relaxed), dict(self.narrowed)
+        values: dict[str, str | None] = {}
+
+        def value(schemas: list, exact: bool = False) -> str | None:
+            key = json.dumps(schemas, sort_keys=True, default=str)
+            if key not in values or exact:
+                before = dict(self.relaxed)
+                values[key] = self.convert({"allOf": schemas} if len(schemas) > 1 else schemas[0] if schemas else True, ptr)
+                if set(self.relaxed) - set(before):
+                    listed = listed_integers(schemas, self.all_of_validator(schemas))
+                    if listed is not False:
+                        self.relaxed, values[key] = before, listed
+                if exact and set(self.relaxed) - set(before):
+                    raise NotExact("a value an existing key must have is not enforced exactly")
+            return values[key]
+
+        def share(regex: str) -> str:  # written on several edges: one sub-automaton when splicing
+            return self.pieces.add(regex) if self.pieces is not None and len(regex) > _SHARED_VALUE_CHARS else regex
+
+        writer = Writer(value, lambda schemas: value(schemas, exact=True), self.ws, self.deadline, share)
+        try:
+            return exists_object_regex(schema, ObjectReader(resolve, self.ref_rest, self.ref_siblings_ignored), writer)
+        except (NotExact, RegularUnsupported) as exc:
+            self.relaxed, self.narrowed = saved
+            self.exists_failures = getattr(self, "exists_failures", []) + [(ptr, str(exc))]
+            return False
+
     def convert_object(self, schema: dict, ptr: str) -> str | None:
         for key in _RELAXED_OBJECT:
             if key in schema and key != "propertyNames":  # propertyNames: extra_key, blocked_names
@@ -1456,6 +1503,14 @@ class Converter:
         if body is None:  # no selection fits: relaxed as before (extras may be closed by policy only)
             return f"\\{{{ws}\\}}" if is_empty_ok else False
         return f"\\{{{ws}(?:{body}{ws})?\\}}" if is_empty_ok else f"\\{{{ws}{body}{ws}\\}}"
+
+    def all_of_validator(self, schemas: list):
+        """is_valid of the allOf of `schemas` (the root's definitions beside it for its $refs)."""
+        probe: dict = {"allOf": _unmarked(schemas)}
+        for defs in ("$defs", "definitions"):
+            if isinstance(self.root, dict) and defs in self.root:
+                probe[defs] = self.root[defs]
+        return jsonschema_rs.validator_for(probe).is_valid
 
     def blocked_names(self, schema: dict, names: list[str], ptr: str) -> list[str]:
         """The declared (or required) names that fail propertyNames (one that cannot be told
