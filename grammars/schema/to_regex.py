@@ -114,9 +114,9 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 _MAX_MULTIPLE_CHARS = 16_000
 _SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes on several edges: spliced past this
 _MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
-# Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
+# Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
 _FROM = "$surecall:from"
@@ -858,7 +858,7 @@ class Converter:
     def disjoint(self, branches: list) -> bool:
         """True when nothing the grammar emits for one branch satisfies another branch.
 
-        Sufficient tests, per ordered pair (schema/disjoint.py lists them): a branch of literals
+        Sufficient tests, per ordered pair (the range test is schema/disjoint.py): a branch of literals
         none of whose values validates against the other branch; then, per type both branches
         admit: number ranges that do not meet; objects where one never writes a name the other
         requires (or forbids one the other always writes), or a name both write with values
