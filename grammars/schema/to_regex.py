@@ -827,6 +827,8 @@ class Converter:
             out[_CONTAINS_ALSO] = [*out.get(_CONTAINS_ALSO, []), _at(value, pointer_join(ptr, "contains"))]
         elif key == _CONTAINS_ALSO:
             out[key] = [*old, *value]
+        elif key == "format" and (old not in FORMAT_NAMES or value not in FORMAT_NAMES):
+            out[key] = old if old in FORMAT_NAMES else value  # an undefined format is an annotation: the other holds
         elif key in ("pattern", "format", "multipleOf", *_RELAXED_ANY, *_RELAXED_OBJECT, *_RELAXED_ARRAY):
             self.relax(ptr, key)  # the first one is kept (and enforced where it can be)
         elif key in _ASSERTING:

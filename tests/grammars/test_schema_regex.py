@@ -269,6 +269,10 @@ def test_a_format_no_draft_defines_is_an_annotation():
     assert relaxed(schema) == []
     assert jsonschema_rs.validator_for(schema, validate_formats=True).is_valid("")
     assert accepts(schema, '""') and accepts(schema, '" x"')
+    beside = {"allOf": [{"type": "string", "format": "non-blank"}, {"format": "ipv4"}]}  # merged: ipv4 holds
+    assert relaxed(beside) == [] and accepts(beside, '"10.0.0.1"') and not accepts(beside, '"x"')
+    two = {"allOf": [{"type": "string", "format": "ipv4"}, {"format": "email"}]}  # two defined formats: listed
+    assert relaxed(two) == [("/allOf/1", "format")]
 
 
 # --- objects and arrays ----------------------------------------------------------------------
