@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from surecall.grammars.schema.conditionals import NOT_IN, kind_of, tagged, type_complement
+from surecall.grammars.schema.conditionals import NOT_IN, _join, kind_of, tagged, type_complement
+from surecall.grammars.schema.unique_items import canonical_json
 
 Mark = Callable[[object, str], object]
 _AT = "$surecall:at"
@@ -99,12 +100,7 @@ def discriminated_union(group: list[Case], mark: Mark) -> dict:
 
 def same_value(a: object, b: object) -> bool:
     """JSON equality of two scalars as the validator reads it (1 == 1.0; true != 1)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    numbers = (int, float)
-    if isinstance(a, numbers) or isinstance(b, numbers):
-        return isinstance(a, numbers) and isinstance(b, numbers) and a == b
-    return type(a) is type(b) and a == b
+    return canonical_json(a) == canonical_json(b)
 
 
 def _case(sub: object, ptr: str, index: int) -> Case | None:
@@ -148,7 +144,3 @@ def _values(prop: object) -> tuple | None:
 
 def _part_ptr(sub: object, ptr: str, index: int) -> str:
     return sub.get(_AT, _join(ptr, "allOf", index)) if isinstance(sub, dict) else _join(ptr, "allOf", index)
-
-
-def _join(ptr: str, *parts: object) -> str:
-    return ptr + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)

@@ -9,19 +9,15 @@ the old path and, past the branch limit, relaxed with its reason.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 
 import jsonschema
-import numpy as np
 import pytest
+from helpers.grammar_checks import broken_walks, byte_vocab, disagreements
 
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.schema.discriminators import discriminator_groups, same_value
-from surecall.grammars.schema.render import grammar_dumps
 from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
-from surecall.grammars.vocab import Vocab
-from surecall.grammars.walk import decode, random_walk, schema_violations
 
 _ABSENT = object()
 OBJECT_FORM = {
@@ -45,21 +41,9 @@ ANY_TYPE_VALUES = [1, 5, 2.5, "abc", "a", None, True, [], {}, {"k": 1}, {"k": 2}
                    {"k": 1, "v": "s"}, {"k": 1, "v": 1}, {"k": 2, "v": "s"}, {"k": 2, "v": 1}, {"k": 3, "v": 1}]
 
 
-def byte_vocab() -> Vocab:
-    pieces = [bytes([b]) for b in range(256)] + [b""]
-    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({256}), stop_ids=(256,),
-                 logits_width=len(pieces), format="test", name="discriminator-bytes")
-
-
 def objects(pools: dict) -> list[dict]:
     names = list(pools)
     return [{n: v for n, v in zip(names, combo) if v is not _ABSENT} for combo in itertools.product(*pools.values())]
-
-
-def disagreements(schema: dict, values: list) -> list:
-    regex = re.compile(expand_marks(schema_to_regex(schema).regex))
-    validator = jsonschema.Draft202012Validator(schema)
-    return [v for v in values if (regex.fullmatch(grammar_dumps(v, schema)) is not None) != validator.is_valid(v)]
 
 
 @pytest.fixture(autouse=True)
@@ -84,12 +68,10 @@ def test_the_absent_key_takes_the_thens_of_ifs_without_required():
 
 
 def test_walks_of_the_compiled_union_validate():
-    vocab, rng = byte_vocab(), np.random.default_rng(0)
+    vocab = byte_vocab("discriminator-bytes")
     table = compile_schema(OBJECT_FORM, vocab, use_cache=False)
     assert table.relaxed == []
-    for i in range(20):
-        text = decode(vocab, random_walk(table, vocab, rng, max_tokens=None if i % 2 else 200)).decode()
-        assert schema_violations(OBJECT_FORM, json.loads(text), table.relaxed) == ([], []), text
+    assert broken_walks(OBJECT_FORM, table, vocab, 20, short_budget=200) == []
 
 
 def test_groups_need_two_parts_on_one_key_and_thens_without_refs():

@@ -7,18 +7,13 @@ compiled table validate. Past MAX_CONTAINS, or with minContains, `contains` stay
 
 from __future__ import annotations
 
-import json
-import re
-
 import jsonschema
 import numpy as np
 import pytest
+from helpers.grammar_checks import broken_walks, byte_vocab, disagreements
 
 from surecall.grammars.compile import compile_schema
-from surecall.grammars.schema.render import grammar_dumps
-from surecall.grammars.schema.to_regex import expand_marks, ordered_partitions, schema_to_regex
-from surecall.grammars.vocab import Vocab
-from surecall.grammars.walk import decode, random_walk, schema_violations
+from surecall.grammars.schema.to_regex import ordered_partitions, schema_to_regex
 
 TWO = {"type": "array", "items": {"type": ["integer", "string"]},
        "allOf": [{"contains": {"type": "integer", "minimum": 5}}, {"contains": {"type": "integer", "maximum": 6}}]}
@@ -30,20 +25,8 @@ THREE = {"type": "array", "allOf": [
 POOL = [0, 1, 2, 3, 5, 6, 7, 9, "a", "b"]
 
 
-def byte_vocab() -> Vocab:
-    pieces = [bytes([b]) for b in range(256)] + [b""]
-    return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({256}), stop_ids=(256,),
-                 logits_width=len(pieces), format="test", name="contains-bytes")
-
-
 def random_lists(rng: np.random.Generator, count: int, max_len: int = 5) -> list[list]:
     return [[POOL[int(i)] for i in rng.integers(0, len(POOL), int(rng.integers(0, max_len + 1)))] for _ in range(count)]
-
-
-def disagreements(schema: dict, values: list) -> list:
-    regex = re.compile(expand_marks(schema_to_regex(schema).regex))
-    validator = jsonschema.Draft202012Validator(schema)
-    return [v for v in values if (regex.fullmatch(grammar_dumps(v, schema)) is not None) != validator.is_valid(v)]
 
 
 @pytest.fixture(autouse=True)
@@ -70,12 +53,10 @@ def test_three_contains_on_the_inner_arrays():
 
 
 def test_walks_of_two_contains_validate():
-    vocab, rng = byte_vocab(), np.random.default_rng(0)
+    vocab = byte_vocab("contains-bytes")
     table = compile_schema(TWO, vocab, use_cache=False)
     assert table.relaxed == []
-    for i in range(20):
-        text = decode(vocab, random_walk(table, vocab, rng, max_tokens=None if i % 2 else 120)).decode()
-        assert schema_violations(TWO, json.loads(text), table.relaxed) == ([], []), text
+    assert broken_walks(TWO, table, vocab, 20, short_budget=120) == []
 
 
 def test_more_contains_or_contains_counts_stay_relaxed():
