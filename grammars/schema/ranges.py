@@ -2,10 +2,12 @@
 
 `integer_range_regex(low, high)` returns a regex matching exactly the canonical JSON spellings
 (no leading zeros, no "-0", no fraction or exponent) of the integers in the range, or None when
-the range is empty. It does not handle non-integer bounds (callers round them first).
+the range is empty; `number_range_regex` does the same for numbers between decimal bounds.
 """
 
 from __future__ import annotations
+
+from decimal import Decimal
 
 # Adapted from the classic "regex for a numeric range" construction (split by digit count, then
 # by common prefix), e.g. https://github.com/dimka665/range-regex
@@ -89,16 +91,19 @@ _FRACTION_ZERO = r"(?:\.0+)?"
 _FRACTION_NONZERO = r"\.[0-9]*[1-9][0-9]*"
 
 
-def number_range_regex(low: int | None, high: int | None, is_low_exclusive: bool = False,
+def number_range_regex(low: Decimal | int | None, high: Decimal | int | None, is_low_exclusive: bool = False,
                        is_high_exclusive: bool = False) -> str | None:
     """Regex for JSON numbers x (no exponent, no "-0") with low <= x <= high (or <, per flags).
 
-    Bounds are integers (callers relax fractional bounds); None = unbounded on that side.
+    Bounds are finite decimals (ints, or Decimals such as Decimal("0.25")); None = unbounded
+    on that side.
     """
+    low = None if low is None else Decimal(low)
+    high = None if high is None else Decimal(high)
     parts = []
     if low is None or low < 0:  # x = -m with m > 0
         if high is None or high >= 0:
-            m_low, m_low_excl = 0, True
+            m_low, m_low_excl = Decimal(0), True
         else:
             m_low, m_low_excl = -high, is_high_exclusive
         m_high = None if low is None else -low
@@ -107,7 +112,7 @@ def number_range_regex(low: int | None, high: int | None, is_low_exclusive: bool
             parts.append("-" + _group(negative))
     if high is None or high >= 0:
         if low is None or low < 0:
-            a, a_excl = 0, False
+            a, a_excl = Decimal(0), False
         else:
             a, a_excl = low, is_low_exclusive
         non_negative = _magnitude(a, a_excl, high, is_high_exclusive)
@@ -118,16 +123,78 @@ def number_range_regex(low: int | None, high: int | None, is_low_exclusive: bool
     return parts[0] if len(parts) == 1 else "|".join(_group(p) for p in parts)
 
 
-def _magnitude(a: int, a_excl: bool, b: int | None, b_excl: bool) -> str | None:
-    """Non-negative decimals m (integer part + fraction) with a <= m <= b (or <, per flags)."""
-    if b is not None and b < a:
+def fraction_digits(value: Decimal) -> int:
+    """How many digits a finite decimal has after its point (0 for an integer)."""
+    exponent = value.normalize().as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def _split(value: Decimal) -> tuple[int, str]:
+    """(integer part, fraction digits without trailing zeros) of a non-negative decimal."""
+    whole = int(value)
+    digits = fraction_digits(value)
+    frac = "" if digits == 0 else str(int((value - whole).scaleb(digits))).rjust(digits, "0").rstrip("0")
+    return whole, frac
+
+
+def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> str | None:
+    """Non-negative decimals m (integer part + fraction) with a <= m <= b (or <, per flags):
+    split by integer part, the bounds' own integer parts taking fractions compared digit by digit."""
+    if b is not None and (b < a or (b == a and (a_excl or b_excl))):
         return None
-    if b is not None and b == a:
-        return None if (a_excl or b_excl) else f"{a}{_FRACTION_ZERO}"
-    parts = [f"{a}{_FRACTION_NONZERO if a_excl else _FRACTION_ANY}"]
-    middle = integer_range_regex(a + 1, None if b is None else b - 1)
+    (a_int, a_frac), (b_int, b_frac) = _split(a), (None, "") if b is None else _split(b)
+    if b_int == a_int:  # one integer part: fractions between the two
+        fraction = _fraction_between(a_frac, a_excl, b_frac, b_excl)
+        bare = not a_frac and not a_excl  # m = a itself, written without a fraction
+        return _with_fraction(str(a_int), fraction, bare)
+    parts = [_with_fraction(str(a_int), _fraction_between(a_frac, a_excl, None, False), not a_frac and not a_excl)]
+    middle = integer_range_regex(a_int + 1, None if b_int is None else b_int - 1)
     if middle is not None:
         parts.append(_group(middle) + _FRACTION_ANY)
-    if b is not None and not b_excl:
-        parts.append(f"{b}{_FRACTION_ZERO}")
-    return "|".join(_group(p) for p in parts)
+    if b_int is not None:
+        parts.append(_with_fraction(str(b_int), _fraction_between("", False, b_frac, b_excl), bool(b_frac) or not b_excl))
+    return "|".join(_group(p) for p in parts if p is not None) or None
+
+
+def _with_fraction(integer: str, fraction: str | None, bare: bool) -> str | None:
+    """`integer`, then `.` and a fraction of `fraction`'s digits (None: none), or nothing if `bare`."""
+    if fraction is None:
+        return integer if bare else None
+    return f"{integer}(?:\\.(?:{fraction}))" + ("?" if bare else "")
+
+
+def _fraction_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
+    """Regex for the non-empty digit strings d with 0.lo <= 0.d <= 0.hi (< per flags; hi None:
+    no upper bound below 1); lo and hi carry no trailing zeros. None: there are none."""
+    return _digits_between(lo, lo_excl, hi, hi_excl, allow_empty=False)
+
+
+def _digits_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, allow_empty: bool) -> str | None:
+    """Digit strings d (empty too when `allow_empty`) with 0.lo <= 0.d <= 0.hi, as in _fraction_between."""
+    if not lo and hi is None:  # every string, or (exclusive of 0) those with a non-zero digit
+        if lo_excl:
+            return "[0-9]*[1-9][0-9]*"
+        return "[0-9]*" if allow_empty else "[0-9]+"
+    if not lo and hi == "":  # exactly 0
+        return None if lo_excl or hi_excl else ("0*" if allow_empty else "0+")
+    branches = []
+    if allow_empty and not lo and not lo_excl:  # d empty is 0, below any hi > 0
+        branches.append("")
+    lo_first = int(lo[0]) if lo else 0
+    hi_first = 9 if hi is None else int(hi[0])
+    inner_lo, inner_hi = lo_first + 1, hi_first - (0 if hi is None else 1)
+    if inner_lo <= inner_hi:  # strictly between the bounds' first digits: anything after
+        branches.append(f"{_digit_class(str(inner_lo), str(inner_hi))}[0-9]*")
+    if hi is not None and lo_first == hi_first:
+        rest = _digits_between(lo[1:], lo_excl, hi[1:], hi_excl, allow_empty=True)
+        if rest is not None:
+            branches.append(f"{lo_first}(?:{rest})")
+        return "|".join(f"(?:{b})" for b in branches) if branches else None
+    rest = _digits_between(lo[1:], lo_excl, None, False, allow_empty=True)
+    if rest is not None:
+        branches.append(f"{lo_first}(?:{rest})")
+    if hi is not None:
+        rest = _digits_between("", False, hi[1:], hi_excl, allow_empty=True)
+        if rest is not None:
+            branches.append(f"{hi_first}(?:{rest})")
+    return "|".join(f"(?:{b})" for b in branches) if branches else None

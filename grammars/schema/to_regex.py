@@ -34,7 +34,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from decimal import Decimal
 
 import jsonschema_rs
 
@@ -69,6 +69,7 @@ from surecall.grammars.schema.object_exists import (
     needs_exists,
 )
 from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
+from surecall.grammars.schema.pattern_keys import KeysNotWritten, key_atoms, string_not_in
 from surecall.grammars.schema.property_counts import (
     MAX_EXTRA_REPEATS,
     MAX_OPTIONAL,
@@ -77,9 +78,10 @@ from surecall.grammars.schema.property_counts import (
     bounded_members,
     extra_keys,
 )
-from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
+from surecall.grammars.schema.ranges import fraction_digits, integer_range_regex, number_range_regex
 from surecall.grammars.schema.regular import (
     RegularUnsupported,
+    _Reader,
     may_be_scalar_algebra,
     number_regex,
     string_body,
@@ -1244,8 +1246,9 @@ class Converter:
         return integer_range_regex(low, high)
 
     def convert_number(self, schema: dict, ptr: str) -> str | None:
-        """Integral bounds are enforced (numbers then carry no exponent and stay within
-        +-lex.LARGEST_INTEGER); others, and integral ones entirely beyond that, are relaxed."""
+        """Bounds that are finite decimals of at most MAX_BOUND_FRACTION_DIGITS fraction digits
+        are enforced (numbers then carry no exponent and stay within +-lex.LARGEST_INTEGER);
+        others, and ones entirely beyond that, are relaxed."""
         if "multipleOf" in schema:
             multiples = self.multiples(schema, ptr, is_integer=False)
             if multiples is not False:
@@ -1254,7 +1257,7 @@ class Converter:
                   if k in schema and not isinstance(schema[k], bool)]
         if not bounds:
             return lex.NUMBER
-        if all(_is_integral(schema[k]) for k in bounds):
+        if all(_short_decimal(schema[k]) for k in bounds):
             (low, low_excl), (high, high_excl) = _number_bounds(schema)
             if low is None or low < -lex.LARGEST_INTEGER:
                 low, low_excl = -lex.LARGEST_INTEGER, False
@@ -1464,9 +1467,10 @@ class Converter:
                 continue
             key = '"' + lex.escape_literal(name) + '"'
             members.append((f"{key}{self.ws}:{self.ws}{_group(value)}", name in required))
-        repeated = self.pattern_members(schema, list(props), ptr)
-        if not schema.get("patternProperties"):  # an extra key must not match a pattern: kept closed
-            repeated.append(self.extra_member(schema, extra_schema, list(props), ptr))
+        if schema.get("patternProperties"):
+            repeated = self.pattern_members(schema, list(props), extra_schema, ptr)
+        else:
+            repeated = [self.extra_member(schema, extra_schema, list(props), ptr)]
         extra = _alternation(repeated)
         extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
@@ -1577,22 +1581,65 @@ class Converter:
             return None
         return f"{_group(key)}{self.ws}:{self.ws}{_group(value)}"
 
-    def pattern_members(self, schema: dict, declared: list[str], ptr: str) -> list[str]:
-        """One member regex per patternProperties pattern whose keys the grammar can write exactly.
+    def pattern_members(self, schema: dict, declared: list[str], extra_schema: object, ptr: str) -> list[str]:
+        """The undeclared members of an object with patternProperties: a key takes the schema of
+        every pattern that finds it, a key no pattern finds takes additionalProperties (written
+        where it is explicit, or objects are open by option; else such keys are closed by policy).
 
-        A pattern is used when its translation writes only matching keys (bounds above
-        max_bounded_length lowered to it) and no declared name matches it (a pattern key could
-        then repeat a declared one), and not at all beside `propertyNames`. A key matching two
-        patterns must satisfy both schemas, which separate members do not enforce: with more than
-        one pattern, or any left out, `patternProperties` is listed as relaxed (left-out ones
-        are stricter).
+        One pattern whose translation writes only matching keys (bounds above max_bounded_length
+        lowered to it) and finds no declared name is one member. Otherwise the keys are split
+        into atoms by the patterns they match (schema/pattern_keys.py), each atom's value the
+        allOf of its patterns' schemas; where that split is past its caps, the exactly
+        translated patterns that find no declared name are members and patternProperties is
+        listed as relaxed (the others are left out: stricter). Beside `propertyNames` (read as a
+        string expression) every undeclared key meets it too.
         """
         patterns = schema.get("patternProperties") or {}
+        names = None  # propertyNames as a string expression (schema/regular.py): every key meets it
+        if "propertyNames" in schema:
+            try:
+                names = _Reader(lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored).expr(
+                    _unmarked(schema["propertyNames"]))
+            except RegularUnsupported:
+                self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside a "
+                           "propertyNames that is not a string schema of pattern/length/enum")
+                return []
+        with_rest = extra_schema is not False and (
+            "additionalProperties" in schema or self.options.allow_additional_properties)
+        if len(patterns) == 1 and not with_rest and names is None:
+            (pattern, sub), = patterns.items()
+            body = self.pattern_key_body(pattern, declared)
+            if body is not None:
+                value = self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
+                return [] if value is None else [f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}']
+        try:
+            split = key_atoms(tuple(patterns), tuple(declared), with_rest, self.deadline, names)
+        except KeysNotWritten:
+            if names is not None:
+                self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside propertyNames "
+                           "(the keys do not split within the caps)")
+                return []
+            return self.pattern_members_relaxed(patterns, declared, ptr)
+        if not split.is_exact:
+            self.narrowed[(ptr, "patternProperties")] = ("keys a pattern may or may not match (an approximate "
+                                                          "translation, or `$` before a final newline) are not written")
+        names = list(patterns)
+        members = []
+        for atom in split.atoms:
+            if atom.patterns:
+                subs = [_at(patterns[names[i]], pointer_join(ptr, "patternProperties", names[i]))
+                        for i in sorted(atom.patterns)]
+                value = self.convert(subs[0] if len(subs) == 1 else {"allOf": subs}, ptr)
+            else:
+                value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
+            if value is not None:
+                members.append(f"{atom.key}{self.ws}:{self.ws}{_group(value)}")
+        return members
+
+    def pattern_members_relaxed(self, patterns: dict, declared: list[str], ptr: str) -> list[str]:
+        """One member per pattern whose keys the grammar writes exactly and that finds no declared
+        name; patternProperties listed as relaxed (keys matching two patterns, left-out ones)."""
         members: list[str] = []
-        if "propertyNames" in schema:  # pattern keys would have to meet it too: left out
-            if patterns:
-                self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside propertyNames")
-            return members
         for pattern, sub in patterns.items():
             body = self.pattern_key_body(pattern, declared)
             value = None if body is None else self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
@@ -1768,37 +1815,9 @@ def _finds_every_string(pattern: str) -> bool:
     return "$" not in pattern and re.match(pattern, "") is not None
 
 
-_PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
-
-
 def _string_not_in(names: list[str]) -> str:
     """String body (no escapes) whose value is none of `names`: a complement over their trie."""
-    return _string_not_in_cached(tuple(names))
-
-
-@lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
-def _string_not_in_cached(names: tuple[str, ...]) -> str:
-    if not names:
-        return f"{lex.STRING_BODY_CLASS}*"
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-    return _trie_complement(trie)
-
-
-def _trie_complement(node: dict) -> str:
-    children = [c for c in node if c]
-    branches = [] if "" in node else [""]  # stop here unless a name ends here
-    others = lex.subtract(_PLAIN_CHARS, [(ord(c), ord(c)) for c in children])
-    other_char = lex.char_set_regex(others)
-    if other_char is not None:
-        branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
-    for ch in children:
-        branches.append(lex.escape_literal(ch) + _group(_trie_complement(node[ch])))
-    return _group("|".join(_group(b) if b else "" for b in branches))
+    return string_not_in(tuple(names))
 
 
 def _array_items(schema: dict, ptr: str) -> tuple[list, object, str]:
@@ -1852,24 +1871,40 @@ def _is_integral(value: object) -> bool:
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
-def _number_bounds(schema: dict) -> tuple[tuple[int | None, bool], tuple[int | None, bool]]:
-    """((low, is_exclusive), (high, is_exclusive)) across drafts (draft 4 boolean exclusives)."""
+# Fraction digits a number bound may carry to be written (0.0167 has 4); a longer one is relaxed.
+MAX_BOUND_FRACTION_DIGITS = 12
+
+
+def _short_decimal(value: object) -> bool:
+    """Whether a bound is a finite number of at most MAX_BOUND_FRACTION_DIGITS fraction digits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and fraction_digits(_decimal(value)) <= MAX_BOUND_FRACTION_DIGITS
+
+
+def _decimal(value: int | float) -> Decimal:
+    """A bound as the decimal it is written as (a float by its shortest repr: 0.1 is 0.1)."""
+    return Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+
+
+def _number_bounds(schema: dict) -> tuple[tuple[Decimal | None, bool], tuple[Decimal | None, bool]]:
+    """((low, is_exclusive), (high, is_exclusive)) across drafts (draft 4 boolean exclusives), as decimals."""
     low = high = None
     low_excl = high_excl = False
     if "minimum" in schema:
-        low, low_excl = int(schema["minimum"]), schema.get("exclusiveMinimum") is True
+        low, low_excl = _decimal(schema["minimum"]), schema.get("exclusiveMinimum") is True
     if "maximum" in schema:
-        high, high_excl = int(schema["maximum"]), schema.get("exclusiveMaximum") is True
+        high, high_excl = _decimal(schema["maximum"]), schema.get("exclusiveMaximum") is True
     ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if ex_low is not None and not isinstance(ex_low, bool) and (low is None or ex_low >= low):
-        low, low_excl = int(ex_low), True
-    if ex_high is not None and not isinstance(ex_high, bool) and (high is None or ex_high <= high):
-        high, high_excl = int(ex_high), True
+    if ex_low is not None and not isinstance(ex_low, bool) and (low is None or _decimal(ex_low) >= low):
+        low, low_excl = _decimal(ex_low), True
+    if ex_high is not None and not isinstance(ex_high, bool) and (high is None or _decimal(ex_high) <= high):
+        high, high_excl = _decimal(ex_high), True
     return (low, low_excl), (high, high_excl)
 
 
 def _number_bounds_overlap(schema: dict) -> bool:
-    """Whether the schema's own integral bounds leave any number (before the clamp to LARGEST_INTEGER)."""
+    """Whether the schema's own bounds leave any number (before the clamp to LARGEST_INTEGER)."""
     (low, low_excl), (high, high_excl) = _number_bounds(schema)
     return low is None or high is None or low < high or (low == high and not (low_excl or high_excl))
 

@@ -8,6 +8,7 @@ produce documents that validate against the original schema (the `jsonschema` pa
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import deque
 
@@ -143,12 +144,59 @@ def test_pattern_properties_with_closed_additional_properties():
     assert_walks_validate(schema, dfa)
 
 
-def test_pattern_properties_left_to_the_validator_are_listed():
-    two = {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "string"}},
+def test_pattern_properties_split_keys_by_the_patterns_they_match():
+    two = {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 0}},
            "additionalProperties": False}
-    assert ("", "patternProperties") in schema_to_regex(two).relaxed  # a key may match both
-    clash = {"type": "object", "properties": {"ab": {}}, "patternProperties": {"^a": {}}}
-    assert ("", "patternProperties") in schema_to_regex(clash).relaxed  # "ab" would repeat
+    result = schema_to_regex(two)
+    assert result.relaxed == []  # a key matching both takes both schemas
+    dfa = regex_to_dfa(result.regex)
+    for text, ok in [(b'{"a": -1}', True), (b'{"ab": 2}', True), (b'{"ab": -2}', False), (b'{"b": -1}', False),
+                     (b'{"xb": 3, "a": 1}', True), (b'{"x": 1}', False), (b'{"ax": "s"}', False)]:
+        assert dfa.matches(text) is ok, text
+    assert_walks_validate(two, dfa)
+    clash = {"type": "object", "properties": {"ab": {"type": "string"}}, "patternProperties": {"^a": {}}}
+    dfa = dfa_of(clash)
+    assert schema_to_regex(clash).relaxed == []
+    assert dfa.matches(b'{"ab": "s", "ax": 2}') and not dfa.matches(b'{"ab": "s", "ab": 2}')
+    assert_walks_validate(clash, dfa)
+
+
+def test_pattern_properties_beside_explicit_additional_properties():
+    rng = random.Random(0)  # 40 random names: their complement has no short state-eliminated regex
+    names = sorted({"".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(40)})
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in names},
+              "patternProperties": {"^x-": {"type": "boolean"}}, "additionalProperties": {"type": "string"}}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    dfa = regex_to_dfa(result.regex)
+    for text, ok in [(f'{{"{names[0]}": 1, "x-a": true, "y": "s"}}', True), ('{"x-a": "s"}', False),
+                     ('{"y": true}', False), (f'{{"{names[0]}": 1, "{names[0]}": "s"}}', False),
+                     (f'{{"{names[0]}x": "s"}}', True)]:
+        assert dfa.matches(text.encode()) is ok, text
+
+
+def test_pattern_properties_with_a_leading_negative_lookahead():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "patternProperties": {"^(?!name|style).+$": {"type": "integer"}}, "additionalProperties": False}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    dfa = regex_to_dfa(result.regex)
+    for text, ok in [(b'{"name": "n", "a": 1}', True), (b'{"styles": 1}', False), (b'{"nam": 1}', True),
+                     (b'{"a": "s"}', False), (b'{"": 1}', False)]:
+        assert dfa.matches(text) is ok, text
+    assert_walks_validate(schema, dfa)
+
+
+def test_pattern_properties_beside_property_names():
+    schema = {"type": "object", "propertyNames": {"maxLength": 3}, "patternProperties": {"^a": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    dfa = regex_to_dfa(result.regex)
+    for text, ok in [(b'{"ab": 1, "b": "s"}', True), (b'{"abcd": 1}', False), (b'{"bcde": "s"}', False),
+                     (b'{"ab": "s"}', False)]:
+        assert dfa.matches(text) is ok, text
+    assert_walks_validate(schema, dfa)
 
 
 # --- literals and formats ---------------------------------------------------------------------

@@ -121,10 +121,11 @@ def test_integer_range_regex_against_brute_force():
         assert not compiled.fullmatch("-0") and not compiled.fullmatch("007")
 
 
-def test_fractional_number_bounds_and_long_multiple_of_are_relaxed_and_listed():
-    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5},
+def test_long_bounds_and_long_multiple_of_are_relaxed_and_listed():
+    schema = {"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5, "maximum": 2.0000000000001},
                                                "y": {"type": "integer", "multipleOf": 11}}, "required": ["x"]}
-    assert set(relaxed(schema)) == {("/properties/x", "minimum"), ("/properties/y", "multipleOf")}
+    assert set(relaxed(schema)) == {("/properties/x", "minimum"), ("/properties/x", "maximum"),
+                                    ("/properties/y", "multipleOf")}
 
 
 def test_integral_number_bounds_are_enforced():
@@ -151,6 +152,43 @@ def test_number_range_regex_against_decimal_comparison():
                 high is None or (value < high if high_excl else value <= high))
             expected = expected and not (text.startswith("-0") and value == 0)
             assert bool(regex and re.fullmatch(regex, text)) == expected, (low, high, text, regex)
+
+
+def test_number_range_regex_with_decimal_bounds():
+    rng = random.Random(11)
+
+    def decimal_text() -> str:
+        frac = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 4)))
+        return f"{rng.randint(-30, 30)}" + (f".{frac}" if frac else "")
+
+    for _ in range(600):
+        low, high = [None if rng.random() < 0.2 else Decimal(decimal_text()) for _ in range(2)]
+        low_excl, high_excl = rng.random() < 0.5, rng.random() < 0.5
+        regex = number_range_regex(low, high, low_excl, high_excl)
+        texts = [decimal_text() for _ in range(20)] + [str(b) for b in (low, high) if b is not None]
+        for text in texts:
+            value = Decimal(text)
+            if text.startswith("-0") and value == 0:
+                continue
+            expected = (low is None or (value > low if low_excl else value >= low)) and (
+                high is None or (value < high if high_excl else value <= high))
+            assert bool(regex and re.fullmatch(regex, text)) == expected, (low, high, low_excl, high_excl, text)
+
+
+def test_fractional_number_bounds_are_enforced():
+    cpus = {"type": "number", "minimum": 0.1}
+    assert relaxed(cpus) == []
+    assert accepts(cpus, "0.1") and accepts(cpus, "0.10") and accepts(cpus, "12") and accepts(cpus, "0.15")
+    assert not accepts(cpus, "0.05") and not accepts(cpus, "0") and not accepts(cpus, "-1")
+    latitude = {"type": "number", "minimum": 78.55, "maximum": 79.3333}
+    assert relaxed(latitude) == []
+    assert accepts(latitude, "78.55") and accepts(latitude, "79") and accepts(latitude, "79.3333")
+    assert not accepts(latitude, "78.549") and not accepts(latitude, "79.33331") and not accepts(latitude, "80")
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": 0.5,
+              "exclusiveMaximum": True}
+    assert accepts(draft4, "0.4999") and not accepts(draft4, "0.5") and relaxed(draft4) == []
+    tiny = {"type": "number", "minimum": 1e-20}  # past MAX_BOUND_FRACTION_DIGITS: left to the validator
+    assert relaxed(tiny) == [("", "minimum")]
 
 
 # --- strings ---------------------------------------------------------------------------------
@@ -293,15 +331,19 @@ def test_required_property_matched_by_pattern_properties():
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "additionalProperties": False,
               "patternProperties": {"^line[1-3]$": {"type": "string"}}, "required": ["city", "line1"]}
     assert accepts(schema, '{"city": "a", "line1": "b"}') and not accepts(schema, '{"city": "a", "line1": 3}')
-    assert relaxed(schema) == [("", "patternProperties")]
+    # the pattern's other keys follow the declared ones; line1 (declared by required) never repeats
+    assert accepts(schema, '{"city": "a", "line1": "b", "line2": "c"}')
+    assert not accepts(schema, '{"city": "a", "line1": "b", "line1": "c"}')
+    assert not accepts(schema, '{"city": "a", "line1": "b", "line4": "c"}')
+    assert relaxed(schema) == []
 
 
 def test_object_relaxed_keywords_carry_pointers():
     schema = {"type": "object", "properties": {"o": {
         "type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 3},
         "minProperties": 2, "unevaluatedProperties": False}}}
-    assert set(relaxed(schema)) == {("/properties/o", k) for k in  # propertyNames: no undeclared key is written
-                                    ("patternProperties", "minProperties", "unevaluatedProperties")}
+    assert set(relaxed(schema)) == {("/properties/o", k) for k in  # pattern keys meet propertyNames too
+                                    ("minProperties", "unevaluatedProperties")}
     exact = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
              "minProperties": 1, "maxProperties": 2}
     assert relaxed(exact) == []

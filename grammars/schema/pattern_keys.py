@@ -1,0 +1,210 @@
+"""The undeclared keys of an object with `patternProperties`, split by the patterns they match.
+
+A key that is not declared takes the schema of every pattern that finds it (all of them at
+once) or, when it matches none, `additionalProperties`. `key_atoms` partitions the undeclared
+keys into atoms no pattern tells apart (schema/object_exists.py's `_atoms`, one string
+automaton over code points, schema/string_automaton.py) and writes each atom's keys as a
+quoted JSON string regex, so the converter can give each atom the allOf of its patterns'
+schemas: two patterns that meet, or a pattern that finds a declared name, are then enforced
+exactly instead of listed as relaxed. A key a pattern may or may not match (a pattern whose
+translation is approximate) lies in no atom: it is never written (stricter, never looser).
+Duplicate keys among the undeclared ones are not told apart (as for the converter's extra keys).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+from surecall.grammars.schema import json_lex as lex
+from surecall.grammars.schema.object_exists import MAX_ATOMS, NotExact, Term, _atoms
+from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton
+
+MAX_PATTERNS = 8  # patterns split together (atoms: at most MAX_ATOMS, object_exists.py)
+
+
+class KeysNotWritten(Exception):
+    """The undeclared keys are not split here (the message says why); the converter relaxes."""
+
+
+@dataclass(frozen=True)
+class KeyAtom:
+    key: str  # regex of the quoted JSON key, e.g. '"(?:x-[a-z]*)"'
+    patterns: frozenset[int]  # indices of the patterns every key of the atom matches (empty: none)
+
+
+@dataclass(frozen=True)
+class KeyAtoms:
+    atoms: tuple[KeyAtom, ...]
+    is_exact: bool  # False: some key a pattern may match was left out (narrowed)
+
+
+def key_atoms(patterns: tuple[str, ...], declared: tuple[str, ...], with_rest: bool,
+              deadline: float | None = None, names: object = None) -> KeyAtoms:
+    """The atoms of the keys none of `declared`, by the `patterns` they match; the atom matching
+    no pattern only `with_rest` (additionalProperties writes it); with `names` (propertyNames as
+    a string expression, schema/regular.py) only keys in it. KeysNotWritten past the caps."""
+    if len(patterns) > MAX_PATTERNS:
+        raise KeysNotWritten(f"more than {MAX_PATTERNS} patterns")
+    key = (patterns, declared, with_rest, None if names is None else json.dumps(names, default=str))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    found = _key_atoms(patterns, declared, with_rest, deadline, names)
+    _CACHE[key] = found
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return found
+
+
+# A $ref's object is converted once per context: its key split recurs (failures are not kept:
+# one may be a deadline).
+_CACHE: OrderedDict[tuple, KeyAtoms] = OrderedDict()
+_CACHE_SIZE = 1024
+
+
+def _key_atoms(patterns: tuple[str, ...], declared: tuple[str, ...], with_rest: bool,
+               deadline: float | None, names: object) -> KeyAtoms:
+    classes = [pattern_class(p) for p in patterns]
+    rules: list = [(cls, True) for cls in classes]
+    if declared:
+        rules.append((("lit", declared), False))
+    if names is not None:
+        rules.append((("not", names), False))
+    if not with_rest:
+        rules.append((("not", ("any", classes)), False))
+    try:
+        automaton = StringAutomaton(("any", [cls for cls, _ in rules]), deadline)
+        atoms = []
+        for dfa, inside in _atoms(automaton, Term(rules=rules)):
+            body = automaton.emit(dfa) if inside or names is not None else _emitted(automaton, dfa, patterns, declared)
+            if body is not None:
+                atoms.append(KeyAtom(f'"(?:{body})"', frozenset(i for i in inside if i < len(patterns))))
+    except (NotExact, RegularUnsupported) as exc:
+        raise KeysNotWritten(f"the keys are not split by pattern: {exc}") from exc
+    if len(atoms) > MAX_ATOMS:
+        raise KeysNotWritten(f"the keys split into more than {MAX_ATOMS} classes")
+    exact = all(tree_exact for _, tree_exact in automaton.patterns.values())
+    return KeyAtoms(tuple(atoms), exact)
+
+
+def _emitted(automaton: StringAutomaton, dfa, patterns: tuple[str, ...], declared: tuple[str, ...]) -> str | None:
+    """The body of the keys no pattern finds: by state elimination, or, where that regex is too
+    long (the complement of many declared names) and every pattern is a literal prefix
+    (`^x-`), as the complement over one trie of the names and the prefixes."""
+    try:
+        return automaton.emit(dfa)
+    except RegularUnsupported:
+        prefixes = [_literal_prefix(p) for p in patterns]
+        if None in prefixes:
+            raise
+        return string_not_in(declared, tuple(prefixes))
+
+
+_LITERAL_PREFIX = re.compile(r"\^([^\\.^$|?*+()\[\]{}]*)")
+
+
+def _literal_prefix(pattern: str) -> str | None:
+    """The literal a pattern `^literal` finds at the start of a key (None: another pattern)."""
+    found = _LITERAL_PREFIX.fullmatch(pattern)
+    return None if found is None else found.group(1)
+
+
+def pattern_class(pattern: str) -> tuple:
+    """A pattern as a string expression (schema/regular.py's); a leading negative lookahead
+    `^(?!A)B` as the keys with no prefix in A that `^B` finds (the lookahead is the only one
+    and A holds none), which string_automaton's parser does not read itself."""
+    if not pattern.startswith("^(?!"):
+        return ("pat", pattern)
+    close = _group_end(pattern, 1)
+    if close is None:
+        return ("pat", pattern)
+    ahead, rest = pattern[4:close], pattern[close + 1:]
+    if "(?" in ahead or "(?" in rest or "|" in _outside_groups(rest):
+        return ("pat", pattern)
+    return ("all", [("not", ("pat", f"^(?:{ahead})")), ("pat", "^" + rest)])
+
+
+def _group_end(pattern: str, start: int) -> int | None:
+    """Index of the `)` closing the group opened at `start` (escapes and classes skipped)."""
+    depth, i, in_class = 0, start, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _outside_groups(pattern: str) -> str:
+    """The characters of `pattern` outside groups, escapes and classes (a top-level `|` shows)."""
+    out, depth, i, in_class = [], 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+_BLOCKED = "**"  # a trie mark (a key character is one long, the end mark "" none): every string from this node on is excluded
+
+
+@lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
+def string_not_in(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> str:
+    """String body (no escapes) whose value is none of `names` and starts with none of `prefixes`:
+    a complement over their trie."""
+    if not names and not prefixes:
+        return f"{lex.STRING_BODY_CLASS}*"
+    trie: dict = {}
+    for word, mark in [*((n, "") for n in names), *((p, _BLOCKED) for p in prefixes)]:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[mark] = {}
+    return _trie_complement(trie) or "(?!)"
+
+
+def _trie_complement(node: dict) -> str | None:
+    """The body of the strings from `node` on that the trie excludes not (None: none)."""
+    if _BLOCKED in node:
+        return None
+    children = [c for c in node if len(c) == 1]
+    branches = [] if "" in node else [""]  # stop here unless a name ends here
+    others = lex.subtract(_PLAIN_CHARS, [(ord(c), ord(c)) for c in children])
+    other_char = lex.char_set_regex(others)
+    if other_char is not None:
+        branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
+    for ch in children:
+        below = _trie_complement(node[ch])
+        if below is not None:
+            branches.append(lex.escape_literal(ch) + f"(?:{below})")
+    if not branches:
+        return None
+    return "(?:" + "|".join(f"(?:{b})" if b else "" for b in branches) + ")"
