@@ -80,12 +80,14 @@ from surecall.grammars.schema.property_counts import (
 )
 from surecall.grammars.schema.ranges import fraction_digits, integer_range_regex, number_range_regex
 from surecall.grammars.schema.regular import (
+    MAX_FOLDED_LENGTH,
     RegularUnsupported,
     _Reader,
     may_be_scalar_algebra,
     number_regex,
     string_body,
 )
+from surecall.grammars.schema.string_automaton import StringAutomaton
 from surecall.grammars.schema.string_formats import FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -1168,11 +1170,34 @@ class Converter:
         if high is not None and max(low, fewest) > high:
             return None
         if low > fewest:
-            self.relax(ptr, "minLength", f"minLength {low} is above the {fewest} characters the string's pattern "
-                       "or format needs (only maxLength is counted beside one; the validator checks it)")
+            folded = self.pattern_with_min_length(schema, low, ptr)
+            if folded is False:
+                self.relax(ptr, "minLength", f"minLength {low} is above the {fewest} characters the string's pattern "
+                           "or format needs (only maxLength is counted beside one; the validator checks it)")
+            elif folded is None:
+                return None
+            else:
+                body = folded
         if high is None:
             return f'"{_group(body)}"'
         return counted_body_regex(body, high)
+
+    def pattern_with_min_length(self, schema: dict, low: int, ptr: str) -> str | None | bool:
+        """The body of the strings of at least `low` characters the schema's `pattern` finds, as one
+        string automaton (schema/string_automaton.py; low at most MAX_FOLDED_LENGTH); None: there
+        are none; False: not written so (a format, a longer bound, past the automaton's caps)."""
+        if "format" in schema or not isinstance(schema.get("pattern"), str) or low > MAX_FOLDED_LENGTH:
+            return False
+        try:
+            automaton = StringAutomaton(("all", [("pat", schema["pattern"]), ("len", low, None)]), self.deadline)
+            body = automaton.body()
+        except RegularUnsupported:
+            return False
+        if automaton.is_approximate or not all(exact for _, exact in automaton.patterns.values()):
+            self.narrowed[(ptr, "minLength")] = ("the pattern's strings of at least minLength characters are written "
+                                                 "stricter (an approximate translation, `$` before a final newline, "
+                                                 "or past the string automaton's size caps)")
+        return body
 
     def counted_pattern(self, schema: dict) -> tuple[str, int, int | None] | None:
         """(character regex, low, high) of a `pattern` that is one anchored, quantified character

@@ -197,12 +197,18 @@ def test_escapes_inside_a_pattern_body_count_once():
     assert not table.count_allows(state, counter, np.asarray([ids[b'\\"'], ids[b"b"]])).any()
 
 
-def test_min_length_beside_a_pattern_is_kept_where_the_pattern_implies_it_else_relaxed_with_a_reason():
+def test_min_length_beside_a_pattern_is_kept_where_the_pattern_implies_it_else_folded_or_relaxed_with_a_reason():
     implied = schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 3, "maxLength": 90})
     assert implied.relaxed == []
-    above = schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 10, "maxLength": 90})
-    assert above.relaxed == [("", "minLength")]
-    assert "above the 3 characters" in above.reasons[("", "minLength")]
+    above = {"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 10, "maxLength": 90}
+    assert schema_to_regex(above).relaxed == []  # folded into the pattern's automaton, maxLength counted
+    vocab = counted_vocab()
+    table = compile_schema(above, vocab, use_cache=False)
+    assert not accepts(table, _ids(vocab, '"1234.5678"')) and accepts(table, _ids(vocab, '"1234.56789"'))
+    assert not accepts(table, _ids(vocab, '"1.' + "1" * 89 + '"'))  # 91 characters: past maxLength
+    far = schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "minLength": 100, "maxLength": 190})
+    assert far.relaxed == [("", "minLength")]
+    assert "above the 3 characters" in far.reasons[("", "minLength")]
     with pytest.raises(UnsupportedSchema, match="unsatisfiable"):  # the pattern needs 3 characters
         schema_to_regex({"type": "string", "pattern": "^\\d+\\.\\d+$", "maxLength": 2})
 

@@ -205,6 +205,19 @@ def test_small_length_bounds_are_exact_large_ones_relaxed():
     assert not accepts(big, '""', PLAIN) and accepts(big, json.dumps("y" * 9000), PLAIN)
 
 
+def test_min_length_above_the_patterns_own_is_enforced():
+    slug = {"type": "string", "pattern": "^[a-z]+(?:-[a-z0-9]+)*$", "minLength": 3}
+    assert relaxed(slug) == []
+    assert [accepts(slug, t) for t in ('"ab"', '"abc"', '"a-b"', '"a-"', '"abcdefghijk"')] == [
+        False, True, True, False, True]
+    tel = {"type": "string", "minLength": 10, "maxLength": 13, "pattern": "^[0-9]{2,5}-?[0-9]{1,4}-?[0-9]{4}$"}
+    assert relaxed(tel) == []
+    assert [accepts(tel, t) for t in ('"03-1234-5678"', '"031234567"', '"0312345678"', '"03-1234-56789"')] == [
+        True, False, True, False]
+    long = {"type": "string", "pattern": "^a", "minLength": 65}  # past MAX_FOLDED_LENGTH: left to the validator
+    assert relaxed(long) == [("", "minLength")]
+
+
 def test_pattern_is_enforced_with_search_semantics():
     schema = {"type": "string", "pattern": "[0-9]{3}"}
     assert accepts(schema, '"ab123cd"') and not accepts(schema, '"ab12cd"')
