@@ -2,9 +2,10 @@
 
 Runs schema -> regex (with $ref splicing, as `compile_schema` does) on all 2,584 schemas of
 ../shared/data/jsonschemabench, each with a time limit, and counts per keyword how many schemas
-list it as relaxed (and with which reason), plus the schemas that fail with a typed error or run
-out of time. It builds no DFA or token table (benchmarks/compile.py does, on a sample). Writes
-`<out>.json` and `<out>.md`; `--compare OLD.json` adds the counts of an earlier run beside them.
+list it as relaxed (and with which reason) and as narrowed (written stricter), plus the schemas
+that fail with a typed error or run out of time. It builds no DFA or token table
+(benchmarks/compile.py does, on a sample). Writes `<out>.json` and `<out>.md`; `--compare
+OLD.json` adds the counts of an earlier run beside them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _alarm(*_):
 def scan(limit_s: float) -> dict:
     """Per schema id: its relaxed keywords (sorted), or "timeout" / the error's type name."""
     signal.signal(signal.SIGALRM, _alarm)
-    options, per, reasons = GrammarOptions(), {}, collections.Counter()
+    options, per, reasons, narrowed = GrammarOptions(), {}, collections.Counter(), collections.Counter()
     for path in sorted(glob.glob(os.path.join(require_shared("jsonschemabench"), "*.jsonl"))):
         for line in open(path):
             record = json.loads(line)
@@ -50,9 +51,11 @@ def scan(limit_s: float) -> dict:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             per[record["id"]] = sorted({k for _, k in result.relaxed})
+            narrowed.update({k for _, k in result.narrowed})
             for pair in set(result.relaxed):
                 reasons[(pair[1], result.reasons.get(pair, "")[:100])] += 1
-    return {"per_schema": per, "reasons": [[k, why, n] for (k, why), n in reasons.most_common(30)]}
+    return {"per_schema": per, "reasons": [[k, why, n] for (k, why), n in reasons.most_common(30)],
+            "narrowed": dict(narrowed.most_common())}
 
 
 def counts(per: dict) -> tuple[collections.Counter, collections.Counter, int]:
@@ -80,6 +83,9 @@ def render(report: dict, old: dict | None) -> str:
     lines += ["", "| not converted | schemas |" + (" before |" if old else ""), "|---|---|" + ("---|" if old else "")]
     for key in sorted(set(failures) | set(old_fail)):
         lines.append(f"| {key} | {failures[key]} |" + (f" {old_fail[key]} |" if old else ""))
+    if "narrowed" in report:  # stricter than the schema (never looser), listed as narrowed, not relaxed
+        lines += ["", "Schemas where the grammar is stricter than the schema (`narrowed`), per keyword: "
+                  + ", ".join(f"{k} {n}" for k, n in report["narrowed"].items()) + "."]
     lines += ["", "Most common (keyword, reason) pairs:", ""]
     lines += [f"- {n} x `{k}`: {why}" for k, why, n in report["reasons"][:15]]
     return "\n".join(lines) + "\n"

@@ -25,11 +25,12 @@ from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 
-from surecall.grammars.schema.ranges import integer_range_regex
+from surecall.grammars.schema.ranges import integer_range_regex, number_range_regex
 
 MAX_REGEX_CHARS = 4_000  # m = 3, 6, 8 fit (<= 2k characters); 7 (~31k) does not: its DFA, built in
 # a union with other multiples, took outlines-core past 30 s; 11 or 24 take millions
 MAX_LISTED = 64  # bounds that cut the multiples partway: at most this many written out
+NEAREST_LISTED = 256  # where no exact regex fits: this many multiples nearest zero (nearest_multiples_regex)
 _MAX_MINIMAL_STATES = 64  # m = 7 has 7 states (~31k characters); 12 states give millions
 MAX_INT_DIGITS = 15  # integer digits where the cap is cheap (see positive_multiples_regex)
 MAX_DFA_STATES = 2_000  # larger remainder automata are not built (their regex would be far too long)
@@ -78,6 +79,11 @@ def multiple_of_regex(schema: dict, m: object, is_integer: bool) -> str | None:
         return None
     if k == 1 and d == 0:  # multiples of 1: the integers in range
         return integer_range_regex(low_n, high_n)
+    if k == 1 and (low_n is not None or high_n is not None):  # 10^-d: the decimals of <= d places in range
+        scale, cap = Decimal(10) ** -d, Decimal(10) ** MAX_INT_DIGITS  # integer parts capped as below
+        low = -cap if low_n is None else max(low_n * scale, -cap)
+        high = cap if high_n is None else min(high_n * scale, cap)
+        return number_range_regex(low, high, low == -cap, high == cap, places=d)
     signed = [(sign, _positive_part(k, d, lo, hi, step))
               for sign, lo, hi in (("", _max(low_n, 1), high_n), ("-", _neg(_min(high_n, -1)), _neg(low_n)))
               if hi is None or lo <= hi]
@@ -87,6 +93,34 @@ def multiple_of_regex(schema: dict, m: object, is_integer: bool) -> str | None:
     if (low_n is None or low_n <= 0) and (high_n is None or high_n >= 0):
         parts.insert(0, r"0(?:\.0+)?" if d else "0")
     return "|".join(f"(?:{p})" for p in parts) if parts else None
+
+
+def nearest_multiples_regex(schema: dict, m: object, is_integer: bool, count: int = NEAREST_LISTED) -> str | None:
+    """The `count` multiples of `m` within the schema's bounds nearest zero, written out (stricter
+    than the schema: for a multipleOf whose exact regex is past the limits); None: none in bounds.
+    MultipleOfUnsupported when `m` is not a short finite decimal."""
+    split = split_multiple(m)
+    if split is None:
+        raise MultipleOfUnsupported(f"multipleOf {m!r} is not a finite decimal with at most 12 fraction digits")
+    k, d = split
+    if is_integer:
+        k, d = k // math.gcd(k, 10**d), 0
+    step = Fraction(k, 10**d)
+    low_n, high_n = _multiplier_range(schema, step)
+    if low_n is not None and high_n is not None and low_n > high_n:
+        return None
+    if low_n is not None and low_n > 0:
+        chosen = range(low_n, low_n + count if high_n is None else min(low_n + count, high_n + 1))
+    elif high_n is not None and high_n < 0:
+        chosen = range(high_n, high_n - count if low_n is None else max(high_n - count, low_n - 1), -1)
+    else:  # zero in range: outward from it, positive first at each distance
+        chosen = [0]
+        for n in range(1, count):
+            chosen += [x for x in (n, -n) if (low_n is None or x >= low_n) and (high_n is None or x <= high_n)]
+            if len(chosen) >= count:
+                break
+    texts = [re.escape(_decimal_text(n * step)) for n in list(chosen)[:count]]
+    return "|".join(f"(?:{t})" for t in texts) if texts else None
 
 
 def _positive_part(k: int, d: int, lo: int, hi: int | None, step: Fraction) -> str | None:

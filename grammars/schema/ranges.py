@@ -92,11 +92,12 @@ _FRACTION_NONZERO = r"\.[0-9]*[1-9][0-9]*"
 
 
 def number_range_regex(low: Decimal | int | None, high: Decimal | int | None, is_low_exclusive: bool = False,
-                       is_high_exclusive: bool = False) -> str | None:
+                       is_high_exclusive: bool = False, places: int | None = None) -> str | None:
     """Regex for JSON numbers x (no exponent, no "-0") with low <= x <= high (or <, per flags).
 
     Bounds are finite decimals (ints, or Decimals such as Decimal("0.25")); None = unbounded
-    on that side.
+    on that side. With `places`, only numbers of at most that many fraction digits (trailing
+    zeros aside): the multiples of 10^-places (multipleOf 0.01 is places=2).
     """
     low = None if low is None else Decimal(low)
     high = None if high is None else Decimal(high)
@@ -107,7 +108,7 @@ def number_range_regex(low: Decimal | int | None, high: Decimal | int | None, is
         else:
             m_low, m_low_excl = -high, is_high_exclusive
         m_high = None if low is None else -low
-        negative = _magnitude(m_low, m_low_excl, m_high, is_low_exclusive)
+        negative = _magnitude(m_low, m_low_excl, m_high, is_low_exclusive, places)
         if negative is not None:
             parts.append("-" + _group(negative))
     if high is None or high >= 0:
@@ -115,7 +116,7 @@ def number_range_regex(low: Decimal | int | None, high: Decimal | int | None, is
             a, a_excl = Decimal(0), False
         else:
             a, a_excl = low, is_low_exclusive
-        non_negative = _magnitude(a, a_excl, high, is_high_exclusive)
+        non_negative = _magnitude(a, a_excl, high, is_high_exclusive, places)
         if non_negative is not None:
             parts.append(non_negative)
     if not parts:
@@ -137,22 +138,25 @@ def _split(value: Decimal) -> tuple[int, str]:
     return whole, frac
 
 
-def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> str | None:
+def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool, places: int | None) -> str | None:
     """Non-negative decimals m (integer part + fraction) with a <= m <= b (or <, per flags):
     split by integer part, the bounds' own integer parts taking fractions compared digit by digit."""
     if b is not None and (b < a or (b == a and (a_excl or b_excl))):
         return None
     (a_int, a_frac), (b_int, b_frac) = _split(a), (None, "") if b is None else _split(b)
     if b_int == a_int:  # one integer part: fractions between the two
-        fraction = _fraction_between(a_frac, a_excl, b_frac, b_excl)
+        fraction = _digits_between(a_frac, a_excl, b_frac, b_excl, False, places)
         bare = not a_frac and not a_excl  # m = a itself, written without a fraction
         return _with_fraction(str(a_int), fraction, bare)
-    parts = [_with_fraction(str(a_int), _fraction_between(a_frac, a_excl, None, False), not a_frac and not a_excl)]
+    parts = [_with_fraction(str(a_int), _digits_between(a_frac, a_excl, None, False, False, places),
+                            not a_frac and not a_excl)]
     middle = integer_range_regex(a_int + 1, None if b_int is None else b_int - 1)
     if middle is not None:
-        parts.append(_group(middle) + _FRACTION_ANY)
+        fraction = _FRACTION_ANY if places is None else _FRACTION_ZERO if places == 0 else rf"(?:\.[0-9]{{1,{places}}}0*)?"
+        parts.append(_group(middle) + fraction)
     if b_int is not None:
-        parts.append(_with_fraction(str(b_int), _fraction_between("", False, b_frac, b_excl), bool(b_frac) or not b_excl))
+        parts.append(_with_fraction(str(b_int), _digits_between("", False, b_frac, b_excl, False, places),
+                                    bool(b_frac) or not b_excl))
     return "|".join(_group(p) for p in parts if p is not None) or None
 
 
@@ -163,15 +167,19 @@ def _with_fraction(integer: str, fraction: str | None, bare: bool) -> str | None
     return f"{integer}(?:\\.(?:{fraction}))" + ("?" if bare else "")
 
 
-def _fraction_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
-    """Regex for the non-empty digit strings d with 0.lo <= 0.d <= 0.hi (< per flags; hi None:
-    no upper bound below 1); lo and hi carry no trailing zeros. None: there are none."""
-    return _digits_between(lo, lo_excl, hi, hi_excl, allow_empty=False)
-
-
-def _digits_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, allow_empty: bool) -> str | None:
-    """Digit strings d (empty too when `allow_empty`) with 0.lo <= 0.d <= 0.hi, as in _fraction_between."""
+def _digits_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, allow_empty: bool,
+                    places: int | None = None) -> str | None:
+    """Regex for the digit strings d (empty too when `allow_empty`) with 0.lo <= 0.d <= 0.hi (<
+    per flags; hi None: no upper bound below 1), with `places`: non-zero digits only among the
+    first `places`; lo and hi carry no trailing zeros. None: there are none."""
+    if places == 0:  # only zeros left: d is 0
+        ok = not lo and not lo_excl and not (hi == "" and hi_excl)
+        return ("0*" if allow_empty else "0+") if ok else None
     if not lo and hi is None:  # every string, or (exclusive of 0) those with a non-zero digit
+        if places is not None:
+            if lo_excl:
+                return f"[0-9]{{0,{places - 1}}}[1-9]0*"
+            return f"[0-9]{{0,{places}}}0*" if allow_empty else f"[0-9]{{1,{places}}}0*"
         if lo_excl:
             return "[0-9]*[1-9][0-9]*"
         return "[0-9]*" if allow_empty else "[0-9]+"
@@ -184,17 +192,19 @@ def _digits_between(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, allow
     hi_first = 9 if hi is None else int(hi[0])
     inner_lo, inner_hi = lo_first + 1, hi_first - (0 if hi is None else 1)
     if inner_lo <= inner_hi:  # strictly between the bounds' first digits: anything after
-        branches.append(f"{_digit_class(str(inner_lo), str(inner_hi))}[0-9]*")
+        tail = "[0-9]*" if places is None else f"[0-9]{{0,{places - 1}}}0*"
+        branches.append(f"{_digit_class(str(inner_lo), str(inner_hi))}{tail}")
+    after = None if places is None else places - 1
     if hi is not None and lo_first == hi_first:
-        rest = _digits_between(lo[1:], lo_excl, hi[1:], hi_excl, allow_empty=True)
+        rest = _digits_between(lo[1:], lo_excl, hi[1:], hi_excl, True, after)
         if rest is not None:
             branches.append(f"{lo_first}(?:{rest})")
         return "|".join(f"(?:{b})" for b in branches) if branches else None
-    rest = _digits_between(lo[1:], lo_excl, None, False, allow_empty=True)
+    rest = _digits_between(lo[1:], lo_excl, None, False, True, after)
     if rest is not None:
         branches.append(f"{lo_first}(?:{rest})")
     if hi is not None:
-        rest = _digits_between("", False, hi[1:], hi_excl, allow_empty=True)
+        rest = _digits_between("", False, hi[1:], hi_excl, True, after)
         if rest is not None:
             branches.append(f"{hi_first}(?:{rest})")
     return "|".join(f"(?:{b})" for b in branches) if branches else None

@@ -56,9 +56,11 @@ from surecall.grammars.schema.conditionals import (
 from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
 from surecall.grammars.schema.multiple_of import (
+    NEAREST_LISTED,
     MultipleOfUnsupported,
     combined_multiple,
     multiple_of_regex,
+    nearest_multiples_regex,
 )
 from surecall.grammars.schema.object_exists import (
     NotExact,
@@ -1301,13 +1303,24 @@ class Converter:
         try:
             regex = multiple_of_regex(schema, schema["multipleOf"], is_integer)
         except MultipleOfUnsupported as exc:
-            self.relax(ptr, "multipleOf", f"not enforced: {exc}")
-            return False
+            return self.nearest_multiples(schema, is_integer, ptr, str(exc))
         self.multiple_chars += len(regex or "")
         if self.multiple_chars > _MAX_MULTIPLE_CHARS:  # each copy is more DFA to build
-            self.relax(ptr, "multipleOf", f"not enforced: the schema's multipleOf regexes pass {_MAX_MULTIPLE_CHARS} "
-                       "characters together")
+            return self.nearest_multiples(schema, is_integer, ptr, f"the schema's multipleOf regexes pass "
+                                          f"{_MAX_MULTIPLE_CHARS} characters together")
+        return regex
+
+    def nearest_multiples(self, schema: dict, is_integer: bool, ptr: str, why: str) -> str | None | bool:
+        """Where the exact multiples have no regex within the limits (`why`): the NEAREST_LISTED ones
+        nearest zero within the bounds, written out and listed as narrowed (stricter: a walk never
+        breaks multipleOf); False with the keyword relaxed where even that is not written."""
+        try:
+            regex = nearest_multiples_regex(schema, schema["multipleOf"], is_integer)
+        except MultipleOfUnsupported as exc:
+            self.relax(ptr, "multipleOf", f"not enforced: {exc}")
             return False
+        self.narrowed[(ptr, "multipleOf")] = (f"only the {NEAREST_LISTED} multiples nearest zero within the bounds are "
+                                              f"written ({why})")
         return regex
 
     # -- arrays --------------------------------------------------------------------------

@@ -93,15 +93,22 @@ def test_multiple_of_of_an_integer_and_merged_multiples():
         schema_to_regex({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})
 
 
-def test_multiple_of_without_a_short_regex_is_relaxed_with_the_reason():
-    result = schema_to_regex({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}})
-    assert result.relaxed == [("/properties/n", "multipleOf")]
-    assert "regex longer than" in result.reasons[("/properties/n", "multipleOf")]
-    coarse = schema_to_regex({"type": "number", "multipleOf": 2.5})  # floats past 2^53 lose its remainder
-    assert "does not divide 1" in coarse.reasons[("", "multipleOf")]
-    wide = schema_to_regex({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9})
-    assert "more than the 64 written out" in wide.reasons[("", "multipleOf")]
-    assert accepts({"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9}, "0.001")  # relaxed
+def test_multiple_of_without_a_short_regex_writes_the_multiples_nearest_zero():
+    seven = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}}
+    result = schema_to_regex(seven)
+    assert result.relaxed == []
+    assert "regex longer than" in result.narrowed[("/properties/n", "multipleOf")]
+    assert accepts(seven, '{"n": 14}') and accepts(seven, '{"n": -889}') and not accepts(seven, '{"n": 15}')
+    assert accepts(seven, '{"n": 896}') and not accepts(seven, '{"n": 903}')  # the 256 nearest zero: stricter
+    coarse = {"type": "number", "multipleOf": 2.5, "minimum": 1}  # floats past 2^53 lose its remainder
+    assert "does not divide 1" in schema_to_regex(coarse).narrowed[("", "multipleOf")]
+    assert accepts(coarse, "2.5") and accepts(coarse, "5") and not accepts(coarse, "0") and not accepts(coarse, "3")
+    wide = {"type": "number", "multipleOf": 0.01, "minimum": -1e9, "maximum": 1e9}  # places: exact
+    assert schema_to_regex(wide).relaxed == [] and schema_to_regex(wide).narrowed == {}
+    assert accepts(wide, "123456.78") and accepts(wide, "-1000000000") and not accepts(wide, "0.001")
+    assert not accepts(wide, "1000000000.01")
+    tiny = {"type": "number", "multipleOf": 1e-13}  # 13 fraction digits: not even listed
+    assert schema_to_regex(tiny).relaxed == [("", "multipleOf")]
 
 
 def test_walks_under_multiple_of_validate():

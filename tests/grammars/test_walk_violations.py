@@ -130,14 +130,15 @@ def test_union_whose_branch_fails_on_a_relaxed_keyword_behind_a_ref_is_relaxed(d
 
 def test_a_keyword_merged_from_two_allof_branches_is_listed_at_both():
     """Handwritten---pp2's shape: two branches' multipleOf merge into one relaxed value; a walk
-    breaking either one must be explained by the relaxed list (was: only the first was listed)."""
+    breaking either one must be explained by the relaxed list (was: only the first was listed).
+    Steps of 13 fraction digits: no regex writes them, not even the nearest multiples."""
     from surecall.grammars.schema.to_regex import schema_to_regex
 
     schema = {"type": "object", "required": ["abcd"], "allOf": [
-        {"patternProperties": {"a": {"type": "array", "items": {"type": "number", "multipleOf": 2.5}}}},
-        {"patternProperties": {"c": {"type": "array", "items": {"multipleOf": 7}}}}]}
+        {"patternProperties": {"a": {"type": "array", "items": {"type": "number", "multipleOf": 2.5e-13}}}},
+        {"patternProperties": {"c": {"type": "array", "items": {"multipleOf": 7e-13}}}}]}
     relaxed = set(schema_to_regex(schema).relaxed)
     assert ("/allOf/0/patternProperties/a/items", "multipleOf") in relaxed
     assert ("/allOf/1/patternProperties/c/items", "multipleOf") in relaxed
-    bad, explained = schema_violations(schema, {"abcd": [2.5]}, list(relaxed))
+    bad, explained = schema_violations(schema, {"abcd": [2.5e-13]}, list(relaxed))
     assert not bad and explained

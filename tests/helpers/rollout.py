@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from surecall.toolbox.sandbox import Sandbox
+
+# the scripted episodes run the coding tools' bash in the bubblewrap sandbox (.ci/run installs it)
+needs_bwrap = pytest.mark.skipif(not Sandbox().is_available(), reason="bubblewrap cannot run here")
+
 
 def scripted(name: str, arguments: dict) -> dict:
     """A tool spec whose grammar admits exactly one call: `name` with these `arguments`."""

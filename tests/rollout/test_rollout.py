@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from helpers.rollout import SCRIPT, make_seed, scripted
+from helpers.rollout import SCRIPT, make_seed, needs_bwrap, scripted
 
 from surecall import AsyncLLM
 from surecall.dispatch.stores import SQLiteStore
@@ -64,6 +64,7 @@ def scripted_run(engine, tmp_path_factory):
     return result, spy
 
 
+@needs_bwrap
 def test_scripted_episode_runs_the_four_coding_tools_end_to_end(scripted_run):
     result, _ = scripted_run
     assert result.summary["episodes"] == 3 and result.summary["calls"] == 15 and result.summary["tool_errors"] == 0
@@ -143,6 +144,7 @@ def test_workspaces_are_removed_unless_kept_and_each_capability_is_narrowed(engi
     assert not (runner.workspaces_root / task.id).exists()
 
 
+@needs_bwrap
 def test_a_rerun_of_finished_trajectories_returns_them_without_running_again(engine, tmp_path):
     runner = _runner(engine, tmp_path, keep_workspaces=True)
     task = _task(make_seed(tmp_path), turn_tools=SCRIPT[:1], max_turns=1)
@@ -152,6 +154,7 @@ def test_a_rerun_of_finished_trajectories_returns_them_without_running_again(eng
     assert open(f"{first.workspace}/effects.log").read() == "t0\n"
 
 
+@needs_bwrap
 def test_a_hung_tool_times_out_and_the_episode_goes_on(engine, tmp_path):
     release = threading.Event()
     hang = Tool(name="hang", description="never returns", input_schema={"type": "object", "properties": {}},
@@ -176,6 +179,7 @@ def test_a_hung_tool_times_out_and_the_episode_goes_on(engine, tmp_path):
     assert traj.turns[2].observations[0]["decision"]["allowed"]
 
 
+@needs_bwrap
 def test_reward_hook_sees_the_final_workspace_and_transcript(engine, tmp_path):
     seen = {}
 

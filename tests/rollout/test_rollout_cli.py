@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers.rollout import SCRIPT, make_seed
+from helpers.rollout import SCRIPT, make_seed, needs_bwrap
 
 from surecall.cli import main
 
@@ -23,6 +23,7 @@ def _write(path, rows):
     return path
 
 
+@needs_bwrap
 def test_rollout_writes_trajectories_and_a_summary_and_a_rerun_resumes(tmp_path, capsys):
     seed = make_seed(tmp_path)
     rows = [{"id": f"cli{i}", "messages": [{"role": "user", "content": "Fix log.txt"}], "workspace": str(seed),

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers.rollout import SCRIPT, make_seed
+from helpers.rollout import SCRIPT, make_seed, needs_bwrap
 
 from surecall import AsyncLLM
 from surecall.dispatch.stores import SQLiteStore
@@ -64,6 +64,7 @@ def _tasks_file(tmp_path: Path) -> Path:
     return path
 
 
+@needs_bwrap
 @pytest.mark.parametrize("mode", ["before_record", "after_record"])
 def test_sigkill_mid_episode_then_rerun_runs_every_effect_exactly_once(engine, tmp_path, mode):
     tasks_path, out, db = _tasks_file(tmp_path), tmp_path / "out", tmp_path / "idem.db"
