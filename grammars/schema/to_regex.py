@@ -853,7 +853,34 @@ class Converter:
                 branches.append(self.convert(sub, sub_ptr))
         effective = [{"allOf": [rest, sub]} for sub in schema[key]] if has_rest else schema[key]
         if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(effective):
+            marked = [{"allOf": [_at(rest, ptr), _at(sub, pointer_join(ptr, key, i))]} if has_rest
+                      else _at(sub, pointer_join(ptr, key, i)) for i, sub in enumerate(schema[key])]
+            exact = self.arrays_one_of(effective, marked, ptr)
+            if exact is not False:
+                return exact
             self.relax(ptr, "oneOf")
+        return _alternation(branches)
+
+    def arrays_one_of(self, effective: list, marked: list, ptr: str) -> str | None | bool:
+        """A oneOf of array-only branches that are disjoint once each writes at least one item
+        (e.g. arrays of numbers or arrays of arrays): those non-empty branches, plus `[]` when
+        exactly one branch takes it (the validator says which). False where that does not hold."""
+        flat = []
+        for sub in effective:
+            try:
+                flat.append(self.flatten(sub, "", 0))
+            except SchemaError:
+                return False
+        if not all(isinstance(f, dict) and self.kinds(f, 0) <= {"array"} for f in flat):
+            return False
+        if not self.disjoint([{"allOf": [sub, {"minItems": 1}]} for sub in effective]):
+            return False
+        takes_empty = [self.none_valid([[]], sub) for sub in effective]
+        if None in takes_empty:
+            return False
+        branches = [self.convert({"allOf": [sub, {"minItems": 1}]}, ptr) for sub in marked]
+        if [verdict is False for verdict in takes_empty].count(True) == 1:
+            branches.append(f"\\[{self.ws}\\]")
         return _alternation(branches)
 
     def with_origins(self, rest: dict, ptr: str) -> dict:

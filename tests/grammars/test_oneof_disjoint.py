@@ -111,3 +111,23 @@ def test_a_literal_branch_is_judged_under_the_roots_draft():
 def test_ranges_meet(a, b, integral, meet):
     assert ranges_meet(a, b, integral) is meet
     assert ranges_meet(b, a, integral) is meet
+
+
+def test_array_branches_overlapping_only_on_the_empty_array_are_written_exactly():
+    numbers = {"type": "array", "items": {"type": "number"}}
+    nested = {"$defs": {"n": numbers}, "oneOf": [{"$ref": "#/$defs/n"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}
+    result = schema_to_regex(nested)
+    assert result.relaxed == []  # [] is valid for both branches, so for neither under oneOf
+    regex = re.compile(expand_marks(result.regex))
+    validator = jsonschema.Draft202012Validator(nested)
+    for value in [[], [1], [[1]], [[]], [1, [1]], [[1, 2], []], [1.5, 2]]:
+        assert (regex.fullmatch(grammar_dumps(value, nested)) is not None) == validator.is_valid(value), value
+    one_takes_empty = {"oneOf": [{"type": "array", "items": {"type": "integer"}},
+                                 {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+    assert schema_to_regex(one_takes_empty).relaxed == []
+    regex = re.compile(expand_marks(schema_to_regex(one_takes_empty).regex))
+    validator = jsonschema.Draft202012Validator(one_takes_empty)
+    for value in [[], [1], ["a"], [1, "a"]]:
+        assert (regex.fullmatch(grammar_dumps(value, one_takes_empty)) is not None) == validator.is_valid(value), value
+    overlapping = {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array", "items": {"type": "number"}}]}
+    assert schema_to_regex(overlapping).relaxed == [("", "oneOf")]  # [1] is in both: still listed
