@@ -105,6 +105,15 @@ def check_streamed_calls(slot: dict) -> list[tuple[str, dict]]:
     return out
 
 
+def wait_released(handlers, timeout_s: float = 5.0) -> int:
+    """The handlers' admitted-request count once it is back to 0, or when the bounded wait ends
+    (the engine can finish an aborted request a moment before the handler's `finally` runs)."""
+    deadline = time.monotonic() + timeout_s
+    while handlers.active and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return handlers.active
+
+
 def wait_idle(engine, timeout_s: float = 20.0) -> dict:
     """Engine stats once nothing runs (bounded wait)."""
     deadline = time.monotonic() + timeout_s
