@@ -63,17 +63,23 @@ def combined_multiple(a: object, b: object) -> int | float | None:
     return int(value) if value.denominator == 1 else float(Decimal(k) / Decimal(10**d))
 
 
-def multiple_of_regex(schema: dict, m: object, is_integer: bool) -> str | None:
-    """Regex for the numbers (integers when `is_integer`) that are multiples of `m` and meet the
-    schema's minimum/maximum/exclusive* bounds; None when there is none. MultipleOfUnsupported
-    when not expressible within the limits (see the module doc)."""
+def _decimal_step(m: object, is_integer: bool) -> tuple[int, int, Fraction]:
+    """(k, d, k/10^d): `m` as a decimal step, reduced for integers (an integer i is a multiple of
+    k/10^d iff i*10^d = 0 mod k); MultipleOfUnsupported when `m` is not a short finite decimal."""
     split = split_multiple(m)
     if split is None:
         raise MultipleOfUnsupported(f"multipleOf {m!r} is not a finite decimal with at most 12 fraction digits")
     k, d = split
-    if is_integer:  # an integer i is a multiple of k/10^d iff i*10^d = 0 (mod k)
+    if is_integer:
         k, d = k // math.gcd(k, 10**d), 0
-    step = Fraction(k, 10**d)
+    return k, d, Fraction(k, 10**d)
+
+
+def multiple_of_regex(schema: dict, m: object, is_integer: bool) -> str | None:
+    """Regex for the numbers (integers when `is_integer`) that are multiples of `m` and meet the
+    schema's minimum/maximum/exclusive* bounds; None when there is none. MultipleOfUnsupported
+    when not expressible within the limits (see the module doc)."""
+    k, d, step = _decimal_step(m, is_integer)
     low_n, high_n = _multiplier_range(schema, step)
     if low_n is not None and high_n is not None and low_n > high_n:
         return None
@@ -99,13 +105,7 @@ def nearest_multiples_regex(schema: dict, m: object, is_integer: bool, count: in
     """The `count` multiples of `m` within the schema's bounds nearest zero, written out (stricter
     than the schema: for a multipleOf whose exact regex is past the limits); None: none in bounds.
     MultipleOfUnsupported when `m` is not a short finite decimal."""
-    split = split_multiple(m)
-    if split is None:
-        raise MultipleOfUnsupported(f"multipleOf {m!r} is not a finite decimal with at most 12 fraction digits")
-    k, d = split
-    if is_integer:
-        k, d = k // math.gcd(k, 10**d), 0
-    step = Fraction(k, 10**d)
+    k, d, step = _decimal_step(m, is_integer)
     low_n, high_n = _multiplier_range(schema, step)
     if low_n is not None and high_n is not None and low_n > high_n:
         return None

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.object_exists import MAX_ATOMS, NotExact, Term, _atoms
+from surecall.grammars.schema.pattern import _outside_classes
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton
 
 MAX_PATTERNS = 8  # patterns split together (atoms: at most MAX_ATOMS, object_exists.py)
@@ -119,57 +120,14 @@ def pattern_class(pattern: str) -> tuple:
     and A holds none), which string_automaton's parser does not read itself."""
     if not pattern.startswith("^(?!"):
         return ("pat", pattern)
-    close = _group_end(pattern, 1)
+    # the `)` closing the group opened at index 1: the first one back at depth 0
+    close = next((i for i, c, depth in _outside_classes(pattern) if c == ")" and depth == 0), None)
     if close is None:
         return ("pat", pattern)
     ahead, rest = pattern[4:close], pattern[close + 1:]
-    if "(?" in ahead or "(?" in rest or "|" in _outside_groups(rest):
+    if "(?" in ahead or "(?" in rest or any(c == "|" and depth == 0 for _, c, depth in _outside_classes(rest)):
         return ("pat", pattern)
     return ("all", [("not", ("pat", f"^(?:{ahead})")), ("pat", "^" + rest)])
-
-
-def _group_end(pattern: str, start: int) -> int | None:
-    """Index of the `)` closing the group opened at `start` (escapes and classes skipped)."""
-    depth, i, in_class = 0, start, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
-def _outside_groups(pattern: str) -> str:
-    """The characters of `pattern` outside groups, escapes and classes (a top-level `|` shows)."""
-    out, depth, i, in_class = [], 0, 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif depth == 0:
-            out.append(c)
-        i += 1
-    return "".join(out)
 
 
 _PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])

@@ -865,13 +865,8 @@ class Converter:
         """A oneOf of array-only branches that are disjoint once each writes at least one item
         (e.g. arrays of numbers or arrays of arrays): those non-empty branches, plus `[]` when
         exactly one branch takes it (the validator says which). False where that does not hold."""
-        flat = []
-        for sub in effective:
-            try:
-                flat.append(self.flatten(sub, "", 0))
-            except SchemaError:
-                return False
-        if not all(isinstance(f, dict) and self.kinds(f, 0) <= {"array"} for f in flat):
+        flat = self.flatten_all(effective)
+        if flat is None or not all(isinstance(f, dict) and self.kinds(f, 0) <= {"array"} for f in flat):
             return False
         if not self.disjoint([{"allOf": [sub, {"minItems": 1}]} for sub in effective]):
             return False
@@ -890,6 +885,13 @@ class Converter:
             return rest
         return {**rest, _FROM: {k: v for k, v in self.origins[1].items() if k in rest}}
 
+    def flatten_all(self, branches: list) -> list | None:
+        """Each branch flattened (None when one cannot be: a SchemaError on the way)."""
+        try:
+            return [self.flatten(sub, "", 0) for sub in branches]
+        except SchemaError:
+            return None
+
     def disjoint(self, branches: list) -> bool:
         """True when nothing the grammar emits for one branch satisfies another branch.
 
@@ -899,12 +901,9 @@ class Converter:
         requires (or forbids one the other always writes), or a name both write with values
         that exclude each other (the same tests, a few levels down: discriminators).
         """
-        flat = []
-        for sub in branches:
-            try:
-                flat.append(self.flatten(sub, "", 0))
-            except SchemaError:
-                return False
+        flat = self.flatten_all(branches)
+        if flat is None:
+            return False
         memo: dict = {}  # id(property schema) -> (it, flattened): each flattened once per oneOf
         kinds = [self.kinds(f, 0) if isinstance(f, dict) else set() if f is False else set(_ALL_KINDS) for f in flat]
         for i, j in itertools.permutations(range(len(flat)), 2):
