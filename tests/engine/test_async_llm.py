@@ -93,14 +93,15 @@ def test_token_ids_in_and_out(engine):
 
 def test_a_short_request_overtakes_a_long_one(engine):
     async def main():
-        order = []
+        order, started = [], asyncio.Event()
 
         async def run(name, prompt, params):
-            await _collect(engine, prompt, params, constrained=False)
+            async for _ in engine.generate(prompt, params, constrained=False):
+                started.set()  # the long one is decoding: the short one joins it mid-stream
             order.append(name)
 
         long_task = asyncio.create_task(run("long", _ask(3), SamplingParams(temperature=0, max_tokens=150)))
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(started.wait(), timeout=60)
         await run("short", _ask(4), SamplingParams(temperature=0, max_tokens=4))
         await long_task
         return order
