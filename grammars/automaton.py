@@ -11,6 +11,7 @@ connected components the token walk uses to share work."""
 from __future__ import annotations
 
 import atexit
+import heapq
 import io
 import os
 import select
@@ -18,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
@@ -287,11 +287,11 @@ def _densify(raw: dict, initial: int, finals: set) -> tuple[np.ndarray, np.ndarr
 
 def prune(trans: np.ndarray, accept: np.ndarray, start: int = 0) -> ByteDFA:
     """Drop unreachable and dead states; renumber in BFS order from `start` (which becomes 0)."""
-    succ = successor_lists(trans)
-    live = coreachable(succ, accept)
+    graph = Digraph.of_dfa(trans)
+    live = coreachable(graph, accept)
     if not live[start]:
         raise SchemaError("the grammar matches no text at all", pointer="", keyword="regex")
-    order = bfs_order(succ, start, live)
+    order = bfs_order(graph, start, live)
     new_id = np.full(trans.shape[0] + 1, -1, dtype=np.int32)  # index -1 (dead) maps to -1
     new_id[order] = np.arange(len(order), dtype=np.int32)
     new_trans = new_id[trans[order]]
@@ -401,63 +401,141 @@ def quotient_by(dfa: ByteDFA, block: np.ndarray, classes: np.ndarray | None = No
     return padded[dfa.trans[first]].astype(np.int32), dfa.accept[first].copy(), block
 
 
-def successor_lists(trans: np.ndarray) -> list[list[int]]:
-    """For each state, its distinct successor states in order of the smallest byte leading there."""
-    n = trans.shape[0]
-    flat_trans = trans.reshape(-1)
-    edge = np.flatnonzero(flat_trans >= 0)  # row-major: by (row, byte)
-    rows = edge // trans.shape[1]
-    # The first edge of each (row, target) is its smallest byte: keep those, in edge order.
-    _, first = np.unique(rows * (n + 1) + flat_trans[edge], return_index=True)
-    first.sort()
-    rows, targets = rows[first], flat_trans[edge[first]]
-    bounds = np.searchsorted(rows, np.arange(n + 1))
-    flat = targets.tolist()
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+USE_SCIPY = True  # tests set False to run the Python searches
 
 
-def coreachable(succ, accept: np.ndarray) -> np.ndarray:
-    """Which states can reach an accepting state (reverse BFS); `succ[s]` lists s's successors."""
-    pred: list[list[int]] = [[] for _ in succ]
-    for s, targets in enumerate(succ):
-        for t in targets:
-            pred[t].append(s)
-    live = accept.copy()
-    queue = deque(np.flatnonzero(accept).tolist())
-    while queue:
-        t = queue.popleft()
-        for s in pred[t]:
-            if not live[s]:
-                live[s] = True
-                queue.append(s)
-    return live
+@lru_cache(maxsize=1)
+def _scipy_csgraph():
+    """scipy.sparse.csgraph, imported on first use (it costs ~0.1 s), or None where scipy is
+    missing (a dependency, but e.g. the GPU image may lack it): the searches then run in Python."""
+    try:
+        from scipy.sparse import csgraph
+    except ImportError:
+        return None
+    return csgraph
 
 
-def bfs_order(succ, start: int, live: np.ndarray) -> np.ndarray:
-    """Live states reachable from `start`, in BFS order (the dense numbering)."""
-    ok = live.tolist()  # Python lists: a numpy scalar read per edge costs more than the walk
-    seen = [False] * len(succ)
+def _csgraph():
+    return _scipy_csgraph() if USE_SCIPY else None
+
+
+class Digraph:
+    """A graph over states 0..n-1 as CSR: `dst[ptr[s]:ptr[s+1]]` are s's distinct successors, in
+    the order given (the searches below visit them in that order). Built from edges sorted by
+    source. The searches run in scipy.sparse.csgraph (C) where scipy is installed, else in Python
+    (USE_SCIPY False); both give the same arrays (tests/grammars/test_digraph.py)."""
+
+    def __init__(self, n: int, src: np.ndarray, dst: np.ndarray):
+        self.n = n
+        self.ptr = np.zeros(n + 1, dtype=np.int64)
+        if src.size:
+            np.cumsum(np.bincount(src, minlength=n), out=self.ptr[1:])
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self._lists = None
+
+    @classmethod
+    def of_dfa(cls, trans: np.ndarray) -> Digraph:
+        """A byte DFA's distinct successors per state, in order of the smallest byte leading there."""
+        n = trans.shape[0]
+        flat_trans = trans.reshape(-1)
+        edge = np.flatnonzero(flat_trans >= 0)  # row-major: by (row, byte)
+        rows = edge // trans.shape[1]
+        # The first edge of each (row, target) is its smallest byte: keep those, in edge order.
+        _, first = np.unique(rows * (n + 1) + flat_trans[edge], return_index=True)
+        first.sort()
+        return cls(n, rows[first], flat_trans[edge[first]])
+
+    def sources(self) -> np.ndarray:
+        """Each edge's source (the CSR's rows, expanded)."""
+        return np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.ptr))
+
+    def lists(self) -> list[list[int]]:
+        """Successor lists (for the walks that go state by state in Python)."""
+        if self._lists is None:
+            bounds, flat = self.ptr.tolist(), self.dst.tolist()
+            self._lists = [flat[bounds[i] : bounds[i + 1]] for i in range(self.n)]
+        return self._lists
+
+    def reversed(self, extra_sources: np.ndarray | None = None) -> Digraph:
+        """The reversed graph; with `extra_sources`, one more state (id n) with an edge to each of
+        them, for one search from all of them at once."""
+        src, dst = self.dst, self.sources()
+        size = self.n
+        if extra_sources is not None:
+            size += 1
+            src = np.concatenate([src, np.full(extra_sources.size, self.n, dtype=np.int64)])
+            dst = np.concatenate([dst, extra_sources.astype(np.int64)])
+        by = np.argsort(src, kind="stable")
+        return Digraph(size, src[by], dst[by])
+
+    def csr(self, weight: np.ndarray | None = None):
+        """scipy CSR of the edges (weight 1 each unless given, in edge order)."""
+        from scipy.sparse import csr_array
+
+        data = np.ones(self.dst.size) if weight is None else np.asarray(weight, dtype=np.float64)
+        return csr_array((data, self.dst, self.ptr), shape=(self.n, self.n))
+
+
+def coreachable(graph: Digraph, accept: np.ndarray) -> np.ndarray:
+    """Which states can reach an accepting state (a search over reversed edges)."""
+    sources = np.flatnonzero(accept)
+    if not sources.size:
+        return np.zeros(graph.n, dtype=bool)
+    back = graph.reversed(sources)
+    live = np.zeros(back.n, dtype=bool)
+    live[_bfs(back, graph.n)] = True
+    return live[: graph.n]
+
+
+def bfs_order(graph: Digraph, start: int, live: np.ndarray) -> np.ndarray:
+    """Live states reachable from `start`, in BFS order (the dense numbering), successors in
+    graph order."""
+    if not live.all():
+        keep = live[graph.dst]
+        graph = Digraph(graph.n, graph.sources()[keep], graph.dst[keep])
+    return _bfs(graph, start)
+
+
+def _bfs(graph: Digraph, start: int) -> np.ndarray:
+    csgraph = _csgraph()
+    if csgraph is not None:
+        return csgraph.breadth_first_order(graph.csr(), start, return_predecessors=False).astype(np.int64)
+    succ = graph.lists()
+    seen = [False] * graph.n
     seen[start] = True
     order = [start]
     for s in order:  # the list is the queue: appended to while read
         for t in succ[s]:
-            if ok[t] and not seen[t]:
+            if not seen[t]:
                 seen[t] = True
                 order.append(t)
     return np.asarray(order, dtype=np.int64)
 
 
-def strongly_connected(succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(component id per state, whether that component has a cycle), iterative Tarjan."""
+def strongly_connected(graph: Digraph) -> tuple[np.ndarray, np.ndarray]:
+    """(component id per state, whether that component has a cycle)."""
+    if graph.n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    csgraph = _csgraph()
+    if csgraph is not None:
+        count, comp = csgraph.connected_components(graph.csr(), directed=True, connection="strong")
+        comp = comp.astype(np.int64)
+    else:
+        comp = _tarjan(graph.lists())
+        count = int(comp.max()) + 1
+    src = graph.sources()
+    cyclic = np.bincount(comp, minlength=count) > 1
+    cyclic[comp[src[src == graph.dst]]] = True  # a self-loop
+    return comp, cyclic
+
+
+def _tarjan(succ: list[list[int]]) -> np.ndarray:
+    """Component id per state (iterative Tarjan)."""
     n = len(succ)
-    index = [-1] * n
-    low = [0] * n
-    on_stack = [False] * n
+    index, low, on_stack = [-1] * n, [0] * n, [False] * n
     comp = np.full(n, -1, dtype=np.int64)
     stack: list[int] = []
-    counter = 0
-    num_comps = 0
-    cyclic: list[bool] = []
+    counter = num_comps = 0
     for root in range(n):
         if index[root] >= 0:
             continue
@@ -475,8 +553,7 @@ def strongly_connected(succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
                 w = targets[i]
                 i += 1
                 if index[w] < 0:
-                    work.append((v, i))
-                    work.append((w, 0))
+                    work += [(v, i), (w, 0)]
                     recurse = True
                     break
                 if on_stack[w]:
@@ -484,17 +561,45 @@ def strongly_connected(succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
             if recurse:
                 continue
             if low[v] == index[v]:
-                members = []
                 while True:
                     w = stack.pop()
                     on_stack[w] = False
                     comp[w] = num_comps
-                    members.append(w)
                     if w == v:
                         break
-                cyclic.append(len(members) > 1 or v in succ[v])
                 num_comps += 1
             if work:
                 parent = work[-1][0]
                 low[parent] = min(low[parent], low[v])
-    return comp, np.asarray(cyclic, dtype=bool)
+    return comp
+
+
+def weighted_distances(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """Dijkstra over edges src -> dst (integer weights >= 0, duplicates allowed) from all of
+    `sources` at once: per state, the lightest total weight from the nearest source (-1 where none)."""
+    if not sources.size or n == 0:
+        return np.full(n, -1, dtype=np.int32)
+    by = np.argsort(src, kind="stable")
+    graph = Digraph(n, src[by], dst[by])
+    weight = np.asarray(weight, dtype=np.int64)[by]
+    csgraph = _csgraph()
+    if csgraph is not None:
+        dist = csgraph.dijkstra(graph.csr(weight), directed=True, indices=np.asarray(sources, dtype=np.int64),
+                                 min_only=True)
+        out = np.full(n, -1, dtype=np.int32)
+        reached = np.isfinite(dist)
+        out[reached] = np.rint(dist[reached]).astype(np.int32)
+        return out
+    ptr, nxt, w = graph.ptr.tolist(), graph.dst.tolist(), weight.tolist()
+    dist = [-1] * n
+    heap = [(0, int(s)) for s in sources]
+    heapq.heapify(heap)
+    while heap:
+        d, t = heapq.heappop(heap)
+        if dist[t] >= 0:
+            continue
+        dist[t] = d
+        for i in range(ptr[t], ptr[t + 1]):
+            if dist[nxt[i]] < 0:
+                heapq.heappush(heap, (d + w[i], nxt[i]))
+    return np.asarray(dist, dtype=np.int32)

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import sys
 import time
-from collections import deque
 
 import numpy as np
 
@@ -24,10 +23,12 @@ from surecall.errors import CompileBudgetExceeded, UnsupportedSchema
 from surecall.grammars import cache as table_cache
 from surecall.grammars.automaton import (
     ByteDFA,
+    Digraph,
     bfs_order,
     coreachable,
     regex_to_dfa,
     regex_to_dfa_isolated,
+    weighted_distances,
 )
 from surecall.grammars.counted import (
     CountedCutError,
@@ -237,7 +238,7 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
     _drop_stop_tokens_inplace(rows, _spelled(stop_ids, vocab))
     own = _Extras(rows)
     edge_src, edge_dst = _edges(rows, own, n)
-    order = _live_states(_adjacency(edge_src, edge_dst, n), dfa.accept)
+    order = _live_states(Digraph(n, edge_src, edge_dst), dfa.accept)
     new_id = np.full(n + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
     parts = _renumbered_all(rows, own, order, new_id)
@@ -446,13 +447,6 @@ def _distinct(nexts: np.ndarray, n: int) -> np.ndarray:
     return np.unique(nexts).astype(np.int64)
 
 
-def _adjacency(src: np.ndarray, dst: np.ndarray, n: int) -> list[list[int]]:
-    """Successor lists from edges sorted by source."""
-    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
-    flat = dst.tolist()
-    return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
-
-
 def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np.ndarray) -> list:
     """Per state of `order` (the new ids): (shared class part or None, its region's new ids,
     extra tokens, their new next states).
@@ -495,14 +489,14 @@ def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np
     return parts
 
 
-def _live_states(succ: list[list[int]], accept: np.ndarray) -> np.ndarray:
+def _live_states(graph: Digraph, accept: np.ndarray) -> np.ndarray:
     """States reachable from 0 that reach acceptance over token transitions, in BFS order from 0."""
-    live = coreachable(succ, accept)
+    live = coreachable(graph, accept)
     if not live[0]:
         raise UnsupportedSchema(
             "no token sequence of this vocabulary spells a document the grammar accepts", pointer="", keyword=None
         )
-    return bfs_order(succ, 0, live)
+    return bfs_order(graph, 0, live)
 
 
 _DENSE_ROW_FRACTION = 8  # rows holding more than 1/8 of the width are packed through a bool row
@@ -557,24 +551,8 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
 
 
 def _dist(src: np.ndarray, dst: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Fewest tokens to an accepting state: BFS from the accepting states over reversed edges."""
-    n = accept.shape[0]
-    by_dst = np.argsort(dst, kind="stable")
-    bounds = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
-    pred = src[by_dst].tolist()
-    dist = [-1] * n
-    queue = deque(np.flatnonzero(accept).tolist())
-    for t in queue:
-        dist[t] = 0
-    while queue:
-        t = queue.popleft()
-        d = dist[t] + 1
-        for i in range(bounds[t], bounds[t + 1]):
-            s = pred[i]
-            if dist[s] < 0:
-                dist[s] = d
-                queue.append(s)
-    return np.asarray(dist, dtype=np.int32)
+    """Fewest tokens to an accepting state: a search from the accepting states over reversed edges."""
+    return weighted_distances(accept.shape[0], dst, src, np.ones(src.size, dtype=np.int64), np.flatnonzero(accept))
 
 
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak

@@ -19,7 +19,6 @@ runs no kernels.
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,10 +27,11 @@ import numpy as np
 
 from surecall.grammars.automaton import (
     ByteDFA,
+    Digraph,
     bfs_order,
     coreachable,
     regex_to_dfa,
-    successor_lists,
+    weighted_distances,
 )
 from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT
 from surecall.grammars.table import TokenTable
@@ -138,11 +138,11 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
             into[target] = np.concatenate([into[target], edges])
     trans[:, COUNT_ENTER] = -1
     trans[:, COUNT_EXIT] = -1
-    succ = successor_lists(trans)
+    graph = Digraph.of_dfa(trans)
     # A pruned DFA's states all reach acceptance, and still do once the marks' edges skip them
     # (only the mark states become unreachable): the reverse walk is needed otherwise only.
-    live = np.ones(trans.shape[0], dtype=bool) if is_pruned else coreachable(succ, dfa.accept)
-    order = bfs_order(succ, 0, live)
+    live = np.ones(trans.shape[0], dtype=bool) if is_pruned else coreachable(graph, dfa.accept)
+    order = bfs_order(graph, 0, live)
     new_id = np.full(trans.shape[0] + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
@@ -618,42 +618,7 @@ def counted_dist(table: TokenTable) -> np.ndarray:
 def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Dijkstra from the accepting states over weighted edges src -> dst (duplicates allowed):
     per state, the lightest total weight to acceptance (-1 where none)."""
-    # One edge per (source, target), its lightest weight; then predecessors grouped by target.
-    src, dst, weight = _lightest_edges(n, src, dst, weight)
-    by_dst = np.argsort(dst, kind="stable")
-    ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
-    pred_src, pred_w = src[by_dst].tolist(), weight[by_dst].tolist()
-    dist = [-1] * n
-    heap = [(0, int(s)) for s in np.flatnonzero(accept)]
-    heapq.heapify(heap)
-    while heap:
-        d, t = heapq.heappop(heap)
-        if dist[t] >= 0:
-            continue
-        dist[t] = d
-        for i in range(ptr[t], ptr[t + 1]):
-            s = pred_src[i]
-            if dist[s] < 0:
-                heapq.heappush(heap, (d + pred_w[i], s))
-    return np.asarray(dist, dtype=np.int32)
-
-
-def _lightest_edges(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray):
-    """(source, target, weight) once per distinct edge with its lightest weight, sorted by edge."""
-    span = int(weight.max()) + 1 if weight.size else 1
-    if n * n * span < 2**62 and (weight.size == 0 or int(weight.min()) >= 0):
-        key = (src * n + dst) * span + weight
-        key.sort(kind="stable")  # the edges arrive in sorted runs
-        edge, light = np.divmod(key, span)
-        first = np.ones(edge.size, dtype=bool)
-        first[1:] = edge[1:] != edge[:-1]
-        s, d = np.divmod(edge[first], n)
-        return s, d, light[first]
-    order = np.lexsort((weight, dst, src))
-    src, dst, weight = src[order], dst[order], weight[order]
-    first = np.ones(src.size, dtype=bool)
-    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    return src[first], dst[first], weight[first]
+    return weighted_distances(n, dst, src, weight, np.flatnonzero(accept))
 
 
 def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray):

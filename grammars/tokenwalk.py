@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA, strongly_connected, successor_lists
+from surecall.grammars.automaton import ByteDFA, Digraph, strongly_connected
 
 # Lexical regions are the strongly connected components of the DFA without its structural
 # edges (these bytes, unless on a self-loop): a string body, a number, a whitespace run, not
@@ -284,9 +284,9 @@ def lexical_regions(dfa: ByteDFA):
     for b in _STRUCTURAL:
         col = trans[:, b]
         col[col != self_loop] = -1
-    succ = successor_lists(trans)
-    comp, comp_cyclic = strongly_connected(succ)
-    return succ, comp, comp_cyclic[comp]
+    graph = Digraph.of_dfa(trans)
+    comp, comp_cyclic = strongly_connected(graph)
+    return graph.lists(), comp, comp_cyclic[comp]
 
 
 def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
