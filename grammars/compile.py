@@ -28,13 +28,13 @@ from surecall.grammars.automaton import (
     coreachable,
     regex_to_dfa,
     regex_to_dfa_isolated,
-    weighted_distances,
 )
 from surecall.grammars.counted import (
     CountedCutError,
     add_counts_inplace,
     char_rows,
     check_entries,
+    dist_to_accept,
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.splice import build_spliced
@@ -262,7 +262,7 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
     if counts is None:
         src, dst = new_id[edge_src], new_id[edge_dst]
         live = (src >= 0) & (dst >= 0)
-        table.dist = _dist(src[live], dst[live], accept)
+        table.dist = dist_to_accept(order.size, accept, src[live], dst[live], np.ones(int(live.sum()), dtype=np.int64))
     else:
         add_counts_inplace(table, counts, order, new_id)
     if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
@@ -548,11 +548,6 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
     blocks, row_blocks = split_blocks(mask.view(np.int32))
     row_blocks, index = unique_rows(row_blocks)
     return blocks, row_blocks, index[key_of].astype(np.int32)
-
-
-def _dist(src: np.ndarray, dst: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """Fewest tokens to an accepting state: a search from the accepting states over reversed edges."""
-    return weighted_distances(accept.shape[0], dst, src, np.ones(src.size, dtype=np.int64), np.flatnonzero(accept))
 
 
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
