@@ -55,6 +55,7 @@ _BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character,
 # in process, where they take milliseconds.
 _ISOLATE_REGEX_CHARS = 6000
 _PROGRESS_AFTER_S = 2.0  # print a progress note on stderr when a stage ends later than this
+_PROGRESS_EVERY_S = 5.0  # a stage already named (a splice's pieces repeat one) again at most this often
 
 
 def _options(options):
@@ -609,7 +610,8 @@ class _Clock:
     def __init__(self, budget_s: float):
         self.budget_s = budget_s
         self.started = time.perf_counter()
-        self.noted = False
+        self.noted: set[str] = set()  # the stages a progress note has named
+        self.noted_at = 0.0  # elapsed seconds at the last note
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
@@ -621,8 +623,10 @@ class _Clock:
                 f"compile ran {elapsed:.2f} s, past its time budget of {self.budget_s:g} s, "
                 f"after stage {stage!r}; simplify the schema or raise time_budget_s"
             )
-        if elapsed > _PROGRESS_AFTER_S:
+        if elapsed > _PROGRESS_AFTER_S and (stage not in self.noted or elapsed - self.noted_at >= _PROGRESS_EVERY_S):
             print(f"surecall: compiling... {stage} done after {elapsed:.1f} s", file=sys.stderr)
+            self.noted.add(stage)
+            self.noted_at = elapsed
 
 
 def _canonical(obj) -> str:

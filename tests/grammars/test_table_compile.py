@@ -292,6 +292,29 @@ def test_time_budget_exceeded():
         compile_regex(JSONISH, vocab, GrammarOptions(time_budget_s=1e-9), use_cache=False)
 
 
+def test_progress_notes_name_each_stage_once_then_at_most_every_few_seconds(monkeypatch, capsys):
+    """A long compile notes each new stage; a repeated one (a splice's many pieces) is not a line per piece."""
+    from surecall.grammars import compile as compile_mod
+
+    now = [100.0]
+    monkeypatch.setattr(compile_mod.time, "perf_counter", lambda: now[0])
+    clock = compile_mod._Clock(budget_s=1000.0)
+    now[0] += 1.0
+    clock.check("byte DFA")  # before _PROGRESS_AFTER_S: silent
+    for _ in range(20):  # 20 pieces in 4 s, two stage names in turn
+        now[0] += 0.1
+        clock.check("byte DFA")
+        now[0] += 0.1
+        clock.check("byte DFA (splice)")
+    clock.check("token walk")
+    now[0] += compile_mod._PROGRESS_EVERY_S
+    clock.check("byte DFA")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("... ")[1].split(" done")[0] for line in lines] == [
+        "byte DFA", "byte DFA (splice)", "token walk", "byte DFA"]
+    assert lines[0] == "surecall: compiling... byte DFA done after 2.1 s"
+
+
 def test_memory_budget_exceeded():
     pieces = tuple(bytes([b]) for b in range(256)) + tuple(f"tok{i}".encode() for i in range(40000))
     vocab = Vocab(token_bytes=pieces, special_ids=frozenset(), stop_ids=(), logits_width=len(pieces),
