@@ -200,6 +200,7 @@ def test_cli_compile_and_sample(tmp_path, capsys, data_dir):
     assert main(["compile", str(path), "--tokenizer", "shared:llama3", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["states"] > 0 and report["warm_ms"] < report["cold_ms"] and report["relaxed"] == []
+    assert "setup_ms" in report  # the one-time set-up, timed apart (0 when this process had done it)
     assert main(["sample", str(path), "--tokenizer", "shared:llama3", "--n", "5", "--seed", "2", "--max-tokens", "12"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5

@@ -292,6 +292,26 @@ def test_time_budget_exceeded():
         compile_regex(JSONISH, vocab, GrammarOptions(time_budget_s=1e-9), use_cache=False)
 
 
+def test_warm_up_once_per_vocab_and_options_and_never_raises(monkeypatch):
+    from surecall.errors import UnsupportedSchema
+    from surecall.grammars import compile as compile_mod
+
+    monkeypatch.setattr(compile_mod, "_WARMED", set())
+    vocab = synthetic_vocab()
+    assert compile_mod.warm_up(vocab) > 0
+    assert compile_mod.warm_up(vocab) == 0.0  # done for this vocabulary and these options
+    assert compile_mod.warm_up(vocab, GrammarOptions(whitespace="none")) > 0  # other options: other shapes
+    assert table_cache.cache_bytes() == 0  # nothing stored
+    # a vocabulary that cannot spell the small schema: no error, nothing marked, and the first
+    # real compile reports that vocabulary's own error
+    few = Vocab(token_bytes=tuple(bytes([b]) for b in b'{}":,ab'), special_ids=frozenset(), stop_ids=(),
+                logits_width=7, format="test", name="few")
+    compile_mod.warm_up(few)
+    assert (few.fingerprint, GrammarOptions().cache_key()) not in compile_mod._WARMED
+    with pytest.raises(UnsupportedSchema, match="no token sequence"):
+        compile_schema({"const": "zz"}, few, use_cache=False)
+
+
 def test_progress_notes_name_each_stage_once_then_at_most_every_few_seconds(monkeypatch, capsys):
     """A long compile notes each new stage; a repeated one (a splice's many pieces) is not a line per piece."""
     from surecall.grammars import compile as compile_mod
