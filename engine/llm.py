@@ -133,7 +133,8 @@ class LLM:
         # at load rather than in the first request that brings tools
         from surecall.grammars.compile import warm_up
 
-        warm_up(self.vocab, self.config.grammar_options)
+        if self.vocab is not None:  # None: built without a tokenizer, so only unconstrained rows
+            warm_up(self.vocab, self.config.grammar_options)
         self._tables: dict[str, Any] = {}  # (tools, format, options) key -> TokenTable
         self._engine: EngineCore | None = None  # built on first generate, grown when a request needs more
         self._calls = itertools.count()
