@@ -9,6 +9,7 @@ the CSR and the counters. Nothing here samples from a model or touches a device.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -106,7 +107,8 @@ def schema_violations(schema, document, relaxed) -> tuple[list[str], list[str]]:
     bad, soft = [], []
     try:
         errors = list(cls(schema).iter_errors(document))
-    except (OverflowError, ValueError) as exc:  # e.g. 1e999 parses to inf and multipleOf cannot divide it
+    except (OverflowError, ValueError, re.error) as exc:  # 1e999 parses to inf and multipleOf cannot divide it;
+        # a pattern Python's re cannot parse (\p{L}): the check cannot say either way
         return [], [f"the validator cannot evaluate this document ({type(exc).__name__}: {exc})"]
     for error in errors:
         if _is_float_artefact(error):
@@ -121,7 +123,8 @@ def _is_explained(root, error, relaxed_pairs: set, depth: int = 0) -> bool:
     """Whether `error` is due to relaxed keywords only: its keyword is relaxed where it sits, or it
     is an anyOf/oneOf that no branch matched and one branch fails on relaxed keywords alone (that
     branch's keywords may sit behind a `$ref`, far from the combinator's own location)."""
-    if _is_float_artefact(error) or _is_relaxed(error_locations(root, error), str(error.validator), relaxed_pairs):
+    if _is_float_artefact(error) or any(_is_relaxed(error_locations(root, error), keyword, relaxed_pairs)
+                                        for keyword in _error_keywords(error)):
         return True
     if error.validator not in ("anyOf", "oneOf") or not error.context or depth >= 16:
         return False
@@ -129,6 +132,17 @@ def _is_explained(root, error, relaxed_pairs: set, depth: int = 0) -> bool:
     for sub in error.context:
         branches.setdefault(sub.relative_schema_path[0] if sub.relative_schema_path else None, []).append(sub)
     return any(all(_is_explained(root, sub, relaxed_pairs, depth + 1) for sub in subs) for subs in branches.values())
+
+
+def _error_keywords(error) -> tuple[str, ...]:
+    """The keywords `error` may be listed under: its validator's; for a `false` subschema (no
+    validator) the keyword holding it (`propertyNames: false`); min/maxContains also under
+    `contains`, which the compiler lists for the count as well."""
+    if error.validator is None:
+        path = list(error.absolute_schema_path)
+        return (str(path[-1]),) if path else ()
+    keyword = str(error.validator)
+    return (keyword, "contains") if keyword in ("minContains", "maxContains") else (keyword,)
 
 
 def _is_float_artefact(error) -> bool:

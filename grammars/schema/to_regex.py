@@ -122,6 +122,7 @@ _SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes o
 _MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
+_MAX_UNION_ALTERNATIVES = 16  # branches of a union `excludes` looks through, per side
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -770,6 +771,7 @@ class Converter:
     def merge_pair(self, a: dict, b: dict, ptr: str) -> dict | bool:
         """allOf of two keyword dicts as one dict (False: unsatisfiable)."""
         a, b = _localize_additional(a, b), _localize_additional(b, a)
+        a, b = _localize_items(a, b), _localize_items(b, a)
         out = dict(a)
         origins = dict(a.get(_FROM, {}))
         for key, value in b.items():
@@ -783,19 +785,19 @@ class Converter:
                 if merged is False:
                     return False
                 origins[key] = _both_origins(origins.get(key), b.get(_FROM, {}).get(key, ptr))
-        if "anyOf" in out and "oneOf" in out:
-            self.relax(ptr, "oneOf")
+        if "anyOf" in out and "oneOf" in out:  # A and oneOf(B) = anyOf over x in A of (x and oneOf(B)): exact
             any_of, one_of = out.pop("anyOf"), out.pop("oneOf")
-            out["anyOf"] = [{"allOf": [x, y]} for x in any_of for y in one_of]
+            inner = _one_of_kept(one_of, origins.pop("oneOf", None))
+            out["anyOf"] = [{"allOf": [x, inner]} for x in any_of]
         out[_FROM] = origins
         return out
 
     def merge_keyword(self, out: dict, key: str, value: object, ptr: str) -> bool:
         """Combine out[key] with value in place; False when no value can satisfy both."""
         old = out[key]
-        if key in ("anyOf", "oneOf"):
-            if key == "oneOf" or "oneOf" in out:
-                self.relax(ptr, "oneOf")
+        if key == "oneOf":  # oneOf(A) and oneOf(B) = oneOf over x in A of (x and oneOf(B)): exact
+            out[key] = [{"allOf": [x, _one_of_kept(value, ptr)]} for x in old]
+        elif key == "anyOf":  # a oneOf beside them is distributed by merge_pair
             out[key] = [{"allOf": [x, y]} for x in old for y in value]
         elif key in ("properties", "patternProperties"):
             props = dict(old)
@@ -826,6 +828,8 @@ class Converter:
             out[key] = combined_multiple(old, value)
         elif key == "not" and _negated_types(old) is not None and _negated_types(value) is not None:
             out[key] = {"type": sorted(_negated_types(old) | _negated_types(value))}  # not A and not B
+        elif key == "prefixItems" and isinstance(old, list) and isinstance(value, list):  # position by position
+            out[key] = [{"allOf": [x, y]} for x, y in zip(old, value)] + old[len(value):] + value[len(old):]
         elif key in ("additionalProperties", "items", "additionalItems") and not (
                 isinstance(old, list) or isinstance(value, list)):
             out[key] = {"allOf": [old, value]}
@@ -855,11 +859,35 @@ class Converter:
         if key == "oneOf" and sum(b is not None for b in branches) > 1 and not self.disjoint(effective):
             marked = [{"allOf": [_at(rest, ptr), _at(sub, pointer_join(ptr, key, i))]} if has_rest
                       else _at(sub, pointer_join(ptr, key, i)) for i, sub in enumerate(schema[key])]
-            exact = self.arrays_one_of(effective, marked, ptr)
+            exact = self.finite_one_of(effective, ptr)
+            if exact is False:
+                exact = self.arrays_one_of(effective, marked, ptr)
             if exact is not False:
                 return exact
             self.relax(ptr, "oneOf")
         return _alternation(branches)
+
+    def finite_one_of(self, effective: list, ptr: str) -> str | None | bool:
+        """A oneOf whose every branch lists its values (enum/const beside any other keyword): the
+        listed values that validate exactly one branch, every keyword counted (the validator
+        decides), as an enum; None when none does. False where a branch lists no values or the
+        validator cannot run here."""
+        flat = self.flatten_all(effective)
+        lists = None if flat is None else [_constants(f) for f in flat]
+        if lists is None or any(values is None for values in lists):
+            return False
+        candidates: list = []
+        for value in itertools.chain.from_iterable(lists):
+            if not any(_json_equal(value, seen) for seen in candidates):
+                candidates.append(value)
+        kept = []
+        for value in candidates:
+            verdicts = [self.none_valid([value], sub) for sub in effective]
+            if None in verdicts:
+                return False
+            if verdicts.count(False) == 1:  # valid under exactly one branch
+                kept.append(value)
+        return self.convert({"enum": kept}, ptr) if kept else None
 
     def arrays_one_of(self, effective: list, marked: list, ptr: str) -> str | None | bool:
         """A oneOf of array-only branches that are disjoint once each writes at least one item
@@ -926,13 +954,53 @@ class Converter:
             verdict = None if values is None else self.none_valid(values, against)
             if verdict is not None:  # a value the grammar writes for a branch validates against it
                 return verdict
+        memo = {} if memo is None else memo
         if shared is None:
-            shared = self.kinds(emitted, depth) & self.kinds(other, depth)
+            shared = self.kinds_once(emitted, depth, memo) & self.kinds_once(other, depth, memo)
         if not shared:
             return True
-        if any(k in sub for sub in (emitted, other) for k in ("anyOf", "oneOf", "not", "if", NOT_IN)):
+        if any(k in sub for sub in (emitted, other) for k in ("not", "if", NOT_IN)):
             return False
-        return all(self.excludes_as(kind, emitted, other, depth, {} if memo is None else memo) for kind in shared)
+        for side in (emitted, other):  # a union on either side: every branch must be excluded
+            key = next((k for k in ("anyOf", "oneOf") if k in side), None)
+            if key is None:
+                continue
+            alternatives = self.union_alternatives(side, key, memo)
+            if alternatives is None:
+                return False
+            for flat, branch in alternatives:
+                pair = (flat, other, {"allOf": [raw_emitted, branch]}, raw_other) if side is emitted else (
+                    emitted, flat, raw_emitted, {"allOf": [raw_other, branch]})
+                if not self.excludes(*pair, depth + 1, memo=memo):
+                    return False
+            return True
+        return all(self.excludes_as(kind, emitted, other, depth, memo) for kind in shared)
+
+    def kinds_once(self, flat: dict, depth: int, memo: dict) -> set[str]:
+        """`kinds(flat, depth)` once per (flat, depth) in `memo`."""
+        hit = memo.get(("kinds", id(flat), depth))
+        if hit is None or hit[0] is not flat:
+            hit = memo[("kinds", id(flat), depth)] = (flat, self.kinds(flat, depth))
+        return hit[1]
+
+    def union_alternatives(self, flat: dict, key: str, memo: dict) -> list | None:
+        """(flattened rest-and-branch, branch) per branch of `flat`'s anyOf/oneOf: a value the grammar
+        writes for `flat`, or one that satisfies it, satisfies one of them (None: too many, a
+        branch that cannot be flattened, or not a list). Once per `flat` in `memo`, so the
+        pairs of a oneOf and the levels below share each expansion."""
+        hit = memo.get(("union", id(flat)))
+        if hit is not None and hit[0] is flat:
+            return hit[1]
+        branches = flat.get(key)
+        found = None
+        if isinstance(branches, list) and len(branches) <= _MAX_UNION_ALTERNATIVES:
+            rest = {k: v for k, v in flat.items() if k != key}
+            try:
+                found = [(self.flatten({"allOf": [rest, branch]}, "", 0), branch) for branch in branches]
+            except SchemaError:
+                found = None
+        memo[("union", id(flat))] = (flat, found)
+        return found
 
     def kinds(self, flat: dict, depth: int) -> set[str]:
         """The JSON types a flattened schema admits ("number" brings "integer"): its type (or the
@@ -1826,12 +1894,31 @@ def _localize_additional(own: dict, other: dict) -> dict:
     return {**own, "properties": {**declared, **added}} if added else own
 
 
+def _localize_items(own: dict, other: dict) -> dict:
+    """`own` with its `items` (what follows its own prefixItems) written out at the positions that
+    `other`'s longer prefixItems declares: once two allOf branches merge, `items` would otherwise
+    apply only after the longer prefix (JSON-Schema-Test-Suite: "prefixItems in allOf does not
+    constrain items"). The tuple `items` of drafts 4-7 does not merge with another form
+    (merge_keyword refuses it), so only the 2020-12 form is written out here."""
+    theirs, ours = other.get("prefixItems"), own.get("prefixItems", [])
+    rest = own.get("items", True)
+    if not isinstance(theirs, list) or not isinstance(ours, list) or rest is True or isinstance(rest, list) \
+            or len(theirs) <= len(ours):
+        return own
+    return {**own, "prefixItems": [*ours, *([rest] * (len(theirs) - len(ours)))]}
+
+
 def _both_origins(first: str | tuple | None, second: str | tuple) -> tuple:
     """The places a merged keyword came from (None: the node's own pointer), each once."""
     def parts(x):
         return x if isinstance(x, tuple) else (x,)
 
     return tuple(dict.fromkeys((*parts(first), *parts(second))))
+
+
+def _one_of_kept(branches: list, origin) -> dict:
+    """`{"oneOf": branches}` kept whole inside a distributed allOf, listed (if relaxed) where it was written."""
+    return {"oneOf": branches} if origin is None else {"oneOf": branches, _FROM: {"oneOf": origin}}
 
 
 def _at(sub: object, pointer: str) -> object:

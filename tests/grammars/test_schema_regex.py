@@ -503,13 +503,31 @@ def test_invalid_schema_raises_schema_error_with_pointer_and_keyword():
         ({"type": "integer", "minimum": 5, "maximum": 4}, "unsatisfiable"),
         ({"$ref": "https://example.com/s.json"}, "only local references"),
         ({"$dynamicRef": "#meta"}, "dynamic references"),
-        ({"allOf": [{"type": "string", "contentMediaType": "x", "minLength": 1},
-                    {"prefixItems": [{}]}, {"prefixItems": [{}, {}]}]}, "cannot be merged"),
+        ({"$schema": "http://json-schema.org/draft-07/schema#",  # tuple `items` of two lengths
+          "allOf": [{"items": [{}]}, {"items": [{}, {}]}]}, "cannot be merged"),
     ],
 )
 def test_unsupported_schemas_raise_with_keyword(schema, match):
     with pytest.raises(UnsupportedSchema, match=match):
         schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{"minimum": 1}, {"maximum": 0}]}]},
+    {"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"maximum": 3}}, {"prefixItems": [{}, {}, {"minimum": 2}]}]},
+    {"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}},  # items covers index 0 too
+    {"allOf": [{"prefixItems": [{}], "items": False}, {"prefixItems": [{}, {"type": "integer"}]}]},
+])
+def test_prefix_items_of_allof_branches_merge_position_by_position(schema):
+    """Each branch's `items` starts after its own prefixItems: merged, it is written out at the other's positions."""
+    import jsonschema
+
+    regex = re.compile(expand_counts(schema_to_regex(schema).regex))
+    validator = jsonschema.Draft202012Validator(schema)
+    values = [[], [1], [5], [6], [0, 0], [2, -1], [2, 1], [3, 5], [5, 5], [1, 0, 2], [1, 0, 1], [1, 2, 3, 4], [1.5]]
+    assert any(validator.is_valid(v) for v in values) and not all(validator.is_valid(v) for v in values)
+    for value in values:
+        assert (regex.fullmatch(json.dumps(value)) is not None) == validator.is_valid(value), value
 
 
 def test_required_recursion_past_the_depth_limit_is_unsupported():

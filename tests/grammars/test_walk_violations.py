@@ -142,3 +142,21 @@ def test_a_keyword_merged_from_two_allof_branches_is_listed_at_both():
     assert ("/allOf/1/patternProperties/c/items", "multipleOf") in relaxed
     bad, explained = schema_violations(schema, {"abcd": [2.5e-13]}, list(relaxed))
     assert not bad and explained
+
+
+@pytest.mark.parametrize(("schema", "document", "listed"), [
+    ({"contains": {"const": 1}, "minContains": 2}, [1], ("", "contains")),  # the compiler lists the count as contains
+    ({"contains": {"const": 1}, "maxContains": 1}, [1, 1], ("", "contains")),
+    ({"propertyNames": False}, {"foo": 1}, ("", "propertyNames")),  # a false subschema: no validator keyword
+    ({"properties": {"a": {"propertyNames": False}}}, {"a": {"x": 1}}, ("/properties/a", "propertyNames")),
+])
+def test_count_and_false_subschema_errors_are_matched_to_their_listed_keyword(schema, document, listed):
+    bad, soft = schema_violations(schema, document, [listed])
+    assert not bad and soft
+    bad, _ = schema_violations(schema, document, [])
+    assert bad  # not listed: an error
+
+
+def test_a_pattern_pythons_re_cannot_read_is_reported_as_unchecked_not_raised():
+    bad, soft = schema_violations({"type": "string", "pattern": "^\\p{L}+$"}, "abc", [])
+    assert not bad and "cannot evaluate" in soft[0]
