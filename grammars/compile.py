@@ -145,8 +145,12 @@ def _through_cache(key: str, use_cache: bool | str, build) -> TokenTable:
 
 
 def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
-    """Compile `to_regex(options)`; if its table passes the memory budget with conditionals written
-    in (schema/conditionals.py), again with them relaxed."""
+    """Compile `to_regex(options)`; past the memory budget, again with conditionals relaxed
+    (_with_conditionals_fallback), then, where a recursive `$ref` was cut, with max_ref_depth
+    lowered one level at a time down to 0, within what is left of the time budget. Each lower
+    depth is stricter (deeper nesting is never written; `narrowed` lists the reference), never
+    looser: a recursive schema whose unrolled automaton is too large still gets a grammar whose
+    every output validates. The table's meta says which depth it was built with and why."""
     results: dict = {}
 
     def converted(opts):
@@ -154,6 +158,31 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
             results[opts] = to_regex(opts)
         return results[opts]
 
+    started, first_exc = time.perf_counter(), None
+    opts = options
+    while True:
+        try:
+            table = _with_conditionals_fallback(converted, vocab, opts, meta)
+        except CompileBudgetExceeded as exc:
+            left_s = options.time_budget_s - (time.perf_counter() - started)
+            if (opts.max_ref_depth == 0 or "memory" not in str(exc) or left_s <= 0
+                    or not getattr(converted(opts), "recursion_cut", False)):
+                raise
+            first_exc = first_exc or exc
+            opts = dataclasses.replace(opts, max_ref_depth=opts.max_ref_depth - 1, time_budget_s=left_s)
+            continue
+        if first_exc is not None:
+            table.meta["narrowed"] = [[p, k, f"{why} (lowered from {options.max_ref_depth}: the deeper grammar "
+                                       "passed the memory budget)" if k == "$ref" else why]
+                                      for p, k, why in table.meta.get("narrowed", [])]
+            table.meta["ref_depth_fallback"] = {"max_ref_depth": opts.max_ref_depth, "from": options.max_ref_depth,
+                                                "why": str(first_exc)}
+        return table
+
+
+def _with_conditionals_fallback(converted, vocab, options, meta: dict) -> TokenTable:
+    """Compile `converted(options)`; if its table passes the memory budget with conditionals written
+    in (schema/conditionals.py), again with them relaxed."""
     relaxed = dataclasses.replace(options, rewrite_conditionals=False)
     try:
         return _with_counted_fallback(converted, vocab, options, meta)

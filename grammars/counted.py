@@ -33,11 +33,10 @@ from surecall.grammars.automaton import (
     regex_to_dfa,
     weighted_distances,
 )
-from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT
+from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT, read_mark_bounds
 from surecall.grammars.table import TokenTable
 
 _QUOTE = 0x22
-_MARK_NIBBLES = 16  # 8 nibbles of lo, 8 of hi
 MAX_CHARS = 63  # int8 rows: a token starting more characters in a body is never allowed there
 MAX_FILL = MAX_CHARS  # the counted dist assumes at most this many characters per token
 INVALID = -1  # char_rows value of a token that leaves a body other than by its closing quote
@@ -167,16 +166,20 @@ def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, 
     if (trans[p] >= 0).sum() != 1:
         raise CountedCutError(f"state {p}: a count mark shares its state with other text")
     q = int(trans[p, kind])
-    nibbles = []
-    for _ in range(_MARK_NIBBLES):
+
+    def next_nibble() -> int:
+        nonlocal q
         live = np.flatnonzero(trans[q] >= 0)
         if live.size != 1 or not 0x10 <= live[0] <= 0x1F:
             raise CountedCutError(f"state {q}: a count mark is not followed by its bounds")
-        nibbles.append(int(live[0]) - 0x10)
         q = int(trans[q, live[0]])
-    lo = int("".join(f"{n:x}" for n in nibbles[:8]), 16)
-    hi = int("".join(f"{n:x}" for n in nibbles[8:]), 16)
-    return q, (lo, hi)
+        return int(live[0]) - 0x10
+
+    try:
+        bounds = read_mark_bounds(next_nibble)
+    except ValueError as exc:
+        raise CountedCutError(f"state {p}: {exc}") from None
+    return q, bounds
 
 
 def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:

@@ -158,6 +158,7 @@ def tool_branches(named: list, fmt: ToolFormat, options: GrammarOptions) -> tupl
         merged.relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
         merged.reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})
         merged.narrowed.update({(f"{name}#{p}", k): why for (p, k), why in result.narrowed.items()})
+        merged.recursion_cut |= result.recursion_cut
     return branches, merged
 
 

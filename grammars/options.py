@@ -27,7 +27,10 @@ class GrammarOptions:
         arrays with prefixItems or holding a counted array; a large quantifier inside a larger
         pattern) above it are not materialised; they are relaxed and listed with a reason.
     max_ref_depth: how many times one `$ref` may be expanded inside itself; deeper recursion is
-        cut off (the grammar gets stricter); a schema that cannot end inside it is unsupported.
+        cut off (the grammar gets stricter, listed in the table's `narrowed`); a schema that
+        cannot end inside it is unsupported. Where the unrolled grammar passes the memory budget,
+        compile_schema/compile_catalog lower it one level at a time, down to 0, within the time
+        budget (meta "ref_depth_fallback").
     max_any_depth: how many containers deep a value under an unconstrained schema (`{}`, `true`,
         a free-form `{"type": "object"}`) may nest; deeper values are rejected (stricter, never
         looser). With splicing (compile_schema) each level is one sub-automaton, so the regex

@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         "min_tokens": int(table.dist[0]), "relaxed": [list(r) for r in table.relaxed],
         "relaxed_reasons": relaxed_reasons(table),
         "narrowed": [{"pointer": p, "keyword": k, "reason": why} for p, k, why in table.meta.get("narrowed", [])],
+        "ref_depth_fallback": table.meta.get("ref_depth_fallback"),
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),
         "cache_max_bytes": table_cache.max_cache_bytes(),
     }

@@ -143,6 +143,7 @@ class RegexResult:
     reasons: dict[tuple[str, str], str] = field(default_factory=dict)  # why each relaxed pair is not enforced
     pieces: list[str] = field(default_factory=list)  # with splice: the sub-regexes its placeholders stand for
     narrowed: dict[tuple[str, str], str] = field(default_factory=dict)  # (pointer, keyword) -> why stricter than the schema
+    recursion_cut: bool = False  # a recursive `$ref` was cut at max_ref_depth (listed in `narrowed`)
 
 
 def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, splice: bool = False) -> RegexResult:
@@ -167,8 +168,13 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
                 conv.truncated_at, "$ref")
         raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
     pieces = [] if conv.pieces is None else list(conv.pieces.regexes)
+    narrowed = dict(conv.narrowed)
+    if conv.truncated_at is not None:
+        narrowed.setdefault((conv.truncated_at, "$ref"), (
+            f"recursion cut at max_ref_depth={options.max_ref_depth}: "
+            "values nested deeper through this reference are never written"))
     return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces,
-                       narrowed=dict(conv.narrowed))
+                       narrowed=narrowed, recursion_cut=conv.truncated_at is not None)
 
 
 def check_schema(schema: object) -> None:
@@ -220,7 +226,8 @@ def _text_literal(value: object) -> str:
 
 
 # A counted string is `"` ENTER body* `"` EXIT, where ENTER/EXIT are a control byte plus its
-# bounds as 16 nibble bytes. Raw control bytes never occur in JSON text, so the marks cannot
+# bounds as nibble bytes (count_mark: each bound's length, then its hex digits; a short mark
+# keeps outlines-core's DFA small: the seed catalog's went from 494 to ~420 states). Raw control bytes never occur in JSON text, so the marks cannot
 # clash with anything; compile.py (grammars/counted.py) cuts them out of the byte DFA and keeps
 # the body's states as one counted region. The exit mark also keeps bodies of different bounds
 # (or an unbounded one) from being merged by DFA minimisation.
@@ -231,9 +238,34 @@ _NIBBLE_BASE = 0x10
 
 
 def count_mark(kind: int, low: int, high: int) -> bytes:
-    """The mark bytes: `kind`, then low and high as 8 nibbles each (most significant first)."""
-    nibbles = [(v >> (4 * i)) & 15 for v in (low, high) for i in range(7, -1, -1)]
+    """The mark bytes: `kind`, then low and high, each as its number of hex digits (one nibble
+    byte, 0 for NO_MAX_LENGTH) and those digits, most significant first (read_mark_bounds)."""
+    nibbles = []
+    for value in (low, high):
+        digits = [] if value == NO_MAX_LENGTH else [int(d, 16) for d in f"{value:x}"]
+        nibbles += [len(digits), *digits]
     return bytes([kind] + [_NIBBLE_BASE + n for n in nibbles])
+
+
+def read_mark_bounds(next_nibble) -> tuple[int, int]:
+    """(low, high) of a mark from its nibbles after the kind byte; `next_nibble()` gives each
+    (0..15) in turn and raises where the mark is malformed (the inverse of count_mark)."""
+    bounds = []
+    for _ in range(2):
+        count = next_nibble()
+        if count > 8:
+            raise ValueError(f"Invalid count mark: a bound of {count} hex digits")
+        bounds.append(NO_MAX_LENGTH if count == 0 else int("".join(f"{next_nibble():x}" for _ in range(count)), 16))
+    return bounds[0], bounds[1]
+
+
+def _mark_text_bounds(text: str) -> tuple[int, int]:
+    """(low, high) of a mark's nibbles written as regex text (`\\x1h` each)."""
+    digits = iter(int(text[i + 3], 16) for i in range(0, len(text), 4))
+    bounds = read_mark_bounds(lambda: next(digits))
+    if next(digits, None) is not None:
+        raise ValueError(f"Invalid count mark: {text!r} is longer than its bounds")
+    return bounds
 
 
 def counted_string_regex(low: int, high: int | None, char: str = lex.STRING_CHAR) -> str:
@@ -259,8 +291,8 @@ def counted_body_regex(body: str, high: int) -> str:
 
 
 _COUNTED = re.compile(  # a counted body holds no other mark
-    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(f"\\x{COUNT_ENTER:02x}")
-    + ").)*?)" + '"' + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f]){16}",
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f])+)((?:(?!" + re.escape(f"\\x{COUNT_ENTER:02x}")
+    + ").)*?)" + '"' + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f])+",
     re.DOTALL,
 )
 
@@ -270,8 +302,7 @@ def expand_counts(regex: str) -> str:
     enforce, for Python `re` (tests, references); far too large for a byte DFA at real bounds."""
 
     def spelled(m: re.Match) -> str:
-        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
-        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        low, high = _mark_text_bounds(m.group(1))
         upper = "" if high == NO_MAX_LENGTH else str(high)
         if m.group(2).endswith("*"):  # char*: the character under the counted bounds
             return f'"{m.group(2)[:-1]}{{{low},{upper}}}"'
@@ -300,7 +331,7 @@ def relax_reason(keyword: str) -> str:
 # A counted array is `[` MARK ws (item (ws `,` MARK ws item)*)? ws `]` MARK: one control byte
 # (ITEM_MARK, free of every other mark: counted strings 0x01, 0x02, 0x10-0x1F; tool-mode
 # placeholders 0x03-0x08; automaton's 0x0E, 0x0F) whose kind is the byte before it: after `[` and
-# `]` it carries minItems/maxItems as 16 nibbles, after `,` it is alone. compile.py
+# `]` it carries minItems/maxItems as count_mark's nibbles, after `,` it is alone. compile.py
 # (grammars/items.py: cut_item_marks) cuts the marks out like the string marks; a per-row item
 # counter then counts the separators crossed. Arrays of counted arrays are counted at every
 # level (a per-row stack of counters) up to MAX_ITEM_DEPTH open at once; an outer array beyond
@@ -338,8 +369,8 @@ def counted_array_regex(item: str, low: int, high: int | None, ws: str, prefix: 
 
 
 _COUNTED_ARRAY = re.compile(  # an innermost counted array (no other opens inside it)
-    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f]){16})((?:(?!" + re.escape(_ITEM_ENTER_TEXT) + ").)*?)"
-    + re.escape(_ITEM_EXIT_TEXT) + "(?:\\\\x1[0-9a-f]){16}",
+    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f])+)((?:(?!" + re.escape(_ITEM_ENTER_TEXT) + ").)*?)"
+    + re.escape(_ITEM_EXIT_TEXT) + "(?:\\\\x1[0-9a-f])+",
     re.DOTALL,
 )
 
@@ -351,8 +382,7 @@ def expand_items(regex: str, ws: str | None = None) -> str:
     sep = f",{_ITEM_MARK_TEXT}"
 
     def spelled(m: re.Match) -> str:
-        digits = "".join(m.group(1)[i + 3] for i in range(0, len(m.group(1)), 4))
-        low, high = int(digits[:8], 16), int(digits[8:], 16)
+        low, high = _mark_text_bounds(m.group(1))
         # pieces between separators: ws, "(?:" when optional, then "(?:item)(?:" each; the last
         # "(?:item))*", one ")?" per prefix item, ws, ")?" when optional
         pieces = m.group(2).split(f"{ws}{sep}{ws}")

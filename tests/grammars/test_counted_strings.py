@@ -18,6 +18,7 @@ import pytest
 from surecall.grammars import cache as table_cache
 from surecall.grammars.compile import compile_catalog, compile_schema
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema.to_regex import COUNT_ENTER, NO_MAX_LENGTH
 from surecall.grammars.table import TokenTable
 from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import accepts, decode, kept, random_walk
@@ -239,3 +240,23 @@ def test_seed_catalog_enforces_every_length_bound(llama3):
         budget = int(table.dist[0]) + (i % 4) * 3 if i % 2 else 3000
         call = json.loads(decode(llama3, random_walk(table, llama3, rng, max_tokens=budget)))
         jsonschema.validate(call["arguments"], schemas[call["name"]])
+
+
+@pytest.mark.parametrize("low, high", [(0, 0), (1, 48), (49, 8192), (0, NO_MAX_LENGTH), (15, 16), (NO_MAX_LENGTH - 1, NO_MAX_LENGTH)])
+def test_count_marks_are_short_and_read_back(low, high):
+    from surecall.grammars.schema.to_regex import count_mark, read_mark_bounds
+
+    mark = count_mark(COUNT_ENTER, low, high)
+    assert mark[0] == COUNT_ENTER and all(0x10 <= b <= 0x1F for b in mark[1:])
+    digits = sum(len(f"{v:x}") for v in (low, high) if v != NO_MAX_LENGTH)
+    assert len(mark) == 3 + digits  # kind, two digit counts, the digits: 8 bytes for (1, 8192), 17 before
+    nibbles = iter(b - 0x10 for b in mark[1:])
+    assert read_mark_bounds(lambda: next(nibbles)) == (low, high) and next(nibbles, None) is None
+
+
+def test_a_malformed_count_mark_is_refused():
+    from surecall.grammars.schema.to_regex import read_mark_bounds
+
+    nibbles = iter([9, 1, 2])
+    with pytest.raises(ValueError, match="Invalid count mark: a bound of 9 hex digits"):
+        read_mark_bounds(lambda: next(nibbles))

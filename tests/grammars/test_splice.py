@@ -397,3 +397,44 @@ def test_kubernetes_free_form_fields_v1_accepts_its_valid_instance(data_dir):
     assert not _spliced_dfa(fields_schema).matches(json.dumps(value).encode())  # the default depth, 2
     assert _spliced_dfa(fields_schema, _depth_options(4)).matches(json.dumps(value).encode())
     jsonschema_rs.validator_for(schema).validate(row["tests"][0]["data"])  # the instance is valid
+
+
+_NUMERIC = {
+    "numbers_and_integers": {"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "integer"}, "b": {"type": "number"}, "c": {"type": "array", "items": {"type": "number"}},
+        "d": {"type": "array", "items": {"type": "integer"}}, "e": {"type": "string"}}},
+    # a number ending where a string's closing quote also leads (its last digit state would copy that row)
+    "string_or_number_values": {"type": "object", "additionalProperties": {"anyOf": [
+        {"type": "string"}, {"type": "number"}]}, "properties": {"x": {"type": "integer"}}},
+    "number_list_in_list": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NUMERIC))
+def test_shared_numbers_give_the_inlined_dfa(name):
+    from surecall.grammars.schema import json_lex as lex
+
+    regex = schema_to_regex(_NUMERIC[name], GrammarOptions(allow_additional_properties=True)).regex
+    assert lex.INTEGER in regex or f"(?:{lex.NUMBER})" in regex, "the schema should hold free numbers"
+    dfa = string_bodies.build_with_shared_bodies(regex, regex_to_dfa)
+    inlined = regex_to_dfa(regex)
+    # the same language (minimal DFAs in BFS order are unique); the overlay is minimal itself
+    # except where two copies of a number end alike (string_or_number_values: one extra state)
+    small = minimize(dfa)
+    np.testing.assert_array_equal(small.trans, inlined.trans)
+    np.testing.assert_array_equal(small.accept, inlined.accept)
+    assert dfa.num_states <= inlined.num_states + (1 if name == "string_or_number_values" else 0)
+    # the shared path was taken (no fallback to the inlined build)
+    written = regex
+    for text, index, _ in string_bodies._SHARED:
+        written = written.replace(text, splice.placeholder(index) if index == string_bodies._BODY_INDEX
+                                  else f"(?:{splice.placeholder(index)})")
+    bodies = {index: regex_to_dfa(body) for text, index, body in string_bodies._SHARED if text in regex}
+    assert string_bodies._overlay(regex_to_dfa(written), bodies) is not None
+
+
+def test_pieces_leave_the_shared_bodies_placeholders_free():
+    pieces = splice.Pieces("\\x0b")
+    pieces.regexes = ["x"] * (splice.MAX_PIECES - splice.RESERVED_PIECES)
+    with pytest.raises(CompileBudgetExceeded, match=f"more than {splice.MAX_PIECES - splice.RESERVED_PIECES}"):
+        pieces.add("y")

@@ -653,3 +653,45 @@ def test_seed_catalog_table_equals_slow_reference(llama3):
     dense = dense_view(table)
     for name, expected in reference_table(dfa, [r.materialize() for r in rows], llama3).items():
         assert np.array_equal(dense[name], expected), name
+
+
+_TREE = {"$defs": {"node": {"type": "object", "required": ["v"], "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+    "$ref": "#/$defs/node"}
+
+
+def _tree(depth: int) -> dict:
+    return {"v": 1} if depth == 0 else {"v": 1, "kids": [_tree(depth - 1)]}
+
+
+def _spell(vocab: Vocab, value) -> list[int]:
+    return list(json.dumps(value, separators=(", ", ": ")).encode())  # byte vocabulary: id = byte
+
+
+def test_a_recursive_schema_past_the_memory_budget_is_compiled_again_with_a_lower_ref_depth():
+    import jsonschema
+    from helpers.grammar_checks import byte_vocab
+
+    vocab = byte_vocab("recursive-fallback")
+    full = compile_schema(_TREE, vocab, GrammarOptions(memory_budget_bytes=4 << 20), use_cache=False)
+    assert "ref_depth_fallback" not in full.meta and accepts(full, _spell(vocab, _tree(3)))
+    [(pointer, keyword, why)] = full.meta["narrowed"]  # the default cut is listed too
+    assert (pointer, keyword) == ("/$defs/node/properties/kids/items", "$ref") and "max_ref_depth=3" in why
+    # at 1 MiB the depth-3 regex is too large: depth 2 is the deepest that fits
+    table = compile_schema(_TREE, vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+    fallback = table.meta["ref_depth_fallback"]
+    assert (fallback["from"], fallback["max_ref_depth"]) == (3, 2) and "memory budget" in fallback["why"]
+    assert "lowered from 3" in table.meta["narrowed"][0][2]
+    assert accepts(table, _spell(vocab, _tree(2))) and not accepts(table, _spell(vocab, _tree(3)))
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # stricter, never looser: every output still validates
+        jsonschema.validate(json.loads(decode(vocab, random_walk(table, vocab, rng))), _TREE)
+
+
+def test_lowering_ref_depth_is_only_tried_for_a_cut_recursion():
+    from helpers.grammar_checks import byte_vocab
+
+    flat = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}, "required": ["p0"]}
+    with pytest.raises(CompileBudgetExceeded, match="memory budget"):
+        compile_schema(flat, byte_vocab("flat-over-budget"), GrammarOptions(memory_budget_bytes=1 << 20),
+                       use_cache=False)
