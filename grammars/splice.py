@@ -28,7 +28,7 @@ PLACEHOLDER_LEAD = 0x00
 _INDEX_BASE = ord("A")  # index digits are the letters A-P (one hex nibble each)
 _INDEX_DIGITS = 4
 MAX_PIECES = 16**_INDEX_DIGITS
-RESERVED_PIECES = 3  # the top indices stand for string_bodies.py's shared bodies, never a piece
+RESERVED_PIECES = 32  # the top indices stand for string_bodies.py's shared bodies, never a piece
 _PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
 # The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
 # DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).

@@ -19,9 +19,11 @@ import numpy as np
 from surecall.grammars.automaton import ByteDFA, prune, regex_to_dfa
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.json_lex import STRING_CHAR
+from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.splice import (
     MAX_PIECES,
     PLACEHOLDER_LEAD,
+    RESERVED_PIECES,
     find_placeholders,
     placeholder,
     placeholders_in,
@@ -33,11 +35,17 @@ _BODY_INDEX = MAX_PIECES - 1  # its placeholder; to_regex's pieces stay below RE
 # positions), which a schema with a few numeric properties repeats; laid in the same way. Each
 # is replaced only as a whole group, `(?:TEXT)` or INTEGER (itself one group), by a group, so a
 # quantifier after it still applies to all of it.
+# String formats (string_formats.py, written `(?:FORMAT)`) likewise: a `uri` costs outlines-core
+# ~6 ms per use, an `email` 8, a `uri-reference` 10. Longer texts are replaced first.
 _SHARED = (  # (text in the regex, its replacement's placeholder index, the body's regex)
     (STRING_BODY, _BODY_INDEX, STRING_BODY),
     (lex.INTEGER, MAX_PIECES - 2, lex.INTEGER),
     (f"(?:{lex.NUMBER})", MAX_PIECES - 3, lex.NUMBER),
+    *((f"(?:{body})", MAX_PIECES - 4 - k, body) for k, body in enumerate(
+        sorted(set(STRING_FORMATS.values()), key=lambda b: (-len(b), b)))),
 )
+if len(_SHARED) > RESERVED_PIECES:
+    raise ImportError(f"string_bodies shares {len(_SHARED)} bodies: raise splice.RESERVED_PIECES")
 _MIN_BODIES = 2  # one body alone saves less than the overlay costs
 _shared_dfas: dict[str, ByteDFA] = {}
 

@@ -407,15 +407,17 @@ _NUMERIC = {
     "string_or_number_values": {"type": "object", "additionalProperties": {"anyOf": [
         {"type": "string"}, {"type": "number"}]}, "properties": {"x": {"type": "integer"}}},
     "number_list_in_list": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+    "formats": {"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "string", "format": "uri"}, "b": {"type": "string", "format": "uri"},
+        "c": {"type": "string", "format": "date-time"}, "d": {"type": "string", "format": "email", "maxLength": 60},
+        "e": {"type": "array", "items": {"type": "string", "format": "date"}}}},
 }
 
 
 @pytest.mark.parametrize("name", sorted(_NUMERIC))
-def test_shared_numbers_give_the_inlined_dfa(name):
-    from surecall.grammars.schema import json_lex as lex
-
+def test_shared_numbers_and_formats_give_the_inlined_dfa(name):
     regex = schema_to_regex(_NUMERIC[name], GrammarOptions(allow_additional_properties=True)).regex
-    assert lex.INTEGER in regex or f"(?:{lex.NUMBER})" in regex, "the schema should hold free numbers"
+    assert any(text in regex for text, _, _ in string_bodies._SHARED[1:]), "the schema should hold a number or format"
     dfa = string_bodies.build_with_shared_bodies(regex, regex_to_dfa)
     inlined = regex_to_dfa(regex)
     # the same language (minimal DFAs in BFS order are unique); the overlay is minimal itself
