@@ -1,13 +1,14 @@
-"""JSON string bodies (and free numbers) from one per-process DFA each, laid into the rows of the regex's DFA.
+"""JSON string bodies, free numbers and string formats from one per-process DFA each, laid into the
+rows of the regex's DFA.
 
 A JSON string's body (json_lex.STRING_CHAR*) is the most repeated sub-regex of a schema's regex
 (every free string, counted or not) and costs outlines-core ~0.3 ms each. Its DFA depends on no
 schema: it is built once per process, each body is written as a placeholder (splice.py's form),
 and a copy of its rows replaces each placeholder path: a body state's bytes differ from the bytes
 that may follow the body, so the rows overlay without a subset construction. Where they would
-not, the regex is built as written. Free numbers and integers go the same way (each ~30 states
-of outlines-core's work per use): on the JSONSchemaBench sample, compiles under 300 ms take ~13%
-less time. Nothing here is keyed by a schema.
+not, the regex is built as written. Free numbers, integers and string formats go the same way
+(a number is ~30 states of outlines-core's work per use, a `uri` ~6 ms): on the JSONSchemaBench
+sample's schemas under 300 ms, the median compile went 19.3 -> 16.7 ms. Nothing here is keyed by a schema.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ _shared_dfas: dict[str, ByteDFA] = {}
 
 def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA],
                              build_parent: Callable[[str], ByteDFA] | None = None) -> ByteDFA:
-    """`build(regex)`, with its string bodies (and free numbers) taken from per-process DFAs.
+    """`build(regex)`, with its string bodies, free numbers and formats taken from per-process DFAs.
 
     `build_parent` builds the regex with placeholders (default `build`); it may leave the DFA
     unpruned (start 0, dead and unreachable states kept): the overlay prunes it anyway.
@@ -81,12 +82,10 @@ def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA],
     return build(regex) if dfa is None else dfa
 
 
-def _overlay(parent: ByteDFA, bodies: ByteDFA | dict[int, ByteDFA]) -> ByteDFA | None:
+def _overlay(parent: ByteDFA, bodies: dict[int, ByteDFA]) -> ByteDFA | None:
     """`parent` with each body placeholder path s --> t replaced by a copy of its body (by
-    placeholder index; a lone ByteDFA is the string body's) leaving for t (one copy per body
-    and t), pruned; None where the rows would overlap (a subset construction needed)."""
-    if isinstance(bodies, ByteDFA):
-        bodies = {_BODY_INDEX: bodies}
+    placeholder index) leaving for t (one copy per body and t), pruned; None where the rows
+    would overlap (a subset construction needed)."""
     try:
         found = find_placeholders(parent)
     except ValueError:

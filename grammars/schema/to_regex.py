@@ -227,9 +227,9 @@ def _text_literal(value: object) -> str:
 
 # A counted string is `"` ENTER body* `"` EXIT, where ENTER/EXIT are a control byte plus its
 # bounds as nibble bytes (count_mark: each bound's length, then its hex digits; a short mark
-# keeps outlines-core's DFA small: the seed catalog's went from 494 to ~420 states). Raw control bytes never occur in JSON text, so the marks cannot
-# clash with anything; compile.py (grammars/counted.py) cuts them out of the byte DFA and keeps
-# the body's states as one counted region. The exit mark also keeps bodies of different bounds
+# keeps outlines-core's DFA small: the seed catalog's went from 494 to 430 states). Raw control
+# bytes never occur in JSON text, so the marks cannot clash with anything; compile.py
+# (grammars/counted.py) cuts them out of the byte DFA and keeps the body's states as one counted region. The exit mark also keeps bodies of different bounds
 # (or an unbounded one) from being merged by DFA minimisation.
 COUNT_ENTER, COUNT_EXIT = 0x01, 0x02
 NO_MAX_LENGTH = (1 << 30) - 1  # hi of a string with minLength only

@@ -320,7 +320,7 @@ def test_shared_string_bodies_give_the_inlined_dfa(name):
     assert regex.count(string_bodies.STRING_BODY) >= 2, "the schema should hold several free strings"
     np.testing.assert_array_equal(string_bodies.build_with_shared_bodies(regex, regex_to_dfa).trans, regex_to_dfa(regex).trans)
     parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
-    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is not None, "no fallback expected here"
+    assert string_bodies._overlay(parent, {string_bodies._BODY_INDEX: regex_to_dfa(string_bodies.STRING_BODY)}) is not None, "no fallback expected here"
 
 
 @pytest.mark.parametrize("regex", [
@@ -330,7 +330,7 @@ def test_shared_string_bodies_give_the_inlined_dfa(name):
 def test_shared_string_bodies_fall_back_where_rows_overlap(regex):
     regex = regex.format(b=string_bodies.STRING_BODY)
     parent = regex_to_dfa(regex.replace(string_bodies.STRING_BODY, splice.placeholder(splice.MAX_PIECES - 1)))
-    assert string_bodies._overlay(parent, regex_to_dfa(string_bodies.STRING_BODY)) is None
+    assert string_bodies._overlay(parent, {string_bodies._BODY_INDEX: regex_to_dfa(string_bodies.STRING_BODY)}) is None
     dfa = string_bodies.build_with_shared_bodies(regex, regex_to_dfa)
     np.testing.assert_array_equal(dfa.trans, regex_to_dfa(regex).trans)
     assert dfa.matches(b'0xa"') and dfa.matches(b'1cd"') if regex[0] == "0" else dfa.matches(b'"xxab"')
