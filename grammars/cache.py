@@ -27,11 +27,12 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 7  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 8  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
 # 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
 # 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks); 7: meta lists a cut recursion in
-# "narrowed" and a lowered max_ref_depth in "ref_depth_fallback" (the arrays are unchanged)
+# "narrowed" and a lowered max_ref_depth in "ref_depth_fallback" (the arrays are unchanged); 8: hostname
+# and email as a free body under a counted cap (string_formats.COUNTED_FORMATS), not bounded labels
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16

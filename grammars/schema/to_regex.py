@@ -90,7 +90,7 @@ from surecall.grammars.schema.regular import (
     string_body,
 )
 from surecall.grammars.schema.string_automaton import StringAutomaton
-from surecall.grammars.schema.string_formats import FORMAT_NAMES, STRING_FORMATS
+from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
 
@@ -1246,8 +1246,11 @@ class Converter:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
         if schema.get("format") in FORMAT_NAMES:  # any other format is an annotation: validators ignore it
             fmt = STRING_FORMATS.get(schema["format"])
+            counted = self.counted_format(schema)
             if fmt is None or body is not None:
                 self.relax(ptr, "format")
+            elif counted is not None:
+                schema, body = counted
             else:
                 body = fmt
         if body is not None:
@@ -1267,6 +1270,16 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    def counted_format(self, schema: dict) -> tuple[dict, str] | None:
+        """(the schema with the format's length cap as its maxLength, the format's free body) for
+        a format of COUNTED_FORMATS under counters, when its minLength leaves the cap room."""
+        free = COUNTED_FORMATS.get(schema.get("format"))
+        if free is None or not self.options.counted_lengths or int(schema.get("minLength", 0)) > free[1]:
+            return None
+        body, cap = free
+        high = schema.get("maxLength")
+        return {**schema, "maxLength": cap if high is None else min(int(high), cap)}, body
 
     def counted_string(self, schema: dict) -> str | None:
         """A string whose length bounds (any size) a counter enforces: marked for compile.py."""
@@ -1311,15 +1324,20 @@ class Converter:
     def pattern_with_min_length(self, schema: dict, low: int, ptr: str) -> str | None | bool:
         """The body of the strings of at least `low` characters the schema's `pattern` finds, as one
         string automaton (schema/string_automaton.py; low at most MAX_FOLDED_LENGTH); None: there
-        are none; False: not written so (a format, a longer bound, past the automaton's caps)."""
-        if "format" in schema or not isinstance(schema.get("pattern"), str) or low > MAX_FOLDED_LENGTH:
+        are none; False: not written so (a format but COUNTED_FORMATS, a longer bound, past the
+        automaton's caps)."""
+        pattern = schema.get("pattern")  # beside a pattern a format is relaxed: the body is the pattern's
+        if pattern is None and schema.get("format") in COUNTED_FORMATS:  # its free body (counted_format)
+            pattern = f"^(?:{COUNTED_FORMATS[schema['format']][0]})$"
+        if not isinstance(pattern, str) or low > MAX_FOLDED_LENGTH:
             return False
         try:
-            automaton = StringAutomaton(("all", [("pat", schema["pattern"]), ("len", low, None)]), self.deadline)
+            automaton = StringAutomaton(("all", [("pat", pattern), ("len", low, None)]), self.deadline)
             body = automaton.body()
         except RegularUnsupported:
             return False
-        if automaton.is_approximate or not all(exact for _, exact in automaton.patterns.values()):
+        own = pattern != schema.get("pattern")  # a format's body, our regex: its `$` admits no final newline
+        if automaton.is_approximate or (not own and not all(exact for _, exact in automaton.patterns.values())):
             self.narrowed[(ptr, "minLength")] = ("the pattern's strings of at least minLength characters are written "
                                                  "stricter (an approximate translation, `$` before a final newline, "
                                                  "or past the string automaton's size caps)")

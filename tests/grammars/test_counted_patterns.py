@@ -20,6 +20,7 @@ from surecall.errors import UnsupportedSchema
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.pattern import counted_run
+from surecall.grammars.schema.string_formats import COUNTED_FORMATS, STRING_FORMATS
 from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
 from surecall.grammars.walk import accepts, decode, kept, random_walk
 
@@ -214,7 +215,8 @@ def test_min_length_beside_a_pattern_is_kept_where_the_pattern_implies_it_else_f
 
 
 def test_a_body_with_too_many_states_keeps_its_length_relaxed_with_a_reason():
-    result = schema_to_regex({"type": "string", "format": "email", "maxLength": 1024})
+    bounded_labels = f"^(?:{STRING_FORMATS['email']})$"  # 264 states: labels of 1-20 characters, 1-3 of them
+    result = schema_to_regex({"type": "string", "pattern": bounded_labels, "maxLength": 1024})
     assert result.relaxed == [("", "maxLength")]
     assert "states, above the 128 a counter rides" in result.reasons[("", "maxLength")]
     counted = schema_to_regex({"type": "string", "format": "date-time", "maxLength": 30})
@@ -266,3 +268,86 @@ def test_expand_counts_spells_a_counted_pattern_body_for_python_re():
     regex = expand_counts(schema_to_regex({"type": "string", "pattern": BODY_PATTERN, "maxLength": 5}).regex)
     assert re.fullmatch(regex, '"ab-cd"') and re.fullmatch(regex, '"a"')
     assert not re.fullmatch(regex, '"ab-cde"') and not re.fullmatch(regex, '"ab-"')
+
+
+# --- formats whose parts are bounded: a free body under a counted total -----------------------
+
+
+def _validators(schema: dict):
+    import jsonschema_rs
+
+    return jsonschema_rs.validator_for(schema, validate_formats=True), jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+
+
+def _shortest_body(table, vocab, prefix: str, rng) -> str:
+    """The string a walk writes after `prefix`: closing as soon as it may, else one character at a time."""
+    ids = _ids(vocab, prefix)
+    state, counter = replay(table, ids)
+    while table.count_row[state] >= 0:
+        toks, nexts = table.transitions(state)
+        choice = np.flatnonzero(kept(table, state, counter, toks, nexts, 10**6))
+        v = table.count_chars[table.count_row[state], toks[choice]].astype(np.int64)
+        closes = (v & 1) == 1
+        pick = choice[closes & (v // 2 == (v // 2)[closes].min())] if closes.any() else choice[v // 2 == (v // 2).min()]
+        i = int(rng.choice(pick))
+        ids.append(int(toks[i]))
+        state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
+    text = decode(vocab, ids).decode()
+    return json.JSONDecoder().raw_decode(text, len(prefix) - 1)[0]
+
+
+@pytest.mark.parametrize("fmt", ["email", "hostname"])
+@pytest.mark.parametrize("lengths", [{}, {"maxLength": 8}, {"maxLength": 49}, {"maxLength": 60}, {"maxLength": 512},
+                                     {"maxLength": 8192}, {"minLength": 12, "maxLength": 30}])
+def test_a_counted_format_is_written_free_under_its_cap_and_validates(llama3, fmt, lengths):
+    """hostname and email carry part bounds (labels of at most 63 characters, a local part of at
+    most 64): a free body under a total of at most the cap keeps all of them, in a few states."""
+    body, cap = COUNTED_FORMATS[fmt]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": fmt, **lengths}},
+              "required": ["a"], "additionalProperties": False}
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_counts and table.num_states < 64
+    high = min(lengths.get("maxLength", cap), cap)
+    rs, py = _validators(schema)
+    longest = _longest_body(table, llama3, '{"a": "')
+    assert len(longest) == high
+    assert rs.is_valid({"a": longest}) and py.is_valid({"a": longest}), longest
+    rng = np.random.default_rng(high)
+    shortest = _shortest_body(table, llama3, '{"a": "', rng)
+    low = lengths.get("minLength", 1)
+    assert low <= len(shortest) <= high
+    if fmt == "hostname":  # any label character may close it: the minimum is hit exactly
+        assert len(shortest) == low
+    assert rs.is_valid({"a": shortest}) and py.is_valid({"a": shortest}), shortest
+    for i in range(6):  # free walks, half of them cut by a tight budget, finish and validate
+        budget = int(table.dist[0]) + i if i % 2 else None
+        ids = random_walk(table, llama3, rng, max_tokens=budget)
+        doc = json.loads(decode(llama3, ids))
+        assert len(doc["a"]) <= high and rs.is_valid(doc) and py.is_valid(doc), doc
+
+
+def test_a_counted_format_refuses_what_the_format_refuses():
+    vocab = counted_vocab()
+    table = compile_schema({"type": "string", "format": "hostname"}, vocab, use_cache=False)
+    for good in ("a", "api.example.com", "a-b.c-d", "x" * 63):
+        assert accepts(table, _ids(vocab, json.dumps(good))), good
+    for bad in ("x" * 64, "-a.com", "a-.com", "ab--cd.com", "a..b", ".a", "a."):
+        assert not accepts(table, _ids(vocab, json.dumps(bad))), bad
+    mail = compile_schema({"type": "string", "format": "email", "maxLength": 300}, vocab, use_cache=False)
+    for good in ("a@b.cd", "first.last+tag@mail.example.org"):
+        assert accepts(mail, _ids(vocab, json.dumps(good))), good
+    for bad in ("a@b", "@b.cd", "a@b.c", "a@-b.cd", "a" * 60 + "@b.cd"):  # the last: 65 characters, past the cap
+        assert not accepts(mail, _ids(vocab, json.dumps(bad))), bad
+
+
+def test_a_counted_format_falls_back_to_its_bounded_form_where_the_cap_cannot_hold():
+    """Without counters, or under a minLength above the cap, the bounded regex is written (the
+    minLength, above what that regex needs, is then relaxed with its reason)."""
+    free = schema_to_regex({"type": "string", "format": "hostname"})
+    assert COUNTED_FORMATS["hostname"][0] in free.regex
+    plain = schema_to_regex({"type": "string", "format": "hostname"}, GrammarOptions(counted_lengths=False))
+    assert STRING_FORMATS["hostname"] in plain.regex and plain.relaxed == []
+    wide = schema_to_regex({"type": "string", "format": "hostname", "minLength": 64})
+    assert STRING_FORMATS["hostname"] in wide.regex and wide.relaxed == [("", "minLength")]
+    assert COUNTED_FORMATS["idn-email"] == COUNTED_FORMATS["email"]
