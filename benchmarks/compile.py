@@ -86,6 +86,8 @@ def _worker(engine_name: str, conn, address_space_bytes: int, walks: int, cache_
     from compile_engines import Tokens, instance_check, make_engine, timed
 
     engine = make_engine(engine_name, Tokens(Path(data_dir)), walks)
+    if hasattr(engine, "warm_up"):  # ours: what LLM does at load (vocabulary index, the DFA child)
+        engine.warm_up()
     engine.compile(WARMUP_SCHEMA)  # thread pools, lazy tables: not charged to the first schema
     conn.send({"ready": True})
     while True:

@@ -57,6 +57,12 @@ class Ours:
     def __init__(self, tokens: Tokens, walks: int):
         self.tokens, self.walks = tokens, walks
 
+    def warm_up(self) -> None:
+        """The per-process set-up `LLM` and `surecall compile` do once (grammars.compile.warm_up)."""
+        from surecall.grammars.compile import warm_up
+
+        warm_up(self.tokens.vocab)
+
     def compile(self, schema):
         from surecall.grammars.compile import compile_schema
 

@@ -136,6 +136,7 @@ cap = vm_size + limit if hard == resource.RLIM_INFINITY else min(vm_size + limit
 resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 from surecall.errors import SchemaError
 from surecall.grammars.automaton import regex_to_dfa
+regex_to_dfa('"a"')  # first-use costs (outlines-core, the graph searches' import: ~0.3 s) before "ready"
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 out.write(b"R")
 out.flush()
@@ -174,6 +175,7 @@ class _DfaWorker:
     def __init__(self):
         self.proc = None
         self.budget = None
+        self.ready = False  # the child said it is ready ("R"); a prestarted one may not have yet
         self.owner = os.getpid()
         self.lock = threading.Lock()
 
@@ -182,7 +184,9 @@ class _DfaWorker:
             self.proc, self.owner, self.lock = None, os.getpid(), threading.Lock()
         with self.lock:
             if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
-                self._start(memory_budget_bytes)
+                self._spawn(memory_budget_bytes)
+            if not self.ready:
+                self._wait_ready()
             data = regex.encode("utf-8", "surrogatepass")
             deadline = time.monotonic() + time_budget_s
             try:
@@ -210,17 +214,30 @@ class _DfaWorker:
             buf = io.BytesIO(payload)
             return ByteDFA(trans=np.load(buf), accept=np.load(buf))
 
-    def _start(self, memory_budget_bytes: int) -> None:
+    def prestart(self, memory_budget_bytes: int) -> None:
+        """Start the child for `memory_budget_bytes` now without waiting for it (a process's set-up,
+        `grammars.compile.warm_up`): its interpreter start then overlaps other work instead of
+        delaying the first large regex."""
+        if self.owner != os.getpid():
+            self.proc, self.owner, self.lock = None, os.getpid(), threading.Lock()
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
+                self._spawn(memory_budget_bytes)
+
+    def _spawn(self, memory_budget_bytes: int) -> None:
         self.stop()
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(int(memory_budget_bytes))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.budget = memory_budget_bytes
+        self.budget, self.ready = memory_budget_bytes, False
+
+    def _wait_ready(self) -> None:
         try:
             if self._read(1, time.monotonic() + _WORKER_START_S) != b"R":
                 raise EOFError
         except (TimeoutError, EOFError, OSError):
             self.stop()
             raise CompileBudgetExceeded("the byte-DFA child process did not start") from None
+        self.ready = True
 
     def _read(self, size: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
@@ -252,6 +269,11 @@ class _DfaWorker:
 
 _WORKER = _DfaWorker()
 atexit.register(_WORKER.stop)
+
+
+def prestart_isolated(memory_budget_bytes: int) -> None:
+    """Start regex_to_dfa_isolated's child now, in the background (see _DfaWorker.prestart)."""
+    _WORKER.prestart(memory_budget_bytes)
 
 
 def regex_to_dfa_isolated(regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:

@@ -26,6 +26,7 @@ from surecall.grammars.automaton import (
     Digraph,
     bfs_order,
     coreachable,
+    prestart_isolated,
     regex_to_dfa,
     regex_to_dfa_isolated,
 )
@@ -82,7 +83,7 @@ _WARMED: set[tuple[str, str]] = set()  # (vocabulary fingerprint, options) warme
 def warm_up(vocab, options=None) -> float:
     """Build the per-process state compiles over `vocab` share (see _WARM_UP_SCHEMA), so that the
     first real compile costs what later ones do; milliseconds taken (0 when already done here).
-    Nothing is written to the disk cache. A vocabulary or options under which the small schema
+    It also starts the child process that builds large regexes' DFAs. Nothing is written to the disk cache. A vocabulary or options under which the small schema
     does not compile (budgets, a vocabulary that cannot spell it) leave the set-up to the first
     real compile, which then reports its own error: warming up never raises for them."""
     from surecall.grammars import tokenwalk
@@ -92,6 +93,8 @@ def warm_up(vocab, options=None) -> float:
     if key in _WARMED and vocab.fingerprint in tokenwalk._INDEXES:
         return 0.0
     started = time.perf_counter()
+    # the child that builds large regexes' DFAs starts its interpreter (~0.5 s) beside this
+    prestart_isolated(options.memory_budget_bytes)
     try:
         compile_schema(_WARM_UP_SCHEMA, vocab, options, use_cache=False)
     except (SchemaError, CompileBudgetExceeded):

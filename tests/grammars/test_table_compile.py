@@ -364,6 +364,24 @@ def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
     assert np.array_equal(again.mask_dense(), inline.mask_dense())
 
 
+def test_warm_up_prestarts_the_byte_dfa_child_which_the_next_large_regex_uses():
+    import surecall.grammars.compile as compile_mod
+    from surecall.grammars.automaton import _WORKER, regex_to_dfa_isolated
+
+    _WORKER.stop()
+    compile_mod._WARMED.clear()
+    compile_mod.warm_up(synthetic_vocab(), GrammarOptions(memory_budget_bytes=1 << 30))
+    assert _WORKER.proc is not None and _WORKER.budget == 1 << 30  # started, maybe not ready yet
+    started = _WORKER.proc.pid
+    assert regex_to_dfa_isolated('"ab"', 30.0, 1 << 30).num_states == 5
+    assert _WORKER.proc.pid == started and _WORKER.ready  # the prestarted child answered
+    _WORKER.prestart(1 << 30)  # running for that budget: kept
+    assert _WORKER.proc.pid == started
+    _WORKER.prestart(1 << 29)  # another budget: a child of its own
+    assert _WORKER.proc.pid != started and not _WORKER.ready
+    assert regex_to_dfa_isolated('"a"', 30.0, 1 << 29).num_states == 4
+
+
 def test_isolated_byte_dfa_reports_a_bad_regex():
     from surecall.errors import SchemaError
     from surecall.grammars.automaton import regex_to_dfa_isolated
