@@ -156,9 +156,14 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     every output validates. The table's meta says which depth it was built with and why."""
     results: dict = {}
 
-    def converted(opts):
+    def converted(opts):  # a conversion that raised raises again at once (not after its budget again)
         if opts not in results:
-            results[opts] = to_regex(opts)
+            try:
+                results[opts] = to_regex(opts)
+            except CompileBudgetExceeded as exc:
+                results[opts] = exc
+        if isinstance(results[opts], CompileBudgetExceeded):
+            raise results[opts]
         return results[opts]
 
     started, first_exc = time.perf_counter(), None

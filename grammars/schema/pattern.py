@@ -62,15 +62,81 @@ def translate_pattern(pattern: str, max_repeat: int, narrow: bool = False) -> Tr
     `narrow` lowered to `max_repeat` (stricter: a subset, as object keys need).
     """
     any_run = f"{STRING_CHAR}*"
-    out, is_exact, is_subset = [], True, True
+    # Branches with the same anchors share their free runs: `.*(?:a|b).*`, not `(?:.*a.*)|(?:.*b.*)`
+    # (the same language; outlines-core's subset construction of the latter tracks each branch's
+    # search apart: nine unanchored words took it past 30 s and 12 GB).
+    by_anchors: dict[tuple[bool, bool], list[str]] = {}
+    is_exact, is_subset = True, True
     for branch in _top_branches(pattern):
         parser = _Parser(branch, max_repeat, narrow)
         for starts, body, ends in parser.parse_top():
-            out.append(("" if starts else any_run) + body + ("" if ends else any_run))
+            by_anchors.setdefault((starts, ends), []).append(body)
         is_exact = is_exact and parser.is_exact
         is_subset = is_subset and parser.is_subset
+    out = []
+    for (starts, ends), bodies in by_anchors.items():
+        body = bodies[0] if len(bodies) == 1 else "|".join(f"(?:{b})" for b in bodies)
+        if len(bodies) > 1 and (not starts or not ends):
+            body = f"(?:{body})"
+        out.append(("" if starts else any_run) + body + ("" if ends else any_run))
     regex = out[0] if len(out) == 1 else "|".join(f"(?:{b})" for b in out)
     return Translated(regex=regex, is_exact=is_exact, is_subset=is_subset)
+
+
+# A pattern with more ambiguous positions than this may make outlines-core's subset construction
+# exponential (`a[ab]{16}$`: 20 s and 2.5 GB, in-process where neither budget holds); the
+# compile then builds its byte DFAs in the child process, where both budgets are enforced.
+MAX_INPROCESS_WEIGHT = 12
+_CLASS_ESCAPE_LETTERS = frozenset("dDwWsS")
+
+
+def ambiguity_weight(pattern: str) -> int:
+    """An estimate of the ambiguous positions of `pattern`: each `.`, `[...]` or class escape
+    counts 1, a group what it holds (at least 1 with an alternative inside: `(a|b)` is `[ab]`), a
+    `{n,m}` multiplies what it repeats by its bound (n when unbounded). About 2 ** weight subsets
+    is what a DFA construction of it may have to track."""
+    total, alts, last, i = [0], [False], 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            last = int(pattern[i + 1 : i + 2] in _CLASS_ESCAPE_LETTERS)
+            total[-1] += last
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1 + (pattern[i + 1 : i + 2] == "^")
+            j += pattern[j : j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            last, i = 1, j + 1
+            total[-1] += 1
+            continue
+        if c == "(":
+            total.append(0)
+            alts.append(False)
+            i += 1
+            if pattern[i : i + 1] == "?":  # (?:  (?=  (?!  (?<name>  (?<=  (?<!
+                end = pattern.find(">", i) + 1 if pattern[i + 1 : i + 2] == "<" and pattern[i + 2 : i + 3] not in ("=", "!") else i + 2
+                i = max(end, i + 2)
+            continue
+        if c == ")":
+            last = max(total.pop(), int(alts.pop())) if len(total) > 1 else 0
+            total[-1] += last
+            i += 1
+            continue
+        if c == "{":
+            end = pattern.find("}", i)
+            bounds = pattern[i + 1 : end].split(",") if end > i else []
+            if 1 <= len(bounds) <= 2 and all(b.strip().isdigit() or (k == 1 and not b.strip()) for k, b in enumerate(bounds)):
+                times = int(bounds[-1]) if bounds[-1].strip() else int(bounds[0])
+                total[-1] += last * (max(times, 1) - 1)
+                i = end + 1
+                continue
+        alts[-1] = alts[-1] or c == "|"
+        last = int(c == ".") if c not in "*+?" else last
+        total[-1] += int(c == ".")
+        i += 1
+    return sum(total)
 
 
 def counted_run(pattern: str) -> tuple[str, int, int | None] | None:

@@ -70,7 +70,13 @@ from surecall.grammars.schema.object_exists import (
     listed_integers,
     needs_exists,
 )
-from surecall.grammars.schema.pattern import PatternUnsupported, counted_run, translate_pattern
+from surecall.grammars.schema.pattern import (
+    MAX_INPROCESS_WEIGHT,
+    PatternUnsupported,
+    ambiguity_weight,
+    counted_run,
+    translate_pattern,
+)
 from surecall.grammars.schema.pattern_keys import KeysNotWritten, key_atoms, string_not_in
 from surecall.grammars.schema.property_counts import (
     MAX_EXTRA_REPEATS,
@@ -132,6 +138,11 @@ _FROM = "$surecall:from"
 _EXACT_FLOAT_INTEGERS = 10**15
 # Drafts 3-7 ignore every keyword beside `$ref` (so do jsonschema and jsonschema-rs); 2019-09 on apply them.
 _SIBLINGS_IGNORED = re.compile(r"https?://json-schema\.org/draft-0[3-7]/schema#?")
+
+
+# Pattern bodies whose automaton ran past a budget in check_blowup, per memory budget: the same
+# schema again (a retry, a fallback's second conversion) fails at once instead of after the budget.
+_TOO_LARGE: dict[tuple[str, int], tuple[float, str]] = {}
 
 
 @dataclass
@@ -467,6 +478,7 @@ class Converter:
         self.regular_s = 0.0  # time spent trying string automata (schema/regular.py), capped at _MAX_REGULAR_S
         self.truncated_at: str | None = None
         self.deadline = time.perf_counter() + options.time_budget_s
+        self.checked_bodies: set[str] = set()  # pattern bodies check_blowup built in the child
         self.ref_siblings_ignored = ref_siblings_ignored(root)
 
     def ref_rest(self, schema: dict) -> dict:
@@ -1378,10 +1390,38 @@ class Converter:
         except PatternUnsupported as exc:
             self.relax(ptr, "pattern", f"no exact translation: {exc}")
             return None
+        self.check_blowup(pattern, translated.regex, pattern_ptr)
         if not translated.is_exact:
             self.relax(ptr, "pattern", f"a repetition bound above max_bounded_length={self.options.max_bounded_length} "
                        "inside a larger pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)")
         return translated.regex
+
+    def check_blowup(self, pattern: str, body: str, pattern_ptr: str) -> None:
+        """A pattern whose automaton may be exponential (pattern.ambiguity_weight) is built first in
+        the child process that enforces the time and memory budgets: past them it raises
+        CompileBudgetExceeded naming the pattern, where an in-process build (outlines-core cannot be
+        interrupted) would run on past both; within them, the in-process builds after it are small."""
+        if ambiguity_weight(pattern) <= MAX_INPROCESS_WEIGHT or body in self.checked_bodies:
+            return
+        from surecall.grammars.automaton import regex_to_dfa_isolated
+
+        left_s = max(self.deadline - time.perf_counter(), 0.01)
+        key = (body, self.options.memory_budget_bytes)
+        failed = _TOO_LARGE.get(key)  # (time budget it ran past, or inf past the memory budget; why)
+        if failed is None or failed[0] < left_s:
+            try:
+                regex_to_dfa_isolated(f'"(?:{body})"', left_s, self.options.memory_budget_bytes)
+                failed = None
+            except CompileBudgetExceeded as exc:
+                failed = _TOO_LARGE[key] = (math.inf if "memory" in str(exc) else left_s, str(exc))
+                while len(_TOO_LARGE) > 64:
+                    del _TOO_LARGE[next(iter(_TOO_LARGE))]
+            except SchemaError:  # outlines-core rejects it: the in-process build reports it with its context
+                failed = None
+        if failed is not None:
+            raise CompileBudgetExceeded(f"the pattern {pattern!r} at {pattern_ptr or '/'} has an automaton too large "
+                                        f"to build: {failed[1]}")
+        self.checked_bodies.add(body)
 
     def length_bounds(self, schema: dict, min_key: str, max_key: str, ptr: str,
                       why: str | None = None) -> tuple[int, int | None]:
@@ -1835,6 +1875,7 @@ class Converter:
     def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length, narrow=True)
+            self.check_blowup(pattern, translated.regex, "")
             if any(re.search(pattern, name) for name in declared):
                 # a key could repeat a declared name; a pattern that finds every string (".*")
                 # takes any other key instead (the complement of the declared names)

@@ -793,3 +793,60 @@ def test_min_items_from_all_of_additional_properties_is_enforced():
     assert accepts(schema, '{"abcd":[2.5,5]}') and not accepts(schema, '{"abcd":[2.5]}')
     assert not accepts(schema, '{"abcd":[1,5]}')
     assert not any(k == "minItems" for _, k in relaxed(schema))
+
+
+# --- patterns whose automaton could blow up ---------------------------------------------------
+CORNERS = "(top-left|top-center|top-right|middle-left|middle-center|middle-right|bottom-left|bottom-center|bottom-right)"
+
+
+def test_unanchored_alternatives_share_one_search_and_keep_their_language():
+    """`.*(?:a|b).*`, not `(?:.*a.*)|(?:.*b.*)`: the same strings, but outlines-core's subset
+    construction of the second tracked each word's search apart (JSONSchemaBench's nine corner
+    words: past 30 s and 12 GB; now 68 states)."""
+    from surecall.grammars.automaton import regex_to_dfa
+
+    body = translate_pattern(CORNERS, 48).regex
+    assert body.count("top-left") == 1 and regex_to_dfa(f'"{body}"').num_states < 100
+    schema = {"type": "string", "pattern": CORNERS}
+    for text in ("top-left", "at the middle-center now", "bottom-right!"):
+        assert accepts(schema, json.dumps(text)), text
+    for text in ("top", "middle left", ""):
+        assert not accepts(schema, json.dumps(text)), text
+    mixed = {"type": "string", "pattern": "^ab|cd|ef$|^gh$"}  # each branch keeps its own anchors
+    for text, ok in (("abz", True), ("zab", False), ("zcdz", True), ("zef", True), ("efz", False),
+                     ("gh", True), ("ghz", False)):
+        assert accepts(mixed, json.dumps(text)) is ok, text
+
+
+@pytest.mark.parametrize("pattern, weight", [
+    ("^[a-z]+(-[a-z]+)*$", 2), ("^\\d{4}-\\d{2}-\\d{2}$", 8), ("a[ab]{16}$", 16), ("a.{20}$", 20),
+    ("(a|b)*a" + "(a|b)" * 14 + "$", 15), (CORNERS, 1), ("(?:ab){3}", 0), ("x{2,}", 0), ("[\\]a]{3}", 3),
+])
+def test_ambiguity_weight_counts_class_positions(pattern, weight):
+    from surecall.grammars.schema.pattern import ambiguity_weight
+
+    assert ambiguity_weight(pattern) == weight
+
+
+def test_a_pattern_with_an_exponential_automaton_fails_within_the_budgets_naming_it():
+    """`a[ab]{16}$` has 2^16 subset states: built in process it took 20 s and 2.5 GB past budgets of
+    10 s and 2 GiB. Such a pattern is built first in the child that enforces both."""
+    import resource
+    import time
+
+    from surecall.grammars.schema import to_regex as to_regex_module
+
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "a[ab]{18}$"}}}
+    to_regex_module._TOO_LARGE.clear()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    with pytest.raises(CompileBudgetExceeded, match=r"the pattern 'a\[ab\]\{18\}\$' at /properties/x/pattern"):
+        schema_to_regex(schema, GrammarOptions(time_budget_s=2.0, memory_budget_bytes=256 << 20))
+    assert time.perf_counter() - started < 2.0 + 5.0  # the budget, and a child interpreter's start
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10  # KiB: not built here
+    started = time.perf_counter()  # the same again: refused at once
+    with pytest.raises(CompileBudgetExceeded, match="too large to build"):
+        schema_to_regex(schema, GrammarOptions(time_budget_s=2.0, memory_budget_bytes=256 << 20))
+    assert time.perf_counter() - started < 1.0
+    fine = {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}$"}  # weight 16, a small automaton
+    assert accepts(fine, '"0123abcd-0123-abcd"') and not accepts(fine, '"0123abcd-0123-abc"')
