@@ -274,7 +274,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
     # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk); tokens
     #    that break a length bound on their own are dropped here, the rest are the counters' job.
-    rows = token_rows(dfa, vi, regions)
+    rows = token_rows(dfa, vi, regions, check=lambda: clock.within("token walk"))
     counts = None
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
@@ -692,6 +692,15 @@ class _Clock:
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
+
+    def within(self, stage: str) -> None:
+        """Raise past the budget while `stage` runs (no progress note: the stage is not done)."""
+        elapsed = self.elapsed_s()
+        if elapsed > self.budget_s:
+            raise CompileBudgetExceeded(
+                f"compile ran {elapsed:.2f} s, past its time budget of {self.budget_s:g} s, "
+                f"during stage {stage!r}; simplify the schema or raise time_budget_s"
+            )
 
     def check(self, stage: str) -> None:
         elapsed = self.elapsed_s()

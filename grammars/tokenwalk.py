@@ -289,10 +289,18 @@ def lexical_regions(dfa: ByteDFA):
     return graph.lists(), comp, comp_cyclic[comp]
 
 
-def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
+def _no_check() -> None:
+    pass
+
+
+_CHECK_EVERY_STATES = 64  # class rows between two checks of the caller's time budget
+
+
+def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None, check=_no_check) -> list[Row]:
     """For every DFA state its Row: every token that does not die, and the state it leads to.
 
-    `regions` is `lexical_regions(dfa)` when the caller has it already.
+    `regions` is `lexical_regions(dfa)` when the caller has it already; `check()` runs between
+    batches of the walks (a compile's time budget raises there, not only after the whole walk).
     """
     succ, comp, cyclic = lexical_regions(dfa) if regions is None else regions
     walk_bytes = dfa.trans >= 0  # [S, 256] first bytes still to walk generically, per state
@@ -300,7 +308,7 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     # 1. Lexical-class states: the shared class part, then the tokens that leave the class
     #    later on, walked per state from where they leave.
     shapes: dict[int, tuple] = {}  # region id -> (table, local -> global, signature, global -> local)
-    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(cyclic).tolist(), rows, walk_bytes, shapes)
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(cyclic).tolist(), rows, walk_bytes, shapes, check)
     # 2. Acyclic states: copy from a donor where the byte rows agree.
     _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
     # 2b. Acyclic class positions left (a number's digits): chains, walked like classes by shape.
@@ -309,9 +317,9 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     for root in chains:  # a chain's shape is seen from its root (not always its smallest id)
         table, g, sig = _region_shape(dfa, succ, comp, root)
         shapes[comp[root]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
-    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes)
+    _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes, check)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
-    walked = _walk_generic(dfa, vi, walk_bytes)
+    walked = _walk_generic(dfa, vi, walk_bytes, check)
     out = []
     pieces = []  # (state, tokens, next states) of chain rows: a chain's walk is shared, its rows are plain
     for q in range(dfa.num_states):
@@ -329,11 +337,13 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None) -> list[Row]:
     return out
 
 
-def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, shapes) -> None:
+def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, shapes, check=_no_check) -> None:
     """Class rows of `states` (their regions' shapes cached in `shapes`), then the tokens that
     leave the class later on, walked per state from where they leave (one batch)."""
     exit_jobs = []  # (state, tokens, global start states, byte offsets)
-    for q in states:
+    for i, q in enumerate(states):
+        if i % _CHECK_EVERY_STATES == _CHECK_EVERY_STATES - 1:
+            check()
         if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
             table, g, sig = _region_shape(dfa, succ, comp, q)
             shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
@@ -476,7 +486,7 @@ _DENSE_SORT_FRACTION = 16  # rows over 1/16 of the vocabulary are sorted through
 GENERIC_BATCH_PAIRS = 1 << 22  # (state, token) pairs walked per batch: bounds the walk's memory
 
 
-def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
+def _walk_generic(dfa, vi, walk_bytes, check=_no_check) -> dict[int, tuple]:
     """Walk (state, token) pairs whose first two bytes are live, in batches of whole states."""
     qi, bi = np.nonzero(walk_bytes)
     if not qi.size:
@@ -496,6 +506,7 @@ def _walk_generic(dfa, vi, walk_bytes) -> dict[int, tuple]:
     out: dict[int, tuple] = {}
     for lo, hi in zip(cuts.tolist(), [*cuts[1:].tolist(), keys.size], strict=True):
         out.update(_walk_generic_batch(dfa, vi, keys[lo:hi], counts[lo:hi], states[lo:hi]))
+        check()
     return out
 
 

@@ -150,16 +150,22 @@ def counted_run(pattern: str) -> tuple[str, int, int | None] | None:
     if len(branches) != 1 or not branches[0].startswith("^") or branches[0][1:2] in ("(", "^", "$", ""):
         return None
     parser = _Parser(branches[0][1:], max_repeat=1 << 31)
-    try:
-        char = parser.parse_atom()
-        bounds = parser.parse_quantifier() or (1, 1)
-        if parser.peek() == "?":
-            parser.pos += 1
+    char, low, high = None, 0, 0
+    try:  # one set, or the same set several times (`^.......$`, `^\d{3}\d{2,4}$`): bounds add up
+        while parser.src[parser.pos :] != "$":
+            atom = parser.parse_atom()
+            bounds = parser.parse_quantifier() or (1, 1)
+            if parser.peek() == "?":
+                parser.pos += 1
+            if atom is None or (char is not None and atom != char):
+                return None
+            char, low = atom, low + bounds[0]
+            high = None if high is None or bounds[1] is None else high + bounds[1]
     except PatternUnsupported:
         return None
-    if char is None or parser.src[parser.pos :] != "$":
+    if char is None:
         return None
-    return char, bounds[0], bounds[1]
+    return char, low, high
 
 
 def _top_branches(pattern: str) -> list[str]:

@@ -713,3 +713,14 @@ def test_lowering_ref_depth_is_only_tried_for_a_cut_recursion():
     with pytest.raises(CompileBudgetExceeded, match="memory budget"):
         compile_schema(flat, byte_vocab("flat-over-budget"), GrammarOptions(memory_budget_bytes=1 << 20),
                        use_cache=False)
+
+
+def test_the_token_walk_checks_the_time_budget_while_it_runs():
+    """A walk over many states stops at its budget, not only after it (`((c1d3g3).{4,8}){6,6}` ran
+    37 s past a 5 s budget before)."""
+    from surecall.grammars.compile import _Clock, compile_dfa
+
+    dfa = regex_to_dfa('"[a-z]{1,40}"')
+    with pytest.raises(CompileBudgetExceeded, match="during stage 'token walk'"):
+        compile_dfa(dfa, synthetic_vocab(), GrammarOptions(), clock=_Clock(1e-9))
+    assert compile_dfa(dfa, synthetic_vocab(), GrammarOptions()).num_states == dfa.num_states
