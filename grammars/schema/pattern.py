@@ -84,8 +84,8 @@ def translate_pattern(pattern: str, max_repeat: int, narrow: bool = False) -> Tr
 
 
 # A pattern with more ambiguous positions than this may make outlines-core's subset construction
-# exponential (`a[ab]{16}$`: 20 s and 2.5 GB, in-process where neither budget holds); the
-# compile then builds its byte DFAs in the child process, where both budgets are enforced.
+# exponential (`a[ab]{16}$`: 20 s and 2.5 GB, in-process where neither budget holds): to_regex
+# builds its body first in the child process, where both budgets are enforced (check_blowup).
 MAX_INPROCESS_WEIGHT = 12
 _CLASS_ESCAPE_LETTERS = frozenset("dDwWsS")
 
@@ -116,8 +116,8 @@ def ambiguity_weight(pattern: str) -> int:
             alts.append(False)
             i += 1
             if pattern[i : i + 1] == "?":  # (?:  (?=  (?!  (?<name>  (?<=  (?<!
-                end = pattern.find(">", i) + 1 if pattern[i + 1 : i + 2] == "<" and pattern[i + 2 : i + 3] not in ("=", "!") else i + 2
-                i = max(end, i + 2)
+                named = pattern[i + 1 : i + 2] == "<" and pattern[i + 2 : i + 3] not in ("=", "!")
+                i = max(pattern.find(">", i) + 1, i + 2) if named else i + 2
             continue
         if c == ")":
             last = max(total.pop(), int(alts.pop())) if len(total) > 1 else 0

@@ -1408,7 +1408,7 @@ class Converter:
         left_s = max(self.deadline - time.perf_counter(), 0.01)
         key = (body, self.options.memory_budget_bytes)
         failed = _TOO_LARGE.get(key)  # (time budget it ran past, or inf past the memory budget; why)
-        if failed is None or failed[0] < left_s:
+        if failed is None or failed[0] * 1.5 < left_s:  # retried only with clearly more time
             try:
                 regex_to_dfa_isolated(f'"(?:{body})"', left_s, self.options.memory_budget_bytes)
                 failed = None
