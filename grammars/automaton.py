@@ -179,9 +179,12 @@ class _DfaWorker:
         self.owner = os.getpid()
         self.lock = threading.Lock()
 
-    def build(self, regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
+    def _own(self) -> None:
         if self.owner != os.getpid():  # a forked copy: the child belongs to the parent, start our own
             self.proc, self.owner, self.lock = None, os.getpid(), threading.Lock()
+
+    def build(self, regex: str, time_budget_s: float, memory_budget_bytes: int) -> ByteDFA:
+        self._own()
         with self.lock:
             if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
                 self._spawn(memory_budget_bytes)
@@ -218,8 +221,7 @@ class _DfaWorker:
         """Start the child for `memory_budget_bytes` now without waiting for it (a process's set-up,
         `grammars.compile.warm_up`): its interpreter start then overlaps other work instead of
         delaying the first large regex."""
-        if self.owner != os.getpid():
-            self.proc, self.owner, self.lock = None, os.getpid(), threading.Lock()
+        self._own()
         with self.lock:
             if self.proc is None or self.proc.poll() is not None or self.budget != memory_budget_bytes:
                 self._spawn(memory_budget_bytes)

@@ -693,22 +693,19 @@ class _Clock:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
-    def within(self, stage: str) -> None:
-        """Raise past the budget while `stage` runs (no progress note: the stage is not done)."""
+    def within(self, stage: str, when: str = "during") -> float:
+        """Raise past the budget while `stage` runs (no progress note: the stage is not done);
+        the seconds elapsed otherwise."""
         elapsed = self.elapsed_s()
         if elapsed > self.budget_s:
             raise CompileBudgetExceeded(
                 f"compile ran {elapsed:.2f} s, past its time budget of {self.budget_s:g} s, "
-                f"during stage {stage!r}; simplify the schema or raise time_budget_s"
+                f"{when} stage {stage!r}; simplify the schema or raise time_budget_s"
             )
+        return elapsed
 
     def check(self, stage: str) -> None:
-        elapsed = self.elapsed_s()
-        if elapsed > self.budget_s:
-            raise CompileBudgetExceeded(
-                f"compile ran {elapsed:.2f} s, past its time budget of {self.budget_s:g} s, "
-                f"after stage {stage!r}; simplify the schema or raise time_budget_s"
-            )
+        elapsed = self.within(stage, "after")
         if elapsed > _PROGRESS_AFTER_S and (stage not in self.noted or elapsed - self.noted_at >= _PROGRESS_EVERY_S):
             print(f"surecall: compiling... {stage} done after {elapsed:.1f} s", file=sys.stderr)
             self.noted.add(stage)

@@ -238,20 +238,28 @@ def test_a_body_counts_its_character_states_against_the_cap():
     assert result.relaxed == []
 
 
-def _longest_body(table, vocab, prefix: str) -> str:
-    """The string a walk writes after `prefix` (which opens it) taking the most characters it may at each step."""
+def _body_walk(table, vocab, prefix: str, pick) -> str:
+    """The string a walk writes after `prefix` (which opens it), `pick(choice, v)` choosing each
+    step among the kept tokens `choice` by their count_chars values `v`."""
     ids = _ids(vocab, prefix)
     state, counter = replay(table, ids)
     while table.count_row[state] >= 0:
         toks, nexts = table.transitions(state)
         choice = np.flatnonzero(kept(table, state, counter, toks, nexts, 10**6))
-        v = table.count_chars[table.count_row[state], toks[choice]].astype(np.int64)
-        opened = choice[(v & 1) == 0]
-        pick = opened[np.argmax(v[(v & 1) == 0])] if opened.size else choice[np.argmin(v)]
-        ids.append(int(toks[pick]))
-        state, counter = int(nexts[pick]), table.next_counter(state, counter, int(toks[pick]))
+        i = int(pick(choice, table.count_chars[table.count_row[state], toks[choice]].astype(np.int64)))
+        ids.append(int(toks[i]))
+        state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
     text = decode(vocab, ids).decode()
     return json.JSONDecoder().raw_decode(text, len(prefix) - 1)[0]
+
+
+def _longest_body(table, vocab, prefix: str) -> str:
+    """The string a walk writes after `prefix` taking the most characters it may at each step."""
+    def most(choice, v):
+        opened = choice[(v & 1) == 0]
+        return opened[np.argmax(v[(v & 1) == 0])] if opened.size else choice[np.argmin(v)]
+
+    return _body_walk(table, vocab, prefix, most)
 
 
 @pytest.mark.parametrize("size", [1, 120])
@@ -286,19 +294,12 @@ def _validators(schema: dict):
 
 def _shortest_body(table, vocab, prefix: str, rng) -> str:
     """The string a walk writes after `prefix`: closing as soon as it may, else one character at a time."""
-    ids = _ids(vocab, prefix)
-    state, counter = replay(table, ids)
-    while table.count_row[state] >= 0:
-        toks, nexts = table.transitions(state)
-        choice = np.flatnonzero(kept(table, state, counter, toks, nexts, 10**6))
-        v = table.count_chars[table.count_row[state], toks[choice]].astype(np.int64)
+    def fewest(choice, v):
         closes = (v & 1) == 1
-        pick = choice[closes & (v // 2 == (v // 2)[closes].min())] if closes.any() else choice[v // 2 == (v // 2).min()]
-        i = int(rng.choice(pick))
-        ids.append(int(toks[i]))
-        state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
-    text = decode(vocab, ids).decode()
-    return json.JSONDecoder().raw_decode(text, len(prefix) - 1)[0]
+        return rng.choice(choice[closes & (v // 2 == (v // 2)[closes].min())] if closes.any()
+                          else choice[v // 2 == (v // 2).min()])
+
+    return _body_walk(table, vocab, prefix, fewest)
 
 
 @pytest.mark.parametrize("fmt", ["email", "hostname"])
