@@ -10,12 +10,16 @@ against the original schema. Valid instances are counted twice: under each engin
 (ours and xgrammar close objects to their declared properties, in declared order) and "open"
 (a schema with a rejected valid instance is recompiled with undeclared keys allowed and any
 property order: compile_engines `compile_open`), so the policy's cost is measured, not hidden.
-Engines run in lanes side by side (outlines-core, by far the slowest, in two of its own); --max-minutes bounds the sweep (round-robin over subsets). Then the
+The timed engines (ours, xgrammar, llguidance) run first, one after another on every schema, with the
+machine to themselves; outlines-core, by far the slowest, then runs the same schemas in two lanes of its
+own (it used to run beside them: its two workers took the cores a single-threaded engine's compile was
+timed on, and xgrammar's 8 threads a larger share of what was left). --max-minutes bounds each phase
+(round-robin over subsets). Then the
 seed catalog (ours cold/warm vs xgrammar), issue 15's goals with their gaps, and a compact table
 for the README. Progress on stderr; benchmarks/results/compile.{json,md}; last line one JSON.
 Engine adapters: compile_engines.py; summaries, goals and tables: compile_report.py.
 
-  .venv/bin/python benchmarks/compile.py            # the full run (within about 25 minutes)
+  .venv/bin/python benchmarks/compile.py            # the full run (about 35 minutes)
   .venv/bin/python benchmarks/compile.py --quick    # 2 schemas per subset, results to /tmp
 """
 
@@ -41,10 +45,11 @@ from compile_report import OPEN_ENGINES, SHORT, build_report, fmt, readme_table,
 
 ENGINES = ("ours", "xgrammar", "llguidance", "llguidance-lenient", "outlines")
 # outlines-core takes seconds per schema where the others take milliseconds: it runs in lanes of
-# its own (two, each taking every other schema) beside the others, which run one after another
-# on every schema; lanes do not wait for each other, so the sweep takes the longest lane's time.
+# its own (two, each taking every other schema) after the others, which run one after another on
+# every schema (the first phase); the second phase runs the schemas the first finished.
 LANES = ((("ours", "xgrammar", "llguidance", "llguidance-lenient"), 0, 1), (("outlines",), 0, 2),
          (("outlines",), 1, 2))
+SECOND_PHASE = {"outlines"}  # engines whose lanes wait for the timed engines to finish
 WARMUP_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]}
 
 
@@ -362,8 +367,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--walks", type=int, help="random walks per compiled schema, ours (default 4; --quick 2)")
     parser.add_argument("--repeats", type=int, help="repeats for the seed catalog timings, interleaved with xgrammar (default 9; --quick 1)")
     parser.add_argument("--max-minutes", type=float, default=22.0,
-                        help="stop starting schemas this long after the sweep began (default 22: with the seed "
-                             "catalog the run ends within about 25 minutes); the round-robin order keeps subsets even")
+                        help="stop starting schemas this long after each phase began (default 22; the full run "
+                             "takes about 35 minutes); the round-robin order keeps subsets even")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default="", help="the shared data folder (default: surecall's shared_data_dir)")
     parser.add_argument("--out", default="", help="output base (default benchmarks/results/compile; --quick /tmp)")
@@ -409,24 +414,34 @@ def sweep(args, subsets: dict, engines: list[str], cache_dir: str) -> tuple[list
     lanes = [([e for e in names if e in engines], start, stride) for names, start, stride in LANES]
     rest = [e for e in engines if all(e not in names for names, _, _ in LANES)]
     lanes = [lane for lane in [*lanes, (rest, 0, 1)] if lane[0]]
-    workers = [{e: Worker(e, args, cache_dir) for e in names} for names, _, _ in lanes]
-    for lane_workers in workers:
+    phases = [[lane for lane in lanes if not SECOND_PHASE & set(lane[0])],
+              [lane for lane in lanes if SECOND_PHASE & set(lane[0])]]
+    first = [{e: Worker(e, args, cache_dir) for e in names} for names, _, _ in phases[0]]
+    for lane_workers in first:
         for w in lane_workers.values():
-            w.prestart()  # all load at once, while the instances are checked and spelled here
+            w.prestart()  # they load while the instances are checked and spelled here
     jobs = [(name, schema_id, schema, *confirmed_tests(schema, tests)) for name, schema_id, schema, tests in
             round_robin(subsets)]
     print(f"{len(jobs)} schemas, their instances confirmed and spelled; engine logs in {cache_dir}/*.log",
           file=sys.stderr, flush=True)
-    try:
-        with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-            deadline = started + args.max_minutes * 60
-            futures = [pool.submit(_run_lane, lane_workers, jobs[start::stride], started, deadline)
-                       for lane_workers, (_, start, stride) in zip(workers, lanes)]
-            results = {key: r for f in futures for key, r in f.result().items()}
-    finally:
-        for lane_workers in workers:
-            for w in lane_workers.values():
-                w.close()
+    results: dict = {}
+    todo = jobs
+    for phase, lanes_now in enumerate(phases):
+        if not lanes_now:
+            continue
+        workers = first if phase == 0 else [{e: Worker(e, args, cache_dir) for e in names} for names, _, _ in lanes_now]
+        try:
+            with ThreadPoolExecutor(max_workers=len(lanes_now)) as pool:
+                deadline = time.perf_counter() + args.max_minutes * 60
+                futures = [pool.submit(_run_lane, lane_workers, todo[start::stride], started, deadline)
+                           for lane_workers, (_, start, stride) in zip(workers, lanes_now)]
+                results.update({key: r for f in futures for key, r in f.result().items()})
+        finally:
+            for lane_workers in workers:
+                for w in lane_workers.values():
+                    w.close()
+        names = [e for lane in lanes_now for e in lane[0]]
+        todo = [job for job in todo if all((job[1], e) in results for e in names)]  # the next phase runs these
     done = [job for job in jobs if all((job[1], e) in results for e in engines)]  # every engine ran it
     if len(done) < len(jobs):
         print(f"stopped at --max-minutes {args.max_minutes:g}: {len(jobs) - len(done)} of {len(jobs)} schemas "

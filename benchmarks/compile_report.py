@@ -178,8 +178,9 @@ def markdown(report: dict) -> list[str]:
         f"Sweep: {report['sweep_s']:.0f} s; {st['per_subset']} schemas per subset (seed {st['seed']} per subset), "
         f"compile timeout {st['timeout_s']} s, check timeout {st['check_timeout_s']} s, worker address space "
         f"{st['rss_gib']} GiB, {st['walks']} random walks per schema (half cut at the fewest tokens + 2). "
-        f"Engines run in lanes side by side (ours, xgr, llg, llg-len one after another; outlines-core in two "
-        f"lanes of its own), so timings include contention from the other lanes and the machine's load. "
+        f"ours, xgr, llg and llg-len run first, one after another on every schema; outlines-core then runs the "
+        f"same schemas in two lanes of its own, so the timed engines do not share the cores with it (timings "
+        f"still include the machine's load). "
         f"Schemas left out at --max-minutes {st['max_minutes']:g}: {report.get('schemas_left_out_for_time', 0)} "
         "(the sweep goes round-robin over the subsets).", "",
         "Engines: ours = surecall TokenTable (defaults); xgr = xgrammar compile_json_schema(any_whitespace=False, "
