@@ -21,6 +21,7 @@ import numpy as np
 
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars import cache as table_cache
+from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.automaton import (
     ByteDFA,
     Digraph,
@@ -166,7 +167,12 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
             raise results[opts]
         return results[opts]
 
-    started, first_exc = time.perf_counter(), None
+    with one_time_budget():  # conversion, DFA, walk, table and every fallback share time_budget_s
+        return _with_fallbacks_timed(converted, vocab, options, meta)
+
+
+def _with_fallbacks_timed(converted, vocab, options, meta: dict) -> TokenTable:
+    started, first_exc = budget_started(), None
     opts = options
     while True:
         try:
@@ -177,7 +183,7 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
                     or not getattr(converted(opts), "recursion_cut", False)):
                 raise
             first_exc = first_exc or exc
-            opts = dataclasses.replace(opts, max_ref_depth=opts.max_ref_depth - 1, time_budget_s=left_s)
+            opts = dataclasses.replace(opts, max_ref_depth=opts.max_ref_depth - 1)
             continue
         if first_exc is not None:
             table.meta["narrowed"] = [[p, k, f"{why} (lowered from {options.max_ref_depth}: the deeper grammar "
@@ -195,9 +201,10 @@ def _with_conditionals_fallback(converted, vocab, options, meta: dict) -> TokenT
     try:
         return _with_counted_fallback(converted, vocab, options, meta)
     except CompileBudgetExceeded as exc:
+        if not options.rewrite_conditionals or "memory" not in str(exc):
+            raise  # (before converting again: a time error would only be followed by another)
         first, second = converted(options), converted(relaxed)
-        if not options.rewrite_conditionals or "memory" not in str(exc) or (
-                (first.regex, _pieces(first)) == (second.regex, _pieces(second))):
+        if (first.regex, _pieces(first)) == (second.regex, _pieces(second)):
             raise
         table = _with_counted_fallback(converted, vocab, relaxed, meta)
         table.meta["conditionals_fallback"] = str(exc)
@@ -686,7 +693,7 @@ _PAIRS_BLOCK = 4096  # states per block of _pairs_two_bytes' matmul and gather (
 class _Clock:
     def __init__(self, budget_s: float):
         self.budget_s = budget_s
-        self.started = time.perf_counter()
+        self.started = budget_started()  # the budget is the whole compile's (options.one_time_budget)
         self.noted: set[str] = set()  # the stages a progress note has named
         self.noted_at = 0.0  # elapsed seconds at the last note
 

@@ -8,6 +8,9 @@ the time and memory budgets only bound the compiler. This module does no compili
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 
 WHITESPACE_POLICIES = ("none", "bounded", "free")
@@ -54,7 +57,8 @@ class GrammarOptions:
         retries with False when the table would pass the memory budget.
     max_regex_length: a schema whose regex grows past this many characters is unsupported
         (recursion and nested optional properties can grow it exponentially).
-    time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them.
+    time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them (the time
+        budget is the whole compile's: conversion, byte DFA, token walk, table and fallbacks together).
     """
 
     whitespace: str = "bounded"
@@ -127,3 +131,29 @@ class GrammarOptions:
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"Invalid {name}: expected an int in [{low}, {high}], got {value!r}")
+
+
+# One compile's stages (schema -> regex, the byte DFA, the token walk, the table) and its fallbacks
+# share one time budget: each counts from when the outermost compile call began, not from its own
+# start (a slow conversion followed by a slow DFA ran up to twice time_budget_s).
+_BUDGET_STARTED: ContextVar[float | None] = ContextVar("surecall_budget_started", default=None)
+
+
+@contextmanager
+def one_time_budget():
+    """Within it (and in what it calls on this thread or task), budget_started() is when the
+    outermost `with` began; nested uses keep the outer start."""
+    if _BUDGET_STARTED.get() is not None:
+        yield
+        return
+    token = _BUDGET_STARTED.set(time.perf_counter())
+    try:
+        yield
+    finally:
+        _BUDGET_STARTED.reset(token)
+
+
+def budget_started() -> float:
+    """When the time budget under way began: the outermost one_time_budget(), else now."""
+    started = _BUDGET_STARTED.get()
+    return time.perf_counter() if started is None else started

@@ -39,7 +39,7 @@ from decimal import Decimal
 import jsonschema_rs
 
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
-from surecall.grammars.options import GrammarOptions
+from surecall.grammars.options import GrammarOptions, budget_started
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
 from surecall.grammars.schema.conditionals import (
@@ -477,7 +477,7 @@ class Converter:
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.regular_s = 0.0  # time spent trying string automata (schema/regular.py), capped at _MAX_REGULAR_S
         self.truncated_at: str | None = None
-        self.deadline = time.perf_counter() + options.time_budget_s
+        self.deadline = budget_started() + options.time_budget_s  # shared with the compile's later stages
         self.checked_bodies: set[str] = set()  # pattern bodies check_blowup built in the child
         self.ref_siblings_ignored = ref_siblings_ignored(root)
 

@@ -724,3 +724,44 @@ def test_the_token_walk_checks_the_time_budget_while_it_runs():
     with pytest.raises(CompileBudgetExceeded, match="during stage 'token walk'"):
         compile_dfa(dfa, synthetic_vocab(), GrammarOptions(), clock=_Clock(1e-9))
     assert compile_dfa(dfa, synthetic_vocab(), GrammarOptions()).num_states == dfa.num_states
+
+
+def test_conversion_and_the_later_stages_share_one_time_budget(monkeypatch):
+    """schema -> regex and the DFA, walk and table stages count from one start: a slow conversion
+    followed by a slow walk used to get time_budget_s each (up to twice the budget in all)."""
+    from surecall.grammars import compile as compile_mod
+    from surecall.grammars.options import budget_started, one_time_budget
+
+    from surecall.grammars.schema import to_regex
+
+    now = [1000.0]
+    monkeypatch.setattr(compile_mod.time, "perf_counter", lambda: now[0])  # the one `time` module: every stage's clock
+    real_convert, real_rows = to_regex.schema_to_regex, compile_mod.token_rows
+    depth = [0]
+
+    def slow_convert(*args, **kwargs):  # the conversion may call itself for parts: charge the outermost call
+        depth[0] += 1
+        try:
+            return real_convert(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            now[0] += 0.6 if depth[0] == 0 else 0.0  # conversion: 0.6 s of a 1 s budget
+
+    def slow_rows(*args, **kwargs):
+        now[0] += 0.6  # the walk: another 0.6 s, each within 1 s on its own
+        return real_rows(*args, **kwargs)
+
+    monkeypatch.setattr(to_regex, "schema_to_regex", slow_convert)
+    monkeypatch.setattr(compile_mod, "token_rows", slow_rows)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    with pytest.raises(CompileBudgetExceeded, match=r"compile ran 1\.20 s, past its time budget of 1 s"):
+        compile_schema(schema, synthetic_vocab(), GrammarOptions(time_budget_s=1.0), use_cache=False)
+    assert compile_schema(schema, synthetic_vocab(), GrammarOptions(time_budget_s=2.0), use_cache=False).num_states
+    # outside a compile, the budget starts now; nested windows keep the outer start
+    assert budget_started() == now[0]
+    with one_time_budget():
+        start = now[0]
+        now[0] += 5
+        with one_time_budget():
+            assert budget_started() == start
+    assert budget_started() == now[0]
