@@ -21,7 +21,6 @@ import numpy as np
 
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars import cache as table_cache
-from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.automaton import (
     ByteDFA,
     Digraph,
@@ -39,6 +38,7 @@ from surecall.grammars.counted import (
     dist_to_accept,
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
+from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.string_bodies import build_with_shared_bodies
 from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows

@@ -137,7 +137,15 @@ _BLOCKED = "**"  # a trie mark (a key character is one long, the end mark "" non
 @lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
 def string_not_in(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> str:
     """String body (no escapes) whose value is none of `names` and starts with none of `prefixes`:
-    a complement over their trie."""
+    a complement over their trie.
+
+    Factored so that the free tail and the large character class are written once, not at every
+    trie node (12 names of 321 characters wrote 27.7k regex characters, and a few such keys
+    passed outlines-core's NFA size limit: "error building NFA"). A string that is not excluded
+    stops at a trie node no name ends at (`stop`), or leaves the trie at some node by a character
+    that is not a child there: one of the few characters the names use or any ASCII one (`local`,
+    a small class per node), or one of the others, which no node has as a child (`prefix`, any
+    node's path, then that one shared class), and then runs free."""
     if not names and not prefixes:
         return f"{lex.STRING_BODY_CLASS}*"
     trie: dict = {}
@@ -146,23 +154,58 @@ def string_not_in(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> str
         for ch in word:
             node = node.setdefault(ch, {})
         node[mark] = {}
-    return _trie_complement(trie) or "(?!)"
+    used = lex.normalize([(ord(c), ord(c)) for c in {c for w in (*names, *prefixes) for c in w}])
+    local = lex.subtract(_PLAIN_CHARS, lex.subtract(_PLAIN_CHARS, lex.normalize([(0, 0x7F), *used])))
+    shared = lex.char_set_regex(lex.subtract(_PLAIN_CHARS, local))
+    stop, leave, prefix = _trie_parts(trie, local)
+    tail = f"{lex.STRING_BODY_CLASS}*"
+    branches = [stop, None if leave is None else f"(?:{leave}){tail}",
+                None if prefix is None or shared is None else f"(?:{prefix}){shared}{tail}"]
+    alive = [b for b in branches if b is not None]
+    return "(?:" + "|".join(f"(?:{b})" if b else "" for b in alive) + ")" if alive else "(?!)"
 
 
-def _trie_complement(node: dict) -> str | None:
-    """The body of the strings from `node` on that the trie excludes not (None: none)."""
+_FLAT_RUN = 24  # trie links written flat (one alternative per node) before a nested group
+
+
+def _trie_parts(node: dict, local: list[tuple[int, int]]) -> tuple[str | None, str | None, str | None]:
+    """(stop, leave, prefix) regexes of the paths from `node` on (None: none): ending at a node no
+    name ends at; then one `local` character that is not a child there; any node's path. A
+    blocked node (a prefix) has none of them.
+
+    A run of single-child nodes is written as flat alternatives (`|a|ab|abc`), nesting a group
+    only where the trie branches or every _FLAT_RUN links: one group per character passed the
+    regex parser's nesting limit on a 69-character property name."""
     if _BLOCKED in node:
+        return None, None, None
+    stop: list[str] = []
+    leave: list[str] = []
+    prefix: list[str] = []
+    path, cur = "", node
+    for step in range(_FLAT_RUN):
+        if _BLOCKED in cur:
+            break
+        children = [c for c in cur if len(c) == 1]
+        if "" not in cur:
+            stop.append(path)
+        other = lex.char_set_regex(lex.subtract(local, [(ord(c), ord(c)) for c in children]))
+        if other is not None:
+            leave.append(path + other)
+        prefix.append(path)
+        if len(children) != 1 or step == _FLAT_RUN - 1:
+            for ch in children:
+                below = _trie_parts(cur[ch], local)
+                for parts, part in zip((stop, leave, prefix), below, strict=True):
+                    if part is not None:
+                        parts.append(f"{path}{lex.escape_literal(ch)}(?:{part})")
+            break
+        path += lex.escape_literal(children[0])
+        cur = cur[children[0]]
+    return _alternatives(stop), _alternatives(leave), _alternatives(prefix)
+
+
+def _alternatives(parts: list[str | None]) -> str | None:
+    alive = [p for p in parts if p is not None]
+    if not alive:
         return None
-    children = [c for c in node if len(c) == 1]
-    branches = [] if "" in node else [""]  # stop here unless a name ends here
-    others = lex.subtract(_PLAIN_CHARS, [(ord(c), ord(c)) for c in children])
-    other_char = lex.char_set_regex(others)
-    if other_char is not None:
-        branches.append(f"{other_char}{lex.STRING_BODY_CLASS}*")
-    for ch in children:
-        below = _trie_complement(node[ch])
-        if below is not None:
-            branches.append(lex.escape_literal(ch) + f"(?:{below})")
-    if not branches:
-        return None
-    return "(?:" + "|".join(f"(?:{b})" if b else "" for b in branches) + ")"
+    return alive[0] if len(alive) == 1 else "|".join(f"(?:{p})" if p else "" for p in alive)

@@ -54,6 +54,30 @@ def test_trie_complement_with_blocked_prefixes():
         assert ok == (key not in ("ab", "x") and not re.match("x-|q", key))
 
 
+def test_trie_complement_is_exact_for_long_names_and_many_of_them():
+    """The complement stays exact where the trie branches, runs long (past _FLAT_RUN links: flat
+    runs, then a nested group) and holds non-ASCII names; 12 names with one of 69 characters
+    (Github_medium o6290's properties) used to pass the regex parser's nesting limit."""
+    import random
+
+    rng = random.Random(7)
+    long_name = "runIntrospectionScriptBeforeAccessTokenAsJwtCreationAndIncludeClaims"
+    cases = [((long_name, "spontaneousScopes", "spontaneousScopeScriptDns", "a", ""), ("tls",)),
+             (("é" * 30, "éa", "x" * 80), ()),
+             *[(tuple({"".join(rng.choice("abé") for _ in range(rng.randint(0, 50))) for _ in range(4)}),
+                tuple({"".join(rng.choice("ab") for _ in range(rng.randint(1, 30))) for _ in range(2)}))
+               for _ in range(6)]]
+    for names, prefixes in cases:
+        match = _keys('"' + string_not_in(names, prefixes) + '"')
+        probes = {"", "z", "é", "日本"}
+        for word in (*names, *prefixes):
+            for cut in range(len(word) + 1):  # every prefix, each extended by a character and by a tail
+                probes |= {word[:cut], word[:cut] + "a", word[:cut] + "é", word[:cut] + "日", word[:cut] + "zz"}
+        for key in probes:
+            expected = key not in names and not any(key.startswith(p) for p in prefixes)
+            assert match(key) is expected, (names, prefixes, key)
+
+
 def test_past_the_caps_the_keys_are_not_split():
     with pytest.raises(KeysNotWritten):
         key_atoms(tuple(f"^p{i}" for i in range(9)), (), with_rest=False)

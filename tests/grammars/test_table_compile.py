@@ -731,7 +731,6 @@ def test_conversion_and_the_later_stages_share_one_time_budget(monkeypatch):
     followed by a slow walk used to get time_budget_s each (up to twice the budget in all)."""
     from surecall.grammars import compile as compile_mod
     from surecall.grammars.options import budget_started, one_time_budget
-
     from surecall.grammars.schema import to_regex
 
     now = [1000.0]
