@@ -170,8 +170,11 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
     try:
         regex = conv.convert(schema, "")
     except RecursionError:
-        raise UnsupportedSchema(
-            "references nest too deeply to expand (lower max_ref_depth)", "", "$ref") from None
+        if "$ref" in json.dumps(schema):
+            raise UnsupportedSchema("the schema nests too deeply to convert (past Python's recursion limit; "
+                                    "lower max_ref_depth or nest values less deeply)", "", "$ref") from None
+        raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
+                                "", None) from None
     if regex is None:
         if conv.truncated_at is not None:
             raise UnsupportedSchema(

@@ -544,6 +544,15 @@ def test_very_deep_reference_chains_are_unsupported_not_a_crash():
         schema_to_regex({"$defs": defs, "$ref": "#/$defs/d0"})
 
 
+def test_values_nested_past_the_recursion_limit_are_unsupported_without_blaming_a_ref():
+    deep = {"type": "integer"}
+    for _ in range(400):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(UnsupportedSchema, match="nests values too deeply") as err:
+        schema_to_regex(deep, splice=True)
+    assert err.value.keyword is None  # no $ref in it (the message named one before)
+
+
 def test_regex_size_limit_is_a_clear_error():
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "format": "email"} for i in range(60)}}
     with pytest.raises(UnsupportedSchema, match="max_regex_length"):
