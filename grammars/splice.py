@@ -87,8 +87,8 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     """The byte DFA of `regex` with every placeholder replaced by its piece's language.
 
     `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
-    built once, on first use, and spliced itself before use; `check()` runs after each splice (a
-    time budget raises there). Raises CompileBudgetExceeded when a joined automaton would exceed
+    built once, on first use, and spliced itself before use; `check()` runs after each splice and
+    between the batches of each subset construction (a time budget raises there). Raises CompileBudgetExceeded when a joined automaton would exceed
     `memory_budget_bytes`.
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
@@ -102,7 +102,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
         if index not in canonical:
             parents[index] = build(pieces[index])
-            dfa = splice_dfa(parents[index], lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states)
+            dfa = splice_dfa(parents[index], lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states, check)
             check()
             canonical[index] = first_of.first(dfa, index)
             built.setdefault((canonical[index],), dfa)
@@ -112,17 +112,17 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
         if key not in built:  # alternatives at one place: their union, built once for every user
             subs = [built[(i,)] for i in key]
             if sum(d.num_states for d in subs) <= _UNION_BY_SUBSETS:
-                built[key] = union_dfa(subs, max_states)
+                built[key] = union_dfa(subs, max_states, check)
             else:  # the union of their parents, spliced: large common parts are walked once, not in lockstep
-                parent = union_dfa([parents[i] for i in key], max_states)
-                built[key] = splice_dfa(parent, sub_of, lambda i: canonical_of(i, max(key)), max_states)
+                parent = union_dfa([parents[i] for i in key], max_states, check)
+                built[key] = splice_dfa(parent, sub_of, lambda i: canonical_of(i, max(key)), max_states, check)
             check()
         return built[key]
 
     whole = _whole_piece(regex)
     if whole is not None:  # the regex is one placeholder: the grammar is its piece (no parent to splice into)
         return built[(canonical_of(whole, len(pieces)),)]
-    return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states)
+    return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states, check)
 
 
 def _whole_piece(regex: str) -> int | None:
@@ -204,7 +204,7 @@ def _symbol_keys(found: list[tuple[int, int, int]], canonical: Callable[[int], i
 
 
 def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], canonical: Callable[[int], int],
-               max_states: int) -> ByteDFA:
+               max_states: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
     """`parent` with each placeholder path replaced by a copy of its piece's DFA, determinised
     and pruned, minimised where subsets merged states (returned unchanged without placeholders).
 
@@ -238,18 +238,22 @@ def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], ca
         eps.setdefault(s, []).append(start)  # a copy's start is its state 0
     # 2. Back to a DFA. Components are minimal and pairwise distinct, so only states merged into
     #    subsets (alternatives sharing first bytes) leave equivalent states: minimise then.
-    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0, max_states)
+    dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0, max_states, check)
     dfa = prune(dfa_trans, dfa_accept, start)
-    return minimize(dfa) if is_merged else dfa
+    if not is_merged:
+        return dfa
+    check()
+    return minimize(dfa)
 
 
-def union_dfa(subs: list[ByteDFA], max_states: int) -> ByteDFA:
+def union_dfa(subs: list[ByteDFA], max_states: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
     """The minimal DFA of the union of the `subs`' languages (subset construction from a fresh start)."""
     _check_states(1 + sum(d.num_states for d in subs), max_states)
     trans, accept, eps = _joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)), *subs], None)
     offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
     eps[0] = offsets.tolist()
-    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0, max_states)
+    dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0, max_states, check)
+    check()
     return minimize(prune(dfa_trans, dfa_accept, start))
 
 
@@ -284,9 +288,10 @@ def _check_states(size: int, max_states: int) -> None:
 _BATCH_BYTES = 64 << 20  # the subset construction's gathered rows per batch of subsets
 
 
-def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int, max_states: int):
+def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]], start: int, max_states: int,
+                 check: Callable[[], None] = lambda: None):
     """Subset construction for a DFA plus epsilon moves `eps`: (trans, accept, start, whether
-    some subset holds two or more live states).
+    some subset holds two or more live states); `check()` runs between batches.
 
     A state keeps its id as a singleton (its row mapped through the closures in one numpy
     step); only subsets of two or more states get new rows, a batch of subsets at a time: their
@@ -330,6 +335,7 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
         done += len(batch)
         row, acc = _subset_rows(batch, padded, closed, accept, subset_id)
         _check_states(n + len(subsets), max_states)  # alternatives can multiply subsets
+        check()
         rows.append(row)
         accepts.append(acc)
     out_trans = np.concatenate(rows)

@@ -171,8 +171,8 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
         regex = conv.convert(schema, "")
     except RecursionError:
         if "$ref" in json.dumps(schema):
-            raise UnsupportedSchema("the schema nests too deeply to convert (past Python's recursion limit; "
-                                    "lower max_ref_depth or nest values less deeply)", "", "$ref") from None
+            raise UnsupportedSchema("references or values nest too deeply to convert (past Python's recursion "
+                                    "limit; lower max_ref_depth or nest values less deeply)", "", "$ref") from None
         raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
                                 "", None) from None
     if regex is None:

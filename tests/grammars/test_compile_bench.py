@@ -167,3 +167,48 @@ def test_compile_open_admits_undeclared_keys_and_other_orders(name, tokens, tmp_
         assert not engine.accepts(closed, text) and engine.accepts(opened, text), text
         assert not engine.accepts(opened, '{"a": "x"}')
     assert not engine.accepts(engine.compile_open(closed_keys), '{"a": 1, "c": 2}')
+
+
+def test_the_timed_engines_run_first_and_outlines_after_on_what_they_finished(monkeypatch):
+    """outlines-core's lanes start only once ours/xgrammar/llguidance are done (they took the cores
+    the timed engines ran on), and run exactly the schemas those finished."""
+    import argparse
+    import itertools
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    bench = _load("compile")
+    log = []
+
+    class FakeWorker:
+        def __init__(self, engine, args, cache_dir):
+            self.engine = engine
+
+        def prestart(self):
+            pass
+
+        def run(self, schema, tests):
+            log.append((self.engine, schema["i"]))
+            return {"ok": True, "ms": 1.0}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench, "Worker", FakeWorker)
+    monkeypatch.setattr(bench, "confirmed_tests", lambda schema, tests: ([], 0))
+    subsets = {"A": [(f"a{i}", {"i": f"a{i}"}, []) for i in range(3)], "B": [(f"b{i}", {"i": f"b{i}"}, []) for i in range(3)]}
+    args = argparse.Namespace(max_minutes=10.0)
+    rows, _, cut = bench.sweep(args, subsets, ["ours", "xgrammar", "outlines"], "/tmp")
+    first_outlines = next(k for k, (engine, _) in enumerate(log) if engine == "outlines")
+    assert {engine for engine, _ in log[:first_outlines]} == {"ours", "xgrammar"}
+    assert all(engine == "outlines" for engine, _ in log[first_outlines:])
+    assert sorted(i for engine, i in log if engine == "outlines") == sorted(i for engine, i in log if engine == "ours")
+    assert cut == 0 and len(rows) == 6 * 3
+    # a first phase cut short by --max-minutes: outlines runs only what it finished, the rest is left out
+    log.clear()
+    clock = itertools.count(0, 60)  # each look at the clock is a minute later
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    rows, _, cut = bench.sweep(argparse.Namespace(max_minutes=2.5), subsets, ["ours", "outlines"], "/tmp")
+    ours_ran = [i for engine, i in log if engine == "ours"]
+    assert 0 < len(ours_ran) < 6 and sorted(i for engine, i in log if engine == "outlines") == sorted(ours_ran)
+    assert cut == 6 - len(ours_ran) and len(rows) == 2 * len(ours_ran)

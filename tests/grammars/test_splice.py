@@ -249,6 +249,22 @@ def test_check_runs_after_every_splice():
         splice.build_spliced(result.regex, result.pieces, regex_to_dfa, 2 << 30, out_of_time)
 
 
+def test_check_runs_inside_a_subset_construction_too(monkeypatch):
+    """A single large splice (one subset construction of many batches) is stopped within it: the
+    budget was only looked at between splices (WashingtonPost wp_53 ran 61.5 s under 60 s)."""
+    left, right = regex_to_dfa("a[bc]*d"), regex_to_dfa("a[bd]*c")
+    calls = []
+    union = splice.union_dfa([left, right], 64, lambda: calls.append("check"))
+    assert union.matches(b"abcbd") and union.matches(b"abdbc") and calls  # called inside union_dfa itself
+    trans, accept, eps = splice._joined([ByteDFA(np.full((1, 256), -1, dtype=np.int32), np.zeros(1, bool)),
+                                         left, right], None)
+    eps[0] = [1, 1 + left.num_states]
+    seen = []
+    monkeypatch.setattr(splice, "_BATCH_BYTES", 1)  # one subset per batch: a check after each
+    splice._determinize(trans, accept, eps, 0, 64, lambda: seen.append(1))
+    assert len(seen) >= 2
+
+
 def test_a_ref_is_converted_once_whatever_refs_enclose_it():
     # a chain of diamonds: l{k} -> a{k}, b{k} -> l{k+1}; each non-recursive ref converts once,
     # not once per path of enclosing refs (2^k of them)
