@@ -337,7 +337,7 @@ def _class_columns(trans: np.ndarray) -> np.ndarray:
     return np.unique(byte_classes(trans))
 
 
-def minimize(dfa: ByteDFA) -> ByteDFA:
+def minimize(dfa: ByteDFA, check=None) -> ByteDFA:
     """The minimal DFA of the same language (Moore's partition refinement), BFS-numbered.
 
     Refinement runs over byte classes (bytes with identical columns), and each round names the
@@ -346,9 +346,10 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     congruence (same acceptance, successors in the same blocks on every byte): a quotient by a
     congruence accepts exactly the same language. If the check fails, the DFA is returned as is.
     `dfa` must be pruned (no dead states), or the result may keep some equivalent states.
+    `check()`, when given, runs between refinement rounds (a compile's time budget raises there).
     """
     classes = _class_columns(dfa.trans)
-    block = _refine(dfa.trans, dfa.accept, classes)
+    block = _refine(dfa.trans, dfa.accept, classes, check)
     if int(block.max()) + 1 == dfa.num_states:
         return dfa
     quotient = quotient_by(dfa, block, classes)
@@ -358,7 +359,7 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     return prune(trans, accept, int(start_block[0]))
 
 
-def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
+def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = None, check=None) -> np.ndarray:
     """Moore's coarsest partition of the states (block id per state), signatures hashed.
 
     A worklist form of Moore's rounds: a round re-signs only the blocks holding a predecessor
@@ -378,6 +379,8 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
     padded[n] = -1
     members = np.arange(n, dtype=np.int64)
     while members.size:
+        if check is not None:
+            check()
         padded[:n] = block
         own = block[members]
         with np.errstate(over="ignore"):

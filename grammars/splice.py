@@ -172,7 +172,8 @@ def find_placeholders(dfa: ByteDFA) -> list[tuple[int, int, int]]:
     return found
 
 
-def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonical: Callable[[int], int]):
+def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonical: Callable[[int], int],
+                    check: Callable[[], None] | None = None):
     """(minimal parent, its placeholder moves (s, canonical piece, t)): each placeholder path is one
     move on a symbol of its own (column 256 + k), pieces with equal DFAs share a symbol, and the
     parent is minimised over that alphabet (states told apart only by which of two equal pieces
@@ -185,7 +186,7 @@ def symbolic_parent(parent: ByteDFA, found: list[tuple[int, int, int]], canonica
     trans[:, PLACEHOLDER_LEAD] = -1  # the index states become unreachable: pruned
     for (s, _, t), key in zip(found, keys, strict=True):
         trans[s, column[key]] = t
-    small = minimize(prune(trans, parent.accept))
+    small = minimize(prune(trans, parent.accept), check)
     rows, cols = np.nonzero(small.trans[:, 256:] >= 0)
     moves = [(int(r), symbols[int(c)][0], int(small.trans[r, 256 + c])) for r, c in zip(rows, cols)]
     return ByteDFA(np.ascontiguousarray(small.trans[:, :256]), small.accept), moves
@@ -215,7 +216,7 @@ def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], ca
     found = find_placeholders(parent)
     if not found:
         return parent
-    parent, moves = symbolic_parent(parent, found, canonical)
+    parent, moves = symbolic_parent(parent, found, canonical, check)
     grouped: dict[tuple[int, int], set[int]] = {}
     for s, index, t in moves:
         grouped.setdefault((s, t), set()).add(index)
@@ -240,10 +241,7 @@ def splice_dfa(parent: ByteDFA, sub_of: Callable[[tuple[int, ...]], ByteDFA], ca
     #    subsets (alternatives sharing first bytes) leave equivalent states: minimise then.
     dfa_trans, dfa_accept, start, is_merged = _determinize(trans, accept, eps, 0, max_states, check)
     dfa = prune(dfa_trans, dfa_accept, start)
-    if not is_merged:
-        return dfa
-    check()
-    return minimize(dfa)
+    return minimize(dfa, check) if is_merged else dfa
 
 
 def union_dfa(subs: list[ByteDFA], max_states: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
@@ -253,8 +251,7 @@ def union_dfa(subs: list[ByteDFA], max_states: int, check: Callable[[], None] = 
     offsets = np.cumsum([1] + [d.num_states for d in subs])[:-1]
     eps[0] = offsets.tolist()
     dfa_trans, dfa_accept, start, _ = _determinize(trans, accept, eps, 0, max_states, check)
-    check()
-    return minimize(prune(dfa_trans, dfa_accept, start))
+    return minimize(prune(dfa_trans, dfa_accept, start), check)
 
 
 def _joined(dfas: list[ByteDFA], exits: list[int] | None):
