@@ -218,23 +218,51 @@ def pointer_join(pointer: str, *parts: object) -> str:
     return pointer + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def json_literal(value: object, options: GrammarOptions) -> str:
+def json_literal(value: object, options: GrammarOptions, integral_floats: bool = True) -> str:
     """Regex matching one JSON value spelled canonically, with the whitespace the options allow
-    wherever JSON allows it (object keys in the value's own order)."""
+    wherever JSON allows it (object keys in the value's own order). An integral number may also
+    be spelled with `.0` unless `integral_floats` is False (under draft 3/4 `type: integer`,
+    `1.0` is not an integer)."""
     ws = options.whitespace_regex()
     if isinstance(value, dict):
-        members = [f"{_text_literal(k)}{ws}:{ws}{json_literal(v, options)}" for k, v in value.items()]
+        members = [f"{_text_literal(k)}{ws}:{ws}{json_literal(v, options, integral_floats)}" for k, v in value.items()]
         return f"\\{{{ws}" + (f"{ws},{ws}".join(members) + ws if members else "") + "\\}"
     if isinstance(value, list):
-        items = [json_literal(v, options) for v in value]
+        items = [json_literal(v, options, integral_floats) for v in value]
         return f"\\[{ws}" + (f"{ws},{ws}".join(items) + ws if items else "") + "\\]"
-    return _text_literal(value)
+    return _text_literal(value, integral_floats)
 
 
-def _text_literal(value: object) -> str:
+def _as_floats(value: object) -> object:
+    """`value` with every integral number as a float (1 -> 1.0): its other spelling."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value) if _is_integral(value) and abs(value) < _EXACT_FLOAT_INTEGERS else value
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_floats(v) for k, v in value.items()}
+    return value
+
+
+def _has_integral(value: object) -> bool:
+    """Whether `value` holds an integral number that json_literal may also spell with `.0`."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return _is_integral(value) and abs(value) < _EXACT_FLOAT_INTEGERS
+    if isinstance(value, list):
+        return any(_has_integral(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_integral(v) for v in value.values())
+    return False
+
+
+def _text_literal(value: object, integral_floats: bool = True) -> str:
     if not isinstance(value, bool) and _is_integral(value) and abs(value) < _EXACT_FLOAT_INTEGERS:
         # JSON Schema compares numbers by value: `1` and `1.0` are the same enum/const member
-        return f"{int(value)}(?:\\.0)?"
+        return f"{int(value)}(?:\\.0)?" if integral_floats else str(int(value))
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return "".join(lex.regex_char(ord(c)) for c in text)
 
@@ -815,6 +843,12 @@ class Converter:
 
     def merge_pair(self, a: dict, b: dict, ptr: str) -> dict | bool:
         """allOf of two keyword dicts as one dict (False: unsatisfiable)."""
+        for own, other in ((a, b), (b, a)):
+            if _additional_scope_lost(own, other):
+                where = own.get(_FROM, {}).get("additionalProperties") or own.get(_AT) or ptr
+                self.relax(where if isinstance(where, str) else ptr, "additionalProperties",
+                           "an allOf part's additionalProperties beside another part's patternProperties: the keys "
+                           "those patterns find are not held to it")
         a, b = _localize_additional(a, b), _localize_additional(b, a)
         a, b = _localize_items(a, b), _localize_items(b, a)
         out = dict(a)
@@ -1143,7 +1177,11 @@ class Converter:
         others = {k: v for k, v in schema.items() if k in _ASSERTING and k not in ("enum", "const")}
         if others:
             values = [v for v in values if self.value_satisfies(v, schema, others, ptr)]
-        return _alternation([json_literal(v, self.options) for v in values])
+        # a member's integral numbers may be spelled `1.0` where that spelling is valid too (not
+        # under a draft 3/4 `type: integer`: Github_easy o31279's walks wrote `1.0`)
+        return _alternation([json_literal(v, self.options, not others or not _has_integral(v)
+                                          or self.value_satisfies(_as_floats(v), schema, others, ptr))
+                             for v in values])
 
     def value_satisfies(self, value: object, schema: dict, others: dict, ptr: str) -> bool:
         validator = self.enum_validator({k: v for k, v in schema.items() if k not in ("enum", "const")})
@@ -1964,6 +2002,17 @@ def _any_subset(run: list[tuple[str, str]]) -> str:
     left, right = run[:half], run[half:]
     tail = "".join(after for _, after in right)
     return f"(?:{_any_subset(left)}{tail}|{_any_subset(right)})"
+
+
+def _additional_scope_lost(own: dict, other: dict) -> bool:
+    """Whether merging loses where `own`'s additionalProperties applies: `other` brings patterns
+    `own` does not have, and a key they find but none of `own`'s names or patterns do must meet
+    `own`'s additionalProperties, which the merged dict (one set of patterns) cannot say."""
+    extra = own.get("additionalProperties", True)
+    if extra is True or extra == {}:
+        return False
+    mine = own.get("patternProperties", {})
+    return any(p not in mine for p in other.get("patternProperties", {}))
 
 
 def _localize_additional(own: dict, other: dict) -> dict:

@@ -861,3 +861,36 @@ def test_a_pattern_with_an_exponential_automaton_fails_within_the_budgets_naming
     assert time.perf_counter() - started < 1.0
     fine = {"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}$"}  # weight 16, a small automaton
     assert accepts(fine, '"0123abcd-0123-abcd"') and not accepts(fine, '"0123abcd-0123-abc"')
+
+
+def test_an_integer_enum_under_draft_4_is_not_spelled_with_a_fraction():
+    """`1.0` equals the member 1, but under draft 3/4 it is not of `type: integer` (Github_easy
+    o31279's walks wrote it); drafts 6+ count it as an integer, and a bare enum takes it anywhere."""
+    import jsonschema
+
+    d4, d7 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#"
+    cases = [({"$schema": d4, "type": "integer", "enum": [1, 2]}, False),
+             ({"$schema": d4, "type": "array", "items": {"type": "integer"}, "const": [1, 2]}, False),
+             ({"$schema": d7, "type": "integer", "enum": [1, 2]}, True),
+             ({"$schema": d4, "enum": [1, 2]}, True),
+             ({"$schema": d4, "type": "number", "enum": [1, 2]}, True)]
+    for schema, fraction_ok in cases:
+        regex = re.compile(expand_counts(schema_to_regex(schema).regex))
+        value = schema.get("const", 1)
+        spelled = json.dumps(value).replace("1", "1.0")
+        assert (regex.fullmatch(spelled) is not None) is fraction_ok, schema
+        assert jsonschema.validators.validator_for(schema)(schema).is_valid(json.loads(spelled)) is fraction_ok
+        assert regex.fullmatch(json.dumps(value)) is not None
+
+
+def test_additional_properties_of_an_allof_part_beside_other_patterns_is_listed():
+    """`allOf: [{patternProperties: {^b}, additionalProperties: false}]` beside patternProperties `a`:
+    a key like `xa` (found by `a`, not by `^b`) breaks the part's additionalProperties; one merged
+    dict cannot say so, so it is listed (Handwritten allOfPProp10's walks broke it unlisted)."""
+    schema = {"type": "object", "allOf": [{"patternProperties": {"^b": True}, "additionalProperties": False}],
+              "patternProperties": {"a": {"type": "integer"}}}
+    result = schema_to_regex(schema)
+    assert ("/allOf/0", "additionalProperties") in result.relaxed
+    declared = {"type": "object", "allOf": [{"properties": {"b": True}, "additionalProperties": False}],
+                "properties": {"b": {"type": "integer"}}}
+    assert not schema_to_regex(declared).relaxed  # names are localized exactly: nothing listed
