@@ -318,6 +318,52 @@ def body_fewest_chars(body: str) -> int:
     return int(rest[members == head][0])
 
 
+@lru_cache(maxsize=512)
+def body_char_range(body: str) -> tuple[int, int | None] | None:
+    """(fewest, most) characters of the strings a string-body regex `body` matches (most None:
+    unbounded), counted as the counter counts them; None where `"body"` is not one JSON string
+    (a `"` inside it would close the string and go on) or a counter could not ride it."""
+    try:
+        dfa = regex_to_dfa(f'"(?:{body})"')
+        head = int(dfa.trans[0, _QUOTE])
+        if head < 0:
+            return None
+        members, phases = _body_phases(dfa.trans, head)
+        boundary = phases == BOUNDARY
+        closes = dfa.trans[members[boundary], _QUOTE]
+        closes = closes[closes >= 0]
+        if not (dfa.accept[closes] & (dfa.trans[closes] < 0).all(axis=1)).all():
+            return None  # the closing quote leads on: `body` is not one string's body
+        rest = _fewest_chars(dfa.trans, members, boundary)
+    except CountedCutError:
+        return None
+    fewest = int(rest[members == head][0])
+    # Longest: the body's states without closing quotes, weighted by the characters started.
+    local = {int(q): i for i, q in enumerate(members.tolist())}
+    succ = []
+    for q, at_boundary in zip(members.tolist(), boundary.tolist(), strict=True):
+        row = dfa.trans[q].copy()
+        if at_boundary:
+            row[_QUOTE] = -1
+        succ.append({local[t] for t in row[row >= 0].tolist()})
+    indegree = [0] * len(succ)
+    for s in succ:
+        for t in s:
+            indegree[t] += 1
+    order = [i for i, d in enumerate(indegree) if d == 0]
+    for i in order:  # Kahn's order; a cycle leaves states out (an unbounded body)
+        for t in succ[i]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                order.append(t)
+    if len(order) < len(succ):
+        return fewest, None
+    most = [0] * len(succ)
+    for i in reversed(order):
+        most[i] = max((most[t] for t in succ[i]), default=0) + int(boundary[i] and bool(succ[i]))
+    return fewest, most[local[head]]
+
+
 def _local_table(dfa: ByteDFA, regions: Regions, r: int) -> tuple[np.ndarray, np.ndarray]:
     """(local [L, 256] table, local -> global ids) of region r, BFS-numbered from its head.
 

@@ -168,6 +168,24 @@ def counted_run(pattern: str) -> tuple[str, int, int | None] | None:
     return char, low, high
 
 
+def loose_run(pattern: str) -> tuple[str, int] | None:
+    """(one character's regex, low) when `pattern` is counted_run's shape with an anchor missing
+    (`[a-zA-Z0-9_-]{162}`, `^\\w{100,}`, `\\d{64}$`): a search for a run of at least `low` of
+    those characters somewhere in the string. Its strings made of that run alone
+    (`^[set]{low,}$`) are a subset the string counter can write exactly; None otherwise."""
+    branches = _top_branches(pattern)
+    if len(branches) != 1:
+        return None
+    branch = branches[0]
+    start = branch.startswith("^")
+    end = branch.endswith("$") and not branch.endswith("\\$")
+    if start and end:
+        return None
+    core = branch[1 if start else 0 : len(branch) - 1 if end else len(branch)]
+    found = counted_run(f"^{core}$") if core[:1] not in ("(", "^", "$", "") else None
+    return None if found is None else (found[0], found[1])
+
+
 def _top_branches(pattern: str) -> list[str]:
     """Top-level alternatives, each unwrapped from groups that span all of it.
 

@@ -75,6 +75,7 @@ from surecall.grammars.schema.pattern import (
     PatternUnsupported,
     ambiguity_weight,
     counted_run,
+    loose_run,
     translate_pattern,
 )
 from surecall.grammars.schema.pattern_keys import KeysNotWritten, key_atoms, string_not_in
@@ -481,7 +482,98 @@ def _alternation(branches: list[str | None]) -> str | None:
     alive = list(dict.fromkeys(b for b in branches if b is not None))
     if not alive:
         return None
+    if len(alive) > 1 and any(_COUNT_ENTER_TEXT in b for b in alive):
+        alive = _merged_counted_strings(alive)
     return alive[0] if len(alive) == 1 else "|".join(_group(b) for b in alive)
+
+
+_COUNT_ENTER_TEXT = f'"\\x{COUNT_ENTER:02x}'
+
+
+def _merged_counted_strings(alive: list[str]) -> list[str]:
+    """`alive` with its counted strings and the other strings beside them as one counted string.
+
+    A union of a counted string (`"` ENTER body `"` EXIT) and other strings puts the count mark
+    and the other bodies behind one `"`, which no counter can ride (counted.cut_marks refuses it,
+    and the whole schema fell back to uncounted strings: Snowplow's `anyOf: [hostname, ipv4,
+    ipv6]`, or `anyOf: [{maxLength: 64}, {enum: [...]}]`). When the counted strings share their
+    bounds and every other string's length lies within them, the union is one counted string of
+    the union of the bodies: the same language. Otherwise `alive` is returned as it is.
+    """
+    from surecall.grammars.counted import body_char_range  # grammars.counted imports this module
+
+    leaves = [leaf for b in alive for leaf in _top_level_alternatives(b)]
+    counted, plain, others = {}, [], []
+    for leaf in leaves:
+        m = _COUNTED.fullmatch(leaf)
+        if m is not None:
+            counted.setdefault(m.group(1), []).append(m.group(2))
+            continue
+        body = _single_string_body(leaf)
+        (plain if body is not None else others).append(body if body is not None else leaf)
+    if len(counted) != 1 or not plain:
+        return alive
+    (marks, bodies), = counted.items()
+    low, high = _mark_text_bounds(marks)
+    for body in plain:
+        found = body_char_range(body)
+        if found is None or found[0] < low or (high != NO_MAX_LENGTH and (found[1] is None or found[1] > high)):
+            return alive
+    union = "|".join(_group(b) for b in dict.fromkeys([*bodies, *plain]))
+    enter = "".join(f"\\x{b:02x}" for b in count_mark(COUNT_ENTER, low, high))
+    leave = "".join(f"\\x{b:02x}" for b in count_mark(COUNT_EXIT, low, high))
+    return [f'"{enter}(?:{union})"{leave}', *others]
+
+
+def _regex_scan(regex: str):
+    """(index, depth) of each top-level token start of `regex`: escapes and character classes are
+    one token each; depth counts the groups open before the token."""
+    depth, i, n = 0, 0, len(regex)
+    while i < n:
+        c = regex[i]
+        yield i, depth
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i += 1
+            if i < n and regex[i] == "^":
+                i += 1
+            if i < n and regex[i] == "]":
+                i += 1
+            while i < n and regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        i += 1
+
+
+def _top_level_alternatives(regex: str) -> list[str]:
+    """`regex`'s top-level alternatives, each group that spans a whole alternative opened (recursively)."""
+    cuts = [i for i, d in _regex_scan(regex) if d == 0 and regex[i] == "|"]
+    parts = [regex[a + 1:b] for a, b in zip([-1, *cuts], [*cuts, len(regex)], strict=True)]
+    out = []
+    for part in parts:
+        if part.startswith("(?:") and part.endswith(")") and not any(
+                d == 1 and part[i] == ")" for i, d in _regex_scan(part[:-1])):
+            out += _top_level_alternatives(part[3:-1])
+        else:
+            out.append(part)
+    return out
+
+
+def _single_string_body(regex: str) -> str | None:
+    """X of a regex `"X"` that is one quoted string (balanced X, the quotes literal and unquantified);
+    None otherwise (counted.body_char_range then checks that no `"` inside X closes the string)."""
+    if len(regex) < 2 or regex[0] != '"' or regex[-1] != '"' or regex[1] in "?*+{":
+        return None
+    tokens = list(_regex_scan(regex))
+    if tokens[-1] != (len(regex) - 1, 0) or any(d < 0 for _, d in tokens) or any(
+            d == 0 and regex[i] == "|" for i, d in tokens):
+        return None
+    return regex[1:-1]
 
 
 class Converter:
@@ -1295,6 +1387,9 @@ class Converter:
         run = self.counted_pattern(schema) if body is None else None
         if run is not None:
             return self.run_string(schema, ptr, *run)
+        loose = self.loose_pattern(schema, ptr) if body is None else None
+        if loose is not None:
+            return self.run_string(schema, ptr, loose[0], loose[1], None)
         if "pattern" in schema and body is None:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
         if schema.get("format") in FORMAT_NAMES:  # any other format is an annotation: validators ignore it
@@ -1402,6 +1497,20 @@ class Converter:
         if not isinstance(schema.get("pattern"), str) or "format" in schema:
             return None
         return counted_run(schema["pattern"])
+
+    def loose_pattern(self, schema: dict, ptr: str) -> tuple[str, int] | None:
+        """pattern.loose_run of a pattern whose run is too long to spell out (above
+        max_bounded_length), under counters and without a format: the string is then that run
+        alone, counted (narrowed: a valid string with other characters around the run is not
+        written), instead of a widened, relaxed pattern and one state per character."""
+        if not self.options.counted_lengths or not isinstance(schema.get("pattern"), str) or "format" in schema:
+            return None
+        found = loose_run(schema["pattern"])
+        if found is None or found[1] <= self.options.max_bounded_length:
+            return None
+        self.narrowed[(ptr, "pattern")] = (f"an unanchored run of at least {found[1]} characters is written as the "
+                                           "whole string (counted), never with other characters around it")
+        return found
 
     def run_string(self, schema: dict, ptr: str, char: str, low: int, high: int | None) -> str | None:
         """A string of `char`s whose length is the pattern's quantifier and min/maxLength together:

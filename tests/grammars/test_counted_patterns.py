@@ -19,7 +19,7 @@ from test_counted_strings import _ids, counted_vocab, extreme_walk, replay
 from surecall.errors import UnsupportedSchema
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.schema.pattern import counted_run
+from surecall.grammars.schema.pattern import counted_run, loose_run
 from surecall.grammars.schema.string_formats import COUNTED_FORMATS, STRING_FORMATS
 from surecall.grammars.schema.to_regex import expand_counts, schema_to_regex
 from surecall.grammars.walk import accepts, decode, kept, random_walk
@@ -146,6 +146,33 @@ def test_a_large_quantifier_inside_a_larger_pattern_is_relaxed_with_its_reason(l
     table = compile_schema(pattern_schema("^[a-z]{2,300}-\\d+$"), llama3)
     assert table.meta["relaxed_reasons"] == ["a repetition bound above max_bounded_length=48 inside a larger "
                                              "pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)"]
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("[a-zA-Z0-9_-]{162}", 162), ("^\\w{100,}", 100), ("\\d{64}$", 64), ("(?:[a-z]{70})", 70),
+    ("^[a-z]{3}$", None), ("ab{100}", None), ("x\\$", None), ("a|b", None),
+])
+def test_loose_run_recognises_a_run_with_an_anchor_missing(pattern, expected):
+    found = loose_run(pattern)
+    assert (found and found[1]) == expected
+
+
+@pytest.mark.parametrize("pattern", ["[a-zA-Z0-9_-]{162}", "^[0-9a-f]{64,}", "[A-Z]{49,60}$"])
+def test_a_long_unanchored_run_is_narrowed_to_a_counted_string_not_relaxed(llama3, pattern):
+    """Github_easy o40228 (`[a-zA-Z0-9_-]{162}`): was widened and relaxed, 184 states and 40 MB;
+    now the run alone, counted: every sample matches the pattern, nothing relaxed."""
+    schema = pattern_schema(pattern)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_counts
+    assert [n[:2] for n in table.meta["narrowed"]] == [["/properties/a", "pattern"]]
+    low = loose_run(pattern)[1]
+    rng = np.random.default_rng(3)
+    for early in (True, False, True):
+        doc = json.loads(decode(llama3, extreme_walk(table, rng, early)))
+        jsonschema.validate(doc, schema)
+        assert len(doc["a"]) >= low and (not early or len(doc["a"]) == low)
+    small = schema_to_regex(pattern_schema("[a-z]{3}"))  # within max_bounded_length: exact, not narrowed
+    assert small.relaxed == [] and not small.narrowed
 
 
 BODY_PATTERN = "^[a-z]+(-[a-z]+)*$"  # several character boundaries: a `-` must be followed by a letter

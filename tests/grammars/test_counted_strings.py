@@ -206,6 +206,59 @@ def test_uncuttable_body_falls_back_to_the_plain_grammar():
         jsonschema.validate(json.loads(decode(vocab, random_walk(table, vocab, rng, max_tokens=30))), schema)
 
 
+HOSTS = {"type": "object", "properties": {
+    "host": {"type": "string", "anyOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}]},
+    "name": {"type": "string", "maxLength": 255}}, "required": ["host", "name"], "additionalProperties": False}
+CHOICE = {"type": "object", "properties": {"v": {"anyOf": [
+    {"type": "string", "minLength": 1, "maxLength": 64}, {"enum": ["auto", "none", 3]}]}},
+    "required": ["v"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("schema", [HOSTS, CHOICE], ids=["hostname-ipv4-ipv6", "bounded-or-enum"])
+def test_a_union_of_a_counted_string_and_other_strings_is_one_counted_string(llama3, schema):
+    """A counted string beside other strings under one anyOf (they share the opening quote) is one
+    counted body of the union, not a fallback to uncounted strings (Snowplow sp_367: 100 MB, 7
+    maxLength relaxed)."""
+    table = compile_schema(schema, llama3)
+    assert "counted_fallback" not in table.meta and table.has_counts and table.relaxed == []
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    rng = np.random.default_rng(7)
+    for i in range(24):
+        budget = None if i % 2 else int(table.dist[0]) + 2
+        doc = json.loads(decode(llama3, random_walk(table, llama3, rng, max_tokens=budget)))
+        assert not list(checker.iter_errors(doc)), doc
+    for early in (True, False):
+        doc = json.loads(decode(llama3, extreme_walk(table, rng, early)))
+        assert not list(checker.iter_errors(doc)), doc
+
+
+def test_the_merged_union_accepts_each_branch_and_keeps_the_bound(llama3):
+    hosts = compile_schema(HOSTS, llama3)
+    for host in ("example.com", "10.0.0.255", "::1", "fe80::1:2", "a" * 63):
+        assert accepts(hosts, _ids(llama3, json.dumps({"host": host, "name": "n"}))), host
+    for host in ("a" * 64, "a..b", "a_b", "-a.com", ":::1:", ""):
+        assert not accepts(hosts, _ids(llama3, json.dumps({"host": host, "name": "n"}))), host
+    choice = compile_schema(CHOICE, llama3)
+    for value in ("auto", 3, "x", "y" * 64):
+        assert accepts(choice, _ids(llama3, json.dumps({"v": value}))), value
+    for value in ("", "y" * 65, 4):
+        assert not accepts(choice, _ids(llama3, json.dumps({"v": value}))), value
+
+
+def test_strings_outside_the_counted_bound_keep_the_union_apart():
+    from surecall.grammars.counted import body_char_range
+    from surecall.grammars.schema.to_regex import schema_to_regex
+
+    assert body_char_range("(?:[0-9]{1,3})(?:\\.[0-9]{1,3}){3}") == (7, 15)
+    assert body_char_range("a(?:b|\\\\n)*") == (1, None)
+    assert body_char_range('a"b') is None  # a quote inside: not one string's body
+    # "abcdef" is longer than maxLength 3; two counted strings with different bounds: not merged
+    for schema in ({"anyOf": [{"type": "string", "maxLength": 3}, {"const": "abcdef"}]},
+                   {"anyOf": [{"type": "string", "maxLength": 70}, {"type": "string", "minLength": 80}]}):
+        regex = schema_to_regex(schema, GrammarOptions()).regex
+        assert regex.count(f"\\x{COUNT_ENTER:02x}") == sum("Length" in str(b) for b in schema["anyOf"])
+
+
 def test_cache_round_trip_keeps_the_counters():
     vocab = counted_vocab()
     schema = string_schema(2, 70)
