@@ -27,12 +27,13 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 8  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 9  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
 # 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
 # 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks); 7: meta lists a cut recursion in
 # "narrowed" and a lowered max_ref_depth in "ref_depth_fallback" (the arrays are unchanged); 8: hostname
-# and email as a free body under a counted cap (string_formats.COUNTED_FORMATS), not bounded labels
+# and email as a free body under a counted cap (string_formats.COUNTED_FORMATS), not bounded labels;
+# 9: shared exception rows (exc_row, exc_slot, exc_base, exc_targets instead of exc_next)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
@@ -198,10 +199,14 @@ def _consistent(t: TokenTable) -> bool:
         s > 0
         and t.mask_row.shape == (s,)
         and t.trans_default.shape == (s,)
-        and t.exc_ptr.shape == (s + 1,)
+        and t.exc_row.shape == (s,)
+        and t.exc_base.shape == (s + 1,)
         and t.dist.shape == (s,)
+        and t.exc_ptr.size >= 1
         and int(t.exc_ptr[0]) == 0
-        and int(t.exc_ptr[-1]) == t.exc_tok.shape[0] == t.exc_next.shape[0]
+        and int(t.exc_ptr[-1]) == t.exc_tok.shape[0] == t.exc_slot.shape[0]
+        and 0 <= int(t.exc_row.min()) <= int(t.exc_row.max()) < t.exc_ptr.size - 1
+        and int(t.exc_base[0]) == 0 and int(t.exc_base[-1]) == t.exc_targets.shape[0]
         and (s == 0 or 0 <= int(t.mask_row.min()) <= int(t.mask_row.max()) < t.num_mask_rows)
     )
 

@@ -41,7 +41,13 @@ from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entri
 from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.string_bodies import build_with_shared_bodies
-from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows
+from surecall.grammars.table import (
+    MASK_BLOCK_WORDS,
+    TokenTable,
+    share_exception_rows,
+    split_blocks,
+    unique_rows,
+)
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
     Row,
@@ -298,6 +304,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
         "states": table.num_states,
         "nnz": table.num_transitions,
         "exceptions": table.num_exceptions,
+        "exception_rows": int(table.exc_ptr.size - 1),
         "mask_rows": table.num_mask_rows,
         "mask_blocks": int(table.mask_blocks.shape[0]),
         "table_bytes": table.nbytes,
@@ -332,9 +339,7 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
         mask_row=mask_row,
         accept=accept,
         trans_default=default,
-        exc_ptr=exc_ptr,
-        exc_tok=exc_tok,
-        exc_next=exc_next,
+        **share_exception_rows(exc_ptr, exc_tok, exc_next),
         dist=np.zeros(order.size, dtype=np.int32),
         vocab_size=vocab.vocab_size,
         logits_width=vocab.logits_width,

@@ -670,10 +670,10 @@ def dist_to_accept(n: int, accept: np.ndarray, src: np.ndarray, dst: np.ndarray,
     return weighted_distances(n, dst, src, weight, np.flatnonzero(accept))
 
 
-def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray):
+def _counted_body_edges(table: TokenTable, states: np.ndarray):
     """(source, target, closes) of the tokens that start no character in counted body `states`
     (count_chars 0, or 1: closes): one per such exception and one per default target and kind,
-    not one per token (duplicates left in); `owner` is each exception's state.
+    not one per token (duplicates left in).
 
     An exception is its own edge; the default target is an edge of a kind when some allowed
     token of that kind is no exception (popcounts of the mask row against the kind's bits).
@@ -687,8 +687,8 @@ def _counted_body_edges(table: TokenTable, states: np.ndarray, owner: np.ndarray
                             np.tile(stops, states.size)).reshape(states.size, stops.size)
     at = np.full(table.num_states, -1, dtype=np.int64)
     at[states] = np.arange(states.size)
-    pick = np.flatnonzero(at[owner] >= 0)
-    e_at, e_tok, e_next = at[owner[pick]], table.exc_tok[pick].astype(np.int64), table.exc_next[pick].astype(np.int64)
+    owner, e_tok, e_next = table.state_exceptions(states)
+    e_at, e_tok, e_next = at[owner], e_tok.astype(np.int64), e_next.astype(np.int64)
     inside = e_tok < v
     e_at, e_tok, e_next = e_at[inside], e_tok[inside], e_next[inside]
     e_ok = _bits_at(words, mask_row[e_at], e_tok) & ~np.isin(e_tok, stops)
@@ -727,15 +727,14 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     Outside counted bodies only the distinct next states matter (the defaults and exceptions);
     inside, the tokens that start no character, found from exceptions and popcounts (_counted_body_edges).
     """
-    n = table.num_states
     plain = table.count_row < 0
     has_default = plain & (table.trans_default >= 0)
-    owner = np.repeat(np.arange(n), np.diff(table.exc_ptr.astype(np.int64)))
+    owner, targets = table.state_targets()  # outside bodies, each distinct target once
     from_plain = plain[owner]
     src = [np.flatnonzero(has_default), owner[from_plain]]
-    dst = [table.trans_default[has_default].astype(np.int64), table.exc_next[from_plain].astype(np.int64)]
+    dst = [table.trans_default[has_default].astype(np.int64), targets[from_plain].astype(np.int64)]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
-    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain), owner)
+    s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain))
     src.append(s)
     dst.append(nxt)
     weight.append(np.where(closes & (table.count_row[nxt] >= 0), 1 + need0[nxt], 1))

@@ -10,8 +10,14 @@ word w of state s is mask_blocks[mask_row_blocks[mask_row[s], w // BW], w % BW] 
 of the last block past W are zero). BW is the table's (`block_words`, any power of two; the
 kernels read it and must give the same results for every one); `mask_dense(rows)` expands
 rows for CPU tools. A state's transitions are a default next state plus sorted exceptions: a non-stop token t
-allowed by s's mask row leads to exc_next[i] if t == exc_tok[i] for some i in
-exc_ptr[s]:exc_ptr[s+1], else to trans_default[s] (-1 only when s allows no non-stop token).
+allowed by s's mask row leads to exc_targets[exc_base[s] + exc_slot[i]] if t == exc_tok[i] for some
+i in exc_ptr[r]:exc_ptr[r+1] with r = exc_row[s], else to trans_default[s] (-1 only when s allows no
+non-stop token). Exception rows are shared: a row holds tokens and slots, the state its own
+targets (exc_targets[exc_base[s]:exc_base[s+1]], each slot a distinct next state, numbered by
+first appearance in the row), so states whose exceptions split the tokens alike (the same string
+body or pattern at several places of a schema, each followed by other text) store them once
+(`share_exception_rows`; JsonSchemaStore config_schema: 9.0M exceptions in 2,680 rows of 5,670
+states, 72.6 MB -> see benchmarks/results/table_bytes.md).
 Stop ids are set only in accepting rows and are never transitions (a stop token ends the row,
 it does not move it). Every state can reach an accepting state (`dist` is finite): the
 compiler prunes dead states. The compiler picks each state's most common next state as its
@@ -64,9 +70,12 @@ class TokenTable:
     mask_row: np.ndarray  # int32 [S]; state s's distinct mask row
     accept: np.ndarray  # bool [S]; stop ids are allowed exactly in these rows
     trans_default: np.ndarray  # int32 [S]; next state of an allowed non-stop token that is no exception (-1: none)
-    exc_ptr: np.ndarray  # int32 [S + 1]; CSR row pointers of the exceptions
-    exc_tok: np.ndarray  # int32 [E]; allowed tokens of each state whose next state is not the default, sorted
-    exc_next: np.ndarray  # int32 [E]; the state each of those tokens leads to
+    exc_row: np.ndarray  # int32 [S]; state s's exception row (shared between states)
+    exc_ptr: np.ndarray  # int32 [R + 1]; CSR pointers of the exception rows
+    exc_tok: np.ndarray  # int32 [E]; each row's tokens whose next state is not the default, sorted
+    exc_slot: np.ndarray  # uint8 / uint16 / int32 [E]; each token's slot among its state's targets
+    exc_base: np.ndarray  # int32 [S + 1]; CSR pointers of each state's targets in exc_targets
+    exc_targets: np.ndarray  # int32 [T]; the next states: slot k of state s leads to exc_targets[exc_base[s] + k]
     dist: np.ndarray  # int32 [S]; fewest tokens from this state to an accepting state (0 if accepting)
     vocab_size: int  # the tokenizer's number of ids (ids >= this are never allowed)
     logits_width: int  # V: the model's logits width (>= vocab_size)
@@ -153,7 +162,40 @@ class TokenTable:
 
     @property
     def num_exceptions(self) -> int:
+        """Exception entries stored (shared rows once)."""
         return int(self.exc_tok.shape[0])
+
+    @property
+    def num_state_exceptions(self) -> int:
+        """Exceptions summed over the states (each shared row counted for every state that uses it)."""
+        return int(np.diff(self.exc_ptr.astype(np.int64))[self.exc_row].sum())
+
+    def exc_span(self, state: int) -> tuple[int, int]:
+        """(lo, hi): `state`'s exceptions are exc_tok[lo:hi] (its shared row)."""
+        r = int(self.exc_row[state])
+        return int(self.exc_ptr[r]), int(self.exc_ptr[r + 1])
+
+    def exc_next_of(self, state: int, at) -> np.ndarray:
+        """int32 next states of the exceptions exc_tok[at] of `state`'s row (`at`: indices or a slice)."""
+        return self.exc_targets[int(self.exc_base[state]) + self.exc_slot[at].astype(np.int64)]
+
+    def state_exceptions(self, states: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(owner int64, tok int32, next int32): the exceptions of `states` (default: all, ascending)
+        with the shared rows expanded, grouped by state in the order given (host tools;
+        O(exceptions summed over those states) memory)."""
+        states = np.arange(self.num_states, dtype=np.int64) if states is None else np.asarray(states, dtype=np.int64)
+        lo = self.exc_ptr[self.exc_row[states]].astype(np.int64)
+        lens = self.exc_ptr[self.exc_row[states] + 1].astype(np.int64) - lo
+        starts = np.cumsum(lens) - lens
+        idx = np.repeat(lo - starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        owner = np.repeat(states, lens)
+        nxt = self.exc_targets[self.exc_base[owner].astype(np.int64) + self.exc_slot[idx].astype(np.int64)]
+        return owner, self.exc_tok[idx], nxt.astype(np.int32)
+
+    def state_targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(owner int64, target int32): each state's distinct exception targets (its slots)."""
+        owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_base.astype(np.int64)))
+        return owner, self.exc_targets
 
     @property
     def num_transitions(self) -> int:
@@ -222,9 +264,9 @@ class TokenTable:
         if self.stop_ids.size and self.accept[state]:
             toks = toks[~np.isin(toks, self.stop_ids)]
         nexts = np.full(toks.shape[0], self.trans_default[state], dtype=np.int32)
-        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        lo, hi = self.exc_span(state)
         if hi > lo:
-            nexts[np.searchsorted(toks, self.exc_tok[lo:hi])] = self.exc_next[lo:hi]
+            nexts[np.searchsorted(toks, self.exc_tok[lo:hi])] = self.exc_next_of(state, slice(lo, hi))
         return toks, nexts
 
     def dense_transitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -244,12 +286,11 @@ class TokenTable:
         ptr[1:] = np.cumsum(sizes)
         tok = np.concatenate([row_toks[r] for r in self.mask_row.tolist()] or [np.zeros(0, np.int32)])
         nxt = np.repeat(self.trans_default.astype(np.int32), sizes)
-        owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
-        # Each exception's slot: its state's first slot + its rank among that state's tokens.
-        for s in np.unique(owner).tolist():
-            lo, hi = int(self.exc_ptr[s]), int(self.exc_ptr[s + 1])
+        # Each exception's place: its state's first entry + its rank among that state's tokens.
+        for s in np.flatnonzero(np.diff(self.exc_ptr.astype(np.int64))[self.exc_row]).tolist():
+            lo, hi = self.exc_span(s)
             at = ptr[s] + np.searchsorted(tok[ptr[s] : ptr[s + 1]], self.exc_tok[lo:hi])
-            nxt[at] = self.exc_next[lo:hi]
+            nxt[at] = self.exc_next_of(s, slice(lo, hi))
         return ptr, tok, nxt
 
     def next_states(self, state: int, tokens: np.ndarray) -> np.ndarray:
@@ -262,12 +303,12 @@ class TokenTable:
         if self.stop_ids.size:
             ok &= ~np.isin(tokens, self.stop_ids)
         out = np.where(ok, self.trans_default[state], -1).astype(np.int32)
-        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        lo, hi = self.exc_span(state)
         if hi > lo:
             row = self.exc_tok[lo:hi]
             at = np.minimum(np.searchsorted(row, tokens), row.shape[0] - 1)
             hit = ok & (row[at] == tokens)
-            out[hit] = self.exc_next[lo:hi][at[hit]]
+            out[hit] = self.exc_next_of(state, lo + at[hit])
         return out
 
     def next_states_many(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -283,12 +324,13 @@ class TokenTable:
             ok &= tokens != stop
         out = np.where(ok, self.trans_default[states], -1).astype(np.int32)
         if self.exc_tok.size and states.size:
-            owner = np.repeat(np.arange(self.num_states, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
-            exc_key = owner * width + self.exc_tok  # sorted: states ascending, tokens sorted inside
-            key = states * width + safe
+            rows = self.exc_row[states].astype(np.int64)
+            owner = np.repeat(np.arange(self.exc_ptr.size - 1, dtype=np.int64), np.diff(self.exc_ptr.astype(np.int64)))
+            exc_key = owner * width + self.exc_tok  # sorted: rows ascending, tokens sorted inside
+            key = rows * width + safe
             at = np.minimum(np.searchsorted(exc_key, key), exc_key.size - 1)
             hit = ok & (exc_key[at] == key)
-            out[hit] = self.exc_next[at[hit]]
+            out[hit] = self.exc_targets[self.exc_base[states[hit]].astype(np.int64) + self.exc_slot[at[hit]]]
         return out
 
     def next_state(self, state: int, token: int) -> int | None:
@@ -297,11 +339,11 @@ class TokenTable:
             return None
         if not (int(self.mask_word_at(self.mask_row[state], token >> 5)) >> (token & 31)) & 1:
             return None
-        lo, hi = int(self.exc_ptr[state]), int(self.exc_ptr[state + 1])
+        lo, hi = self.exc_span(state)
         row = self.exc_tok[lo:hi]
         i = int(np.searchsorted(row, token))
         if i < row.shape[0] and int(row[i]) == token:
-            return int(self.exc_next[lo + i])
+            return int(self.exc_targets[int(self.exc_base[state]) + int(self.exc_slot[lo + i])])
         return int(self.trans_default[state])
 
     @staticmethod
@@ -327,10 +369,10 @@ class TokenTable:
         owner = np.repeat(np.arange(num_states), np.diff(trans_ptr.astype(np.int64)))
         ptr = np.zeros(num_states + 1, dtype=np.int64)
         ptr[1:] = np.cumsum(np.bincount(owner[keep], minlength=num_states))
+        shared = share_exception_rows(ptr, np.asarray(trans_tok[keep], dtype=np.int32),
+                                      np.asarray(trans_next[keep], dtype=np.int32))
         return TokenTable(mask_blocks=blocks, mask_row_blocks=row_blocks, mask_row=mask_row,
-                          trans_default=default, exc_ptr=ptr.astype(np.int32),
-                          exc_tok=np.asarray(trans_tok[keep], dtype=np.int32),
-                          exc_next=np.asarray(trans_next[keep], dtype=np.int32), **fields)
+                          trans_default=default, **shared, **fields)
 
     @staticmethod
     def concat(tables: list[TokenTable]) -> tuple[TokenTable, np.ndarray]:
@@ -349,11 +391,7 @@ class TokenTable:
                 )
         sizes = np.array([t.num_states for t in tables], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-        nnz = np.array([t.num_exceptions for t in tables], dtype=np.int64)
-        nnz_offsets = np.concatenate([[0], np.cumsum(nnz)[:-1]])
-        exc_ptr = np.concatenate(
-            [t.exc_ptr[:-1].astype(np.int64) + o for t, o in zip(tables, nnz_offsets)] + [[int(nnz.sum())]]
-        ).astype(np.int32)
+        exceptions = _concat_exceptions(tables, offsets)
         if len({t.block_words for t in tables}) > 1:
             raise ValueError(f"Invalid tables: expected one block_words, got {sorted({t.block_words for t in tables})}")
         blocks, row_blocks = _concat_blocks(tables)
@@ -375,9 +413,7 @@ class TokenTable:
                 trans_default=np.concatenate(
                     [np.where(t.trans_default >= 0, t.trans_default + o, -1) for t, o in zip(tables, offsets)]
                 ).astype(np.int32),
-                exc_ptr=exc_ptr,
-                exc_tok=np.concatenate([t.exc_tok for t in tables]).astype(np.int32),
-                exc_next=np.concatenate([t.exc_next + o for t, o in zip(tables, offsets)]).astype(np.int32),
+                **exceptions,
                 dist=np.concatenate([t.dist for t in tables]).astype(np.int32),
                 vocab_size=first.vocab_size,
                 logits_width=first.logits_width,
@@ -395,8 +431,70 @@ class TokenTable:
 # bytes at BW 16/32/64): seed catalog 318k/292k/322k, Github_ultra o21378 4.59M/2.82M/2.52M, o62059
 # 1.93M/1.28M/1.24M (dense: 2.77M, 67.2M, 26.7M).
 MASK_BLOCK_WORDS = 32
-TABLE_ARRAYS = ("mask_blocks", "mask_row_blocks", "mask_row", "accept", "trans_default", "exc_ptr", "exc_tok",
-                "exc_next", "dist", "stop_ids")
+TABLE_ARRAYS = ("mask_blocks", "mask_row_blocks", "mask_row", "accept", "trans_default", "exc_row", "exc_ptr",
+                "exc_tok", "exc_slot", "exc_base", "exc_targets", "dist", "stop_ids")
+
+
+def share_exception_rows(ptr: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> dict:
+    """The shared exception layout (TokenTable's exc_* fields) of per-state rows given as one CSR
+    (`ptr` [S + 1], `tok` sorted inside each row, `nxt` their next states).
+
+    Each state's distinct targets are numbered by first appearance in its row (its slots), so
+    two states whose rows send the same tokens to the same slots (the same body followed by
+    other text) share one row of (token, slot) pairs and keep only their few targets.
+    """
+    ptr = np.asarray(ptr, dtype=np.int64)
+    n = ptr.size - 1
+    lens = np.diff(ptr)
+    owner = np.repeat(np.arange(n, dtype=np.int64), lens)
+    nxt = np.asarray(nxt, dtype=np.int64)
+    width = int(nxt.max()) + 1 if nxt.size else 1
+    pairs, first, inverse = np.unique(owner * width + nxt, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # the (state, target) pairs by first appearance: grouped by state
+    pair_owner = pairs[order] // width
+    base = np.zeros(n + 1, dtype=np.int64)
+    base[1:] = np.cumsum(np.bincount(pair_owner, minlength=n))
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size, dtype=np.int64) - base[pair_owner]
+    most = int(np.diff(base).max()) if n else 0
+    slot = rank[inverse.reshape(-1)].astype(np.uint8 if most <= 256 else np.uint16 if most <= 65536 else np.int32)
+    tok = np.asarray(tok, dtype=np.int32)
+    rows: dict[bytes, int] = {}
+    exc_row = np.empty(n, dtype=np.int32)
+    kept = []
+    for s, (a, b) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True)):
+        key = tok[a:b].tobytes() + slot[a:b].tobytes()  # equal keys: equal lengths, tokens and slots
+        r = rows.get(key)
+        if r is None:
+            r = rows[key] = len(kept)
+            kept.append(s)
+        exc_row[s] = r
+    kept = np.asarray(kept, dtype=np.int64)
+    row_ptr = np.zeros(kept.size + 1, dtype=np.int64)
+    row_ptr[1:] = np.cumsum(lens[kept])
+    idx = np.repeat(ptr[kept] - row_ptr[:-1], lens[kept]) + np.arange(int(row_ptr[-1]), dtype=np.int64)
+    return {"exc_row": exc_row, "exc_ptr": row_ptr.astype(np.int32), "exc_tok": tok[idx], "exc_slot": slot[idx],
+            "exc_base": base.astype(np.int32), "exc_targets": (pairs[order] % width).astype(np.int32)}
+
+
+def _concat_exceptions(tables: list[TokenTable], offsets: np.ndarray) -> dict:
+    """The exc_* fields of `tables` stacked: rows, entries and targets offset, targets moved to the global ids."""
+    rows = np.cumsum([0] + [t.exc_ptr.size - 1 for t in tables])
+    entries = np.cumsum([0] + [t.num_exceptions for t in tables])
+    targets = np.cumsum([0] + [t.exc_targets.size for t in tables])
+    wide = max(t.exc_slot.dtype.itemsize for t in tables)
+    slot_type = next(t.exc_slot.dtype for t in tables if t.exc_slot.dtype.itemsize == wide)
+    return {
+        "exc_row": np.concatenate([t.exc_row.astype(np.int64) + r for t, r in zip(tables, rows)]).astype(np.int32),
+        "exc_ptr": np.concatenate([t.exc_ptr[:-1].astype(np.int64) + e for t, e in zip(tables, entries)]
+                                  + [[int(entries[-1])]]).astype(np.int32),
+        "exc_tok": np.concatenate([t.exc_tok for t in tables]).astype(np.int32),
+        "exc_slot": np.concatenate([t.exc_slot.astype(slot_type) for t in tables]),
+        "exc_base": np.concatenate([t.exc_base[:-1].astype(np.int64) + b for t, b in zip(tables, targets)]
+                                   + [[int(targets[-1])]]).astype(np.int32),
+        "exc_targets": np.concatenate([t.exc_targets.astype(np.int64) + o
+                                       for t, o in zip(tables, offsets)]).astype(np.int32),
+    }
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -47,9 +47,12 @@ def _advance_kernel(
     num_row_blocks,  # NB
     accept_ptr,  # int8 [S] accepting states
     is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
-    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
-    exc_tok_ptr,  # int32 [E] sorted exception tokens
-    exc_next_ptr,  # int32 [E] exception targets
+    exc_lo_ptr,  # int32 [S] start of each state's exception row
+    exc_hi_ptr,  # int32 [S] its end
+    exc_tok_ptr,  # int32 [E] sorted exception tokens per row
+    exc_slot_ptr,  # int32 [E] each exception's slot among its state's targets
+    exc_base_ptr,  # int32 [S] each state's first target
+    exc_targets_ptr,  # int32 [T] exception targets
     trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens (-1: none)
     num_search_steps,  # binary-search iterations over the longest exception row
     counters_ptr,  # int32 [B] characters started in the row's counted body (HAS_COUNTS)
@@ -72,8 +75,8 @@ def _advance_kernel(
     token = tl.load(tokens_ptr + rows, mask=ok, other=-1).to(tl.int32)
     has_grammar = ok & (state >= 0)
     st = tl.where(has_grammar, state, 0)
-    end = tl.load(exc_ptr_ptr + st + 1, mask=has_grammar, other=0)
-    lo = lower_bound(exc_tok_ptr, tl.load(exc_ptr_ptr + st, mask=has_grammar, other=0), end, token, num_search_steps)
+    end = tl.load(exc_hi_ptr + st, mask=has_grammar, other=0)
+    lo = lower_bound(exc_tok_ptr, tl.load(exc_lo_ptr + st, mask=has_grammar, other=0), end, token, num_search_steps)
     in_row = lo < end
     is_exc = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == token)
     tok_ok = (token >= 0) & (token < 32 * num_words)
@@ -86,7 +89,8 @@ def _advance_kernel(
     is_stop = tl.load(is_stop_ptr + tok, mask=ok & tok_ok, other=0) != 0
     default = tl.load(trans_default_ptr + st, mask=has_grammar, other=-1)
     found = is_exc | (bit & (is_stop == 0) & (default >= 0))
-    target = tl.where(is_exc, tl.load(exc_next_ptr + lo, mask=is_exc, other=0), default)
+    target_at = tl.load(exc_base_ptr + st, mask=is_exc, other=0) + tl.load(exc_slot_ptr + lo, mask=is_exc, other=0)
+    target = tl.where(is_exc, tl.load(exc_targets_ptr + target_at, mask=is_exc, other=0), default)
     stops_here = bit & is_stop & is_accepting
     nxt = tl.where(found, target, tl.where(stops_here, state, -2))
     nxt = tl.where(has_grammar, nxt, state)
@@ -136,7 +140,8 @@ def advance(
             states, tokens, nxt, finished, batch,
             table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks,
             table.accept_i8, table.is_stop,
-            table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default, table.num_search_steps,
+            table.exc_lo, table.exc_hi, table.exc_tok, table.exc_slot, table.exc_base, table.exc_targets,
+            table.trans_default, table.num_search_steps,
             counters if counters is not None else states, next_counters if counters is not None else nxt,
             table.count_row, table.count_chars, table.count_cols, table.count_entry_key,
             table.count_entry_val, table.num_entries, table.num_entry_steps, table.logits_width,
@@ -176,7 +181,8 @@ HOST_MAX_ROWS = 64  # up to this many CPU rows, a Python step per row beats ~60 
 
 def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable, counters=None):
     """advance_torch for a few CPU rows, row by row on the host (perf: same results, no op overheads)."""
-    ptr, etok, enext = table.exc_ptr.numpy(), table.exc_tok.numpy(), table.exc_next.numpy()
+    starts, ends, etok = table.exc_lo.numpy(), table.exc_hi.numpy(), table.exc_tok.numpy()
+    slots, bases, targets = table.exc_slot.numpy(), table.exc_base.numpy(), table.exc_targets.numpy()
     blocks, row_blocks = table.mask_blocks.numpy().view(np.uint32), table.mask_row_blocks.numpy()
     mask_row, default, bw = table.mask_row.numpy(), table.trans_default.numpy(), table.block_words
     accept, is_stop = table.accept.numpy(), table.is_stop.numpy()
@@ -190,7 +196,7 @@ def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable
             nxt.append(s)
             fin.append(t < 0 or (tok_ok and bool(is_stop[t])))
         else:
-            lo, end = int(ptr[s]), int(ptr[s + 1])
+            lo, end = int(starts[s]), int(ends[s])
             j = lo + int(np.searchsorted(etok[lo:end], t)) if tok_ok else lo
             in_exc = tok_ok and j < end and int(etok[j]) == t
             word = int(blocks[row_blocks[mask_row[s], t // 32 // bw], t // 32 % bw]) if tok_ok else 0
@@ -199,7 +205,8 @@ def _advance_host(states: torch.Tensor, tokens: torch.Tensor, table: DeviceTable
             plain = bit and not stop and int(default[s]) >= 0
             found = in_exc or plain
             stops_here = bit and bool(accept[s]) and stop
-            nxt.append(int(enext[j]) if in_exc else int(default[s]) if plain else (s if stops_here else DEAD_STATE))
+            exc_next = int(targets[int(bases[s]) + int(slots[j])]) if in_exc else 0
+            nxt.append(exc_next if in_exc else int(default[s]) if plain else (s if stops_here else DEAD_STATE))
             fin.append(not found)
         if cnt is not None:
             moved.append(_next_counter_host(table, s, t, cnt[i]) if found else cnt[i])

@@ -1,6 +1,7 @@
 """Transition lookups shared by the mask, sample and advance kernels (Triton and torch).
 
-A state's exceptions are a sorted slice `exc_tok[exc_ptr[s]:exc_ptr[s+1]]`; finding a token
+A state's exceptions are a sorted slice `exc_tok[exc_lo[s]:exc_hi[s]]` (its shared row), exception i
+leading to `exc_targets[exc_base[s] + exc_slot[i]]`; finding a token
 there is a binary search with a fixed number of steps (the table's `num_search_steps`),
 vectorised over lanes, so it needs no data-dependent loop bound and no host sync. Any other
 allowed non-stop token leads to `trans_default[s]` (grammars/table.py). `budget_keep_*` applies
@@ -57,9 +58,12 @@ def budget_keep_triton(
     tokens,  # int32 tensor of token ids
     state,  # int32 scalar: the row's grammar state
     rem,  # int32 scalar: tokens the row may still emit, this one included
-    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
-    exc_tok_ptr,  # int32 [E] sorted exception tokens per state
-    exc_next_ptr,  # int32 [E] next state per exception
+    exc_lo_ptr,  # int32 [S] start of the state's exception row
+    exc_hi_ptr,  # int32 [S] its end
+    exc_tok_ptr,  # int32 [E] sorted exception tokens per row
+    exc_slot_ptr,  # int32 [E] each exception's slot among the state's targets
+    exc_base_ptr,  # int32 [S] the state's first target
+    exc_targets_ptr,  # int32 [T] next states
     trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens (-1: none)
     is_stop_ptr,  # int8 [32 * num_words] 1 for the table's stop ids
     num_words,  # W: is_stop covers 32 * W ids
@@ -69,12 +73,13 @@ def budget_keep_triton(
     num_search_steps,  # binary-search iterations
 ):
     # each token in the state's exception row
-    end = tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state + 1)
-    lo = lower_bound(exc_tok_ptr, tl.zeros_like(tokens) + tl.load(exc_ptr_ptr + state), end, tokens, num_search_steps)
+    end = tl.zeros_like(tokens) + tl.load(exc_hi_ptr + state)
+    lo = lower_bound(exc_tok_ptr, tl.zeros_like(tokens) + tl.load(exc_lo_ptr + state), end, tokens, num_search_steps)
     in_row = lo < end
     found = in_row & (tl.load(exc_tok_ptr + lo, mask=in_row, other=-1) == tokens)
     default = tl.zeros_like(tokens) + tl.load(trans_default_ptr + state)
-    nxt = tl.where(found, tl.load(exc_next_ptr + lo, mask=found, other=0), tl.maximum(default, 0))
+    target_at = tl.load(exc_base_ptr + state) + tl.load(exc_slot_ptr + lo, mask=found, other=0)
+    nxt = tl.where(found, tl.load(exc_targets_ptr + target_at, mask=found, other=0), tl.maximum(default, 0))
     stop = tl.load(is_stop_ptr + tokens, mask=(tokens >= 0) & (tokens < 32 * num_words), other=0) != 0
     is_trans = found | ((stop == 0) & (default >= 0))
     d = tl.where(stay_need >= 0, tl.load(dist_ptr + nxt) + stay_need, tl.load(dist_entry_ptr + nxt))
@@ -91,8 +96,7 @@ def exc_find_torch(
         return _exc_find_host(table, states, tokens)
     # Index the int32 arrays first and widen only what was read: widening whole arrays every
     # step cost milliseconds on CPU.
-    ptr = table.exc_ptr
-    lo, end = ptr[states.long()].long(), ptr[states.long() + 1].long()
+    lo, end = table.exc_lo[states.long()].long(), table.exc_hi[states.long()].long()
     hi = end.clone()
     tokens = tokens.long()
     tok = table.exc_tok
@@ -113,12 +117,12 @@ HOST_SEARCH_MAX_ROWS = 64  # up to this many CPU lookups, one numpy searchsorted
 
 def _exc_find_host(table: DeviceTable, states: torch.Tensor, tokens: torch.Tensor):
     """exc_find_torch for a few CPU rows: numpy's searchsorted on each row's slice (perf, same result)."""
-    ptr, tok = table.exc_ptr.numpy(), table.exc_tok.numpy()
+    starts, ends, tok = table.exc_lo.numpy(), table.exc_hi.numpy(), table.exc_tok.numpy()
     num = states.numel()
     slot = np.zeros(num, dtype=np.int64)
     found = np.zeros(num, dtype=bool)
     for i, (s, t) in enumerate(zip(states.tolist(), tokens.tolist(), strict=True)):
-        lo, end = int(ptr[s]), int(ptr[s + 1])
+        lo, end = int(starts[s]), int(ends[s])
         j = lo + int(np.searchsorted(tok[lo:end], t)) if -(2**31) <= t < 2**31 else (lo if t < 0 else end)
         slot[i], found[i] = j, j < end and int(tok[j]) == t
     return torch.from_numpy(found), torch.from_numpy(slot)
@@ -136,8 +140,15 @@ def next_state_torch(
     bit = tok_ok & (((word >> (safe % 32)) & 1) == 1)
     default = table.trans_default[st].long()
     plain = bit & (table.is_stop[safe] == 0) & (default >= 0)
-    exc = table.exc_next[slot.clamp(max=table.exc_next.numel() - 1)].long()
+    exc = exc_target_torch(table, st, slot, found)
     return found | plain, torch.where(found, exc, default)
+
+
+def exc_target_torch(table: DeviceTable, states: torch.Tensor, at: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
+    """int64 next state of exception `at` (an index into exc_tok) of each state (0 where not `found`)."""
+    slot = table.exc_slot[at.clamp(max=table.exc_slot.numel() - 1)].long()
+    where = (table.exc_base[states.long()].long() + slot).clamp(max=table.exc_targets.numel() - 1)
+    return torch.where(found, table.exc_targets[where].long(), torch.zeros_like(where))
 
 
 def count_keep_torch(
@@ -179,14 +190,15 @@ def budget_drop_torch(
     st = states[binding]
     default = table.trans_default[st].long()
     nxt = default.clamp(min=0)[:, None].expand(-1, num_cols).clone()
-    starts, ends = table.exc_ptr[st].long(), table.exc_ptr[st + 1].long()
+    starts, ends = table.exc_lo[st].long(), table.exc_hi[st].long()
     lens = ends - starts
     owner = torch.repeat_interleave(torch.arange(st.numel(), device=st.device), lens)
     first = torch.repeat_interleave(starts - torch.cumsum(lens, 0) + lens, lens)
     slots = first + torch.arange(owner.numel(), device=states.device)
     toks = table.exc_tok[slots].long()
     in_cols = toks < num_cols
-    nxt[owner[in_cols], toks[in_cols]] = table.exc_next[slots[in_cols]].long()
+    targets = table.exc_targets[table.exc_base[st[owner]].long() + table.exc_slot[slots].long()].long()
+    nxt[owner[in_cols], toks[in_cols]] = targets[in_cols]
     d = table.dist_entry[nxt].long()
     if stay_need is not None:
         sn = stay_need[binding]

@@ -130,7 +130,8 @@ def _item_mask_kernel(
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included
     mask_blocks_ptr, row_blocks_ptr, mask_row_ptr, num_words, num_row_blocks,  # the mask blocks (grammars/table.py)
     is_stop_ptr,
-    trans_default_ptr, exc_ptr_ptr, exc_tok_ptr, exc_next_ptr, num_search_steps,
+    trans_default_ptr, exc_lo_ptr, exc_hi_ptr, exc_tok_ptr, exc_slot_ptr, exc_base_ptr, exc_targets_ptr,
+    num_search_steps,
     dist_ptr, dist_entry_ptr,
     count_row_ptr, count_lo_ptr, count_hi_ptr, count_chars_ptr, count_cols, count_fill,
     item_lo_ptr, item_hi_ptr, item_cost_ptr, item_ptr_ptr, item_tok_ptr, item_inc_ptr, item_flag_ptr,
@@ -164,8 +165,9 @@ def _item_mask_kernel(
         out_ptr = logits_ptr + row * logits_stride
         if hi >= 0:  # inside an array: every allowed token (the budget is this kernel's there)
             mrow = tl.load(mask_row_ptr + state).to(tl.int64)
-            x0 = tl.load(exc_ptr_ptr + state)
-            x1 = tl.load(exc_ptr_ptr + state + 1)
+            x0 = tl.load(exc_lo_ptr + state)
+            x1 = tl.load(exc_hi_ptr + state)
+            xb = tl.load(exc_base_ptr + state)
             default = tl.load(trans_default_ptr + state)
             bits = tl.arange(0, 32)
             for wbase in range(0, num_words, BLOCK_WORDS):
@@ -178,7 +180,8 @@ def _item_mask_kernel(
                 # the next state: the state's exceptions (fixed-step binary search), else its default
                 a = lower_bound(exc_tok_ptr, tl.zeros_like(tok) + x0, tl.zeros_like(tok) + x1, tok, num_search_steps)
                 found = live & (a < x1) & (tl.load(exc_tok_ptr + a, mask=live & (a < x1), other=-1) == tok)
-                nxt = tl.where(found, tl.load(exc_next_ptr + a, mask=found, other=0), tl.maximum(default, 0))
+                slot = tl.load(exc_slot_ptr + a, mask=found, other=0)
+                nxt = tl.where(found, tl.load(exc_targets_ptr + xb + slot, mask=found, other=0), tl.maximum(default, 0))
                 # the token's item entry, if any
                 a = lower_bound(item_tok_ptr, tl.zeros_like(tok) + e0, tl.zeros_like(tok) + e1, tok, num_item_steps)
                 hit = live & (a < e1) & (tl.load(item_tok_ptr + a, mask=live & (a < e1), other=-1) == tok)
@@ -220,7 +223,8 @@ def apply_item_mask_inplace(
     _item_mask_kernel[(logits.shape[0],)](
         logits, logits.stride(0), states, counters if has_counts else states, item_counters, remaining,
         table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks, table.is_stop,
-        table.trans_default, table.exc_ptr, table.exc_tok, table.exc_next, table.num_search_steps,
+        table.trans_default, table.exc_lo, table.exc_hi, table.exc_tok, table.exc_slot, table.exc_base,
+        table.exc_targets, table.num_search_steps,
         table.dist, table.dist_entry,
         table.count_row, table.count_lo, table.count_hi, table.count_chars, table.count_cols, table.count_fill,
         items.item_lo, items.item_hi, items.item_cost, items.item_ptr, items.item_tok, items.item_inc,

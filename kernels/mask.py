@@ -41,9 +41,12 @@ def _apply_mask_kernel(
     num_row_blocks,  # NB: blocks per row
     remaining_ptr,  # int32 [B] tokens the row may still emit, this one included (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] largest dist one step ahead: the budget binds below it
-    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
-    exc_tok_ptr,  # int32 [E] sorted exception tokens
-    exc_next_ptr,  # int32 [E] exception targets
+    exc_lo_ptr,  # int32 [S] start of each state's exception row
+    exc_hi_ptr,  # int32 [S] its end
+    exc_tok_ptr,  # int32 [E] sorted exception tokens per row
+    exc_slot_ptr,  # int32 [E] each exception's slot among its state's targets
+    exc_base_ptr,  # int32 [S] each state's first target
+    exc_targets_ptr,  # int32 [T] exception targets
     trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens
     is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
@@ -90,9 +93,12 @@ def _apply_mask_kernel(
                     cols,
                     state,
                     rem,
-                    exc_ptr_ptr,
+                    exc_lo_ptr,
+                    exc_hi_ptr,
                     exc_tok_ptr,
-                    exc_next_ptr,
+                    exc_slot_ptr,
+                    exc_base_ptr,
+                    exc_targets_ptr,
                     trans_default_ptr,
                     is_stop_ptr,
                     num_words,
@@ -171,7 +177,8 @@ def _launch(
         rows if rows is not None else states, states,
         table.mask_blocks, table.mask_row_blocks, table.mask_row, table.num_words, table.num_row_blocks,
         remaining if remaining is not None else states,
-        table.max_next_dist, table.exc_ptr, table.exc_tok, table.exc_next, table.trans_default,
+        table.max_next_dist, table.exc_lo, table.exc_hi, table.exc_tok, table.exc_slot, table.exc_base,
+        table.exc_targets, table.trans_default,
         table.is_stop, table.dist,
         table.num_search_steps,
         counters if counters is not None else states, table.count_row, table.count_lo, table.count_hi,

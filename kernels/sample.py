@@ -95,9 +95,12 @@ def _sample_split_kernel(
     num_row_blocks,  # NB
     remaining_ptr,  # int32 [B] tokens the row may still emit (HAS_BUDGET)
     max_next_dist_ptr,  # int32 [S] the budget binds when remaining - 1 is below this
-    exc_ptr_ptr,  # int32 [S + 1] exception row pointers
-    exc_tok_ptr,  # int32 [E] sorted exception tokens
-    exc_next_ptr,  # int32 [E] exception targets
+    exc_lo_ptr,  # int32 [S] start of each state's exception row
+    exc_hi_ptr,  # int32 [S] its end
+    exc_tok_ptr,  # int32 [E] sorted exception tokens per row
+    exc_slot_ptr,  # int32 [E] each exception's slot among its state's targets
+    exc_base_ptr,  # int32 [S] each state's first target
+    exc_targets_ptr,  # int32 [T] exception targets
     trans_default_ptr,  # int32 [S] next state of the other allowed non-stop tokens
     is_stop_ptr,  # int8 [32 * W] 1 for the table's stop ids
     dist_ptr,  # int32 [S] fewest tokens to acceptance
@@ -189,9 +192,12 @@ def _sample_split_kernel(
                         cols,
                         state,
                         rem,
-                        exc_ptr_ptr,
+                        exc_lo_ptr,
+                        exc_hi_ptr,
                         exc_tok_ptr,
-                        exc_next_ptr,
+                        exc_slot_ptr,
+                        exc_base_ptr,
+                        exc_targets_ptr,
                         trans_default_ptr,
                         is_stop_ptr,
                         num_words,
@@ -353,7 +359,8 @@ def _launch(
         logits, logits.stride(0), width,
         states if has_table else inv_t, t.mask_blocks, t.mask_row_blocks, t.mask_row, t.num_words, t.num_row_blocks,
         remaining if remaining is not None else inv_t,
-        t.max_next_dist, t.exc_ptr, t.exc_tok, t.exc_next, t.trans_default, t.is_stop, t.dist,
+        t.max_next_dist, t.exc_lo, t.exc_hi, t.exc_tok, t.exc_slot, t.exc_base, t.exc_targets, t.trans_default,
+        t.is_stop, t.dist,
         t.num_search_steps,
         inv_t, params.temperature, params.seed, params.step,
         parts[0], parts[1], parts[2], part_idx, parts[3], parts[4],
@@ -380,9 +387,9 @@ class _Dummy:
 
     def __init__(self, dev: torch.device):
         z = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.mask_blocks = self.mask_row_blocks = self.mask_row = self.max_next_dist = self.exc_ptr = self.exc_tok = self.exc_next = (
-            self.dist
-        ) = self.trans_default = z
+        self.mask_blocks = self.mask_row_blocks = self.mask_row = self.max_next_dist = z
+        self.exc_lo = self.exc_hi = self.exc_tok = self.exc_slot = self.exc_base = self.exc_targets = z
+        self.dist = self.trans_default = z
         self.is_stop = torch.zeros(2, dtype=torch.int8, device=dev)
         self.count_row = self.count_lo = self.count_hi = self.dist_entry = z
         self.count_chars = torch.zeros(2, dtype=torch.int8, device=dev)

@@ -155,12 +155,13 @@ class TableCache:
         ids = torch.nonzero(allowed_columns(t, torch.tensor([state]), self.width)[0]).flatten()
         # The state's exception slice is sorted: one searchsorted, where exc_find_torch loops ~20 steps
         # over every id; the other allowed non-stop ids go to trans_default (next_state_torch's rule).
-        lo, end = int(t.exc_ptr[state]), int(t.exc_ptr[state + 1])
+        lo, end = int(t.exc_lo[state]), int(t.exc_hi[state])
         zeros = torch.zeros_like(ids)
         if end > lo:
             exc = t.exc_tok[lo:end].long()
             pos = torch.searchsorted(exc, ids).clamp(max=end - lo - 1)
-            in_exc, exc_next = exc[pos] == ids, t.exc_next[lo + pos].long()
+            in_exc = exc[pos] == ids
+            exc_next = t.exc_targets[int(t.exc_base[state]) + t.exc_slot[lo + pos].long()].long()
         else:
             in_exc, exc_next = torch.zeros(ids.shape, dtype=torch.bool), zeros
         default = int(t.trans_default[state])

@@ -1,12 +1,13 @@
 """DeviceTable: a TokenTable's arrays as torch tensors on one device, plus derived per-state facts.
 
 `from_table` copies the compact layout (grammars/table.py: mask rows as deduplicated blocks,
-`mask_blocks` + `mask_row_blocks` + `mask_row`, default next state + sorted exceptions) once, as is, and derives what the kernels need so that
+`mask_blocks` + `mask_row_blocks` + `mask_row`, default next state + sorted exceptions in shared rows) once, and derives what the kernels need so that
 no launch has to look at the host: the widest/narrowest `dist` one step ahead of each state
 (the budget mask only does work on rows where the budget binds), whether each state allows
-anything, and the number of binary-search steps over the longest exception row. A kernel's
-next state for an allowed non-stop token t of state s: the exception's target if t is one,
-else trans_default[s]. It does not compile or validate grammars (grammars/ does) and holds
+anything, each state's exception span (exc_lo, exc_hi: its shared row's, one load each) and the
+number of binary-search steps over the longest exception row. A kernel's next state for an
+allowed non-stop token t of state s: exc_targets[exc_base[s] + exc_slot[i]] if t is exception i
+of s's row, else trans_default[s]. It does not compile or validate grammars (grammars/ does) and holds
 no per-request state. Word w of state s's mask row is mask_blocks[mask_row_blocks[mask_row[s],
 w // block_words], w % block_words] in every kernel (`_triton.mask_words_triton`) and reference (`mask_word`).
 Counters (grammars/table.py): `count_*` are the table's count arrays (placeholders when it has
@@ -36,9 +37,12 @@ class DeviceTable:
     accept: torch.Tensor  # bool [S]
     accept_i8: torch.Tensor  # int8 [S]: accept as bytes for the kernels
     trans_default: torch.Tensor  # int32 [S]: next state of an allowed non-stop token that is no exception
-    exc_ptr: torch.Tensor  # int32 [S + 1] exception row pointers
-    exc_tok: torch.Tensor  # int32 [max(E, 1)] sorted exception tokens (one dummy entry when empty, never read)
-    exc_next: torch.Tensor  # int32 [max(E, 1)]
+    exc_lo: torch.Tensor  # int32 [S]: state s's exceptions are exc_tok[exc_lo[s]:exc_hi[s]] (its shared row)
+    exc_hi: torch.Tensor  # int32 [S]
+    exc_tok: torch.Tensor  # int32 [max(E, 1)] sorted exception tokens per row (one dummy entry when empty, never read)
+    exc_slot: torch.Tensor  # int32 [max(E, 1)] each token's slot among its state's targets
+    exc_base: torch.Tensor  # int32 [S] state s's first target in exc_targets
+    exc_targets: torch.Tensor  # int32 [max(T, 1)]: exception i of state s leads to exc_targets[exc_base[s] + exc_slot[i]]
     dist: torch.Tensor  # int32 [S]
     stop_ids: torch.Tensor  # int64 [k]
     is_stop: torch.Tensor  # int8 [W * 32]: 1 where the id is a stop id
@@ -108,22 +112,22 @@ class DeviceTable:
         """Copy `table` to `device` and derive the per-state facts the kernels read."""
         _check_table(table)
         dev = torch.device(device)
-        num_states = table.num_states
         row_lens = np.diff(table.exc_ptr.astype(np.int64))
         counts = _count_arrays(table)
-        owner = np.repeat(np.arange(num_states), row_lens)
+        owner, targets = table.state_targets()  # each state's distinct exception targets
         has_default = table.trans_default >= 0
         default = np.maximum(table.trans_default, 0)
         max_next = np.where(has_default, counts["dist_entry"][default], -1).astype(np.int64)
         min_next = np.where(has_default, table.dist[default], NO_NEXT).astype(np.int64)
-        np.maximum.at(max_next, owner, counts["dist_entry"][table.exc_next].astype(np.int64))
-        np.minimum.at(min_next, owner, table.dist[table.exc_next].astype(np.int64))  # a lower bound
+        np.maximum.at(max_next, owner, counts["dist_entry"][targets].astype(np.int64))
+        np.minimum.at(min_next, owner, table.dist[targets].astype(np.int64))  # a lower bound
         is_stop = np.zeros(table.num_words * 32, dtype=np.int8)
         is_stop[table.stop_ids.astype(np.int64)] = 1
         stop_bits = table.mask_bits(table.stop_ids)[table.mask_row]
         has_stop = table.accept.astype(bool) & stop_bits.any(axis=1)
-        max_row = int(row_lens.max()) if num_states else 0
+        max_row = int(row_lens.max()) if row_lens.size else 0
         nnz_pad = max(table.num_exceptions, 1)
+        row = table.exc_row.astype(np.int64)
 
         def put(a: np.ndarray, dtype: torch.dtype, size: int | None = None) -> torch.Tensor:
             a = np.ascontiguousarray(a)
@@ -141,9 +145,12 @@ class DeviceTable:
             accept=put(table.accept.astype(bool), torch.bool),
             accept_i8=put(table.accept.astype(np.int8), torch.int8),
             trans_default=put(table.trans_default, torch.int32),
-            exc_ptr=put(table.exc_ptr, torch.int32),
+            exc_lo=put(table.exc_ptr[row], torch.int32),
+            exc_hi=put(table.exc_ptr[row + 1], torch.int32),
             exc_tok=put(table.exc_tok, torch.int32, nnz_pad),
-            exc_next=put(table.exc_next, torch.int32, nnz_pad),
+            exc_slot=put(table.exc_slot.astype(np.int32), torch.int32, nnz_pad),
+            exc_base=put(table.exc_base[:-1], torch.int32),
+            exc_targets=put(table.exc_targets, torch.int32, max(table.exc_targets.size, 1)),
             dist=put(table.dist, torch.int32),
             stop_ids=put(table.stop_ids, torch.int64),
             is_stop=put(is_stop, torch.int8),
@@ -199,10 +206,7 @@ def _check_table(table: TokenTable) -> None:
         problems.append(f"mask_row outside the {table.num_mask_rows} mask rows")
     if table.trans_default.shape != (num_states,):
         problems.append(f"trans_default shape {table.trans_default.shape}, expected ({num_states},)")
-    if table.exc_ptr.shape != (num_states + 1,):
-        problems.append(f"exc_ptr shape {table.exc_ptr.shape}, expected ({num_states + 1},)")
-    elif table.exc_ptr[-1] != table.exc_tok.shape[0] or table.exc_tok.shape != table.exc_next.shape:
-        problems.append("exc_ptr[-1], exc_tok and exc_next disagree on the number of exceptions")
+    problems += _exception_problems(table)
     if table.dist.shape != (num_states,):
         problems.append(f"dist shape {table.dist.shape}, expected ({num_states},)")
     if num_states == 0:
@@ -211,3 +215,28 @@ def _check_table(table: TokenTable) -> None:
         raise KernelInputError(
             "Invalid TokenTable for DeviceTable.from_table: " + "; ".join(problems)
         )
+
+
+def _exception_problems(table: TokenTable) -> list[str]:
+    """What is wrong with the shared exception rows (exc_*), if anything: shapes, pointers, and
+    every slot of a state's row within that state's targets."""
+    n, rows = table.num_states, table.exc_ptr.shape[0] - 1
+    if table.exc_row.shape != (n,) or table.exc_base.shape != (n + 1,) or rows < 1:
+        return [f"exc_row shape {table.exc_row.shape}, exc_base shape {table.exc_base.shape} and {rows} exception "
+                f"rows, expected ({n},), ({n + 1},) and at least one"]
+    if table.exc_ptr[-1] != table.exc_tok.shape[0] or table.exc_tok.shape != table.exc_slot.shape:
+        return ["exc_ptr[-1], exc_tok and exc_slot disagree on the number of exceptions"]
+    if table.exc_base[-1] != table.exc_targets.shape[0] or (np.diff(table.exc_base.astype(np.int64)) < 0).any():
+        return ["exc_base does not point into exc_targets"]
+    if n and not 0 <= int(table.exc_row.min()) <= int(table.exc_row.max()) < rows:
+        return [f"exc_row outside the {rows} exception rows"]
+    lens = np.diff(table.exc_ptr.astype(np.int64))
+    if (lens < 0).any():
+        return ["exc_ptr is not ascending"]
+    most = np.full(rows, -1, dtype=np.int64)  # each row's largest slot
+    full = np.flatnonzero(lens)
+    if full.size:
+        most[full] = np.maximum.reduceat(table.exc_slot.astype(np.int64), table.exc_ptr[full].astype(np.int64))
+    if (most[table.exc_row] >= np.diff(table.exc_base.astype(np.int64))).any():
+        return ["an exception slot points past its state's targets"]
+    return []

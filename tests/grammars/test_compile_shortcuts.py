@@ -61,8 +61,7 @@ def test_counted_body_edges_equal_the_per_token_lookup():
     table = compile_schema(schema, small_vocab(), use_cache=False)
     states = np.flatnonzero(table.count_row >= 0)
     assert states.size
-    owner = np.repeat(np.arange(table.num_states), np.diff(table.exc_ptr.astype(np.int64)))
-    src, dst, closes = counted._counted_body_edges(table, states, owner)
+    src, dst, closes = counted._counted_body_edges(table, states)
     got = set(zip(src.tolist(), dst.tolist(), closes.tolist(), strict=True))
     expected = set()
     for s in states.tolist():

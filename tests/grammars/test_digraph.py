@@ -145,5 +145,6 @@ def test_a_table_compiles_the_same_without_scipy():
               "required": ["q"]}
     vocab = byte_vocab("digraph")
     a, b = _both(lambda: compile_schema(schema, vocab, use_cache=False))
-    for field in ("accept", "trans_default", "exc_ptr", "exc_tok", "exc_next", "dist", "mask_row", "mask_blocks"):
+    for field in ("accept", "trans_default", "exc_row", "exc_ptr", "exc_tok", "exc_slot", "exc_base", "exc_targets",
+                  "dist", "mask_row", "mask_blocks"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field

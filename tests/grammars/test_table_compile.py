@@ -152,13 +152,24 @@ def check_table_invariants(table, vocab) -> None:
     assert len({r.tobytes() for r in dense}) == dense.shape[0], "a mask row is stored twice"
     assert len({b.tobytes() for b in table.mask_blocks}) == table.mask_blocks.shape[0], "a mask block is stored twice"
     assert table.mask_row.shape == (table.num_states,) and int(table.mask_row.max()) < table.num_mask_rows
-    assert np.all(np.diff(table.exc_ptr) >= 0) and table.exc_ptr[-1] == table.exc_tok.size
+    assert np.all(np.diff(table.exc_ptr) >= 0) and table.exc_ptr[-1] == table.exc_tok.size == table.exc_slot.size
+    assert table.exc_row.shape == (table.num_states,) and int(table.exc_row.max()) < table.exc_ptr.size - 1
+    assert table.exc_base.shape == (table.num_states + 1,) and table.exc_base[-1] == table.exc_targets.size
+    rows = {}  # shared rows: no two rows alike (tokens and slots)
+    for r in range(table.exc_ptr.size - 1):
+        a, b = table.exc_ptr[r], table.exc_ptr[r + 1]
+        key = table.exc_tok[a:b].tobytes() + table.exc_slot[a:b].astype(np.int64).tobytes()
+        assert key not in rows, "an exception row is stored twice"
+        rows[key] = r
     stops = set(vocab.stop_ids)
     never = set(vocab.special_ids) - stops
     for s in range(table.num_states):
-        lo, hi = table.exc_ptr[s], table.exc_ptr[s + 1]
+        lo, hi = table.exc_span(s)
         assert np.all(np.diff(table.exc_tok[lo:hi]) > 0), "exception row not sorted"
-        assert not (table.exc_next[lo:hi] == table.trans_default[s]).any(), "an exception equals the default"
+        exc_next = table.exc_next_of(s, slice(lo, hi))
+        assert not (exc_next == table.trans_default[s]).any(), "an exception equals the default"
+        targets = table.exc_targets[table.exc_base[s]:table.exc_base[s + 1]]
+        assert len(set(targets.tolist())) == targets.size and set(exc_next.tolist()) == set(targets.tolist())
         row, nexts = table.transitions(s)
         assert set(table.exc_tok[lo:hi].tolist()) <= set(row.tolist()), "an exception the mask forbids"
         assert (table.trans_default[s] >= 0) == (row.size > 0)

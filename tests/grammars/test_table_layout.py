@@ -1,5 +1,7 @@
 """The compact TokenTable layout (grammars/table.py): distinct mask rows, default next + exceptions.
 
+Exception rows are shared between states whose rows split the tokens alike (up to their targets).
+
 A dense table (one mask row per state, full CSR rows) and its compact form must describe the
 same transitions; mask rows split into blocks expand back to the same words, each block stored
 once; `concat` stores mask rows and blocks shared between grammars once; the disk cache does
@@ -16,7 +18,13 @@ import pytest
 from surecall.grammars import cache as table_cache
 from surecall.grammars.compile import compile_regex
 from surecall.grammars.options import GrammarOptions
-from surecall.grammars.table import MASK_BLOCK_WORDS, TokenTable, split_blocks, unique_rows
+from surecall.grammars.table import (
+    MASK_BLOCK_WORDS,
+    TokenTable,
+    share_exception_rows,
+    split_blocks,
+    unique_rows,
+)
 from surecall.grammars.vocab.core import Vocab
 
 
@@ -215,3 +223,61 @@ def test_a_malformed_block_layout_is_refused(change, match):
     table = TokenTable.from_dense(mask, ptr, tok, nxt, **fields)
     with pytest.raises(ValueError, match=match):
         TokenTable(**{**table.__dict__, **change(table)})
+
+
+def _state_rows(rng, num_states=40, vocab=300):
+    """Per-state exception rows as one CSR: a few token sets and target patterns reused with other
+    targets (one body followed by other text), some rows empty."""
+    shapes = [np.sort(rng.choice(vocab, size=k, replace=False)).astype(np.int32) for k in (0, 5, 17, 60)]
+    ptr, toks, nexts = [0], [], []
+    for _ in range(num_states):
+        tok = shapes[int(rng.integers(len(shapes)))]
+        pattern = rng.integers(0, 3, size=tok.size)
+        targets = rng.choice(num_states, size=3, replace=False)
+        toks.append(tok)
+        nexts.append(targets[pattern].astype(np.int32))
+        ptr.append(ptr[-1] + tok.size)
+    return np.asarray(ptr), np.concatenate(toks), np.concatenate(nexts)
+
+
+def test_shared_exception_rows_expand_back_to_every_state_row():
+    rng = np.random.default_rng(11)
+    ptr, tok, nxt = _state_rows(rng)
+    shared = share_exception_rows(ptr, tok, nxt)
+    rows = shared["exc_ptr"].size - 1
+    assert rows < ptr.size - 1 and shared["exc_tok"].size < tok.size  # alike rows are stored once
+    assert shared["exc_slot"].dtype == np.uint8
+    table = TokenTable(mask_blocks=np.zeros((1, 4), np.int32), mask_row_blocks=np.zeros((1, 3), np.int32),
+                       mask_row=np.zeros(ptr.size - 1, np.int32), accept=np.zeros(ptr.size - 1, bool),
+                       trans_default=np.zeros(ptr.size - 1, np.int32), dist=np.zeros(ptr.size - 1, np.int32),
+                       vocab_size=300, logits_width=300, stop_ids=np.zeros(0, np.int32), **shared)
+    owner, got_tok, got_next = table.state_exceptions()
+    assert np.array_equal(owner, np.repeat(np.arange(ptr.size - 1), np.diff(ptr)))
+    assert np.array_equal(got_tok, tok) and np.array_equal(got_next, nxt)
+    for s in range(ptr.size - 1):
+        lo, hi = table.exc_span(s)
+        assert np.array_equal(table.exc_next_of(s, slice(lo, hi)), nxt[ptr[s]:ptr[s + 1]])
+        targets = table.exc_targets[table.exc_base[s]:table.exc_base[s + 1]]
+        assert np.array_equal(targets, np.unique(nxt[ptr[s]:ptr[s + 1]])[np.argsort(
+            [int(np.flatnonzero(nxt[ptr[s]:ptr[s + 1]] == t)[0]) for t in np.unique(nxt[ptr[s]:ptr[s + 1]])])])
+    sub = np.asarray([5, 0, 17])
+    owner, got_tok, got_next = table.state_exceptions(sub)
+    assert np.array_equal(got_tok, np.concatenate([tok[ptr[s]:ptr[s + 1]] for s in sub]))
+    assert np.array_equal(got_next, np.concatenate([nxt[ptr[s]:ptr[s + 1]] for s in sub]))
+
+
+def test_a_schema_with_one_body_at_several_places_shares_its_rows(tmp_path):
+    """The same string body under several properties: each copy's states send the tokens alike,
+    followed by other text; their rows are stored once, and every transition reads the same."""
+    vocab = _vocab()
+    pattern = "^[a-z]+(?:-[a-z0-9]+)*$"
+    schema = {"type": "object", "properties": {k: {"type": "string", "pattern": pattern} for k in "abcdef"},
+              "required": list("abcdef"), "additionalProperties": False}
+    from surecall.grammars.compile import compile_schema
+
+    table = compile_schema(schema, vocab, use_cache=False)
+    assert table.exc_ptr.size - 1 < table.num_states
+    assert table.num_exceptions < table.num_state_exceptions
+    for s in range(table.num_states):
+        toks, nexts = table.transitions(s)
+        assert np.array_equal(table.next_states(s, toks), nexts)

@@ -26,7 +26,8 @@ POINTERS = {
     "logits_ptr": None,  # filled per dtype
     "rows_ptr": "*i64", "states_ptr": "*i32", "mask_blocks_ptr": "*i32",
     "row_blocks_ptr": "*i32", "remaining_ptr": "*i32",
-    "max_next_dist_ptr": "*i32", "exc_ptr_ptr": "*i32", "exc_tok_ptr": "*i32", "exc_next_ptr": "*i32",
+    "max_next_dist_ptr": "*i32", "exc_lo_ptr": "*i32", "exc_hi_ptr": "*i32", "exc_tok_ptr": "*i32",
+    "exc_slot_ptr": "*i32", "exc_base_ptr": "*i32", "exc_targets_ptr": "*i32",
     "mask_row_ptr": "*i32", "trans_default_ptr": "*i32",
     "dist_ptr": "*i32", "inv_temp_ptr": "*fp32", "temp_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i64",
     "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_key_ptr": "*fp32", "part_idx_ptr": "*i32",

@@ -102,7 +102,8 @@ def test_device_table_derived_facts():
         assert int(dt.max_next_dist[s]) == (int(next_dist.max()) if toks.size else -1)
         assert int(dt.min_next_dist[s]) == (int(next_dist.min()) if toks.size else NO_NEXT)
         assert bool(dt.has_stop[s]) == bool(table.accept[s])
-        assert (2**dt.num_search_steps) > int(table.exc_ptr[s + 1] - table.exc_ptr[s])
+        lo, hi = table.exc_span(s)
+        assert (2**dt.num_search_steps) > hi - lo
     assert dt.is_stop.nonzero().flatten().tolist() == table.stop_ids.tolist()
     assert dt.num_words == 11 and dt.nbytes > 0
 
@@ -135,5 +136,8 @@ def test_errors():
     with pytest.raises(KernelInputError, match="mask_row outside the .* mask rows"):
         DeviceTable.from_table(beyond)
     short = TokenTable(**{**table.__dict__, "exc_tok": table.exc_tok[:-1]})
-    with pytest.raises(KernelInputError, match="exc_ptr\\[-1\\], exc_tok and exc_next disagree"):
+    with pytest.raises(KernelInputError, match="exc_ptr\\[-1\\], exc_tok and exc_slot disagree"):
         DeviceTable.from_table(short)
+    far = TokenTable(**{**table.__dict__, "exc_slot": table.exc_slot.astype(np.int32) + 1000})
+    with pytest.raises(KernelInputError, match="an exception slot points past its state's targets"):
+        DeviceTable.from_table(far)

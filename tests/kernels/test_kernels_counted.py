@@ -196,13 +196,19 @@ def _relayout(table: TokenTable) -> TokenTable:
         if tok.size:
             values, counts = np.unique(nxt, return_counts=True)
             default[s] = values[int(np.argmin(counts))]
-            toks.append(tok[nxt != default[s]].astype(np.int32))
-            nexts.append(nxt[nxt != default[s]])
-        ptr.append(ptr[-1] + (toks[-1].size if tok.size else 0))
+        toks.append(tok[nxt != default[s]].astype(np.int32))
+        nexts.append(nxt[nxt != default[s]])
+        ptr.append(ptr[-1] + toks[-1].size)
+    unshared = {  # one row per state (no row shared), each state's targets in slot order
+        "exc_row": np.arange(table.num_states, dtype=np.int32), "exc_ptr": np.asarray(ptr, dtype=np.int32),
+        "exc_tok": np.concatenate(toks)}
+    targets = [np.unique(n, return_inverse=True) for n in nexts]
+    unshared["exc_slot"] = np.concatenate([inv.reshape(-1) for _, inv in targets]).astype(np.int32)
+    unshared["exc_targets"] = np.concatenate([t for t, _ in targets]).astype(np.int32)
+    unshared["exc_base"] = np.concatenate([[0], np.cumsum([t.size for t, _ in targets])]).astype(np.int32)
     return TokenTable(**{**table.__dict__, "mask_row_blocks": table.mask_row_blocks[table.mask_row].copy(),
                          "mask_row": np.arange(table.num_states, dtype=np.int32), "trans_default": default,
-                         "exc_ptr": np.asarray(ptr, dtype=np.int32), "exc_tok": np.concatenate(toks),
-                         "exc_next": np.concatenate(nexts).astype(np.int32)})
+                         **unshared})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
