@@ -8,8 +8,11 @@ original schema, the schemas' own valid instances (two plain spellings) accepted
 rejected where the violated keyword is enforced. It looks for what a sample can miss: an unsound
 walk, an invalid instance accepted, an untyped error, a relaxed bound. One JSON line per schema to
 `<out>.jsonl` (appended: a stopped sweep resumes where it left off), a summary to `<out>.md`.
+`--redo big,flagged,failed` runs again the schemas whose recorded line has a table over 16 MB, is
+flagged, or did not compile (their lines are replaced), after a change that concerns them.
 
   SURECALL_DATA=../shared/data .venv/bin/python benchmarks/sweep_all.py --max-minutes 60
+  SURECALL_DATA=../shared/data .venv/bin/python benchmarks/sweep_all.py --redo big,flagged
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout-s", type=float, default=10.0)
     parser.add_argument("--walks", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/sweep_all")
+    parser.add_argument("--redo", default="", help="comma-separated: big (table > 16 MB), flagged, failed")
     args = parser.parse_args(argv)
+    redo = {k for k in args.redo.split(",") if k}
+    if redo - set(_REDO):
+        print(f"--redo: unknown {sorted(redo - set(_REDO))}, expected some of {sorted(_REDO)}", file=sys.stderr)
+        return 2
     data = shared_data_dir()
     if not (data / "jsonschemabench").exists():
         print(f"shared data not found at {data} (set SURECALL_DATA)", file=sys.stderr)
@@ -52,6 +60,11 @@ def main(argv=None) -> int:
     jobs = [(name, i, s, t) for name, rows in subsets.items() for i, s, t in rows if i not in sampled]
     random.Random(args.seed).shuffle(jobs)
     out_path = Path(args.out + ".jsonl")
+    if redo and out_path.exists():  # drop the lines to run again (the file keeps one line per schema)
+        lines = out_path.read_text().splitlines()
+        keep = [line for line in lines if not any(_REDO[k](json.loads(line)) for k in redo)]
+        print(f"--redo {args.redo}: {len(lines) - len(keep)} schemas to run again", file=sys.stderr)
+        out_path.write_text("".join(line + "\n" for line in keep))
     done = {json.loads(line)["id"] for line in out_path.read_text().splitlines()} if out_path.exists() else set()
     todo = [job for job in jobs if job[1] not in done]
     print(f"{len(jobs)} schemas outside the sample, {len(done)} done before, {len(todo)} to go", file=sys.stderr)
@@ -80,6 +93,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def _is_flagged(r: dict) -> bool:
+    return bool(r["ok"] and (r.get("walks_unsound") or r.get("invalid_rejected", 0) < r.get("invalid_n", 0)
+                             or r.get("check_error") or r.get("bounds_relaxed")))
+
+
+_REDO = {
+    "big": lambda r: bool(r["ok"] and (r.get("table_bytes") or 0) > 16e6),
+    "flagged": _is_flagged,
+    "failed": lambda r: not r["ok"],
+}
+
+
 def _confirmed(schema, tests, schema_violations, styles) -> list:
     """(data, is_valid, spellings) of the instances whose label jsonschema confirms."""
     out = []
@@ -102,7 +127,12 @@ def _summary(rows: list[dict], total: int) -> dict:
                "relaxing_a_bound": sum(1 for r in ok if r.get("bounds_relaxed")),
                "check_errors": sum(1 for r in ok if r.get("check_error")),
                "median_ms": statistics.median(r["ms"] for r in ok) if ok else None,
-               "table_max_mb": max((r["table_bytes"] for r in ok), default=0) / 1e6}
+               "table_max_mb": max((r["table_bytes"] for r in ok), default=0) / 1e6,
+               "tables_over_32mb": sorted(((r["id"], round(r["table_bytes"] / 1e6, 1)) for r in ok
+                                           if r["table_bytes"] > 32e6), key=lambda x: -x[1])}
+    if ok:
+        sizes = sorted(r["table_bytes"] / 1e6 for r in ok)
+        overall["table_p50_p99_mb"] = [round(sizes[len(sizes) // 2], 2), round(sizes[min(len(sizes) - 1, int(0.99 * len(sizes)))], 2)]
     by_subset = collections.defaultdict(lambda: [0, 0])
     for r in rows:
         by_subset[r["subset"]][0] += 1
@@ -110,8 +140,7 @@ def _summary(rows: list[dict], total: int) -> dict:
     failures = collections.Counter(r["reason"] for r in rows if not r["ok"])
     flagged = [{"id": r["id"], "walk_errors": r.get("walk_errors"), "invalid": [r.get("invalid_rejected"), r.get("invalid_n")],
                 "check_error": r.get("check_error"), "relaxed": r.get("relaxed")}
-               for r in ok if r.get("walks_unsound") or r.get("invalid_rejected", 0) < r.get("invalid_n", 0)
-               or r.get("check_error") or r.get("bounds_relaxed")]
+               for r in ok if _is_flagged(r)]
     return {"overall": overall, "by_subset": dict(by_subset), "failures": dict(failures), "flagged": flagged,
             "failed_ids": {r["id"]: r["reason"] for r in rows if not r["ok"]}}
 
@@ -121,7 +150,7 @@ def _markdown(summary: dict, args) -> str:
     lines = [
         "# Soundness sweep: the shared schemas outside the compile benchmark's sample (ours only)", "",
         f"Command: `.venv/bin/python benchmarks/sweep_all.py --max-minutes {args.max_minutes:g} --seed {args.seed}` "
-        f"(resumes from `{args.out}.jsonl`). Machine: {platform.platform()}, Python {platform.python_version()}; "
+        f"(resumes from `{args.out}.jsonl`; the last run: `{' '.join(sys.argv[1:]) or 'no arguments'}`). Machine: {platform.platform()}, Python {platform.python_version()}; "
         f"{args.timeout_s:g} s per compile, {args.walks} walks per schema.", "",
         f"Schemas run: {o['schemas']} of {o['of']}; compiled {o['compiled']}.",
         f"Walks: {o['walks_valid']}/{o['walks']} valid, {o['walks_unsound']} unsound (break an enforced keyword or "
@@ -130,7 +159,9 @@ def _markdown(summary: dict, args) -> str:
         f"Invalid instances rejected where the violated keyword is enforced: {o['invalid_rejected']}/{o['invalid_n']} "
         f"({o['invalid_relaxed']} violate only a relaxed one).",
         f"Compiled schemas relaxing a length or item bound: {o['relaxing_a_bound']}; check errors: {o['check_errors']}; "
-        f"median compile {o['median_ms'] or 0:.0f} ms; largest table {o['table_max_mb']:.1f} MB.", "",
+        f"median compile {o['median_ms'] or 0:.0f} ms; table p50 / p99 / max "
+        f"{' / '.join(f'{x:g}' for x in o.get('table_p50_p99_mb', []))} / {o['table_max_mb']:.1f} MB; "
+        f"tables over 32 MB: {', '.join(f'{i} {mb:g} MB' for i, mb in o['tables_over_32mb']) or 'none'}.", "",
         "| subset | run | compiled |", "|---|---|---|",
         *[f"| {name} | {n} | {k} |" for name, (n, k) in sorted(summary["by_subset"].items())], "",
         "| not compiled | schemas |", "|---|---|",

@@ -459,8 +459,49 @@ def share_exception_rows(ptr: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> d
     most = int(np.diff(base).max()) if n else 0
     slot = rank[inverse.reshape(-1)].astype(np.uint8 if most <= 256 else np.uint16 if most <= 65536 else np.int32)
     tok = np.asarray(tok, dtype=np.int32)
+    exc_row, kept = _equal_rows(ptr, tok, slot)
+    row_ptr = np.zeros(kept.size + 1, dtype=np.int64)
+    row_ptr[1:] = np.cumsum(lens[kept])
+    idx = np.repeat(ptr[kept] - row_ptr[:-1], lens[kept]) + np.arange(int(row_ptr[-1]), dtype=np.int64)
+    return {"exc_row": exc_row, "exc_ptr": row_ptr.astype(np.int32), "exc_tok": tok[idx], "exc_slot": slot[idx],
+            "exc_base": base.astype(np.int32), "exc_targets": (pairs[order] % width).astype(np.int32)}
+
+
+def _equal_rows(ptr: np.ndarray, tok: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each state, the state that holds each row): states whose (token, slot) rows are
+    equal share a row, numbered by first appearance. Rows are grouped by a 64-bit fingerprint,
+    then each state is compared with its group's first state element by element; were two
+    different rows ever to share a fingerprint, every row is keyed by its bytes instead."""
+    n, lens = ptr.size - 1, np.diff(ptr)
+    pos = np.arange(tok.size, dtype=np.uint64) - np.repeat(ptr[:-1], lens).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mix = ((tok.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+            (slot.astype(np.uint64) + np.uint64(7)) * np.uint64(0xC2B2AE3D27D4EB4F) + pos * np.uint64(0x165667B19E3779F9))
+        mix ^= mix >> np.uint64(29)
+        fingerprint = lens.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
+        full = np.flatnonzero(lens)
+        if full.size:
+            fingerprint[full] += np.add.reduceat(mix, ptr[full])
+    _, first, group = np.unique(fingerprint, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    rep = first[group]  # each state's group's first state
+    dup = np.flatnonzero(rep != np.arange(n))
+    if dup.size:  # check the fingerprint's verdict element by element
+        k = lens[dup]
+        at = np.repeat(ptr[dup] - np.cumsum(k) + k, k) + np.arange(int(k.sum()))
+        other = at - np.repeat(ptr[dup], k) + np.repeat(ptr[rep[dup]], k)
+        same = (tok[at] == tok[other]) & (slot[at] == slot[other])
+        if not same.all():
+            return _equal_rows_by_bytes(ptr, tok, slot)
+    order = np.sort(first)  # the groups by first appearance
+    row_of_group = np.searchsorted(order, first).astype(np.int32)
+    return row_of_group[group], order.astype(np.int64)
+
+
+def _equal_rows_by_bytes(ptr: np.ndarray, tok: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_equal_rows keyed by each row's bytes (exact, slower)."""
     rows: dict[bytes, int] = {}
-    exc_row = np.empty(n, dtype=np.int32)
+    exc_row = np.empty(ptr.size - 1, dtype=np.int32)
     kept = []
     for s, (a, b) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True)):
         key = tok[a:b].tobytes() + slot[a:b].tobytes()  # equal keys: equal lengths, tokens and slots
@@ -469,12 +510,7 @@ def share_exception_rows(ptr: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> d
             r = rows[key] = len(kept)
             kept.append(s)
         exc_row[s] = r
-    kept = np.asarray(kept, dtype=np.int64)
-    row_ptr = np.zeros(kept.size + 1, dtype=np.int64)
-    row_ptr[1:] = np.cumsum(lens[kept])
-    idx = np.repeat(ptr[kept] - row_ptr[:-1], lens[kept]) + np.arange(int(row_ptr[-1]), dtype=np.int64)
-    return {"exc_row": exc_row, "exc_ptr": row_ptr.astype(np.int32), "exc_tok": tok[idx], "exc_slot": slot[idx],
-            "exc_base": base.astype(np.int32), "exc_targets": (pairs[order] % width).astype(np.int32)}
+    return exc_row, np.asarray(kept, dtype=np.int64)
 
 
 def _concat_exceptions(tables: list[TokenTable], offsets: np.ndarray) -> dict:

@@ -181,7 +181,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
             raise UnsupportedSchema(
                 f"recursion cannot end within max_ref_depth={options.max_ref_depth}",
                 conv.truncated_at, "$ref")
-        raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", "", None)
+        raise UnsupportedSchema("schema is unsatisfiable (no value can match it)", conv.unsatisfiable_at(), None)
     pieces = [] if conv.pieces is None else list(conv.pieces.regexes)
     narrowed = dict(conv.narrowed)
     if conv.truncated_at is not None:
@@ -587,6 +587,7 @@ class Converter:
         self.relaxed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why it is not enforced
         self.narrowed: dict[tuple[str, str], str] = {}  # (pointer, keyword) -> why the grammar is stricter there
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
+        self.causes: dict[str, str] = {}  # node -> the node it matches nothing because of (blame)
         self.ref_depth: dict[str, int] = {}
         # Each $ref target's regex is converted once per class of nesting contexts and reused:
         # ref -> [(its reads of ref depths, regex)] (memo_ref). The string is inlined at each use.
@@ -645,9 +646,25 @@ class Converter:
             schema = {k: v for k, v in schema.items() if k not in (_AT, _FROM)}
         outer, self.origins = self.origins, (ptr, origins)
         try:
-            return self.as_piece(self.check_size(self.convert_unchecked(schema, ptr), ptr))
+            regex = self.as_piece(self.check_size(self.convert_unchecked(schema, ptr), ptr))
         finally:
             self.origins = outer
+        if regex is None and isinstance(schema, dict) and any(k in schema for k in _ALTERNATIVE_KEYWORDS):
+            self.causes.pop(ptr, None)  # every alternative fails, each its own way: the node itself is the place
+        return regex
+
+    def blame(self, ptr: str, cause: str) -> None:
+        """The node at `ptr` matches nothing because the one at `cause` does (a required property)."""
+        if cause != ptr:
+            self.causes[ptr] = cause
+
+    def unsatisfiable_at(self) -> str:
+        """Where an unsatisfiable schema fails: the root's cause, its cause, ... as deep as known."""
+        at, seen = "", {""}
+        while at in self.causes and self.causes[at] not in seen:
+            at = self.causes[at]
+            seen.add(at)
+        return at
 
     def as_piece(self, regex: str | None) -> str | None:
         """`regex`, or when splicing and it is long, the placeholder of a sub-automaton built once."""
@@ -955,6 +972,8 @@ class Converter:
                 merged = self.merge_keyword(out, key, value, ptr)
                 if merged is False:
                     return False
+                origins[key] = _both_origins(origins.get(key), b.get(_FROM, {}).get(key, ptr))
+            else:  # the same value written twice: a validator may report either place (Handwritten mod306)
                 origins[key] = _both_origins(origins.get(key), b.get(_FROM, {}).get(key, ptr))
         if "anyOf" in out and "oneOf" in out:  # A and oneOf(B) = anyOf over x in A of (x and oneOf(B)): exact
             any_of, one_of = out.pop("anyOf"), out.pop("oneOf")
@@ -1823,6 +1842,7 @@ class Converter:
             if name not in props:
                 matching = _pattern_schemas(schema.get("patternProperties", {}), name, ptr)
                 if not matching and extra_schema is False:
+                    self.blame(ptr, pointer_join(ptr, "required"))
                     return None
                 props[name] = {"allOf": matching} if matching else extra_schema
         for name in self.blocked_names(schema, list(props), ptr):
@@ -1833,6 +1853,7 @@ class Converter:
             value = self.convert(sub, sub_ptr)
             if value is None:
                 if name in required:
+                    self.blame(ptr, sub_ptr)
                     return None
                 continue
             key = '"' + lex.escape_literal(name) + '"'
@@ -2156,6 +2177,9 @@ def _localize_items(own: dict, other: dict) -> dict:
             or len(theirs) <= len(ours):
         return own
     return {**own, "prefixItems": [*ours, *([rest] * (len(theirs) - len(ours)))]}
+
+
+_ALTERNATIVE_KEYWORDS = ("anyOf", "oneOf", "if", "not", "dependencies", "dependentRequired", "dependentSchemas")
 
 
 def _both_origins(first: str | tuple | None, second: str | tuple) -> tuple:

@@ -512,6 +512,24 @@ def test_unsupported_schemas_raise_with_keyword(schema, match):
         schema_to_regex(schema)
 
 
+@pytest.mark.parametrize("schema, pointer", [
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 5, "maxLength": 2},
+                                       "b": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["b"]},
+     "/properties/b"),  # the optional `a` matches nothing too, and is left out
+    ({"type": "object", "properties": {"o": {"type": "object", "required": ["z"], "additionalProperties": False}},
+      "required": ["o"]}, "/properties/o/required"),
+    # Glaiveai2K calculate_area: both oneOf branches hold whenever all three are required
+    ({"type": "object", "required": ["m"], "properties": {"m": {
+        "type": "object", "oneOf": [{"required": ["l", "w"]}, {"required": ["r"]}], "required": ["l", "w", "r"],
+        "properties": {k: {"type": "number"} for k in "lwr"}}}}, "/properties/m"),
+    ({"type": "integer", "minimum": 3, "maximum": 1}, ""),
+])
+def test_an_unsatisfiable_schema_names_where_it_fails(schema, pointer):
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable") as info:
+        schema_to_regex(schema)
+    assert info.value.pointer == pointer
+
+
 @pytest.mark.parametrize("schema", [
     {"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{"minimum": 1}, {"maximum": 0}]}]},
     {"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"maximum": 3}}, {"prefixItems": [{}, {}, {"minimum": 2}]}]},

@@ -144,6 +144,22 @@ def test_a_keyword_merged_from_two_allof_branches_is_listed_at_both():
     assert not bad and explained
 
 
+def test_the_same_value_merged_from_two_allof_branches_is_listed_at_both():
+    """Handwritten mod306's shape: equal values of a relaxed keyword in two allOf branches; the
+    validator may report either branch, so both are listed (was: the first only, and a walk that
+    broke it counted as unsound)."""
+    from surecall.grammars.schema.to_regex import schema_to_regex
+
+    schema = {"allOf": [{"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+                        {"uniqueItems": True}]}
+    relaxed = set(schema_to_regex(schema).relaxed)
+    assert {("/allOf/0", "uniqueItems"), ("/allOf/1", "uniqueItems")} <= relaxed
+    bad, explained = schema_violations(schema, [{}, {}], list(relaxed))
+    assert not bad and explained
+    bad, _ = schema_violations(schema, [{}, {}], [("/allOf/0", "uniqueItems")])
+    assert bad  # listed at one branch only, the other branch's error is unexplained
+
+
 @pytest.mark.parametrize(("schema", "document", "listed"), [
     ({"contains": {"const": 1}, "minContains": 2}, [1], ("", "contains")),  # the compiler lists the count as contains
     ({"contains": {"const": 1}, "maxContains": 1}, [1, 1], ("", "contains")),
