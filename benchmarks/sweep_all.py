@@ -45,8 +45,13 @@ def main(argv=None) -> int:
     parser.add_argument("--walks", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/sweep_all")
     parser.add_argument("--redo", default="", help="comma-separated: big (table > 16 MB), flagged, failed")
+    parser.add_argument("--redo-ids", default="", help="comma-separated schema ids to run again")
     args = parser.parse_args(argv)
     redo = {k for k in args.redo.split(",") if k}
+    ids = {i for i in args.redo_ids.split(",") if i}
+    if ids:
+        redo.add("ids")
+        _REDO["ids"] = lambda r: r["id"] in ids
     if redo - set(_REDO):
         print(f"--redo: unknown {sorted(redo - set(_REDO))}, expected some of {sorted(_REDO)}", file=sys.stderr)
         return 2
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     if redo and out_path.exists():  # drop the lines to run again (the file keeps one line per schema)
         lines = out_path.read_text().splitlines()
         keep = [line for line in lines if not any(_REDO[k](json.loads(line)) for k in redo)]
-        print(f"--redo {args.redo}: {len(lines) - len(keep)} schemas to run again", file=sys.stderr)
+        print(f"--redo {args.redo} {args.redo_ids}: {len(lines) - len(keep)} schemas to run again", file=sys.stderr)
         out_path.write_text("".join(line + "\n" for line in keep))
     done = {json.loads(line)["id"] for line in out_path.read_text().splitlines()} if out_path.exists() else set()
     todo = [job for job in jobs if job[1] not in done]

@@ -248,6 +248,20 @@ def _unwrap_group(branch: str) -> str | None:
     return None if body.startswith("?") else body
 
 
+# A repeated set of one-byte characters (`[a-fA-F0-9]{64}`: a SHA-256 inside a larger pattern) is a chain of
+# one state per character, no larger per state than a bounded string's: it is spelled out up to this
+# many times max_repeat (192 by default: SHA-512's 128 hex digits), where a repeated group (a word,
+# `(?:\S+\s+){0,99}`), a multi-byte character or a key pattern (lowered, `narrow`: a long chain under a
+# patternProperties key took Github_trivial o9840 from 1.9 to 22 s) keeps max_repeat.
+CHAR_RUN_FACTOR = 4
+_ONE_BYTE_CLASS = re.compile(r"\[(?:[^\[\]()|\\]|\\u00[0-7][0-9A-Fa-f]|\\[-\]\\^])+\]|[A-Za-z0-9 ]")
+
+
+def _one_byte_class(atom: str) -> bool:
+    """Whether `atom` (parser output) is one character set whose members are each one ASCII byte."""
+    return _ONE_BYTE_CLASS.fullmatch(atom) is not None
+
+
 class _Parser:
     """Recursive descent over the pattern; emits regex text directly (None = matches nothing)."""
 
@@ -327,12 +341,13 @@ class _Parser:
     def repeat(self, atom: str | None, low: int, high: int | None) -> str | None:
         if atom is None:
             return "" if low == 0 else None
-        if low > self.max_repeat:
-            self.is_exact, self.is_subset, low = False, False, self.max_repeat
-        if high is not None and high > self.max_repeat:
+        cap = self.max_repeat * CHAR_RUN_FACTOR if not self.narrow and _one_byte_class(atom) else self.max_repeat
+        if low > cap:
+            self.is_exact, self.is_subset, low = False, False, cap
+        if high is not None and high > cap:
             self.is_exact = False
             if self.narrow:
-                high = max(low, self.max_repeat)
+                high = max(low, cap)
             else:
                 self.is_subset, high = False, None
         if low == 0 and high is None:

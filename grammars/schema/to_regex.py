@@ -71,6 +71,7 @@ from surecall.grammars.schema.object_exists import (
     needs_exists,
 )
 from surecall.grammars.schema.pattern import (
+    CHAR_RUN_FACTOR,
     MAX_INPROCESS_WEIGHT,
     PatternUnsupported,
     ambiguity_weight,
@@ -482,7 +483,7 @@ def _alternation(branches: list[str | None]) -> str | None:
     alive = list(dict.fromkeys(b for b in branches if b is not None))
     if not alive:
         return None
-    if len(alive) > 1 and any(_COUNT_ENTER_TEXT in b for b in alive):
+    if len(alive) > 1 and any(b.startswith(('"', '(?:"')) and _COUNT_ENTER_TEXT in b for b in alive):
         alive = _merged_counted_strings(alive)
     return alive[0] if len(alive) == 1 else "|".join(_group(b) for b in alive)
 
@@ -502,7 +503,8 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
     """
     from surecall.grammars.counted import body_char_range  # grammars.counted imports this module
 
-    leaves = [leaf for b in alive for leaf in _top_level_alternatives(b)]
+    # only a branch that starts a string (or a group of them) is scanned: an object or array is opaque
+    leaves = [leaf for b in alive for leaf in (_top_level_alternatives(b) if b.startswith(('"', '(?:"')) else [b])]
     counted, plain, others = {}, [], []
     for leaf in leaves:
         m = _COUNTED.fullmatch(leaf)
@@ -1561,8 +1563,10 @@ class Converter:
             return None
         self.check_blowup(pattern, translated.regex, pattern_ptr)
         if not translated.is_exact:
-            self.relax(ptr, "pattern", f"a repetition bound above max_bounded_length={self.options.max_bounded_length} "
-                       "inside a larger pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)")
+            limit = self.options.max_bounded_length
+            self.relax(ptr, "pattern", f"a repetition bound above max_bounded_length={limit} ({limit * CHAR_RUN_FACTOR} "
+                       "for a set of one-byte characters) inside a larger pattern (widened; only a whole-pattern "
+                       "`^[set]{n,m}$` is counted)")
         return translated.regex
 
     def check_blowup(self, pattern: str, body: str, pattern_ptr: str) -> None:

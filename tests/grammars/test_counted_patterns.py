@@ -144,8 +144,9 @@ def test_a_large_quantifier_inside_a_larger_pattern_is_relaxed_with_its_reason(l
     assert result.relaxed == [("", "pattern")]
     assert "inside a larger pattern" in result.reasons[("", "pattern")]
     table = compile_schema(pattern_schema("^[a-z]{2,300}-\\d+$"), llama3)
-    assert table.meta["relaxed_reasons"] == ["a repetition bound above max_bounded_length=48 inside a larger "
-                                             "pattern (widened; only a whole-pattern `^[set]{n,m}$` is counted)"]
+    assert table.meta["relaxed_reasons"] == ["a repetition bound above max_bounded_length=48 (192 for a set of "
+                                             "one-byte characters) inside a larger pattern (widened; only a "
+                                             "whole-pattern `^[set]{n,m}$` is counted)"]
 
 
 @pytest.mark.parametrize("pattern, expected", [
@@ -173,6 +174,28 @@ def test_a_long_unanchored_run_is_narrowed_to_a_counted_string_not_relaxed(llama
         assert len(doc["a"]) >= low and (not early or len(doc["a"]) == low)
     small = schema_to_regex(pattern_schema("[a-z]{3}"))  # within max_bounded_length: exact, not narrowed
     assert small.relaxed == [] and not small.narrowed
+
+
+@pytest.mark.parametrize("pattern, exact", [
+    ("^(?:[a-fA-F0-9]{64}|(?:sha1|sha512):(?:[a-fA-F0-9]{40}|[a-fA-F0-9]{128}))$", True),  # Github_hard o57762's shape
+    ("^x[a-z]{192}$", True), ("^x[a-z]{193}$", False),  # past 4 x max_bounded_length
+    ("^(?:\\S+\\s+){0,99}\\S+$", False),  # a repeated group keeps max_bounded_length
+    ("^a.{100}b$", False),  # `.` is several bytes (escapes, UTF-8): keeps it too
+])
+def test_a_run_of_one_byte_characters_inside_a_pattern_is_spelled_out_to_four_times_the_bound(pattern, exact):
+    result = schema_to_regex({"type": "string", "pattern": pattern})
+    assert (result.relaxed == []) == exact
+
+
+def test_a_hash_inside_a_pattern_is_written_exactly(llama3):
+    pattern = "^(?:[a-f0-9]{64}|md5:[a-f0-9]{32})$"
+    schema = pattern_schema(pattern)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == []
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        doc = json.loads(decode(llama3, random_walk(table, llama3, rng)))
+        assert re.search(pattern, doc["a"]), doc
 
 
 BODY_PATTERN = "^[a-z]+(-[a-z]+)*$"  # several character boundaries: a `-` must be followed by a letter
