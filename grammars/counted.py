@@ -300,16 +300,23 @@ def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) 
     return rest
 
 
-@lru_cache(maxsize=512)
-def body_fewest_chars(body: str) -> int:
-    """The fewest characters of any string body `body` (a string-body regex) matches, found as the
-    counter finds it (raises CountedCutError where a counter could not ride that body, or where its
-    MAX_COUNTED_BODY_STATES would make the counter's rows cost more than they are worth)."""
+def _body_states(body: str) -> tuple[ByteDFA, int, np.ndarray, np.ndarray]:
+    """(byte DFA of `"body"`, the body's head, its states, their phases); CountedCutError where the
+    body matches nothing or holds bytes that are no string text."""
     dfa = regex_to_dfa(f'"(?:{body})"')
     head = int(dfa.trans[0, _QUOTE])
     if head < 0:
         raise CountedCutError("the string body matches nothing")
     members, phases = _body_phases(dfa.trans, head)
+    return dfa, head, members, phases
+
+
+@lru_cache(maxsize=512)
+def body_fewest_chars(body: str) -> int:
+    """The fewest characters of any string body `body` (a string-body regex) matches, found as the
+    counter finds it (raises CountedCutError where a counter could not ride that body, or where its
+    MAX_COUNTED_BODY_STATES would make the counter's rows cost more than they are worth)."""
+    dfa, head, members, phases = _body_states(body)
     starts = int((phases == BOUNDARY).sum())
     if starts > MAX_COUNTED_BODY_STATES:
         raise CountedCutError(f"its body has {starts} character states, above the {MAX_COUNTED_BODY_STATES} a counter "
@@ -324,11 +331,7 @@ def body_char_range(body: str) -> tuple[int, int | None] | None:
     unbounded), counted as the counter counts them; None where `"body"` is not one JSON string
     (a `"` inside it would close the string and go on) or a counter could not ride it."""
     try:
-        dfa = regex_to_dfa(f'"(?:{body})"')
-        head = int(dfa.trans[0, _QUOTE])
-        if head < 0:
-            return None
-        members, phases = _body_phases(dfa.trans, head)
+        dfa, head, members, phases = _body_states(body)
         boundary = phases == BOUNDARY
         closes = dfa.trans[members[boundary], _QUOTE]
         closes = closes[closes >= 0]

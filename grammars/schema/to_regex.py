@@ -74,6 +74,8 @@ from surecall.grammars.schema.pattern import (
     CHAR_RUN_FACTOR,
     MAX_INPROCESS_WEIGHT,
     PatternUnsupported,
+    _outside_classes,
+    _top_branches,
     ambiguity_weight,
     counted_run,
     loose_run,
@@ -504,7 +506,7 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
     from surecall.grammars.counted import body_char_range  # grammars.counted imports this module
 
     # only a branch that starts a string (or a group of them) is scanned: an object or array is opaque
-    leaves = [leaf for b in alive for leaf in (_top_level_alternatives(b) if b.startswith(('"', '(?:"')) else [b])]
+    leaves = [leaf for b in alive for leaf in (_top_branches(b) if b.startswith(('"', '(?:"')) else [b])]
     counted, plain, others = {}, [], []
     for leaf in leaves:
         m = _COUNTED.fullmatch(leaf)
@@ -527,53 +529,13 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
     return [f'"{enter}(?:{union})"{leave}', *others]
 
 
-def _regex_scan(regex: str):
-    """(index, depth) of each top-level token start of `regex`: escapes and character classes are
-    one token each; depth counts the groups open before the token."""
-    depth, i, n = 0, 0, len(regex)
-    while i < n:
-        c = regex[i]
-        yield i, depth
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i += 1
-            if i < n and regex[i] == "^":
-                i += 1
-            if i < n and regex[i] == "]":
-                i += 1
-            while i < n and regex[i] != "]":
-                i += 2 if regex[i] == "\\" else 1
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        i += 1
-
-
-def _top_level_alternatives(regex: str) -> list[str]:
-    """`regex`'s top-level alternatives, each group that spans a whole alternative opened (recursively)."""
-    cuts = [i for i, d in _regex_scan(regex) if d == 0 and regex[i] == "|"]
-    parts = [regex[a + 1:b] for a, b in zip([-1, *cuts], [*cuts, len(regex)], strict=True)]
-    out = []
-    for part in parts:
-        if part.startswith("(?:") and part.endswith(")") and not any(
-                d == 1 and part[i] == ")" for i, d in _regex_scan(part[:-1])):
-            out += _top_level_alternatives(part[3:-1])
-        else:
-            out.append(part)
-    return out
-
-
 def _single_string_body(regex: str) -> str | None:
     """X of a regex `"X"` that is one quoted string (balanced X, the quotes literal and unquantified);
     None otherwise (counted.body_char_range then checks that no `"` inside X closes the string)."""
     if len(regex) < 2 or regex[0] != '"' or regex[-1] != '"' or regex[1] in "?*+{":
         return None
-    tokens = list(_regex_scan(regex))
-    if tokens[-1] != (len(regex) - 1, 0) or any(d < 0 for _, d in tokens) or any(
-            d == 0 and regex[i] == "|" for i, d in tokens):
+    chars = list(_outside_classes(regex))  # the closing quote must be one of them: not escaped
+    if chars[-1] != (len(regex) - 1, '"', 0) or any(d < 0 or (c == "|" and d == 0) for _, c, d in chars):
         return None
     return regex[1:-1]
 
