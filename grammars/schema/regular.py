@@ -30,7 +30,7 @@ import numpy as np
 
 from surecall.grammars.schema.conditionals import FRACTION, kind_of
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, residues_regex
-from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton
+from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, WorkMeter
 
 MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines (past it: listed)
 MAX_LISTED_INTEGERS = 64  # integers written out where the remainder set's regex is too long
@@ -76,7 +76,7 @@ def may_be_scalar_algebra(schema: object) -> bool:
 
 
 def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False,
-                deadline: float | None = None) -> StringBody:
+                deadline: float | None = None, meter: WorkMeter | None = None) -> StringBody:
     """The strings `schema` admits as one body regex, when it admits only strings and needs the
     algebra (a pattern or bound under not/oneOf/if, or two patterns); else RegularUnsupported."""
     reader = _Reader(resolve, siblings_ignored)
@@ -91,7 +91,7 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
         return StringBody(None, low, high)
     if 0 < low <= MAX_FOLDED_LENGTH:
         expr = ("all", [expr, ("len", low, None)])
-    automaton = StringAutomaton(expr, deadline)
+    automaton = StringAutomaton(expr, deadline, meter)
     body = automaton.body()
     narrowed = ("the exact string language has no regex within the size caps: a union keeps the branches "
                 "that fit, a long body keeps its shortest paths") if automaton.is_approximate else None

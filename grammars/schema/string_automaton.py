@@ -1,6 +1,6 @@
 """One string expression (schema/regular.py's leaves and combinators) as a DFA over code points, and its body regex.
 
-`StringAutomaton(expr, deadline).body()` parses each `pattern` leaf (pattern.py's recursive
+`StringAutomaton(expr, deadline, meter).body()` parses each `pattern` leaf (pattern.py's recursive
 descent, building trees over (lower, upper) character sets), partitions the code points into
 the classes no set tells apart, builds each leaf's DFA (Thompson NFA, subset construction),
 combines them by product (dense numpy pairs) and complement, minimises (Moore) and writes the
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from surecall.grammars.automaton import _refine
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.multiple_of import eliminate
 from surecall.grammars.schema.pattern import (
@@ -48,6 +49,19 @@ _CONTROL_ESCAPES = r"\\[bfnrt]|\\u00(?:0[0-7bBeEfF]|1[0-9a-fA-F])"
 
 class RegularUnsupported(Exception):
     """The schema is not read here as one string automaton (the message says why)."""
+
+
+class WorkMeter:
+    """Steps the string automata of one schema may still take: a cap that, unlike a time limit,
+    gives the same result on a fast host and a loaded one. A step is one state (or state pair)
+    built or re-signed; `StringAutomaton.spend` charges them."""
+
+    def __init__(self, steps: int):
+        self.cap = self.left = steps
+
+    @property
+    def spent(self) -> int:
+        return self.cap - self.left
 
 
 # --- patterns -> syntax trees over (lower, upper) character sets ----------------------------
@@ -157,9 +171,10 @@ class _DFA:
 
 
 class StringAutomaton:
-    def __init__(self, expr: object, deadline: float | None):
+    def __init__(self, expr: object, deadline: float | None, meter: WorkMeter | None = None):
         self.expr = expr
         self.deadline = deadline
+        self.meter = meter
         ranges: list[list[tuple[int, int]]] = []
         self.patterns: dict[str, tuple[object, bool]] = {}  # pattern -> (tree, lower and upper agree)
         _collect_sets(expr, ranges, self.patterns)
@@ -184,10 +199,18 @@ class StringAutomaton:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise RegularUnsupported("the string automaton ran past the compile's time budget")
 
+    def spend(self, steps: int) -> None:
+        """Charge `steps` to the meter (past its cap: RegularUnsupported), then check the time."""
+        if self.meter is not None:
+            self.meter.left -= steps
+            if self.meter.left < 0:
+                raise RegularUnsupported(f"the string automata passed their cap of {self.meter.cap:,} steps")
+        self.check_time()
+
     def build(self, expr: object, lower: bool, upper: bool) -> tuple[_DFA | None, _DFA | None]:
         """(lower, upper), each when asked for: a DFA inside both validators' languages of `expr`,
         and one holding both (None where not asked)."""
-        self.check_time()
+        self.spend(1)
         if isinstance(expr, bool):
             dfa = self.constant(expr)
             return dfa, dfa
@@ -318,6 +341,7 @@ class StringAutomaton:
 
     def determinise(self, nfa: _NFA, start: int, end: int) -> _DFA:
         first = nfa.closure({start})
+        atoms_of: dict[int, tuple] = {}  # an edge's atom bits -> the atoms (few distinct bit sets, many edges)
         index = {first: 0}
         order = [first]
         trans: list[list[int]] = []
@@ -328,7 +352,10 @@ class StringAutomaton:
             moves: list[set] = [set() for _ in range(self.num_atoms)]
             for s in members:
                 for bits, t in nfa.edges[s]:
-                    for a in _bits(bits):
+                    atoms = atoms_of.get(bits)
+                    if atoms is None:
+                        atoms = atoms_of[bits] = tuple(_bits(bits))
+                    for a in atoms:
                         moves[a].add(t)
             row = []
             for targets in moves:
@@ -338,7 +365,7 @@ class StringAutomaton:
                     order.append(key)
                 row.append(index[key])
             trans.append(row)
-            self.check_time()
+            self.spend(len(members) + self.num_atoms)
         return _DFA(trans, [end in m for m in order])
 
     # -- algebra
@@ -362,23 +389,23 @@ class StringAutomaton:
             remap = np.full(n1 * n2, -1, np.int64)
             remap[reached] = np.arange(reached.size)
             trans, accepts = remap[pairs[reached]], [acc[reached] for acc in accepts]
-            self.check_time()
+            self.spend(n1 * n2)
         bits = np.stack(accepts, axis=1)
         accept = [test(tuple(row)) for row in bits.tolist()]
         return self.minimise(_DFA(trans, accept))
 
     def minimise(self, dfa: _DFA) -> _DFA:
-        """Moore's partition refinement (numpy rows); blocks renumbered in order of first visit."""
+        """The coarsest partition (automaton._refine's hashed worklist rounds, checked to be a
+        congruence, else Moore's exact rounds over whole rows); blocks renumbered in order of
+        first visit."""
         trans = np.asarray(dfa.trans, np.int64)
-        _, block = np.unique(np.asarray(dfa.accept, bool), return_inverse=True)
-        block = block.reshape(-1)
+        accept_a = np.asarray(dfa.accept, bool)
+        block = _refine(trans, accept_a, check=lambda: self.spend(len(trans)))
         num_blocks = int(block.max()) + 1
-        while True:
-            new = _row_ids(np.concatenate([block[:, None], block[trans]], axis=1))
-            if new.max() + 1 == num_blocks:
-                break
-            block, num_blocks = new, int(new.max()) + 1
-            self.check_time()
+        rep = np.zeros(num_blocks, np.int64)
+        rep[block[::-1]] = np.arange(len(block))[::-1]  # each block's first state
+        if not (np.array_equal(block[trans], block[trans[rep[block]]]) and np.array_equal(accept_a, accept_a[rep[block]])):
+            block, num_blocks = self.moore_blocks(trans, accept_a)
         quotient = np.zeros((num_blocks, trans.shape[1]), np.int64)
         quotient[block] = block[trans]
         accept = np.zeros(num_blocks, bool)
@@ -387,6 +414,18 @@ class StringAutomaton:
         remap = np.full(num_blocks, -1, np.int64)
         remap[order] = np.arange(order.size)
         return _DFA(remap[quotient[order]].tolist(), accept[order].tolist())
+
+    def moore_blocks(self, trans: np.ndarray, accept: np.ndarray) -> tuple[np.ndarray, int]:
+        """Moore's partition refinement over whole rows (exact: no hashing), as (block, count)."""
+        _, block = np.unique(accept, return_inverse=True)
+        block = block.reshape(-1)
+        num_blocks = int(block.max()) + 1
+        while True:
+            new = _row_ids(np.concatenate([block[:, None], block[trans]], axis=1))
+            if new.max() + 1 == num_blocks:
+                return block, num_blocks
+            block, num_blocks = new, int(new.max()) + 1
+            self.spend(len(trans))
 
     # -- regex
     def emit(self, dfa: _DFA) -> str | None:

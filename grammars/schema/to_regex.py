@@ -99,7 +99,7 @@ from surecall.grammars.schema.regular import (
     number_regex,
     string_body,
 )
-from surecall.grammars.schema.string_automaton import StringAutomaton
+from surecall.grammars.schema.string_automaton import StringAutomaton, WorkMeter
 from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -129,7 +129,9 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
 _SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes on several edges: spliced past this
-_MAX_REGULAR_S = 1.0  # one schema's string automata (schema/regular.py) that give up cost at most this
+# Steps one schema's string automata (schema/regular.py) may take together: a deterministic cap
+# (the same result on any host), about 2-3 s of this project's 2-core CPU; Handwritten string5 takes 2.9M.
+MAX_REGULAR_STEPS = 8_000_000
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
 _MAX_UNION_ALTERNATIVES = 16  # branches of a union `excludes` looks through, per side
@@ -563,7 +565,7 @@ class Converter:
         self.any_regex: dict[int, str] = {}
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
-        self.regular_s = 0.0  # time spent trying string automata (schema/regular.py), capped at _MAX_REGULAR_S
+        self.regular_work = WorkMeter(MAX_REGULAR_STEPS)  # the string automata's steps (schema/regular.py), one cap per schema
         self.truncated_at: str | None = None
         self.deadline = budget_started() + options.time_budget_s  # shared with the compile's later stages
         self.checked_bodies: set[str] = set()  # pattern bodies check_blowup built in the child
@@ -696,16 +698,13 @@ class Converter:
     def regular_string(self, schema: dict, ptr: str) -> str | None | bool:
         """A strings-only schema whose patterns, lengths and literals sit under not/oneOf/allOf, as
         one automaton's body (schema/regular.py); False when it is not one (converted as before)."""
-        start = time.perf_counter()
-        if self.regular_s > _MAX_REGULAR_S or not may_be_scalar_algebra(schema):
+        if self.regular_work.left <= 0 or not may_be_scalar_algebra(schema):
             return False
         try:
             found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
-                                min(self.deadline, start + _MAX_REGULAR_S - self.regular_s))
+                                self.deadline, self.regular_work)
         except RegularUnsupported:
             return self.regular_number(schema, ptr)
-        finally:
-            self.regular_s += time.perf_counter() - start
         bounds = {"minLength": found.min_length, "maxLength": found.max_length}
         if found.narrowed:
             self.narrowed[(ptr, _algebra_keyword(schema))] = found.narrowed

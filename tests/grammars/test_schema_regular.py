@@ -156,15 +156,74 @@ FIXED = ["allany21", "allany23", "string5", "allone1", "allone4"]
 
 @pytest.mark.parametrize("name", FIXED)
 def test_handwritten_walks_all_validate(name, data_dir, tmp_path, monkeypatch):
-    import surecall.grammars.schema.to_regex as to_regex
-
     monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(to_regex, "_MAX_REGULAR_S", 10.0)  # a loaded test machine: the algebra, not its time
     schema = bench_schema(data_dir, "Handwritten", name)
     vocab = cached_vocab("llama3")
     table = compile_schema(schema, vocab, GrammarOptions(time_budget_s=10.0), use_cache=False)
     assert table.relaxed == []
     assert invalid_tight_walks(schema, table, vocab, 12) == []
+
+
+def test_string_algebra_cap_counts_steps_not_seconds(data_dir, monkeypatch):
+    """string5's algebra fits the default step cap; under a small cap it gives up the same way
+    every time, whatever the host's speed, and the conversion falls back (pattern relaxed, listed)."""
+    import surecall.grammars.schema.to_regex as to_regex
+    from surecall.grammars.schema.string_automaton import WorkMeter
+
+    schema = bench_schema(data_dir, "Handwritten", "string5")
+    meters = []
+
+    class Recorded(WorkMeter):
+        def __init__(self, steps):
+            super().__init__(steps)
+            meters.append(self)
+
+    monkeypatch.setattr(to_regex, "WorkMeter", Recorded)
+    exact = schema_to_regex(schema, GrammarOptions(time_budget_s=60.0))
+    assert exact.relaxed == [] and 0 < meters[-1].spent <= to_regex.MAX_REGULAR_STEPS
+    needed = meters[-1].spent
+    monkeypatch.setattr(to_regex, "MAX_REGULAR_STEPS", needed // 2)
+    cut = [schema_to_regex(schema, GrammarOptions(time_budget_s=60.0)) for _ in range(2)]
+    assert cut[0].relaxed and cut[0].relaxed == cut[1].relaxed and cut[0].regex == cut[1].regex
+    assert ("/allOf/5/anyOf/0", "not") in [tuple(r[:2]) for r in cut[0].relaxed]
+
+
+def test_step_cap_raises_with_the_cap_named():
+    from surecall.grammars.schema.string_automaton import StringAutomaton, WorkMeter
+
+    meter = WorkMeter(50)
+    with pytest.raises(RegularUnsupported, match="cap of 50 steps"):
+        StringAutomaton(("pat", "^(a|b)*c(a|b){8}$"), None, meter).body()
+    assert meter.left < 0
+
+
+def test_minimise_matches_moore_on_random_dfas(monkeypatch):
+    """The hashed worklist refinement (automaton._refine) gives a quotient as small as Moore's exact
+    one, of the same language; a partition that is not a congruence (as a hash collision would
+    give) falls back to Moore's rounds."""
+    import numpy as np
+
+    import surecall.grammars.schema.string_automaton as sa
+
+    automaton = sa.StringAutomaton(("pat", "^a$"), None)
+    rng = np.random.default_rng(3)
+    dfas = []
+    for _ in range(40):
+        n, k = int(rng.integers(2, 60)), int(rng.integers(1, 4))
+        dfas.append(sa._DFA(rng.integers(0, n, size=(n, k)).tolist(), (rng.random(n) < 0.3).tolist()))
+    fast = [automaton.minimise(d) for d in dfas]
+    monkeypatch.setattr(sa, "_refine", lambda trans, accept, check=None: np.zeros(len(accept), np.int64))
+    exact = [automaton.minimise(d) for d in dfas]  # one block: a congruence only where acceptance is uniform
+    assert [len(f.accept) for f in fast] == [len(e.accept) for e in exact]  # as few states (minimal)
+    assert any(len(f.accept) > 1 for f in fast)
+    for dfa, small, moore in zip(dfas, fast, exact):  # the same language: every word up to length 5
+        k = len(dfa.trans[0])
+        for length in range(6):
+            for word in itertools.product(range(k), repeat=length):
+                a = b = c = 0
+                for x in word:
+                    a, b, c = dfa.trans[a][x], small.trans[b][x], moore.trans[c][x]
+                assert dfa.accept[a] == small.accept[b] == moore.accept[c]
 
 
 def test_allany21_language_matches_its_definition(data_dir):
