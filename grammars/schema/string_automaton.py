@@ -51,6 +51,10 @@ class RegularUnsupported(Exception):
     """The schema is not read here as one string automaton (the message says why)."""
 
 
+class RegularGaveUp(RegularUnsupported):
+    """The schema is one string automaton, but building it passed the step cap or the time budget."""
+
+
 class WorkMeter:
     """Steps the string automata of one schema may still take: a cap that, unlike a time limit,
     gives the same result on a fast host and a loaded one. A step is one state (or state pair)
@@ -197,14 +201,15 @@ class StringAutomaton:
 
     def check_time(self) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
-            raise RegularUnsupported("the string automaton ran past the compile's time budget")
+            raise RegularGaveUp("the string automaton ran past the compile's time budget")
 
     def spend(self, steps: int) -> None:
         """Charge `steps` to the meter (past its cap: RegularUnsupported), then check the time."""
         if self.meter is not None:
             self.meter.left -= steps
             if self.meter.left < 0:
-                raise RegularUnsupported(f"the string automata passed their cap of {self.meter.cap:,} steps")
+                raise RegularGaveUp(f"the string automata passed their cap of {self.meter.cap:,} steps "
+                                    "(surecall.grammars.schema.to_regex.MAX_REGULAR_STEPS)")
         self.check_time()
 
     def build(self, expr: object, lower: bool, upper: bool) -> tuple[_DFA | None, _DFA | None]:

@@ -99,7 +99,7 @@ from surecall.grammars.schema.regular import (
     number_regex,
     string_body,
 )
-from surecall.grammars.schema.string_automaton import StringAutomaton, WorkMeter
+from surecall.grammars.schema.string_automaton import RegularGaveUp, StringAutomaton, WorkMeter
 from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholders_in
@@ -193,8 +193,19 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
         narrowed.setdefault((conv.truncated_at, "$ref"), (
             f"recursion cut at max_ref_depth={options.max_ref_depth}: "
             "values nested deeper through this reference are never written"))
-    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=dict(conv.relaxed), pieces=pieces,
+    return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=_with_algebra_notes(conv), pieces=pieces,
                        narrowed=narrowed, recursion_cut=conv.truncated_at is not None)
+
+
+def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
+    """Each relaxed pair's reason, plus, below a schema whose exact string automaton was given up
+    (schema/regular.py: step cap or time), that it was and why: the keyword is relaxed for that."""
+    reasons = dict(conv.relaxed)
+    for (pointer, keyword), why in reasons.items():
+        at = next((p for p in conv.algebra_gave_up if pointer == p or pointer.startswith(p + "/")), None)
+        if at is not None:
+            reasons[(pointer, keyword)] = f"{why}; the exact string automaton at {at or '/'} was given up: {conv.algebra_gave_up[at]}"
+    return reasons
 
 
 def check_schema(schema: object) -> None:
@@ -565,6 +576,7 @@ class Converter:
         self.any_regex: dict[int, str] = {}
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
+        self.algebra_gave_up: dict[str, str] = {}  # pointer -> why its string automaton was given up
         self.regular_work = WorkMeter(MAX_REGULAR_STEPS)  # the string automata's steps (schema/regular.py), one cap per schema
         self.truncated_at: str | None = None
         self.deadline = budget_started() + options.time_budget_s  # shared with the compile's later stages
@@ -703,6 +715,9 @@ class Converter:
         try:
             found = string_body(schema, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
                                 self.deadline, self.regular_work)
+        except RegularGaveUp as exc:
+            self.algebra_gave_up.setdefault(ptr, str(exc))
+            return self.regular_number(schema, ptr)
         except RegularUnsupported:
             return self.regular_number(schema, ptr)
         bounds = {"minLength": found.min_length, "maxLength": found.max_length}

@@ -186,6 +186,7 @@ def test_string_algebra_cap_counts_steps_not_seconds(data_dir, monkeypatch):
     cut = [schema_to_regex(schema, GrammarOptions(time_budget_s=60.0)) for _ in range(2)]
     assert cut[0].relaxed and cut[0].relaxed == cut[1].relaxed and cut[0].regex == cut[1].regex
     assert ("/allOf/5/anyOf/0", "not") in [tuple(r[:2]) for r in cut[0].relaxed]
+    assert f"cap of {needed // 2:,} steps" in cut[0].reasons[("/allOf/5/anyOf/0", "not")]  # says why it is relaxed
 
 
 def test_step_cap_raises_with_the_cap_named():
