@@ -199,7 +199,9 @@ def test_cli_compile_and_sample(tmp_path, capsys, data_dir):
     path.write_text(json.dumps(schema))
     assert main(["compile", str(path), "--tokenizer", "shared:llama3", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["states"] > 0 and report["warm_ms"] < report["cold_ms"] and report["relaxed"] == []
+    assert report["states"] > 0 and report["relaxed"] == []
+    # the cold compile was stored for the warm one (timings are reported, never compared here: hosts are noisy)
+    assert report["cache_bytes"] > 0 and report["cold_ms"] > 0 and report["warm_ms"] >= 0
     assert "setup_ms" in report  # the one-time set-up, timed apart (0 when this process had done it)
     assert main(["sample", str(path), "--tokenizer", "shared:llama3", "--n", "5", "--seed", "2", "--max-tokens", "12"]) == 0
     lines = capsys.readouterr().out.splitlines()
