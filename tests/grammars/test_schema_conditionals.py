@@ -124,7 +124,8 @@ def regex_accepts(schema, value) -> bool:
 def walk_errors(schema, vocab, table, num_walks: int = 8) -> list[str]:
     rng, errors = np.random.default_rng(0), []
     for i in range(num_walks):
-        text = decode(vocab, random_walk(table, vocab, rng, max_tokens=None if i % 2 else 400)).decode()
+        # uniform walks stay in a string until the budget closes it: 1,500 tokens is long enough
+        text = decode(vocab, random_walk(table, vocab, rng, max_tokens=1500 if i % 2 else 400)).decode()
         bad, soft = schema_violations(schema, json.loads(text), table.relaxed)
         errors += [f"{text[:80]}: {e}" for e in bad + soft]
     return errors
