@@ -28,6 +28,7 @@ regex-automata (outlines-core). Over 400 lines because the keyword walk is one c
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -129,6 +130,9 @@ _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
 _SHARED_VALUE_CHARS = 200  # a value regex an object's member automaton writes on several edges: spliced past this
+# One object's properties sharing a value regex (the same `$ref` under 47 properties: JsonSchemaStore
+# nuget-project, a 194k-character regex) splice it once its copies add up past this many characters.
+_REPEATED_MEMBER_CHARS = 16_000
 # Steps one schema's string automata (schema/regular.py) may take together: a deterministic cap
 # (the same result on any host), about 2-3 s of this project's 2-core CPU; Handwritten string5 takes 2.9M.
 MAX_REGULAR_STEPS = 8_000_000
@@ -1827,7 +1831,7 @@ class Converter:
                 props[name] = {"allOf": matching} if matching else extra_schema
         for name in self.blocked_names(schema, list(props), ptr):
             props[name] = False  # fails propertyNames: never written (still no extra key)
-        members = []
+        members, values = [], {}
         for name, sub in props.items():
             sub_ptr = pointer_join(ptr, "properties", name) if name in schema.get("properties", {}) else ptr
             value = self.convert(sub, sub_ptr)
@@ -1836,7 +1840,11 @@ class Converter:
                     self.blame(ptr, sub_ptr)
                     return None
                 continue
+            values[name] = value
+        spliced = self.repeated_member_values(list(values.values()))
+        for name, value in values.items():
             key = '"' + lex.escape_literal(name) + '"'
+            value = self.pieces.add(value) if value in spliced else value
             members.append((f"{key}{self.ws}:{self.ws}{_group(value)}", name in required))
         if schema.get("patternProperties"):
             repeated = self.pattern_members(schema, list(props), extra_schema, ptr)
@@ -1851,6 +1859,15 @@ class Converter:
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
         return self.object_regex(members, extra, nonempty, ptr)
+
+    def repeated_member_values(self, values: list[str]) -> set[str]:
+        """The values (too short to be pieces on their own) that one object's properties repeat past
+        _REPEATED_MEMBER_CHARS together: spliced once, as a piece, when splicing. A piece written in
+        a sequence costs next to nothing to splice; its copies would cost outlines-core the text."""
+        if self.pieces is None:
+            return set()
+        uses = collections.Counter(v for v in values if _SHARED_VALUE_CHARS < len(v) <= SPLICE_MIN_CHARS)
+        return {v for v, n in uses.items() if n > 1 and n * len(v) > _REPEATED_MEMBER_CHARS}
 
     def bounded_object(self, schema: dict, members: list[tuple[str, bool]], extra: str | None,
                        ptr: str) -> str | bool:

@@ -465,3 +465,22 @@ def test_pieces_leave_the_shared_bodies_placeholders_free():
     pieces.regexes = ["x"] * (splice.MAX_PIECES - splice.RESERVED_PIECES)
     with pytest.raises(CompileBudgetExceeded, match=f"more than {splice.MAX_PIECES - splice.RESERVED_PIECES}"):
         pieces.add("y")
+
+
+def test_a_value_many_properties_share_is_spliced_once_and_gives_the_inlined_dfa(monkeypatch):
+    """JsonSchemaStore nuget-project: one $ref under 47 properties was a 194k-character regex."""
+    monkeypatch.setattr(to_regex, "SPLICE_MIN_CHARS", 2000)  # the default: the value alone is no piece
+    monkeypatch.setattr(to_regex, "_REPEATED_MEMBER_CHARS", 1500)
+    schema = {"$defs": {"item": {"type": "object", "properties": {"id": {"type": "integer"},
+                                                                  "tags": {"type": "array", "items": {"type": "string"}}},
+                                 "required": ["id"], "additionalProperties": False}},
+              "type": "object", "properties": {k: {"$ref": "#/$defs/item"} for k in "abcdefghij"},
+              "additionalProperties": False}
+    value = schema_to_regex(schema["$defs"]["item"]).regex
+    assert to_regex._SHARED_VALUE_CHARS < len(value) <= 2000 and 10 * len(value) > 1500
+    inlined, spliced, pieces = inlined_and_spliced(schema)
+    assert value in pieces and len(pieces) == 1  # written once, not ten times
+    np.testing.assert_array_equal(spliced.trans, inlined.trans)
+    np.testing.assert_array_equal(spliced.accept, inlined.accept)
+    monkeypatch.setattr(to_regex, "_REPEATED_MEMBER_CHARS", 10 * len(value))  # at the limit: inlined
+    assert value not in schema_to_regex(schema, splice=True).pieces
