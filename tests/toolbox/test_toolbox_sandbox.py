@@ -163,7 +163,10 @@ def test_fork_bomb_is_bounded(ws):
     limited = Sandbox(SandboxConfig(max_processes=32))
     out = run(ws, "/usr/bin/python3 bomb.py", timeout_ms=3000, sandbox=limited)
     forked = int(out.data["stdout"].split()[1])
-    assert 0 < forked < 32, out.output
+    # bounded near max_processes, far below the 1,000 tries: RLIMIT_NPROC is set to the uid's processes counted
+    # at the start plus max_processes, so a process of the uid that ends meanwhile (this run's own helpers) frees
+    # a slot (CI saw 32 once, 29-31 otherwise)
+    assert 0 < forked < 2 * 32, out.output
     time.sleep(0.2)
     assert run(ws, "echo still serving").output == "still serving\n"
 
