@@ -295,7 +295,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     items = None if item_regions is None else (item_regions, item_entries(rows, dfa, item_regions, vi))
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab, counts, items)
+    table = build_table(dfa, rows, vocab, counts, items, options.memory_budget_bytes)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -314,7 +314,8 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     return table
 
 
-def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -> TokenTable:
+def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
+                memory_budget_bytes: int | None = None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     Builds the compact layout (table.py) directly: a row's shared class part contributes its
@@ -331,7 +332,10 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None) -
     new_id[order] = np.arange(order.size, dtype=np.int32)
     parts = _renumbered_all(rows, own, order, new_id)
     accept = dfa.accept[order].copy()
+    words, own_pairs = (vocab.logits_width + 31) // 32, sum(int(part[2].size) for part in parts)
+    _check_table_memory(order.size, words, own_pairs, None, memory_budget_bytes)
     default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
+    _check_table_memory(order.size, words, own_pairs, int(exc_ptr[-1]), memory_budget_bytes)
     mask_blocks, mask_row_blocks, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
     table = TokenTable(
         mask_blocks=mask_blocks,
@@ -640,16 +644,30 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
     return blocks, row_blocks, index[key_of].astype(np.int32)
 
 
+# Memory per unit of a compile past its byte DFA, measured (peak RSS growth after the check,
+# 2026-12-06, benchmarks/results/compile_history.md, "memory estimate") on the schemas the old
+# bound refused or underestimated; each bound is 1.2-2x their largest measured use:
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
+_STATE_BYTES = 2048  # per DFA state: its byte rows in the walk's copies, walk flags, Row, table arrays
+_KEPT_BYTES_PER_PAIR = 24  # a state's own (token, next) pair, kept from the walk until the table is built
+_PLAIN_BYTES_PER_PAIR = 16  # and again while the exceptions of rows without a class part are found
+_EXC_BYTES = 88  # an exception while equal exception rows are found and shared (share_exception_rows)
+
+
+def _state_bytes(words: int) -> int:
+    """Per DFA state: _STATE_BYTES plus half a mask row (mask rows are packed once per distinct row,
+    and states of one class share theirs; measured use stays under half a row per state)."""
+    return _STATE_BYTES + words * 2
 
 
 def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> None:
-    """Refuse a compile whose table and walk would not fit the memory budget (an upper bound).
+    """Refuse, before the token walk, a compile whose walk cannot fit the memory budget.
 
-    The mask, plus every (state, token) pair that can survive its first byte (then, when that
-    is over budget, its first two bytes): 8 bytes each in the CSR, 8 more in the rows of states
-    outside lexical classes (class states share one cached walk per shape), and one batch of
-    the generic walk.
+    Per state its fixed share, plus every (state, token) pair of a state outside the lexical
+    classes that survives its first byte (then, when that is over budget, its first two bytes),
+    kept until the table is built, plus one batch of the generic walk. Class states share one
+    cached walk per shape: their pairs cost nothing per state. build_table checks again with the
+    pairs and exceptions the walk found (_check_table_memory), before the table's own peak.
     """
     words = (logits_width + 31) // 32
     pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
@@ -660,15 +678,34 @@ def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budge
     if estimate > budget_bytes:
         raise CompileBudgetExceeded(
             f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
-            f"{int(pairs.sum())} state-token pairs), over the memory budget of {budget_bytes / 2**20:.0f} MiB; "
-            "lower max_bounded_length or raise memory_budget_bytes"
+            f"{int(pairs[~cyclic].sum())} state-token pairs to walk), over the memory budget of "
+            f"{budget_bytes / 2**20:.0f} MiB; lower max_bounded_length or raise memory_budget_bytes"
         )
 
 
 def _estimate(dfa: ByteDFA, words: int, pairs: np.ndarray, cyclic: np.ndarray) -> int:
     walked = int(pairs[~cyclic].sum())
-    return (dfa.num_states * words * 4 + int(pairs.sum()) * 8 + walked * 8
+    return (dfa.num_states * _state_bytes(words) + walked * _KEPT_BYTES_PER_PAIR
             + min(walked, 2 * GENERIC_BATCH_PAIRS) * _WALK_BYTES_PER_PAIR)
+
+
+def _check_table_memory(num_states: int, words: int, own_pairs: int, exceptions: int | None,
+                        budget_bytes: int | None) -> None:
+    """Refuse to build a table the memory budget cannot hold, from what the walk found: `own_pairs`
+    (pairs outside shared class parts) and, once counted, the `exceptions` (None: not yet)."""
+    if budget_bytes is None:
+        return
+    kept = num_states * _state_bytes(words) + own_pairs * _KEPT_BYTES_PER_PAIR
+    if exceptions is None:
+        estimate, what = kept + own_pairs * _PLAIN_BYTES_PER_PAIR, f"{own_pairs} own token pairs"
+    else:
+        estimate, what = kept + exceptions * _EXC_BYTES, f"{own_pairs} own token pairs, {exceptions} exceptions"
+    if estimate > budget_bytes:
+        raise CompileBudgetExceeded(
+            f"compile needs about {estimate / 2**20:.0f} MiB to build its table ({num_states} states, {what}), "
+            f"over the memory budget of {budget_bytes / 2**20:.0f} MiB; simplify the schema or raise "
+            "memory_budget_bytes"
+        )
 
 
 def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:

@@ -184,19 +184,29 @@ def walk(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, 
     return out_state, out_ptr - vi.off[tok]
 
 
-def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos=0) -> np.ndarray:
-    """End state (-1: dead) of walking token `tok[i]` from byte `pos[i]` on, from `state[i]`, through `trans`.
-
-    The pairs are put in order of decreasing token length, so the pairs still walking at byte k
-    are a prefix of the arrays: each byte costs two gathers over that prefix and no compaction.
-    Dead walks continue in an extra all-dead row. `trans` must hold no class exit codes.
-    """
+def dead_extended(trans: np.ndarray) -> np.ndarray:
+    """`trans` flattened to int64 with one extra all-dead row n (dead edges lead to it), as walk_whole
+    reads it: a caller walking several batches over one DFA builds it once."""
     num_states = trans.shape[0]
     ext = np.empty((num_states + 1, 256), dtype=np.int64)
     ext[:num_states] = trans
     ext[ext < 0] = num_states
     ext[num_states] = num_states
-    flat_trans = ext.reshape(-1)
+    return ext.reshape(-1)
+
+
+def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos=0,
+               flat_trans: np.ndarray | None = None) -> np.ndarray:
+    """End state (-1: dead) of walking token `tok[i]` from byte `pos[i]` on, from `state[i]`, through `trans`.
+
+    The pairs are put in order of decreasing token length, so the pairs still walking at byte k
+    are a prefix of the arrays: each byte costs two gathers over that prefix and no compaction.
+    Dead walks continue in an extra all-dead row (`flat_trans`: dead_extended(trans), when the
+    caller has it). `trans` must hold no class exit codes.
+    """
+    num_states = trans.shape[0]
+    if flat_trans is None:
+        flat_trans = dead_extended(trans)
     lens = vi.lens[tok] - pos
     order = np.argsort(-lens.astype(np.int16), kind="stable")  # a radix sort on 16-bit keys
     lens = lens[order]
@@ -320,20 +330,30 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None, check=_no_check) -> l
     _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes, check)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes, check)
-    out = []
-    pieces = []  # (state, tokens, next states) of chain rows: a chain's walk is shared, its rows are plain
+    out: list[Row | None] = []
+    # Chain rows are plain (a chain's walk is shared, its rows are not): they are materialised
+    # and sorted a batch of states at a time (one sort over all of them took ~60 bytes a pair:
+    # 10 GB on Github_medium o9913's 150M chain pairs).
+    chain: list[tuple] = []  # (state, row, generic extra) of the chain states not yet made plain
+    chain_pairs = 0
     for q in range(dfa.num_states):
         row, extra = rows[q], walked.get(q)
         if in_chain[q]:
-            pieces += [(q, row.base.tok, row.g[row.base.end]), (q, row.tok, row.nxt), (q, *(extra or (_EMPTY, _EMPTY)))]
-            row = None
-        elif row is None:
+            chain.append((q, row, extra))
+            chain_pairs += row.size + (0 if extra is None else extra[0].size)
+            out.append(None)
+            if chain_pairs >= GENERIC_BATCH_PAIRS:
+                _plain_rows_inplace(out, chain, vi.vocab_size)
+                chain, chain_pairs = [], 0
+                check()
+            continue
+        if row is None:
             row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
         elif extra is not None:
             row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
         out.append(row)
-    if pieces:
-        _plain_rows_inplace(out, pieces, vi.vocab_size)
+    if chain:
+        _plain_rows_inplace(out, chain, vi.vocab_size)
     return out
 
 
@@ -354,17 +374,24 @@ def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, sha
             exit_jobs.append((q, cw.leave_tok, g[cw.leave_local], cw.leave_pos))
         rows[q] = Row(cw, g, _EMPTY, _EMPTY)
         walk_bytes[q] &= table[start] < -1
-    _run_exit_jobs(dfa, vi, rows, exit_jobs)
+    _run_exit_jobs(dfa, vi, rows, exit_jobs, check)
 
 
-def _plain_rows_inplace(out: list, pieces: list, vocab_size: int) -> None:
-    """Fill out[q] with the plain Row of the (disjoint) pieces of each q, sorted by token in one sort."""
+def _plain_rows_inplace(out: list, chain: list, vocab_size: int) -> None:
+    """Set out[q] to the plain Row of each (q, class row, generic extra) of `chain`: the class part,
+    the tokens leaving it and the extra (disjoint), sorted by token in one sort."""
+    pieces = []
+    for q, row, extra in chain:
+        pieces += [(q, row.base.tok, row.g[row.base.end].astype(np.int32)), (q, row.tok, row.nxt)]
+        if extra is not None:
+            pieces.append((q, *extra))
     sizes = [t.size for _, t, _ in pieces]
     state = np.repeat(np.asarray([q for q, _, _ in pieces], dtype=np.int32), sizes)
     tok = np.concatenate([t for _, t, _ in pieces]).astype(np.int32)
     nxt = np.concatenate([x for _, _, x in pieces]).astype(np.int32)
+    del pieces
     state, tok, nxt = _sort_by_state_token(state, tok, nxt, vocab_size)
-    qs = sorted({q for q, _, _ in pieces})
+    qs = [q for q, _, _ in chain]
     lo = np.searchsorted(state, qs, side="left").tolist()
     hi = np.searchsorted(state, qs, side="right").tolist()
     for q, a, b in zip(qs, lo, hi, strict=True):
@@ -374,19 +401,29 @@ def _plain_rows_inplace(out: list, pieces: list, vocab_size: int) -> None:
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
-def _run_exit_jobs(dfa, vi, rows, jobs) -> None:
+def _run_exit_jobs(dfa, vi, rows, jobs, check=_no_check) -> None:
+    """Walk each job's leaving tokens on from where they leave, in batches of whole jobs of about
+    GENERIC_BATCH_PAIRS pairs (a walk's arrays cost ~40 bytes a pair: one unbatched walk of a
+    large grammar's exits took gigabytes), `check()` between batches."""
     if not jobs:
         return
-    tok = np.concatenate([j[1] for j in jobs])
-    start = np.concatenate([j[2] for j in jobs]).astype(np.int32)
-    pos = np.concatenate([j[3] for j in jobs])
-    end = walk_whole(dfa.trans, vi, tok, start, pos)
-    at = 0
-    for q, leave_tok, *_ in jobs:
-        part = end[at : at + leave_tok.size]
-        at += leave_tok.size
-        ok = part >= 0
-        rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
+    sizes = np.fromiter((j[1].size for j in jobs), dtype=np.int64, count=len(jobs))
+    batch = np.cumsum(sizes) // GENERIC_BATCH_PAIRS  # a job's batch: its first pair's, roughly
+    cuts = [0, *(np.flatnonzero(batch[1:] != batch[:-1]) + 1).tolist(), len(jobs)]
+    flat_trans = dead_extended(dfa.trans) if len(cuts) > 2 else None
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        part_jobs = jobs[lo:hi]
+        tok = np.concatenate([j[1] for j in part_jobs])
+        start = np.concatenate([j[2] for j in part_jobs]).astype(np.int32)
+        pos = np.concatenate([j[3] for j in part_jobs])
+        end = walk_whole(dfa.trans, vi, tok, start, pos, flat_trans)
+        at = 0
+        for q, leave_tok, *_ in part_jobs:
+            part = end[at : at + leave_tok.size]
+            at += leave_tok.size
+            ok = part >= 0
+            rows[q].tok, rows[q].nxt = leave_tok[ok], part[ok]
+        check()
 
 
 _MIN_CHAIN_BYTES = 8  # an acyclic state with this many non-structural bytes is a class position
@@ -504,13 +541,14 @@ def _walk_generic(dfa, vi, walk_bytes, check=_no_check) -> dict[int, tuple]:
     cuts = np.unique(new_state[np.searchsorted(cum[new_state] - counts[new_state],
                                                np.arange(0, int(cum[-1]), GENERIC_BATCH_PAIRS), side="right") - 1])
     out: dict[int, tuple] = {}
+    flat_trans = dead_extended(dfa.trans) if cuts.size > 1 else None
     for lo, hi in zip(cuts.tolist(), [*cuts[1:].tolist(), keys.size], strict=True):
-        out.update(_walk_generic_batch(dfa, vi, keys[lo:hi], counts[lo:hi], states[lo:hi]))
+        out.update(_walk_generic_batch(dfa, vi, keys[lo:hi], counts[lo:hi], states[lo:hi], flat_trans))
         check()
     return out
 
 
-def _walk_generic_batch(dfa, vi, keys, counts, states) -> dict[int, tuple]:
+def _walk_generic_batch(dfa, vi, keys, counts, states, flat_trans=None) -> dict[int, tuple]:
     tok = _gather_groups(vi, keys, two=True)
     state = np.repeat(states.astype(np.int32), counts)
     # The first two bytes are the group's: start after them (after one for one-byte tokens).
@@ -518,7 +556,7 @@ def _walk_generic_batch(dfa, vi, keys, counts, states) -> dict[int, tuple]:
     after1 = dfa.trans[states, b1]
     one = b2 == 256
     after = np.where(one, after1, dfa.trans[after1, np.minimum(b2, 255)])
-    end = walk_whole(dfa.trans, vi, tok, np.repeat(after, counts), np.repeat(np.where(one, 1, 2), counts))
+    end = walk_whole(dfa.trans, vi, tok, np.repeat(after, counts), np.repeat(np.where(one, 1, 2), counts), flat_trans)
     ok = end >= 0
     return _sorted_rows(vi.vocab_size, state[ok], tok[ok], end[ok])
 

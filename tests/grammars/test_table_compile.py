@@ -270,6 +270,32 @@ def test_digit_chains_walked_once_per_shape_and_equal_reference():
         assert np.array_equal(dense_view(table)[name], expected), name
 
 
+@pytest.mark.parametrize("regex", [DIGIT_CHAINS, WIDE_REGEXES[1]])
+def test_rows_walked_in_small_batches_equal_the_reference(regex, monkeypatch):
+    """Class exits, chain rows and the generic walk, each split into batches of a few pairs (their
+    memory bound), give the reference rows and the table one batch gives."""
+    vocab = wide_synthetic_vocab()
+    dfa = regex_to_dfa(regex)
+    whole = build_table(dfa, token_rows(dfa, VocabIndex.build(vocab)), vocab)
+    calls = []
+    real_walk = tokenwalk.walk_whole
+    monkeypatch.setattr(tokenwalk, "walk_whole", lambda *a, **k: calls.append(a[2].size) or real_walk(*a, **k))
+    monkeypatch.setattr(tokenwalk, "GENERIC_BATCH_PAIRS", 16)
+    flushed = []
+    real_plain = tokenwalk._plain_rows_inplace
+    monkeypatch.setattr(tokenwalk, "_plain_rows_inplace", lambda out, chain, n: flushed.append(len(chain)) or real_plain(out, chain, n))
+    rows = token_rows(dfa, VocabIndex.build(vocab))
+    assert len(calls) > 4 and max(calls) < 16 + vocab.vocab_size, calls  # whole jobs (one state's tokens) per batch
+    if regex == DIGIT_CHAINS:
+        assert len(flushed) > 1, "the chain rows were made plain in one batch"
+    for q, (ref, row) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
+        tok, nxt = row.materialize()
+        assert {int(t): int(n) for t, n in zip(tok, nxt, strict=True)} == ref, f"state {q}"
+    table = build_table(dfa, rows, vocab)
+    for name in TABLE_ARRAYS:
+        assert np.array_equal(getattr(table, name), getattr(whole, name)), name
+
+
 def test_synthetic_table_invariants_and_walks():
     vocab = synthetic_vocab()
     table = compile_regex(JSONISH, vocab, GrammarOptions())
@@ -638,6 +664,24 @@ def test_isolated_byte_dfa_past_memory_budget(monkeypatch):
     with pytest.raises(CompileBudgetExceeded, match="ran past the memory budget of 1 MiB|did not start"):
         compile_regex(r"[a-z]*a[a-z]{16}", synthetic_vocab(), GrammarOptions(memory_budget_bytes=1 << 20),
                       use_cache=False)
+
+
+def test_the_table_is_refused_before_its_peak_when_its_exceptions_pass_the_budget(monkeypatch):
+    """The walk's counts are checked again before the table is built: past the budget at
+    _EXC_BYTES an exception, the compile stops before share_exception_rows (the table's peak)."""
+    import surecall.grammars.compile as compile_module
+
+    vocab = wide_synthetic_vocab()
+    table = compile_regex(WIDE_REGEXES[1], vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+    assert table.num_exceptions > 0
+    monkeypatch.setattr(compile_module, "_EXC_BYTES", (1 << 20) // table.num_exceptions + 1)
+
+    def peak(*args, **kwargs):
+        raise AssertionError("share_exception_rows ran past the memory check")
+
+    monkeypatch.setattr(compile_module, "share_exception_rows", peak)
+    with pytest.raises(CompileBudgetExceeded, match=r"to build its table \(.* exceptions\), over the memory budget of 1 MiB"):
+        compile_regex(WIDE_REGEXES[1], vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
 
 
 def test_memory_estimate_counts_tokens_that_survive_two_bytes():
