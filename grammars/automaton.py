@@ -323,13 +323,42 @@ def prune(trans: np.ndarray, accept: np.ndarray, start: int = 0) -> ByteDFA:
 
 
 def byte_classes(trans: np.ndarray) -> np.ndarray:
-    """For each byte, the smallest byte whose column of `trans` is identical (its class representative)."""
-    if not trans.shape[0]:
+    """For each byte, the smallest byte whose column of `trans` is identical (its class representative).
+
+    Past _HASHED_COLUMNS_FROM states the columns are grouped by a 64-bit hash (a random linear form
+    over the states, mod 2^64) and each byte is then compared with its group's first byte: sorting
+    the 256 columns as whole byte strings took 0.6-0.7 s at 47k states (Github_ultra o65431) inside
+    a compile, the hash 0.08 s. A hash collision is caught there and the columns are sorted after all.
+    """
+    n = trans.shape[0]
+    if not n:
         return np.arange(trans.shape[1])
+    if n >= _HASHED_COLUMNS_FROM:
+        hashes = np.zeros(trans.shape[1], dtype=np.int64)
+        weights = _column_weights(n)
+        for lo in range(0, n, _HASH_BLOCK):  # int64 products wrap: the form is taken mod 2^64
+            hashes += weights[lo : lo + _HASH_BLOCK] @ trans[lo : lo + _HASH_BLOCK].astype(np.int64)
+        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        rep = first[inverse.reshape(-1)]
+        if all(np.array_equal(trans[:, b], trans[:, rep[b]]) for b in np.flatnonzero(rep != np.arange(rep.size)).tolist()):
+            return rep
     columns = np.ascontiguousarray(trans.T)  # [256, n]: one byte's column per row, compared whole
-    _, first, inverse = np.unique(columns.view(np.dtype((np.void, columns.dtype.itemsize * trans.shape[0])))
+    _, first, inverse = np.unique(columns.view(np.dtype((np.void, columns.dtype.itemsize * n)))
                                   .reshape(-1), return_index=True, return_inverse=True)
     return first[inverse.reshape(-1)]
+
+
+_HASHED_COLUMNS_FROM = 1024  # below, sorting the columns is as fast (0.4 ms at 483 states)
+_HASH_BLOCK = 4096  # states per block of the hash's int64 copy
+_WEIGHTS: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+
+
+def _column_weights(n: int) -> np.ndarray:
+    """n odd 64-bit weights, fixed (a seeded generator), grown and kept as larger DFAs come."""
+    if _WEIGHTS[0].size < n:
+        size = max(n, 2 * _WEIGHTS[0].size)
+        _WEIGHTS[0] = np.random.default_rng(0x5EED).integers(1, 2**62, size=size, dtype=np.int64) | 1
+    return _WEIGHTS[0][:n]
 
 
 def _class_columns(trans: np.ndarray) -> np.ndarray:

@@ -819,3 +819,31 @@ def test_conversion_and_the_later_stages_share_one_time_budget(monkeypatch):
         with one_time_budget():
             assert budget_started() == start
     assert budget_started() == now[0]
+
+
+def _sorted_byte_classes(trans: np.ndarray) -> np.ndarray:
+    """The representative of each byte by comparing whole columns (the reference)."""
+    rep = np.arange(trans.shape[1])
+    for b in range(trans.shape[1]):
+        rep[b] = next(a for a in range(b + 1) if np.array_equal(trans[:, a], trans[:, b]))
+    return rep
+
+
+@pytest.mark.parametrize("num_states", [1, 700, 1024, 5000])
+def test_byte_classes_hashed_or_sorted_equal_the_reference(num_states, monkeypatch):
+    from surecall.grammars import automaton
+
+    rng = np.random.default_rng(num_states)
+    trans = rng.integers(-1, 4, size=(num_states, 256)).astype(np.int32)
+    trans[:, 10:60] = trans[:, 7:8]  # classes of equal columns, some not adjacent
+    trans[:, 200:] = trans[:, 100:156]
+    assert np.array_equal(automaton.byte_classes(trans), _sorted_byte_classes(trans))
+    if num_states >= automaton._HASHED_COLUMNS_FROM:  # two different columns made to hash alike: still exact
+        trans[:, :3] = 0
+        trans[0, 1] = trans[1, 2] = 1
+        weights = automaton._column_weights(num_states).copy()
+        weights[1] = weights[0]
+        monkeypatch.setattr(automaton, "_column_weights", lambda n: weights[:n])
+        got = automaton.byte_classes(trans)
+        assert got[1] == 1 and got[2] == 2
+        assert np.array_equal(got, _sorted_byte_classes(trans))
