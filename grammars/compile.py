@@ -333,9 +333,10 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
     parts = _renumbered_all(rows, own, order, new_id)
     accept = dfa.accept[order].copy()
     words, own_pairs = (vocab.logits_width + 31) // 32, sum(int(part[2].size) for part in parts)
-    _check_table_memory(order.size, words, own_pairs, None, memory_budget_bytes)
+    batched = sum(int(part[2].size) for part in parts if part[0] is None and part[2].size <= _BIG_ROW)
+    _check_table_memory(order.size, words, own_pairs, batched, None, memory_budget_bytes)
     default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
-    _check_table_memory(order.size, words, own_pairs, int(exc_ptr[-1]), memory_budget_bytes)
+    _check_table_memory(order.size, words, own_pairs, batched, int(exc_ptr[-1]), memory_budget_bytes)
     mask_blocks, mask_row_blocks, mask_row = _pack_mask(parts, accept, stop_ids, vocab.logits_width)
     table = TokenTable(
         mask_blocks=mask_blocks,
@@ -649,8 +650,8 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
 # bound refused or underestimated; each bound is 1.2-2x their largest measured use:
 _WALK_BYTES_PER_PAIR = 64  # the batched walk's arrays per (state, token) pair at its peak
 _STATE_BYTES = 2048  # per DFA state: its byte rows in the walk's copies, walk flags, Row, table arrays
-_KEPT_BYTES_PER_PAIR = 24  # a state's own (token, next) pair, kept from the walk until the table is built
-_PLAIN_BYTES_PER_PAIR = 16  # and again while the exceptions of rows without a class part are found
+_KEPT_BYTES_PER_PAIR = 16  # a state's own (token, next) pair, kept from the walk until the table is built
+_PLAIN_BYTES_PER_PAIR = 24  # a pair of a short plain row while _exceptions counts them all in one batch
 _EXC_BYTES = 88  # an exception while equal exception rows are found and shared (share_exception_rows)
 
 
@@ -689,15 +690,16 @@ def _estimate(dfa: ByteDFA, words: int, pairs: np.ndarray, cyclic: np.ndarray) -
             + min(walked, 2 * GENERIC_BATCH_PAIRS) * _WALK_BYTES_PER_PAIR)
 
 
-def _check_table_memory(num_states: int, words: int, own_pairs: int, exceptions: int | None,
+def _check_table_memory(num_states: int, words: int, own_pairs: int, batched: int, exceptions: int | None,
                         budget_bytes: int | None) -> None:
     """Refuse to build a table the memory budget cannot hold, from what the walk found: `own_pairs`
-    (pairs outside shared class parts) and, once counted, the `exceptions` (None: not yet)."""
+    (pairs outside shared class parts), `batched` (those of the plain rows _exceptions takes in one
+    batch, not one row at a time) and, once counted, the `exceptions` (None: not yet)."""
     if budget_bytes is None:
         return
     kept = num_states * _state_bytes(words) + own_pairs * _KEPT_BYTES_PER_PAIR
     if exceptions is None:
-        estimate, what = kept + own_pairs * _PLAIN_BYTES_PER_PAIR, f"{own_pairs} own token pairs"
+        estimate, what = kept + batched * _PLAIN_BYTES_PER_PAIR, f"{own_pairs} own token pairs"
     else:
         estimate, what = kept + exceptions * _EXC_BYTES, f"{own_pairs} own token pairs, {exceptions} exceptions"
     if estimate > budget_bytes:
