@@ -408,7 +408,7 @@ def _run_exit_jobs(dfa, vi, rows, jobs, check=_no_check) -> None:
     if not jobs:
         return
     sizes = np.fromiter((j[1].size for j in jobs), dtype=np.int64, count=len(jobs))
-    batch = np.cumsum(sizes) // GENERIC_BATCH_PAIRS  # a job's batch: its first pair's, roughly
+    batch = np.cumsum(sizes) // GENERIC_BATCH_PAIRS  # a job goes by where its last pair falls
     cuts = [0, *(np.flatnonzero(batch[1:] != batch[:-1]) + 1).tolist(), len(jobs)]
     flat_trans = dead_extended(dfa.trans) if len(cuts) > 2 else None
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
