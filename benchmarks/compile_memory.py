@@ -20,7 +20,6 @@ from pathlib import Path
 
 _CHILD = r"""
 import json, os, sys, time
-import numpy as np
 import surecall.grammars.compile as C
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.vocab.loaders import load_shared
@@ -44,12 +43,8 @@ out = {"id": ident}
 check, build = C._check_memory, C.build_table
 
 def checked(dfa, vi, cyclic, width, budget):  # the last attempt's figures (fallbacks check again)
-    words = (width + 31) // 32
-    pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
-    if C._estimate(dfa, words, pairs, cyclic) > (2 << 30):
-        pairs = C._pairs_two_bytes(dfa, vi)
-    out.update(states=dfa.num_states, pairs_to_walk=int(pairs[~cyclic].sum()),
-               estimate_mib=C._estimate(dfa, words, pairs, cyclic) / 2**20, rss_at_check_mib=mib("VmRSS:"))
+    estimate, walked = C.walk_estimate(dfa, vi, cyclic, width, 2 << 30)  # as under the default budget
+    out.update(states=dfa.num_states, pairs_to_walk=walked, estimate_mib=estimate / 2**20, rss_at_check_mib=mib("VmRSS:"))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return check(dfa, vi, cyclic, width, budget)

@@ -333,7 +333,7 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
     parts = _renumbered_all(rows, own, order, new_id)
     accept = dfa.accept[order].copy()
     words, own_pairs = (vocab.logits_width + 31) // 32, sum(int(part[2].size) for part in parts)
-    batched = sum(int(part[2].size) for part in parts if part[0] is None and part[2].size <= _BIG_ROW)
+    batched = sum(int(part[2].size) for part in parts if _batched_plain(part))
     _check_table_memory(order.size, words, own_pairs, batched, None, memory_budget_bytes)
     default, exc_ptr, exc_tok, exc_next = _exceptions(parts)
     _check_table_memory(order.size, words, own_pairs, batched, int(exc_ptr[-1]), memory_budget_bytes)
@@ -390,7 +390,7 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     one reuse its per-walk counts and exceptions (cached by walk), one state at a time.
     """
     num_states = len(parts)
-    plain = [q for q, part in enumerate(parts) if part[0] is None and 0 < part[2].size <= _BIG_ROW]
+    plain = [q for q, part in enumerate(parts) if _batched_plain(part)]
     big = [q for q, part in enumerate(parts) if part[0] is None and part[2].size > _BIG_ROW]
     based = [q for q, part in enumerate(parts) if part[0] is not None]
     default = np.full(num_states, -1, dtype=np.int32)
@@ -499,6 +499,11 @@ _NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
 _BIG_ROW = 4096  # rows with more extra tokens are handled one by one (batching them only copies)
+
+
+def _batched_plain(part) -> bool:
+    """A row without a class part that _exceptions takes with the others in one batch."""
+    return part[0] is None and 0 < part[2].size <= _BIG_ROW
 
 
 class _Extras:
@@ -670,18 +675,25 @@ def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budge
     cached walk per shape: their pairs cost nothing per state. build_table checks again with the
     pairs and exceptions the walk found (_check_table_memory), before the table's own peak.
     """
+    estimate, walked = walk_estimate(dfa, vi, cyclic, logits_width, budget_bytes)
+    if estimate > budget_bytes:
+        raise CompileBudgetExceeded(
+            f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
+            f"{walked} state-token pairs to walk), over the memory budget of "
+            f"{budget_bytes / 2**20:.0f} MiB; lower max_bounded_length or raise memory_budget_bytes"
+        )
+
+
+def walk_estimate(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> tuple[int, int]:
+    """(_check_memory's estimate in bytes, the pairs to walk it counts): pairs that survive their
+    first byte, or their first two where the first bound passes `budget_bytes`."""
     words = (logits_width + 31) // 32
     pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
     estimate = _estimate(dfa, words, pairs, cyclic)
     if estimate > budget_bytes:
         pairs = _pairs_two_bytes(dfa, vi)
         estimate = _estimate(dfa, words, pairs, cyclic)
-    if estimate > budget_bytes:
-        raise CompileBudgetExceeded(
-            f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
-            f"{int(pairs[~cyclic].sum())} state-token pairs to walk), over the memory budget of "
-            f"{budget_bytes / 2**20:.0f} MiB; lower max_bounded_length or raise memory_budget_bytes"
-        )
+    return estimate, int(pairs[~cyclic].sum())
 
 
 def _estimate(dfa: ByteDFA, words: int, pairs: np.ndarray, cyclic: np.ndarray) -> int:
