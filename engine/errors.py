@@ -26,6 +26,7 @@ class SchemaError(SurecallError):
     """A schema is not valid JSON Schema 2020-12 (carries the JSON pointer and keyword)."""
 
     def __init__(self, message: str, pointer: str = "", keyword: str | None = None):
+        self.reason = message  # without the pointer and keyword the full message appends
         self.pointer = pointer
         self.keyword = keyword
         where = f" at {pointer or '/'}" if pointer is not None else ""

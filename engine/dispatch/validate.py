@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema_rs
 
 from surecall.errors import ArgumentValidationError, SchemaError
+from surecall.grammars.schema.meta import checked_schema
 
 MAX_ARGUMENT_BYTES = 1 << 20  # 1 MiB of JSON text per call
 MAX_DEPTH = 64
@@ -89,17 +90,17 @@ def make_validator(schema: Any, *, registry: jsonschema_rs.Registry | None = Non
     """Check `schema` against its draft's metaschema, then compile it for that draft (2020-12 when
     `$schema` is absent). Remote `$ref`s resolve only through `registry`: the validator never
     fetches anything over the network."""
-    try:
-        jsonschema_rs.meta.validate(schema, registry=registry)
-    except jsonschema_rs.ValidationError as exc:
-        raise SchemaError(f"Invalid schema: {exc.message}", pointer=_pointer(exc.instance_path)) from exc
-    except Exception as exc:  # unknown $schema, unresolvable metaschema
+    try:  # a pattern in ECMA-262 Annex B syntax (`{{.+}}`) comes back escaped, as jsonschema-rs reads it
+        schema = checked_schema(schema, registry, what="Invalid schema")
+    except SchemaError:
+        raise
+    except Exception as exc:  # an unknown $schema, an unresolvable metaschema, a non-JSON value
         raise SchemaError(f"Invalid schema: {exc}") from exc
     try:
         cls = jsonschema_rs.validator_cls_for(schema) if isinstance(schema, dict) else jsonschema_rs.Draft202012Validator
         return cls(schema, registry=registry, validate_formats=validate_formats, offline=True)
-    except Exception as exc:  # bad regex, unresolvable $ref, ...
-        raise SchemaError(f"Invalid schema: {exc}") from exc
+    except Exception as exc:  # an unresolvable $ref, ... (jsonschema-rs's text runs over several lines)
+        raise SchemaError(f"Invalid schema: {str(exc).strip().splitlines()[0]}") from exc
 
 
 def check_canonicalisable(value: Any) -> list[tuple[str, str]]:

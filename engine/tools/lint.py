@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from surecall.errors import SchemaError
+
 # id -> (slug, what it asks for, suggested fix)
 RULES: dict[str, tuple[str, str, str]] = {
     "R0": ("valid-schema", "the schema is valid under its own metaschema (`$schema`, default 2020-12)",
@@ -94,14 +96,13 @@ def lint_schema(schema: Any, tool_name: str | None = None) -> list[Finding]:
 
 def _metaschema_finding(schema: dict, tool: str | None) -> Finding | None:
     """R0 when the schema breaks its metaschema (jsonschema-rs picks the draft from `$schema`)."""
-    import jsonschema_rs
+    from surecall.grammars.schema.meta import checked_schema
 
     try:
-        jsonschema_rs.meta.validate(schema)
-    except jsonschema_rs.ValidationError as exc:
-        where = "".join(f"/{_esc(str(p))}" for p in exc.instance_path)
-        return Finding("R0", where, f"invalid under its metaschema: {exc.message}", RULES["R0"][2], tool)
-    except (ValueError, TypeError) as exc:  # an unknown `$schema` URI, a non-JSON value
+        checked_schema(schema, what="invalid under its metaschema")
+    except SchemaError as exc:
+        return Finding("R0", exc.pointer, exc.reason, RULES["R0"][2], tool)
+    except (ValueError, TypeError) as exc:  # a non-JSON value
         return Finding("R0", "", f"cannot check against a metaschema: {exc}", RULES["R0"][2], tool)
     return None
 

@@ -56,6 +56,7 @@ from surecall.grammars.schema.conditionals import (
 )
 from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
+from surecall.grammars.schema.meta import checked_schema
 from surecall.grammars.schema.multiple_of import (
     NEAREST_LISTED,
     MultipleOfUnsupported,
@@ -175,7 +176,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
     at the DFA level, so the text stays small however often a `$ref` is used.
     """
     options = options or GrammarOptions()
-    check_schema(schema)
+    schema = checked_schema(schema)  # patterns jsonschema-rs cannot read come back in a spelling it can
     conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
     try:
         regex = conv.convert(schema, "")
@@ -210,23 +211,6 @@ def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
         if at is not None:
             reasons[(pointer, keyword)] = f"{why}; the exact string automaton at {at or '/'} was given up: {conv.algebra_gave_up[at]}"
     return reasons
-
-
-def check_schema(schema: object) -> None:
-    """SchemaError (pointer + keyword) unless `schema` is valid against its metaschema."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}", "")
-    try:
-        jsonschema_rs.meta.validate(schema)
-    except jsonschema_rs.ValidationError as exc:
-        path = [str(p) for p in exc.instance_path]
-        pointer = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
-        keyword = path[-1] if path else str(list(exc.schema_path)[-1])
-        raise SchemaError(f"invalid JSON Schema: {exc.message}", pointer, keyword) from None
-    except Exception as exc:  # unknown $schema, unresolvable metaschema
-        raise SchemaError(f"cannot check the schema against its metaschema: {exc}", "", "$schema") from None
 
 
 def ref_siblings_ignored(root: object) -> bool:
