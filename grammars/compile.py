@@ -781,11 +781,13 @@ def _canonical(obj) -> str:
 
 def _with_reasons(meta: dict, result) -> dict:
     """meta plus "relaxed_reasons": why each relaxed (pointer, keyword) is not enforced, in its order;
-    and "narrowed": [pointer, keyword, why] where the grammar is stricter than the schema (absent: nowhere)."""
+    "narrowed": [pointer, keyword, why] where the grammar is stricter than the schema (absent: nowhere);
+    "notes": how the schema was read where it was not as usual (schema_to_regex's notes; absent: none)."""
     reasons = getattr(result, "reasons", {})
     narrowed = [[p or "/", k, why] for (p, k), why in getattr(result, "narrowed", {}).items()]
+    notes = list(getattr(result, "notes", None) or [])
     return {**meta, "relaxed_reasons": [reasons.get((str(p), str(k)), "") for p, k in result.relaxed],
-            **({"narrowed": narrowed} if narrowed else {})}
+            **({"narrowed": narrowed} if narrowed else {}), **({"notes": notes} if notes else {})}
 
 
 def _pieces(result) -> list[str]:

@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "relaxed_reasons": relaxed_reasons(table),
         "narrowed": [{"pointer": p, "keyword": k, "reason": why} for p, k, why in table.meta.get("narrowed", [])],
         "ref_depth_fallback": table.meta.get("ref_depth_fallback"),
+        "notes": table.meta.get("notes", []),
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),
         "cache_max_bytes": table_cache.max_cache_bytes(),
     }
@@ -139,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         print("narrowed (stricter than the schema: every output validates, some valid values are never written):")
     for r in report["narrowed"]:
         print(f"  {r['keyword']} at {r['pointer']}: {r['reason']}")
+    for note in report["notes"]:
+        print(f"note: {note}")
     print(f"disk cache: {report['cache_dir']} holds {report['cache_bytes'] / 2**20:.1f} MiB "
           f"(limit {report['cache_max_bytes'] / 2**20:.0f} MiB, SURECALL_CACHE_MAX_BYTES; least recently used evicted)")
     return 0

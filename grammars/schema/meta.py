@@ -49,6 +49,12 @@ def checked_schema(schema: Any, registry: jsonschema_rs.Registry | None = None, 
     return escaped
 
 
+def rs_validator(schema: Any) -> jsonschema_rs.Validator:
+    """jsonschema-rs's validator of `schema` (its draft), its patterns in the spelling jsonschema-rs
+    reads (`escaped_patterns`): for the compiler's probes of subschemas of a checked schema."""
+    return jsonschema_rs.validator_for(escaped_patterns(schema))
+
+
 def _meta_error(schema: dict, registry) -> jsonschema_rs.ValidationError | None:
     try:
         jsonschema_rs.meta.validate(schema, registry=registry)

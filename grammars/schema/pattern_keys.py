@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.object_exists import MAX_ATOMS, NotExact, Term, _atoms
-from surecall.grammars.schema.pattern import _outside_classes
+from surecall.grammars.schema.pattern import _outside_classes, _split_alternatives
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton
 
 MAX_PATTERNS = 8  # patterns split together (atoms: at most MAX_ATOMS, object_exists.py)
@@ -117,7 +117,9 @@ def _literal_prefix(pattern: str) -> str | None:
 def pattern_class(pattern: str) -> tuple:
     """A pattern as a string expression (schema/regular.py's); a leading negative lookahead
     `^(?!A)B` as the keys with no prefix in A that `^B` finds (the lookahead is the only one
-    and A holds none), which string_automaton's parser does not read itself."""
+    and A holds none), which string_automaton's parser does not read itself. A branch of A
+    that ends in `$` excludes that whole key rather than a prefix (`^(?!(and|or)$)[a-z]+$`:
+    ansible-lint's names other than its keywords)."""
     if not pattern.startswith("^(?!"):
         return ("pat", pattern)
     # the `)` closing the group opened at index 1: the first one back at depth 0
@@ -125,9 +127,20 @@ def pattern_class(pattern: str) -> tuple:
     if close is None:
         return ("pat", pattern)
     ahead, rest = pattern[4:close], pattern[close + 1:]
-    if "(?" in ahead or "(?" in rest or any(c == "|" and depth == 0 for _, c, depth in _outside_classes(rest)):
+    if (_LOOKAROUND.search(ahead) or "(?" in rest
+            or any(c == "|" and depth == 0 for _, c, depth in _outside_classes(rest))):
         return ("pat", pattern)
-    return ("all", [("not", ("pat", f"^(?:{ahead})")), ("pat", "^" + rest)])
+    excluded = [("pat", f"^(?:{branch[:-1]})$" if _ends_anchored(branch) else f"^(?:{branch})")
+                for branch in _split_alternatives(ahead)]
+    return ("all", [("not", excluded[0] if len(excluded) == 1 else ("any", excluded)), ("pat", "^" + rest)])
+
+
+_LOOKAROUND = re.compile(r"\(\?(?!:)")  # a group that is not a plain `(?:`
+
+
+def _ends_anchored(branch: str) -> bool:
+    """Whether `branch` ends in an unescaped `$`."""
+    return branch.endswith("$") and (len(branch) - 1 - len(branch[:-1].rstrip("\\"))) % 2 == 0
 
 
 _PLAIN_CHARS = lex.subtract(lex.ALL_CHARS, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
@@ -136,8 +149,8 @@ _BLOCKED = "**"  # a trie mark (a key character is one long, the end mark "" non
 
 @lru_cache(maxsize=4096)  # a $ref's object is converted once per context: its key set recurs
 def string_not_in(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> str:
-    """String body (no escapes) whose value is none of `names` and starts with none of `prefixes`:
-    a complement over their trie.
+    """String body whose value is none of `names` and starts with none of `prefixes`: a
+    complement over their trie.
 
     Factored so that the free tail and the large character class are written once, not at every
     trie node (12 names of 321 characters wrote 27.7k regex characters, and a few such keys
@@ -145,24 +158,46 @@ def string_not_in(names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> str
     stops at a trie node no name ends at (`stop`), or leaves the trie at some node by a character
     that is not a child there: one of the few characters the names use or any ASCII one (`local`,
     a small class per node), or one of the others, which no node has as a child (`prefix`, any
-    node's path, then that one shared class), and then runs free."""
+    node's path, then that one shared class, or an escape of such a character: `_escape_off_trie`),
+    and then runs free, escapes included. Along the trie characters are literal, so an escape
+    never spells a name (`"\\u0061"` is not the name `a`: stricter, never looser)."""
     if not names and not prefixes:
-        return f"{lex.STRING_BODY_CLASS}*"
+        return _FREE_TAIL
     trie: dict = {}
     for word, mark in [*((n, "") for n in names), *((p, _BLOCKED) for p in prefixes)]:
         node = trie
         for ch in word:
             node = node.setdefault(ch, {})
         node[mark] = {}
-    used = lex.normalize([(ord(c), ord(c)) for c in {c for w in (*names, *prefixes) for c in w}])
+    used_chars = {c for w in (*names, *prefixes) for c in w}
+    used = lex.normalize([(ord(c), ord(c)) for c in used_chars])
     local = lex.subtract(_PLAIN_CHARS, lex.subtract(_PLAIN_CHARS, lex.normalize([(0, 0x7F), *used])))
     shared = lex.char_set_regex(lex.subtract(_PLAIN_CHARS, local))
+    off_trie = "|".join(part for part in (shared, _escape_off_trie(used_chars)) if part)
     stop, leave, prefix = _trie_parts(trie, local)
-    tail = f"{lex.STRING_BODY_CLASS}*"
+    tail = _FREE_TAIL
     branches = [stop, None if leave is None else f"(?:{leave}){tail}",
-                None if prefix is None or shared is None else f"(?:{prefix}){shared}{tail}"]
+                None if prefix is None or not off_trie else f"(?:{prefix})(?:{off_trie}){tail}"]
     alive = [b for b in branches if b is not None]
     return "(?:" + "|".join(f"(?:{b})" if b else "" for b in alive) + ")" if alive else "(?!)"
+
+
+# Any string body, spelled apart from string_bodies.STRING_BODY (`STRING_CHAR*`) so that it is built
+# inline: the overlay of shared bodies copies a body per use, and the key alternatives of an open
+# object (one after each declared property) would leave as many equivalent copies unmerged.
+_FREE_TAIL = f"(?:{lex.STRING_CHAR})*"
+_SHORT_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+_NON_ASCII_ESCAPE = (r"u(?:00[89a-fA-F][0-9a-fA-F]|0[1-9a-fA-F][0-9a-fA-F]{2}|[1-9a-cA-CefEF][0-9a-fA-F]{3}"
+                     r"|[dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def _escape_off_trie(used: set[str]) -> str | None:
+    """One JSON escape whose character no name uses (so it is a child of no trie node): the short
+    escapes of unused characters, and `\\u` escapes of non-ASCII ones when every name is ASCII."""
+    short = "".join(re.escape(letter) for ch, letter in _SHORT_ESCAPED.items() if ch not in used)
+    parts = [f"[{short}]" if short else None, _NON_ASCII_ESCAPE if all(ord(c) < 0x80 for c in used) else None]
+    alive = [p for p in parts if p]
+    return None if not alive else "\\\\(?:" + "|".join(alive) + ")"
 
 
 _FLAT_RUN = 24  # trie links written flat (one alternative per node) before a nested group

@@ -13,6 +13,8 @@ automaton, schema/multiple_of.py), dependencies and `not: {required}` as alterna
 (schema/conditionals.py), min/maxProperties and propertyNames (schema/property_counts.py),
 `uniqueItems` over a few literal items (schema/unique_items.py).
 Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
+A schema without `type` takes the types its keywords imply (`properties`: an object), or every type
+where that reading leaves no value (`notes` says so). The metaschema check is schema/meta.py's.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
@@ -37,8 +39,6 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-import jsonschema_rs
-
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions, budget_started
 from surecall.grammars.schema import json_lex as lex
@@ -56,7 +56,7 @@ from surecall.grammars.schema.conditionals import (
 )
 from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
-from surecall.grammars.schema.meta import checked_schema
+from surecall.grammars.schema.meta import checked_schema, rs_validator
 from surecall.grammars.schema.multiple_of import (
     NEAREST_LISTED,
     MultipleOfUnsupported,
@@ -114,6 +114,7 @@ _ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"
                "contains", "minContains", "maxContains", "unevaluatedItems"}
 _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+_IMPLYING_KEYS = frozenset(_OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS)  # types_of reads a type from these
 # Restrict values, never enforced by the grammar: always listed when their type is possible.
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
 _RELAXED_OBJECT = ("propertyNames", "dependentRequired", "unevaluatedProperties")
@@ -166,6 +167,7 @@ class RegexResult:
     pieces: list[str] = field(default_factory=list)  # with splice: the sub-regexes its placeholders stand for
     narrowed: dict[tuple[str, str], str] = field(default_factory=dict)  # (pointer, keyword) -> why stricter than the schema
     recursion_cut: bool = False  # a recursive `$ref` was cut at max_ref_depth (listed in `narrowed`)
+    notes: list[str] = field(default_factory=list)  # how the schema was read where it was not as usual
 
 
 def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, splice: bool = False) -> RegexResult:
@@ -176,16 +178,18 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
     at the DFA level, so the text stays small however often a `$ref` is used.
     """
     options = options or GrammarOptions()
-    schema = checked_schema(schema)  # patterns jsonschema-rs cannot read come back in a spelling it can
-    conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
-    try:
-        regex = conv.convert(schema, "")
-    except RecursionError:
-        if "$ref" in json.dumps(schema):
-            raise UnsupportedSchema("references or values nest too deeply to convert (past Python's recursion "
-                                    "limit; lower max_ref_depth or nest values less deeply)", "", "$ref") from None
-        raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
-                                "", None) from None
+    checked_schema(schema)  # converted as written: the translator reads patterns as ECMA-262 and Python both do
+    conv, regex = _converted(schema, options, splice, keywords_imply_types=True)
+    notes = []
+    if regex is None and conv.truncated_at is None and _has_untyped(schema):
+        # With types implied by keywords nothing matches; JSON Schema reads an untyped schema as
+        # every type (`oneOf: [{not: {required: [e]}}, {properties: {e: false}}]` holds for every
+        # non-object). Tried only here: the implied reading stays wherever it leaves a value.
+        untyped, again = _converted(schema, options, splice, keywords_imply_types=False)
+        if again is not None:
+            conv, regex = untyped, again
+            notes.append("no value matches with types implied by keywords (`properties`: an object, ...), so "
+                         "schemas without `type` take every type, as JSON Schema reads them; add `type` to narrow it")
     if regex is None:
         if conv.truncated_at is not None:
             raise UnsupportedSchema(
@@ -199,7 +203,36 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
             f"recursion cut at max_ref_depth={options.max_ref_depth}: "
             "values nested deeper through this reference are never written"))
     return RegexResult(regex=regex, relaxed=list(conv.relaxed), reasons=_with_algebra_notes(conv), pieces=pieces,
-                       narrowed=narrowed, recursion_cut=conv.truncated_at is not None)
+                       narrowed=narrowed, recursion_cut=conv.truncated_at is not None, notes=notes)
+
+
+def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_types: bool):
+    """(the Converter, its regex or None) of one walk over `schema`."""
+    conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
+    conv.keywords_imply_types = keywords_imply_types
+    try:
+        return conv, conv.convert(schema, "")
+    except RecursionError:
+        if "$ref" in json.dumps(schema):
+            raise UnsupportedSchema("references or values nest too deeply to convert (past Python's recursion "
+                                    "limit; lower max_ref_depth or nest values less deeply)", "", "$ref") from None
+        raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
+                                "", None) from None
+
+
+def _has_untyped(schema) -> bool:
+    """Whether some object in `schema` has keywords that imply a type but no `type` (data under
+    enum/const counts too: at worst the second reading is tried for nothing)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "type" not in node and not _IMPLYING_KEYS.isdisjoint(node):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
@@ -570,6 +603,10 @@ class Converter:
         self.deadline = budget_started() + options.time_budget_s  # shared with the compile's later stages
         self.checked_bodies: set[str] = set()  # pattern bodies check_blowup built in the child
         self.ref_siblings_ignored = ref_siblings_ignored(root)
+        # A schema without `type` takes the types its keywords are about (`properties`: an object),
+        # stricter than JSON Schema (every type); schema_to_regex drops that reading where it
+        # leaves no value at all (keywords_imply_types False: every type, as a validator reads it).
+        self.keywords_imply_types = True
 
     def ref_rest(self, schema: dict) -> dict:
         """The keywords beside `schema`'s `$ref` that apply: none in drafts 3-7 (our marks kept)."""
@@ -1279,7 +1316,7 @@ class Converter:
                 if isinstance(self.root, dict) and key in self.root and key not in probe:
                     probe = {**probe, key: self.root[key]}
             try:
-                self.enum_validators[text] = jsonschema_rs.validator_for(probe)
+                self.enum_validators[text] = rs_validator(probe)
             except Exception:
                 self.enum_validators[text] = None
         return self.enum_validators[text]
@@ -1295,7 +1332,7 @@ class Converter:
             types = []
             for name, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS),
                                ("string", _STRING_KEYS), ("number", _NUMBER_KEYS)):
-                if any(k in schema for k in keys):
+                if self.keywords_imply_types and any(k in schema for k in keys):
                     types.append(name)
             if not types:
                 types = ["object", "array", "string", "number", "boolean", "null"]
@@ -1888,7 +1925,7 @@ class Converter:
         for defs in ("$defs", "definitions"):
             if isinstance(self.root, dict) and defs in self.root:
                 probe[defs] = self.root[defs]
-        return jsonschema_rs.validator_for(probe).is_valid
+        return rs_validator(probe).is_valid
 
     def blocked_names(self, schema: dict, names: list[str], ptr: str) -> list[str]:
         """The declared (or required) names that fail propertyNames (one that cannot be told
@@ -1907,7 +1944,7 @@ class Converter:
             if isinstance(probe, dict) and isinstance(self.root, dict) and defs in self.root:
                 probe.setdefault(defs, self.root[defs])
         try:
-            return jsonschema_rs.validator_for(_unmarked(probe)).is_valid(name)
+            return rs_validator(_unmarked(probe)).is_valid(name)
         except Exception:  # noqa: BLE001 - an unresolvable $ref: the keyword stays relaxed
             return None
 
@@ -2222,7 +2259,7 @@ def _finds_every_string(pattern: str) -> bool:
 
 
 def _string_not_in(names: list[str]) -> str:
-    """String body (no escapes) whose value is none of `names`: a complement over their trie."""
+    """String body whose value is none of `names`: a complement over their trie (pattern_keys.py)."""
     return string_not_in(tuple(names))
 
 

@@ -40,7 +40,14 @@ def test_declared_names_are_in_no_atom():
 
 def test_leading_negative_lookahead_reads_as_a_complement():
     expr = pattern_class("^(?!name|style).+$")
-    assert expr == ("all", [("not", ("pat", "^(?:name|style)")), ("pat", "^.+$")])
+    assert expr == ("all", [("not", ("any", [("pat", "^(?:name)"), ("pat", "^(?:style)")])), ("pat", "^.+$")])
+    # a branch that ends in `$` excludes the whole key (ansible-lint's vars: names other than keywords)
+    assert pattern_class("^(?!(and|or)$|x-)[a-z-]+$") == (
+        "all", [("not", ("any", [("pat", "^(?:(and|or))$"), ("pat", "^(?:x-)")])), ("pat", "^[a-z-]+$")])
+    [atom] = key_atoms(("^(?!(and|or)$|x-)[a-z-]+$",), (), with_rest=False).atoms
+    match = _keys(atom.key)
+    assert [match(k) for k in ("and", "or", "x-a", "andy", "ora", "x", "b-c", "B")] == [
+        False, False, False, True, True, True, True, False]
     assert pattern_class("^(?!a)b|c") == ("pat", "^(?!a)b|c")  # a top-level alternation: not rewritten
     assert pattern_class("a(?!b)") == ("pat", "a(?!b)")
 
@@ -76,6 +83,42 @@ def test_trie_complement_is_exact_for_long_names_and_many_of_them():
         for key in probes:
             expected = key not in names and not any(key.startswith(p) for p in prefixes)
             assert match(key) is expected, (names, prefixes, key)
+
+
+def test_escaped_keys_are_written_but_never_spell_a_name():
+    """Keys with JSON escapes (`Behat\\\\MinkExtension`, `\\u00e9t\\u00e9`): accepted once their
+    text has left every name; no spelling of a name or of a blocked prefix is ever accepted."""
+    import json
+    import random
+
+    rng = random.Random(3)
+    alphabet = 'ab/\\"é\n'
+
+    def spellings(text: str) -> set[str]:  # raw where JSON allows it, short escapes, \\u escapes
+        out = set()
+        for _ in range(6):
+            parts = []
+            for ch in text:
+                options = [json.dumps(ch, ensure_ascii=False)[1:-1], f"\\u{ord(ch):04x}", f"\\u{ord(ch):04X}"]
+                options += ["\\/"] if ch == "/" else []
+                parts.append(rng.choice(options))
+            out.add("".join(parts))
+        return out
+
+    for trial in range(12):
+        names = tuple({"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(3)})
+        prefixes = tuple({"".join(rng.choice("ab") for _ in range(rng.randint(1, 3)))} if trial % 2 else ())
+        match = _keys('"' + string_not_in(names, prefixes) + '"')
+        words = {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(40)} | set(names)
+        for word in words:
+            excluded = word in names or any(word.startswith(p) for p in prefixes)
+            for spelled in spellings(word):
+                assert not (excluded and match(spelled)), (names, prefixes, spelled)
+    free = _keys('"' + string_not_in(("name", "style"), ()) + '"')
+    for key in ["Behat\\\\MinkExtension", "Vendor\\\\Namespace\\\\", "\\u00e9t\\u00e9", "x\\/y", "q\\\"q", "nam\\u00e9"]:
+        assert free(key), key
+    assert not free("n\\u0061me") and not free("\\u006eame")  # a name spelled with escapes: refused
+    assert _keys('"' + string_not_in((), ()) + '"')("\\\\\\u00e9\\n")
 
 
 def test_past_the_caps_the_keys_are_not_split():

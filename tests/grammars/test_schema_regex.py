@@ -244,8 +244,8 @@ def test_one_quantified_set_pattern_enforces_the_length_too():
     assert accepts(schema, '"abcd"') and not accepts(schema, '"abcde"') and not accepts(schema, '"ABC"')
 
 
-@pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+", "^[]a]$",
-                                     "^[^]$", "\\cJ"])  # (`^x{,2}$` is text to ECMA-262: test_schema_meta.py)
+@pytest.mark.parametrize("pattern", ["(?=a)b", "\\bword", "(a)\\1", "a(^b|c)", "\\p{L}+", "^x{,2}$", "^[]a]$",
+                                     "^[^]$", "\\cJ"])
 def test_untranslatable_pattern_is_relaxed_never_dropped(pattern):
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}
     assert ("/properties/s", "pattern") in relaxed(schema)
@@ -510,6 +510,25 @@ def test_invalid_schema_raises_schema_error_with_pointer_and_keyword():
 def test_unsupported_schemas_raise_with_keyword(schema, match):
     with pytest.raises(UnsupportedSchema, match=match):
         schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"not": {"required": ["error"]}}, {"properties": {"error": False}}]},  # JSONSchemaBench oneof12
+    # a required object property that no object satisfies (Github_hard o4851: `required` names an undeclared key)
+    {"properties": {"a": {"type": "object", "required": ["id"], "additionalProperties": False}}, "required": ["a"]},
+])
+def test_an_untyped_schema_only_other_types_satisfy_is_read_as_json_schema_reads_it(schema):
+    """With types implied by keywords (an object) nothing matches: every type is read instead, noted."""
+    import jsonschema_rs
+
+    result = schema_to_regex(schema)
+    assert result.notes and "every type" in result.notes[0]
+    validator = jsonschema_rs.validator_for(schema)
+    for value in [1, "x", None, [], True, {}, {"error": 1}, {"a": {"id": 1}}]:
+        text = json.dumps(value, separators=(",", ":"))
+        assert (re.fullmatch(result.regex, text) is not None) == validator.is_valid(value), value
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):  # typed: nothing to fall back to
+        schema_to_regex({**schema, "type": "object"})
 
 
 @pytest.mark.parametrize("schema, pointer", [
