@@ -93,7 +93,9 @@ def main(argv=None) -> int:
         worker.close()
     rows = [json.loads(line) for line in out_path.read_text().splitlines()]
     summary = _summary(rows, len(jobs))
-    Path(args.out + ".md").write_text(_markdown(summary, args))
+    md_path = Path(args.out + ".md")
+    notes = _dated_notes(md_path)
+    md_path.write_text(_markdown(summary, args, notes))
     print(json.dumps(summary["overall"]))
     return 0
 
@@ -150,7 +152,23 @@ def _summary(rows: list[dict], total: int) -> dict:
             "failed_ids": {r["id"]: r["reason"] for r in rows if not r["ok"]}}
 
 
-def _markdown(summary: dict, args) -> str:
+def _dated_notes(md_path: Path) -> list[str]:
+    """The notes written by hand under the summary of the last `<out>.md` (paragraphs opening with a
+    dated "(20..."), kept across reruns: a partial rerun's summary needs them to say what was rerun."""
+    if not md_path.exists():
+        return []
+    notes, inside = [], False
+    for line in md_path.read_text().splitlines():
+        if line.startswith("(20"):
+            inside = True
+        elif not line.strip() or line.startswith("|"):
+            inside = False
+        if inside:
+            notes.append(line)
+    return notes
+
+
+def _markdown(summary: dict, args, notes: list[str] = ()) -> str:
     o = summary["overall"]
     lines = [
         "# Soundness sweep: the shared schemas outside the compile benchmark's sample (ours only)", "",
@@ -166,7 +184,7 @@ def _markdown(summary: dict, args) -> str:
         f"Compiled schemas relaxing a length or item bound: {o['relaxing_a_bound']}; check errors: {o['check_errors']}; "
         f"median compile {o['median_ms'] or 0:.0f} ms; table p50 / p99 / max "
         f"{' / '.join(f'{x:g}' for x in o.get('table_p50_p99_mb', []))} / {o['table_max_mb']:.1f} MB; "
-        f"tables over 32 MB: {', '.join(f'{i} {mb:g} MB' for i, mb in o['tables_over_32mb']) or 'none'}.", "",
+        f"tables over 32 MB: {', '.join(f'{i} {mb:g} MB' for i, mb in o['tables_over_32mb']) or 'none'}.", *notes, "",
         "| subset | run | compiled |", "|---|---|---|",
         *[f"| {name} | {n} | {k} |" for name, (n, k) in sorted(summary["by_subset"].items())], "",
         "| not compiled | schemas |", "|---|---|",
