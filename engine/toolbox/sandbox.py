@@ -190,9 +190,17 @@ def _count_user_processes(uid: int) -> int:
     return count
 
 
+# Signals a command starts with at their default action, however the server was started (`nohup`
+# leaves SIGHUP ignored, and an ignored signal stays ignored across exec: `kill -HUP $$` would do nothing).
+_DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+                    signal.SIGALRM)
+
+
 def _preexec(config: SandboxConfig, cpu_s: int, nproc: int, cgroup: CommandCgroup,
              drop_to: tuple[int, int] | None, chdir_fd: int | None):
     def apply_limits() -> None:
+        for signum in _DEFAULT_SIGNALS:  # an ignore inherited from the launcher (nohup, a service manager) survives exec
+            signal.signal(signum, signal.SIG_DFL)
         cgroup.enter()
         if chdir_fd is not None:  # unsandboxed: run in the directory opened without symlinks
             os.fchdir(chdir_fd)

@@ -127,8 +127,16 @@ def test_exit_status_129_is_a_status_not_sighup(ws, sandbox):
     assert out.exit_status == 129 and out.error is None and out.data["signal"] is None
 
 
-def test_a_real_signal_is_reported_as_a_signal(ws):
-    out = run(ws, "kill -HUP $$", sandbox=UNSANDBOXED)
+@pytest.mark.parametrize("launched_by_nohup", [False, True])
+def test_a_real_signal_is_reported_as_a_signal(ws, launched_by_nohup):
+    """Also when the server ignores SIGHUP (started under `nohup`): commands start with the default action."""
+    import signal
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN if launched_by_nohup else signal.getsignal(signal.SIGHUP))
+    try:
+        out = run(ws, "kill -HUP $$", sandbox=UNSANDBOXED)
+    finally:
+        signal.signal(signal.SIGHUP, before)
     assert out.exit_status is None and out.data["signal"] == "SIGHUP"
     assert out.error.startswith("command killed by SIGHUP: it was ended by a signal")
 
