@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema_rs
 
 from surecall.errors import SchemaError
-from surecall.grammars.schema.pattern import PatternUnsupported, translate_pattern
+from surecall.grammars.schema.pattern import PatternUnsupported, _outside_classes, translate_pattern
 
 _QUANTIFIER = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
 _MAX_MESSAGE = 240  # characters of jsonschema-rs's message kept (it starts with the whole instance)
@@ -107,29 +107,17 @@ def annex_b_escaped(pattern: str) -> str:
     """`pattern` with each `{`, `}` and `]` that Annex B reads as a literal written escaped: a `{`
     that starts no `{n}`, `{n,}` or `{n,m}`, a `}` or `]` outside a class. Escapes and classes
     are kept as they are."""
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i: i + 2])
-            i += 2
+    at, past = [], 0
+    for i, c, _ in _outside_classes(pattern):
+        if i < past:  # inside a quantifier already kept
             continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "{":
-            quantifier = _QUANTIFIER.match(pattern, i)
-            if quantifier:
-                out.append(quantifier.group())
-                i = quantifier.end()
-                continue
-            c = "\\{"
-        elif c in "}]":
-            c = "\\" + c
-        out.append(c)
-        i += 1
-    return "".join(out)
+        quantifier = _QUANTIFIER.match(pattern, i) if c == "{" else None
+        if quantifier:
+            past = quantifier.end()
+        elif c in "{}]":
+            at.append(i)
+    cuts = [0, *at, len(pattern)]
+    return "\\".join(pattern[a:b] for a, b in zip(cuts, cuts[1:]))
 
 
 @lru_cache(maxsize=4096)  # a schema's $defs repeat their patterns

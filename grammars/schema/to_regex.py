@@ -13,8 +13,8 @@ automaton, schema/multiple_of.py), dependencies and `not: {required}` as alterna
 (schema/conditionals.py), min/maxProperties and propertyNames (schema/property_counts.py),
 `uniqueItems` over a few literal items (schema/unique_items.py).
 Keywords beside a `$ref` apply from draft 2019-09 on; drafts 3-7 ignore them, as their validators do.
-A schema without `type` takes the types its keywords imply (`properties`: an object), or every type
-where that reading leaves no value (`notes` says so). The metaschema check is schema/meta.py's.
+A schema without `type` takes the types its keywords imply (`properties`: an object; an empty one
+restricts nothing and implies nothing), or every type where that reading leaves no value (`notes`). The metaschema check is schema/meta.py's.
 Whatever restricts values but is not enforced is returned in `relaxed` as (JSON pointer,
 keyword) with its reason; nothing is dropped silently. A `$ref` target is converted once per
 nesting context and its regex reused: inlined, or with `splice` any value regex past
@@ -114,6 +114,7 @@ _ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"
                "contains", "minContains", "maxContains", "unevaluatedItems"}
 _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+_VACUOUS = ({}, [])  # `properties: {}`, `required: []`: no type is implied by a keyword that restricts nothing
 _IMPLYING_KEYS = frozenset(_OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS)  # types_of reads a type from these
 # Restrict values, never enforced by the grammar: always listed when their type is possible.
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
@@ -1332,7 +1333,7 @@ class Converter:
             types = []
             for name, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS),
                                ("string", _STRING_KEYS), ("number", _NUMBER_KEYS)):
-                if self.keywords_imply_types and any(k in schema for k in keys):
+                if self.keywords_imply_types and any(k in schema and schema[k] not in _VACUOUS for k in keys):
                     types.append(name)
             if not types:
                 types = ["object", "array", "string", "number", "boolean", "null"]

@@ -512,6 +512,20 @@ def test_unsupported_schemas_raise_with_keyword(schema, match):
         schema_to_regex(schema)
 
 
+def test_a_keyword_that_restricts_nothing_implies_no_type():
+    """`items: {properties: {}}` (Github_hard o60168, its items strings): every type, as a validator reads it."""
+    import jsonschema_rs
+
+    schema = {"type": "array", "items": {"properties": {}, "required": []}}
+    result = schema_to_regex(schema)
+    validator = jsonschema_rs.validator_for(schema)
+    for value in [["nature", "landscape"], [1, None, True], [{}], [{"a": [1]}], [[]]]:
+        assert re.fullmatch(result.regex, json.dumps(value, separators=(",", ":"))) and validator.is_valid(value)
+    assert not re.fullmatch(result.regex, '{"a":1}')
+    # a keyword that does restrict still implies its type (the stricter reading, as before)
+    assert schema_to_regex({"properties": {"a": {"type": "string"}}}).regex.startswith("\\{")
+
+
 @pytest.mark.parametrize("schema", [
     {"oneOf": [{"not": {"required": ["error"]}}, {"properties": {"error": False}}]},  # JSONSchemaBench oneof12
     # a required object property that no object satisfies (Github_hard o4851: `required` names an undeclared key)
