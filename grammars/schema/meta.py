@@ -9,7 +9,9 @@ SchemaError. It adds two things to jsonschema-rs's `meta.validate`:
   `jsonschema` and xgrammar accept them). Such characters are written escaped
   (`annex_b_escaped`: the same language, checked by reading both spellings with the pattern
   translator) before the check, and the schema is returned in that spelling, which jsonschema-rs
-  then compiles.
+  then compiles (dispatch validates with it; the compiler converts the patterns as written, its
+  translator reading ECMA-262 and Python alike, and gives its jsonschema-rs probes `rs_validator`).
+  A pattern jsonschema-rs cannot compile in either spelling is a SchemaError at its pointer.
 - Its error for a value under `anyOf` (e.g. `items`: a schema or an array of schemas) quotes
   the whole value and says only that no branch matched; the SchemaError here names the deepest
   cause (a bad pattern, a misspelt type) at its own pointer, shortened to one readable line.
