@@ -30,7 +30,8 @@ from surecall.grammars.schema.pattern import PatternUnsupported, _outside_classe
 
 _QUANTIFIER = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
 _MAX_MESSAGE = 240  # characters of jsonschema-rs's message kept (it starts with the whole instance)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# (a `dependencies` value may also be a list of names: _escaped passes anything but a dict through)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "items",
                "contains", "not", "if", "then", "else", "propertyNames", "contentSchema")
@@ -72,7 +73,7 @@ def schema_error(error: jsonschema_rs.ValidationError, what: str = "invalid JSON
     by pointer and the schema keyword it sits under, the message shortened to one line."""
     cause = deepest_cause(error)
     path = [str(p) for p in cause.instance_path]
-    pointer = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+    pointer = "".join("/" + _escape(p) for p in path)
     keyword = path[-1] if path else str(list(cause.schema_path)[-1])
     message = " ".join(cause.message.split())
     if len(message) > _MAX_MESSAGE:
@@ -194,17 +195,13 @@ def _escaped(schema: Any, pointer: str) -> Any:
             if len(new) == len(children) and any(a != b or new[a] is not children[b]
                                                   for a, b in zip(new, children)):
                 changed[key] = new
-    for key in _SCHEMA_LISTS + _SCHEMA_ONE + ("dependencies",):
+    for key in (*_SCHEMA_LISTS, *_SCHEMA_ONE):
         child = schema.get(key)
-        if isinstance(child, list) and key != "dependencies":
+        if isinstance(child, list):  # allOf, ..., and the draft 4-7 tuple `items`
             new_list = [_escaped(c, f"{pointer}/{key}/{i}") for i, c in enumerate(child)]
             if any(a is not b for a, b in zip(new_list, child)):
                 changed[key] = new_list
-        elif key == "dependencies" and isinstance(child, dict):
-            new = {k: _escaped(v, f"{pointer}/{key}/{_escape(k)}") for k, v in child.items()}
-            if any(new[k] is not child[k] for k in child):
-                changed[key] = new
-        elif key not in _SCHEMA_LISTS:
+        elif key in _SCHEMA_ONE:
             new_child = _escaped(child, f"{pointer}/{key}")
             if new_child is not child:
                 changed[key] = new_child

@@ -115,7 +115,6 @@ _ARRAY_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"
 _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _VACUOUS = ({}, [])  # `properties: {}`, `required: []`: no type is implied by a keyword that restricts nothing
-_IMPLYING_KEYS = frozenset(_OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS)  # types_of reads a type from these
 # Restrict values, never enforced by the grammar: always listed when their type is possible.
 _RELAXED_ANY = ("not", "if", "dependentSchemas", "dependencies")
 _RELAXED_OBJECT = ("propertyNames", "dependentRequired", "unevaluatedProperties")
@@ -182,7 +181,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
     checked_schema(schema)  # converted as written: the translator reads patterns as ECMA-262 and Python both do
     conv, regex = _converted(schema, options, splice, keywords_imply_types=True)
     notes = []
-    if regex is None and conv.truncated_at is None and _has_untyped(schema):
+    if regex is None and conv.truncated_at is None and conv.implied_a_type:
         # With types implied by keywords nothing matches; JSON Schema reads an untyped schema as
         # every type (`oneOf: [{not: {required: [e]}}, {properties: {e: false}}]` holds for every
         # non-object). Tried only here: the implied reading stays wherever it leaves a value.
@@ -219,21 +218,6 @@ def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_typ
                                     "limit; lower max_ref_depth or nest values less deeply)", "", "$ref") from None
         raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
                                 "", None) from None
-
-
-def _has_untyped(schema) -> bool:
-    """Whether some object in `schema` has keywords that imply a type but no `type` (data under
-    enum/const counts too: at worst the second reading is tried for nothing)."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if "type" not in node and not _IMPLYING_KEYS.isdisjoint(node):
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
 
 
 def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
@@ -608,6 +592,7 @@ class Converter:
         # stricter than JSON Schema (every type); schema_to_regex drops that reading where it
         # leaves no value at all (keywords_imply_types False: every type, as a validator reads it).
         self.keywords_imply_types = True
+        self.implied_a_type = False  # types_of took a type from keywords somewhere (the other reading may differ)
 
     def ref_rest(self, schema: dict) -> dict:
         """The keywords beside `schema`'s `$ref` that apply: none in drafts 3-7 (our marks kept)."""
@@ -1335,6 +1320,7 @@ class Converter:
                                ("string", _STRING_KEYS), ("number", _NUMBER_KEYS)):
                 if self.keywords_imply_types and any(k in schema and schema[k] not in _VACUOUS for k in keys):
                     types.append(name)
+                    self.implied_a_type = True
             if not types:
                 types = ["object", "array", "string", "number", "boolean", "null"]
         if schema.get("nullable") is True and "null" not in types:
