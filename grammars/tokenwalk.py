@@ -184,6 +184,30 @@ def walk(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, 
     return out_state, out_ptr - vi.off[tok]
 
 
+def walk_region(table: np.ndarray, vi: VocabIndex, tok: np.ndarray, start: int):
+    """`walk(table, vi, tok, start, 0)` for a region table (class exit codes allowed), in two passes.
+
+    First every token is walked whole, without compaction (walk_whole's order by length), through
+    `table` extended with absorbing rows: a dead one and one per exit code, so a walk that stops
+    keeps where and why it stopped. Only the tokens that leave are then walked again by `walk`,
+    for the byte offset they leave at. A class walk mostly keeps or kills its tokens, so this is
+    3-4x faster than compacting the active set after every byte (Github_trivial o40225's 78k
+    candidates of a `[a-zA-Z]` class: 16.8 -> 4.3 ms).
+    """
+    n = table.shape[0]
+    ext = np.empty((2 * n + 1, 256), dtype=np.int64)
+    ext[:n] = np.where(table >= 0, table, np.where(table == -1, n, n - 1 - table.astype(np.int64)))
+    ext[n:] = np.arange(n, 2 * n + 1, dtype=np.int64)[:, None]  # dead n, exit from local i: n + 1 + i
+    end = walk_whole(table, vi, tok, np.full(tok.size, start, dtype=np.int32), 0, ext.reshape(-1), sinks=True)
+    end_pos = vi.lens[tok].copy()
+    out = np.where(end < n, end, -1).astype(np.int32)
+    leave = np.flatnonzero(end > n)
+    if leave.size:
+        out[leave], end_pos[leave] = walk(table, vi, tok[leave], np.full(leave.size, start, dtype=np.int32),
+                                          np.zeros(leave.size, dtype=np.int64))
+    return out, end_pos
+
+
 def dead_extended(trans: np.ndarray) -> np.ndarray:
     """`trans` flattened to int64 with one extra all-dead row n (dead edges lead to it), as walk_whole
     reads it: a caller walking several batches over one DFA builds it once."""
@@ -196,13 +220,14 @@ def dead_extended(trans: np.ndarray) -> np.ndarray:
 
 
 def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos=0,
-               flat_trans: np.ndarray | None = None) -> np.ndarray:
+               flat_trans: np.ndarray | None = None, sinks: bool = False) -> np.ndarray:
     """End state (-1: dead) of walking token `tok[i]` from byte `pos[i]` on, from `state[i]`, through `trans`.
 
     The pairs are put in order of decreasing token length, so the pairs still walking at byte k
     are a prefix of the arrays: each byte costs two gathers over that prefix and no compaction.
     Dead walks continue in an extra all-dead row (`flat_trans`: dead_extended(trans), when the
-    caller has it). `trans` must hold no class exit codes.
+    caller has it). `trans` must hold no class exit codes. With `sinks`, `flat_trans` is the
+    caller's own extension (walk_region's absorbing rows) and the raw end rows are returned.
     """
     num_states = trans.shape[0]
     if flat_trans is None:
@@ -218,8 +243,8 @@ def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.nda
         head *= 256
         head += vi.flat[off[:m] + k]
         np.take(flat_trans, head, out=head)
-    out = np.empty(tok.size, dtype=np.int32)
-    out[order] = np.where(cur == num_states, -1, cur)
+    out = np.empty(tok.size, dtype=np.int64 if sinks else np.int32)
+    out[order] = cur if sinks else np.where(cur == num_states, -1, cur)
     return out
 
 
@@ -258,8 +283,7 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     if hit is not None:
         return hit
     cand = _class_candidates(vi, table, start)
-    begin = np.full(cand.size, start, np.int32)
-    end, end_pos = walk(table, vi, cand, begin, np.zeros(cand.size, np.int64))
+    end, end_pos = walk_region(table, vi, cand, start)
     stay = end >= 0
     tok = cand[stay]
     bits = np.zeros((vi.vocab_size + 31) // 32 * 32, dtype=bool)
@@ -267,7 +291,8 @@ def _class_walk(vi: VocabIndex, table: np.ndarray, sig: bytes, start: int) -> Cl
     first_bytes = np.zeros(256, dtype=bool)
     first_bytes[vi.first_byte[tok]] = True
     leave = end <= -2
-    result = ClassWalk(tok=tok, end=end[stay], ends=np.unique(end[stay]).astype(np.int64),
+    ends = np.flatnonzero(np.bincount(end[stay], minlength=table.shape[0])).astype(np.int64)
+    result = ClassWalk(tok=tok, end=end[stay], ends=ends,
                        words=np.packbits(bits, bitorder="little").view(np.uint32), first_bytes=first_bytes,
                        leave_tok=cand[leave], leave_local=(-2 - end[leave]).astype(np.int64),
                        leave_pos=(end_pos[leave] - 1).astype(np.int64), quoted_tok=tok[vi.has_quote[tok]])
@@ -284,7 +309,12 @@ def _class_candidates(vi: VocabIndex, table: np.ndarray, start: int) -> np.ndarr
     after = table[table[start, firsts]]  # [F, 256] the rows reached by the first byte
     fi, b2 = np.nonzero(after != -1)
     keys = np.concatenate([firsts[fi].astype(np.int64) * 257 + b2, firsts.astype(np.int64) * 257 + 256])
-    return np.sort(_gather_groups(vi, keys, two=True))
+    cand = _gather_groups(vi, keys, two=True)
+    if cand.size * _DENSE_SORT_FRACTION < vi.vocab_size:
+        return np.sort(cand)
+    seen = np.zeros(vi.vocab_size, dtype=bool)  # many ids: a pass over the vocabulary beats a sort
+    seen[cand] = True
+    return np.flatnonzero(seen).astype(np.int32)
 
 
 def lexical_regions(dfa: ByteDFA):

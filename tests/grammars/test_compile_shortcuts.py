@@ -55,6 +55,30 @@ def test_class_candidates_leave_out_only_tokens_dead_at_the_second_byte():
     assert checked > 0  # the check saw tokens left out (the string body's `\` needs its second byte)
 
 
+def test_region_walk_in_two_passes_equals_the_compacting_walk():
+    """walk_region (whole walks through absorbing rows, then the leaving tokens again) gives the end
+    states of `walk` and, for the tokens that leave a region, the byte they leave at."""
+    vi = tokenwalk.VocabIndex.build(small_vocab())
+    every = np.flatnonzero(vi.lens > 0).astype(np.int32)
+    regexes = [PIECE, r'"(?:[a-zA-Z]+(?:(?:\s+|-)[a-zA-Z]+)*)"', r'\[(?:[0-9]+(?:\.[0-9]+)?,)*\]']
+    kinds = set()
+    for regex in regexes:
+        dfa = regex_to_dfa(regex)
+        succ, comp, _ = tokenwalk.lexical_regions(dfa)
+        for q in range(dfa.num_states):
+            table, _, _ = tokenwalk._region_shape(dfa, succ, comp, q)
+            for start in range(table.shape[0]):
+                end, pos = tokenwalk.walk_region(table, vi, every, start)
+                want, want_pos = tokenwalk.walk(table, vi, every, np.full(every.size, start, np.int32),
+                                                np.zeros(every.size, np.int64))
+                assert np.array_equal(end, want)
+                leave = want <= -2
+                assert np.array_equal(pos[leave], want_pos[leave])
+                kinds.update({"stay"} if (want >= 0).any() else set())
+                kinds.update({"leave"} if leave.any() else set())
+    assert kinds == {"stay", "leave"}
+
+
 def test_counted_body_edges_equal_the_per_token_lookup():
     schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "maxLength": 5}},
               "required": ["a"], "additionalProperties": False}
