@@ -153,7 +153,7 @@ def tool_branches(named: list, fmt: ToolFormat, options: GrammarOptions) -> tupl
         try:
             result = schema_to_regex(schema, options)
         except SchemaError as exc:
-            raise type(exc)(f"tool {name!r}: {exc}", f"{name}#{exc.pointer}", exc.keyword) from None
+            raise type(exc)(f"tool {name!r}: {exc.reason}", f"{name}#{exc.pointer}", exc.keyword) from None
         branches.append(fmt.call_regex(name, result.regex, options))
         merged.relaxed.extend((f"{name}#{pointer}", keyword) for pointer, keyword in result.relaxed)
         merged.reasons.update({(f"{name}#{p}", k): why for (p, k), why in result.reasons.items()})

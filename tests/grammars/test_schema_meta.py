@@ -85,6 +85,17 @@ def test_an_unreadable_pattern_is_one_error_at_its_place_everywhere(draft):
     assert (finding.rule, finding.pointer) == ("R0", "/properties/a~0~1b/pattern")
 
 
+def test_a_tool_catalog_names_the_tool_and_the_place_once():
+    from surecall.grammars.formats import get_format, tool_branches
+
+    named = [("ok", {"type": "object"}), ("x", {"type": "object", "properties": {"a": {"type": "string", "pattern": "(u"}}})]
+    with pytest.raises(SchemaError) as info:
+        tool_branches(named, get_format("json"), GrammarOptions())
+    message = str(info.value)
+    assert message.startswith("tool 'x': ") and info.value.pointer == "x#/properties/a/pattern"
+    assert message.count("/properties/a/pattern") == 1 and message.count("(keyword 'pattern')") == 1, message
+
+
 def test_the_deepest_cause_under_any_of_is_named_and_short():
     """Draft 4's `items` is a schema or an array of schemas (anyOf): the cause is deep inside it."""
     big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 40} for i in range(200)}}
