@@ -1,7 +1,9 @@
 """Counted arrays: minItems/maxItems of any size enforced by a per-row stack of item counters.
 
 The regex marks a counted array `[` MARK ... `,` MARK ... `]` MARK, one byte whose kind is the
-byte before it (schema/to_regex.py: counted_array_regex). `cut_item_marks` removes the marks from
+byte before it (schema/to_regex.py: counted_array_regex); a counted object (maxProperties over
+undeclared keys: Converter.counted_object) is marked `{` MARK ... `}` MARK and its members are
+counted as items. `cut_item_marks` removes the marks from
 the byte DFA and returns each array's states as one region with its bounds, each state's stack of
 open arrays (at most MAX_ITEM_DEPTH deep: an array of counted arrays is counted at every level),
 plus an event per (state, byte): an item separator, the closing `]`, or the opening `[`.
@@ -35,7 +37,8 @@ from surecall.grammars.schema.to_regex import ITEM_MARK, MAX_ITEM_DEPTH
 from surecall.grammars.table import ITEM_ARRAYS, TokenTable
 
 SEP, CLOSE, OPEN = 1, 2, 3  # events of a byte edge
-_EVENTS = {ord("["): OPEN, ord(","): SEP, ord("]"): CLOSE}  # the byte before an item mark: its kind
+# the byte before an item mark: its kind (a counted object's members are counted as items)
+_EVENTS = {ord("["): OPEN, ord("{"): OPEN, ord(","): SEP, ord("]"): CLOSE, ord("}"): CLOSE}
 FLAG_CLOSES, FLAG_OPENS = 1, 2  # item_flag bits: the token closes its state's array / opens one
 # MAX_ITEM_DEPTH (schema/to_regex.py): counted arrays open at once, a row's stack of item counters
 _MAX_ROUNDS = 12  # dist <-> per-item cost rounds before a grammar is compiled without item counters
@@ -98,7 +101,7 @@ def cut_item_marks(dfa: ByteDFA) -> tuple[ByteDFA, ItemRegions]:
         into = trans == p
         before = np.unique(np.nonzero(into)[1])
         if before.size != 1 or int(before[0]) not in _EVENTS:
-            raise CountedCutError(f"state {p}: an item mark follows {bytes(before.tolist())!r}, not one of '[', ',', ']'")
+            raise CountedCutError(f"state {p}: an item mark follows {bytes(before.tolist())!r}, not one of {bytes(_EVENTS)!r}")
         event = _EVENTS[int(before[0])]
         if event == SEP:
             if (trans[p] >= 0).sum() != 1:
@@ -178,7 +181,7 @@ class ItemEntries:
 def item_entries(rows, dfa: ByteDFA, items: ItemRegions, vi) -> ItemEntries:
     """Drop transitions that break an item bound on their own; return the sparse entries."""
     ev_byte = np.zeros(256, dtype=bool)
-    ev_byte[[ord("["), ord(","), ord("]")]] = True
+    ev_byte[list(_EVENTS)] = True
     counts = np.concatenate([[0], np.cumsum(ev_byte[vi.flat])])
     has_ev = counts[vi.off + vi.lens] > counts[vi.off]
     src, tok = [], []

@@ -58,11 +58,11 @@ class Pieces:
     """Sub-regexes by index; equal texts share one index. `has_items[i]`: piece i holds an item
     counter mark (directly or inside a piece it uses), as schema.to_regex must know."""
 
-    def __init__(self, item_mark_text: str):
+    def __init__(self, item_mark_text: str | tuple[str, ...]):
         self.regexes: list[str] = []
         self.has_items: list[bool] = []
         self._index: dict[str, int] = {}
-        self._item_mark_text = item_mark_text
+        self._item_mark_texts = (item_mark_text,) if isinstance(item_mark_text, str) else tuple(item_mark_text)
 
     def add(self, regex: str) -> str:
         """The placeholder for `regex` (registered on first sight)."""
@@ -78,7 +78,7 @@ class Pieces:
 
     def holds_items(self, regex: str) -> bool:
         """Whether `regex` holds an item counter mark, looking through its placeholders."""
-        return self._item_mark_text in regex or any(
+        return any(t in regex for t in self._item_mark_texts) or any(
             i < len(self.has_items) and self.has_items[i] for i in placeholders_in(regex))
 
 

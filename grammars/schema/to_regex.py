@@ -208,7 +208,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
 
 def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_types: bool):
     """(the Converter, its regex or None) of one walk over `schema`."""
-    conv = Converter(schema, options, Pieces(_ITEM_ENTER_TEXT) if splice else None)
+    conv = Converter(schema, options, Pieces(_COUNTED_ENTERS) if splice else None)
     conv.keywords_imply_types = keywords_imply_types
     try:
         return conv, conv.convert(schema, "")
@@ -401,18 +401,24 @@ def relax_reason(keyword: str) -> str:
 # counter then counts the separators crossed. Arrays of counted arrays are counted at every
 # level (a per-row stack of counters) up to MAX_ITEM_DEPTH open at once; an outer array beyond
 # that is materialised or relaxed.
+# A counted object (maxProperties over undeclared keys) is marked alike, `{` MARK ... `,` MARK ...
+# `}` MARK, and its members counted like items: the same counters, kernels and depth limit.
 ITEM_MARK = 0x0B
 MAX_ITEM_DEPTH = 4
 _ITEM_MARK_TEXT = f"\\x{ITEM_MARK:02x}"
 _ITEM_ENTER_TEXT = "\\[" + _ITEM_MARK_TEXT
 _ITEM_EXIT_TEXT = "\\]" + _ITEM_MARK_TEXT
+_OBJECT_ENTER_TEXT = "\\{" + _ITEM_MARK_TEXT
+_OBJECT_EXIT_TEXT = "\\}" + _ITEM_MARK_TEXT
+_COUNTED_ENTERS = (_ITEM_ENTER_TEXT, _OBJECT_ENTER_TEXT)
+_COUNTED_EDGE = re.compile("|".join(re.escape(t) for t in (*_COUNTED_ENTERS, _ITEM_EXIT_TEXT, _OBJECT_EXIT_TEXT)))
 
 
 def counted_array_depth(regex: str) -> int:
-    """How many counted arrays `regex` opens inside each other at most (0: none)."""
+    """How many counted arrays or objects `regex` opens inside each other at most (0: none)."""
     depth = deepest = 0
-    for m in re.finditer(re.escape(_ITEM_ENTER_TEXT) + "|" + re.escape(_ITEM_EXIT_TEXT), regex):
-        depth += 1 if m.group(0) == _ITEM_ENTER_TEXT else -1
+    for m in _COUNTED_EDGE.finditer(regex):
+        depth += 1 if m.group(0) in _COUNTED_ENTERS else -1
         deepest = max(deepest, depth)
     return deepest
 
@@ -433,31 +439,36 @@ def counted_array_regex(item: str, low: int, high: int | None, ws: str, prefix: 
     return f"\\[{mark(ITEM_MARK)}{ws}{body if low >= 1 else _group(body) + '?'}\\]{mark(ITEM_MARK)}"
 
 
-_COUNTED_ARRAY = re.compile(  # an innermost counted array (no other opens inside it)
-    re.escape(_ITEM_ENTER_TEXT) + "((?:\\\\x1[0-9a-f])+)((?:(?!" + re.escape(_ITEM_ENTER_TEXT) + ").)*?)"
-    + re.escape(_ITEM_EXIT_TEXT) + "(?:\\\\x1[0-9a-f])+",
+_ANY_ENTER = "(?:" + "|".join(re.escape(t) for t in _COUNTED_ENTERS) + ")"
+_COUNTED_REGION = re.compile(  # an innermost counted array or object (no other opens inside it)
+    "(" + _ANY_ENTER + ")((?:\\\\x1[0-9a-f])+)((?:(?!" + _ANY_ENTER + ").)*?)"
+    + "(?:" + re.escape(_ITEM_EXIT_TEXT) + "|" + re.escape(_OBJECT_EXIT_TEXT) + ")(?:\\\\x1[0-9a-f])+",
     re.DOTALL,
 )
 
 
 def expand_items(regex: str, ws: str | None = None) -> str:
     """`regex` with each counted array spelled out as `[item(,item){lo-1,hi-1}]` for Python `re`
-    (`ws`: the whitespace regex it was written with, GrammarOptions' default when None)."""
+    (`ws`: the whitespace regex it was written with, GrammarOptions' default when None). A counted
+    object loses its marks only: Python `re` cannot count its members past nested values, so this
+    regex admits more members than maxProperties (the tables' counters do not)."""
     ws = GrammarOptions().whitespace_regex() if ws is None else ws
     sep = f",{_ITEM_MARK_TEXT}"
 
     def spelled(m: re.Match) -> str:
-        low, high = _mark_text_bounds(m.group(1))
+        if m.group(1) == _OBJECT_ENTER_TEXT:
+            return "\\{" + m.group(3).replace(sep, ",") + "\\}"
+        low, high = _mark_text_bounds(m.group(2))
         # pieces between separators: ws, "(?:" when optional, then "(?:item)(?:" each; the last
         # "(?:item))*", one ")?" per prefix item, ws, ")?" when optional
-        pieces = m.group(2).split(f"{ws}{sep}{ws}")
+        pieces = m.group(3).split(f"{ws}{sep}{ws}")
         first = pieces[0][len(ws) + (0 if low >= 1 else 3) :]
         items = [first[3:-4]] + [p[3:-4] for p in pieces[1:-1]]
         *prefix, item = items
         return array_regex(prefix, item, low, None if high == NO_MAX_LENGTH else high, ws)
 
     while True:  # innermost arrays first: each outer one is innermost once its items are spelled
-        expanded = _COUNTED_ARRAY.sub(spelled, regex)
+        expanded = _COUNTED_REGION.sub(spelled, regex)
         if expanded == regex:
             return regex
         regex = expanded
@@ -675,7 +686,7 @@ class Converter:
 
     def holds_item_counter(self, regex: str) -> bool:
         """Whether `regex` holds a counted array (inside a spliced piece too)."""
-        return self.pieces.holds_items(regex) if self.pieces is not None else _ITEM_ENTER_TEXT in regex
+        return self.pieces.holds_items(regex) if self.pieces is not None else any(t in regex for t in _COUNTED_ENTERS)
 
     def convert_unchecked(self, schema: object, ptr: str) -> str | None:
         if schema is False:
@@ -1864,6 +1875,9 @@ class Converter:
         bounded = self.bounded_object(schema, members, extra, ptr)
         if bounded is not False:
             return bounded
+        counted = self.counted_object(schema, members, extra, ptr)
+        if counted is not False:
+            return counted
         self.check_property_counts(schema, num_required, len(members), extra is not None, ptr)
         nonempty = schema.get("minProperties", 0) >= 1 and num_required == 0
         return self.object_regex(members, extra, nonempty, ptr)
@@ -1905,6 +1919,24 @@ class Converter:
         if body is None:  # no selection fits: relaxed as before (extras may be closed by policy only)
             return f"\\{{{ws}\\}}" if is_empty_ok else False
         return f"\\{{{ws}(?:{body}{ws})?\\}}" if is_empty_ok else f"\\{{{ws}{body}{ws}\\}}"
+
+    def counted_object(self, schema: dict, members: list[tuple[str, bool]], extra: str | None,
+                       ptr: str) -> str | None | bool:
+        """An object with undeclared keys whose maxProperties (any size) an item counter enforces
+        (items.py counts its members as it counts items), when every declared member fits under
+        it: extra keys come after the declared ones, so a row at the maximum can always close.
+        Its minProperties past what the regex spells stays relaxed (a repeated key counts once).
+        False: not counted here (counters off, no extra keys, or MAX_ITEM_DEPTH counted arrays
+        or objects inside each other)."""
+        high = schema.get("maxProperties")
+        if not self.options.counted_lengths or extra is None or high is None or not 1 <= int(high) < NO_MAX_LENGTH:
+            return False
+        if len(members) > int(high) or self.item_nesting("".join([extra, *(m for m, _ in members)])) >= MAX_ITEM_DEPTH:
+            return False
+        low, num_required = int(schema.get("minProperties", 0)), sum(req for _, req in members)
+        if low > max(num_required, 1 if low == 1 else 0):
+            self.relax(ptr, "minProperties", _MIN_OVER_EXTRA_KEYS)
+        return self.object_regex(members, extra, low >= 1 and num_required == 0, ptr, counted=int(high))
 
     def all_of_validator(self, schemas: list):
         """is_valid of the allOf of `schemas` (the root's definitions beside it for its $refs)."""
@@ -1954,12 +1986,20 @@ class Converter:
 
     def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
                               has_extra: bool, ptr: str) -> None:
+        enumerated = (f"declared properties are counted by enumerating their in-order selections: past {MAX_OPTIONAL} "
+                      "optional ones, or with any_property_order, they are not (the validator checks it)")
         low = schema.get("minProperties", 0)
         if low > max(num_required, 1 if low == 1 else 0):
-            self.relax(ptr, "minProperties")
+            self.relax(ptr, "minProperties", _MIN_OVER_EXTRA_KEYS if has_extra else enumerated)
         high = schema.get("maxProperties")
         if high is not None and (has_extra or num_declared > high):
-            self.relax(ptr, "maxProperties")
+            if not has_extra:
+                why = enumerated
+            elif num_declared > high:
+                why = f"{num_declared} declared properties, past maxProperties {high}, beside undeclared keys: not counted"
+            else:
+                why = None  # counters off, or counted arrays and objects nested MAX_ITEM_DEPTH deep
+            self.relax(ptr, "maxProperties", why)
 
     def extra_member(self, schema: dict, extra_schema: object, declared: list[str], ptr: str) -> str | None:
         """One undeclared member (key none of `declared`: no duplicate of a declared key), or None.
@@ -2061,30 +2101,33 @@ class Converter:
         return translated.regex if translated.is_subset else None  # stricter keys are fine
 
     def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
-                     ptr: str) -> str | None:
+                     ptr: str, counted: int | None = None) -> str | None:
         """`{...}` with the members in order (optional ones maybe), then extras, comma-separated.
 
         The optional members before the first required one (and the extras, when nothing is
         required) form a run written by `_any_subset`; from the first required member on, each
-        member is one flat `sep m` or `(?:sep m)?`, and the extras `(?:sep extra)*`.
+        member is one flat `sep m` or `(?:sep m)?`, and the extras `(?:sep extra)*`. With
+        `counted` (maxProperties), the braces and separators carry item marks (counted_object).
         """
-        sep = f"{self.ws},{self.ws}"
+        mark = "" if counted is None else "".join(f"\\x{b:02x}" for b in count_mark(ITEM_MARK, 0, counted))
+        sep = f"{self.ws},{'' if counted is None else _ITEM_MARK_TEXT}{self.ws}"
+        lb, rb = f"\\{{{mark}{self.ws}", f"{self.ws}\\}}{mark}"
         if self.options.any_property_order and extra is None and 2 <= len(members) <= MAX_ANY_ORDER:
             written = self.check_size(_any_order(members, sep), ptr, "properties")
             if any(req for _, req in members) or nonempty:
-                return f"\\{{{self.ws}{written}{self.ws}\\}}"
-            return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+                return f"{lb}{written}{rb}"
+            return f"{lb}(?:{written}{self.ws})?\\}}{mark}"
         first_required = next((i for i, (_, req) in enumerate(members) if req), None)
         if first_required is None:
             run = [(m, f"(?:{sep}{m})?") for m, _ in members]
             if extra is not None:
                 run.append((f"{extra}(?:{sep}{extra})*", f"(?:{sep}{extra})*"))
             if not run:
-                return None if nonempty else f"\\{{{self.ws}\\}}"
+                return None if nonempty else f"{lb}\\}}{mark}"
             written = self.check_size(_any_subset(run), ptr, "properties")
             if nonempty:
-                return f"\\{{{self.ws}{written}{self.ws}\\}}"
-            return f"\\{{{self.ws}(?:{written}{self.ws})?\\}}"
+                return f"{lb}{written}{rb}"
+            return f"{lb}(?:{written}{self.ws})?\\}}{mark}"
         run = [(m, f"(?:{sep}{m})?") for m, _ in members[:first_required]]
         written = members[first_required][0]
         if run:
@@ -2095,8 +2138,11 @@ class Converter:
         if extra is not None:
             written += f"(?:{sep}{extra})*"
         self.check_size(written, ptr, "properties")
-        return f"\\{{{self.ws}{written}{self.ws}\\}}"
+        return f"{lb}{written}{rb}"
 
+
+_MIN_OVER_EXTRA_KEYS = ("minProperties over undeclared keys counts distinct keys: a finite automaton cannot tell a "
+                        "repeated key from a new one (the validator checks it)")
 
 # options.any_property_order permutes objects of at most this many declared members and no
 # extra keys (the regex holds each member about e * n! / n times); larger ones keep declared order.

@@ -359,3 +359,79 @@ def test_a_call_with_control_tokens_keeps_its_item_bounds(kind):
         state = table.next_state(state, vocab.token_bytes.index(piece))
         assert state is not None, piece
     assert table.item_lo[state] == 9 and table.item_hi[state] == 59
+
+
+# --- maxProperties over undeclared keys: the members counted as items ------------------------
+def map_schema(hi: int, declared: bool = True, value: dict | None = None) -> dict:
+    """A map of short keys (patternProperties) to digits, maxProperties `hi`; with `declared`, a
+    required and an optional declared property come first."""
+    schema = {"type": "object", "patternProperties": {"^k[0-9]{1,5}$": value or {"type": "integer", "minimum": 0,
+                                                                                 "maximum": 9}},
+              "additionalProperties": False, "maxProperties": hi}
+    if declared:
+        schema.update(properties={"id": {"type": "integer", "minimum": 0, "maximum": 9}, "on": {"type": "boolean"}},
+                      required=["id"])
+    return schema
+
+
+def members(text: str) -> int:
+    """Members written in the top-level object (a repeated key counted each time)."""
+    return len(json.loads(text, object_pairs_hook=lambda pairs: pairs))
+
+
+@pytest.mark.parametrize("size", [2, 9, 49, 60, pytest.param(512, marks=pytest.mark.slow)])
+def test_max_properties_over_undeclared_keys_is_counted_and_hit_exactly(llama3, size):
+    schema = map_schema(size)
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and table.has_items
+    rng = np.random.default_rng(size)
+    text = decode(llama3, walk(table, rng, 40 * size + 200, "max")).decode()
+    jsonschema.validate(json.loads(text), schema)
+    assert members(text) == size
+    for i in range(4):  # uniform walks and walks cut by a tight max_tokens validate
+        budget = int(table.dist[0]) + i if i % 2 else 40 * size + 200
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+        assert members(decode(llama3, ids).decode()) <= size
+
+
+def test_a_separator_is_refused_at_max_properties_and_closing_is_free(llama3):
+    table = compile_schema(map_schema(12, declared=False), llama3)
+    state = 0
+    for t in _ids(llama3, '{"k7": 1'):
+        state = table.next_state(state, t)
+    assert table.item_hi[state] == 11 and table.item_lo[state] == 0
+    comma, close = _ids(llama3, ",")[0], _ids(llama3, "}")[0]
+    for k in (0, 10, 11):
+        allows = I.item_allows(table, state, k, np.asarray([comma, close]))
+        assert bool(allows[0]) == (k < 11) and bool(allows[1]), k
+
+
+def test_counted_maps_and_arrays_nest(llama3):
+    inner = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 9, "maxItems": 10}
+    schema = {"type": "array", "items": map_schema(10, declared=False, value=inner), "minItems": 1, "maxItems": 9}
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [] and int(table.item_depth.max()) == 3
+    rng = np.random.default_rng(3)
+    text = decode(llama3, walk(table, rng, 20000, "max")).decode()
+    doc = json.loads(text)
+    jsonschema.validate(doc, schema)
+    pairs = json.loads(text, object_pairs_hook=lambda p: p)
+    counts = [len(m) for m in pairs]  # "max" may still pick a token that opens and closes a map at once
+    assert len(doc) == 9 and max(counts) == 10 and {len(v) for m in pairs for _, v in m} == {10}, counts
+    for i in range(3):
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids)
+        jsonschema.validate(json.loads(decode(llama3, ids)), schema)
+
+
+def test_property_counts_left_to_the_validator_say_why():
+    over = schema_to_regex({**map_schema(20), "minProperties": 5})
+    assert over.relaxed == [("", "minProperties")]
+    assert "repeated key" in over.reasons[("", "minProperties")]
+    crowded = schema_to_regex({**map_schema(1), "properties": {k: {"type": "integer"} for k in ("id", "a", "b")}})
+    assert crowded.relaxed == [("", "maxProperties")] and "past maxProperties 1" in crowded.reasons[("", "maxProperties")]
+    plain = expand_marks(schema_to_regex(map_schema(20, declared=False)).regex)
+    assert re.fullmatch(plain, '{"k1": 1, "k22": 2}') and not re.fullmatch(plain, '{"k1": 1, "ab": 2}')
