@@ -1922,21 +1922,27 @@ class Converter:
 
     def counted_object(self, schema: dict, members: list[tuple[str, bool]], extra: str | None,
                        ptr: str) -> str | None | bool:
-        """An object with undeclared keys whose maxProperties (any size) an item counter enforces
-        (items.py counts its members as it counts items), when every declared member fits under
-        it: extra keys come after the declared ones, so a row at the maximum can always close.
-        Its minProperties past what the regex spells stays relaxed (a repeated key counts once).
-        False: not counted here (counters off, no extra keys, or MAX_ITEM_DEPTH counted arrays
-        or objects inside each other)."""
+        """An object with undeclared keys whose members (any number) an item counter counts
+        (items.py counts them as it counts items): up to maxProperties, when every declared member
+        fits under it (extra keys come after the declared ones, so a row at the maximum can always
+        close), and at least minProperties (a row can always add an extra key). minProperties stays
+        listed all the same: it counts distinct keys, and a repeated key counts once. False: not
+        counted here (counters off, no extra keys, bounds that leave the counts to the validator,
+        or MAX_ITEM_DEPTH counted arrays or objects inside each other)."""
         high = schema.get("maxProperties")
-        if not self.options.counted_lengths or extra is None or high is None or not 1 <= int(high) < NO_MAX_LENGTH:
-            return False
-        if len(members) > int(high) or self.item_nesting("".join([extra, *(m for m, _ in members)])) >= MAX_ITEM_DEPTH:
-            return False
+        high = NO_MAX_LENGTH if high is None else int(high)
         low, num_required = int(schema.get("minProperties", 0)), sum(req for _, req in members)
-        if low > max(num_required, 1 if low == 1 else 0):
-            self.relax(ptr, "minProperties", _MIN_OVER_EXTRA_KEYS)
-        return self.object_regex(members, extra, low >= 1 and num_required == 0, ptr, counted=int(high))
+        needs_min = low > max(num_required, 1 if low == 1 else 0)
+        if not self.options.counted_lengths or extra is None or not (needs_min or high < NO_MAX_LENGTH):
+            return False
+        if not max(1, low, len(members)) <= high <= NO_MAX_LENGTH or low >= NO_MAX_LENGTH:
+            return False
+        if self.item_nesting("".join([extra, *(m for m, _ in members)])) >= MAX_ITEM_DEPTH:
+            return False
+        if needs_min:
+            self.relax(ptr, "minProperties", f"at least {low} members are written (counted), but {_MIN_OVER_EXTRA_KEYS}")
+        return self.object_regex(members, extra, low >= 1 and num_required == 0, ptr,
+                                 counted=(low if needs_min else 0, high))
 
     def all_of_validator(self, schemas: list):
         """is_valid of the allOf of `schemas` (the root's definitions beside it for its $refs)."""
@@ -2101,15 +2107,16 @@ class Converter:
         return translated.regex if translated.is_subset else None  # stricter keys are fine
 
     def object_regex(self, members: list[tuple[str, bool]], extra: str | None, nonempty: bool,
-                     ptr: str, counted: int | None = None) -> str | None:
+                     ptr: str, counted: tuple[int, int] | None = None) -> str | None:
         """`{...}` with the members in order (optional ones maybe), then extras, comma-separated.
 
         The optional members before the first required one (and the extras, when nothing is
         required) form a run written by `_any_subset`; from the first required member on, each
         member is one flat `sep m` or `(?:sep m)?`, and the extras `(?:sep extra)*`. With
-        `counted` (maxProperties), the braces and separators carry item marks (counted_object).
+        `counted` (the members' low and high bounds), the braces and separators carry item marks
+        (counted_object).
         """
-        mark = "" if counted is None else "".join(f"\\x{b:02x}" for b in count_mark(ITEM_MARK, 0, counted))
+        mark = "" if counted is None else "".join(f"\\x{b:02x}" for b in count_mark(ITEM_MARK, *counted))
         sep = f"{self.ws},{'' if counted is None else _ITEM_MARK_TEXT}{self.ws}"
         lb, rb = f"\\{{{mark}{self.ws}", f"{self.ws}\\}}{mark}"
         if self.options.any_property_order and extra is None and 2 <= len(members) <= MAX_ANY_ORDER:

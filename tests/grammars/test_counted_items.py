@@ -435,3 +435,21 @@ def test_property_counts_left_to_the_validator_say_why():
     assert crowded.relaxed == [("", "maxProperties")] and "past maxProperties 1" in crowded.reasons[("", "maxProperties")]
     plain = expand_marks(schema_to_regex(map_schema(20, declared=False)).regex)
     assert re.fullmatch(plain, '{"k1": 1, "k22": 2}') and not re.fullmatch(plain, '{"k1": 1, "ab": 2}')
+
+
+@pytest.mark.parametrize("low", [3, 49])
+def test_min_properties_over_undeclared_keys_writes_that_many_members(llama3, low):
+    """Listed all the same (a repeated key counts once), but a row writes at least `low` members:
+    the grammar no longer ends an object of undeclared keys early."""
+    schema = {**map_schema(10 * low, declared=False), "minProperties": low}
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [("", "minProperties")] and "at least" in table.meta["relaxed_reasons"][0]
+    rng = np.random.default_rng(low)
+    text = decode(llama3, walk(table, rng, 40 * low + 200, "min")).decode()
+    assert members(text) == low
+    for i in range(4):
+        budget = int(table.dist[0]) + i
+        ids = walk(table, rng, budget)
+        assert len(ids) <= budget and accepts(table, ids) and members(decode(llama3, ids).decode()) >= low
+    unbounded = compile_schema({k: v for k, v in schema.items() if k != "maxProperties"}, llama3)
+    assert unbounded.has_items and members(decode(llama3, walk(unbounded, rng, 40 * low + 200, "min")).decode()) == low
