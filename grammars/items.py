@@ -1,8 +1,8 @@
 """Counted arrays: minItems/maxItems of any size enforced by a per-row stack of item counters.
 
 The regex marks a counted array `[` MARK ... `,` MARK ... `]` MARK, one byte whose kind is the
-byte before it (schema/to_regex.py: counted_array_regex); a counted object (maxProperties over
-undeclared keys: Converter.counted_object) is marked `{` MARK ... `}` MARK and its members are
+byte before it (schema/to_regex.py: counted_array_regex); a counted object (min/maxProperties
+over undeclared keys: Converter.counted_object) is marked `{` MARK ... `}` MARK and its members are
 counted as items. `cut_item_marks` removes the marks from
 the byte DFA and returns each array's states as one region with its bounds, each state's stack of
 open arrays (at most MAX_ITEM_DEPTH deep: an array of counted arrays is counted at every level),

@@ -41,7 +41,7 @@ need_s(c) = ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a bod
 need(0). One counter per row suffices: a counted body holds no other counted value.
 
 Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
-inside a counted array (or a counted object: maxProperties over undeclared keys, its members
+inside a counted array (or a counted object: min/maxProperties over undeclared keys, its members
 counted as items, `{` and `}` for `[` and `]`) has `item_hi[s] >= 0` and item_depth[s] >= 1 arrays open (at most
 items.MAX_ITEM_DEPTH); each batch row carries a stack of that many int32 counters, outermost
 first: the item separators crossed in each open array; the innermost is k = stack[depth - 1].
