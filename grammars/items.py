@@ -28,6 +28,7 @@ from surecall.grammars.automaton import ByteDFA
 from surecall.grammars.counted import (
     CountedCutError,
     Regions,
+    _counted_edges,
     _drop_inplace,
     _follow_mark,
     cut_marks_renumbered,
@@ -268,21 +269,38 @@ def add_items_inplace(table: TokenTable, items: ItemRegions, entries: ItemEntrie
     sep_lo, sep_hi = items.sep_bounds()
     table.item_lo = np.where(inside, sep_lo[np.maximum(region, 0)], 0).astype(np.int32)
     table.item_hi = np.where(inside, sep_hi[np.maximum(region, 0)], -1).astype(np.int32)
-    csr = _Csr(*table.dense_transitions(), table.logits_width)
     src = new_id[entries.src]
     live = src >= 0
     key = src[live].astype(np.int64) * table.logits_width + entries.tok[live]
-    slot = csr.slots(key)
-    present = slot >= 0  # transitions pruned at token level are gone
+    nxt = _next_states_many(table, src[live].astype(np.int64), entries.tok[live].astype(np.int64))
+    present = nxt >= 0  # transitions pruned at token level are gone
     at = np.argsort(key[present], kind="stable")
     table.item_key = key[present][at]
     table.item_inc = entries.inc[live][present][at].astype(np.int32)
     table.item_flag = entries.flag[live][present][at].astype(np.int8)
     table.item_set = entries.set[live][present][at].astype(np.int32)
-    table.item_next = csr.nxt[slot[present][at]].astype(np.int32)
+    table.item_next = nxt[present][at].astype(np.int32)
     table.item_cost = np.where(inside, 1, 0).astype(np.int32)
-    _settle_costs_inplace(table, region, csr)
+    _settle_costs_inplace(table, region)
     _add_levels_inplace(table, items, order)
+
+
+def _next_states_many(table: TokenTable, states: np.ndarray, toks: np.ndarray) -> np.ndarray:
+    """int64 per (states[i], toks[i]): the state the token leads to, -1 where it is no transition
+    (TokenTable.next_states for many states at once: the exceptions found by one sorted search)."""
+    rows = table.mask_row[states].astype(np.int64)
+    ok = ((table.mask_word_at(rows, toks >> 5) >> (toks & 31).astype(np.uint32)) & 1).astype(bool)
+    ok &= ~np.isin(toks, table.stop_ids)  # a stop id ends a row, it is never a transition
+    ptr = table.exc_ptr.astype(np.int64)
+    width = np.int64(table.logits_width)
+    exc_key = np.repeat(np.arange(ptr.size - 1, dtype=np.int64), np.diff(ptr)) * width + table.exc_tok
+    want = table.exc_row[states].astype(np.int64) * width + toks
+    i = np.minimum(np.searchsorted(exc_key, want), max(exc_key.size - 1, 0))
+    hit = (exc_key[i] == want) if exc_key.size else np.zeros(want.size, dtype=bool)
+    slot = np.where(hit, table.exc_slot[i].astype(np.int64) if exc_key.size else 0, 0)
+    nxt = np.where(hit, table.exc_targets[np.where(hit, table.exc_base[states].astype(np.int64) + slot, 0)],
+                   table.trans_default[states]).astype(np.int64)
+    return np.where(ok, nxt, -1)
 
 
 def _add_levels_inplace(table: TokenTable, items: ItemRegions, order: np.ndarray) -> None:
@@ -300,28 +318,7 @@ def _add_levels_inplace(table: TokenTable, items: ItemRegions, order: np.ndarray
     table.item_below_cost = np.where(below, cost[at], 0).astype(np.int32)
 
 
-@dataclass
-class _Csr:
-    """Every transition of a built table as one CSR (TokenTable.dense_transitions), keyed by pair."""
-
-    ptr: np.ndarray
-    tok: np.ndarray
-    nxt: np.ndarray
-    width: int
-
-    def __post_init__(self):
-        self.owner = np.repeat(np.arange(self.ptr.size - 1, dtype=np.int64), np.diff(self.ptr.astype(np.int64)))
-        self.key = self.owner * self.width + self.tok  # ascending: rows in state order, sorted inside
-
-    def slots(self, key: np.ndarray) -> np.ndarray:
-        """The slot of each (state, token) key, -1 where it is not a transition."""
-        if not self.key.size:
-            return np.full(key.shape[0], -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.key, key), self.key.size - 1)
-        return np.where(self.key[at] == key, at, -1)
-
-
-def _settle_costs_inplace(table: TokenTable, region: np.ndarray, csr: _Csr) -> None:
+def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     """item_cost (tokens per unmet separator, per array) and dist, each from the other, to a fixed point.
 
     A row in array state s with counter c below item_lo needs at most dist[s] + item_cost[s] *
@@ -330,42 +327,107 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray, csr: _Csr) -> N
     (1 + dist[t] <= dist[s] + cost). A token that opens an array is charged its unmet minimum.
     """
     opens = np.flatnonzero((table.item_flag & FLAG_OPENS) != 0)
-    open_slots = csr.slots(table.item_key[opens])
+    src = table.item_key[opens] // table.logits_width
+    tok = table.item_key[opens] % table.logits_width
+    usable = _usable(table, src, tok)
+    opens, src, tok = opens[usable], src[usable], tok[usable]
+    nxt = table.item_next[opens].astype(np.int64)
+    body = _body_entry(table, src, tok, nxt)
+    edges = _edges_without_opening_only(table, src, nxt)
+    minimum_rows = _minimum_rows(table, region)
     for _ in range(_MAX_ROUNDS):
-        extra = np.zeros(csr.tok.shape[0], dtype=np.int64)
-        nxt = csr.nxt[open_slots]
         start = np.maximum(table.item_set[opens], 0)
-        extra[open_slots] = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
-        table.dist = _weighted_dist(table, csr, extra)
+        extra = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
+        e_src, e_dst, e_weight = edges
+        table.dist = dist_to_accept(table.num_states, table.accept, np.concatenate([e_src, src]),
+                                    np.concatenate([e_dst, nxt]), np.concatenate([e_weight, 1 + extra + body]))
         if (table.dist < 0).any():
             raise CountedCutError("a counted array cannot be closed with this vocabulary's tokens")
-        need = _required_costs(table, region, csr, extra)
+        need = _required_costs(table, region, minimum_rows)
         if (need <= table.item_cost).all():
             return
         table.item_cost = np.maximum(table.item_cost, need).astype(np.int32)
     raise CountedCutError("the per-item token cost of a counted array did not settle")
 
 
-def _weighted_dist(table: TokenTable, csr: _Csr, extra: np.ndarray) -> np.ndarray:
-    """counted.dist_to_accept over every transition, each edge charged `extra` more."""
-    weight = 1 + extra + _body_entry(table, csr.owner, csr.tok, csr.nxt)
-    usable = _usable(table, csr.owner, csr.tok)
-    src, dst, weight = csr.owner[usable], csr.nxt[usable].astype(np.int64), weight[usable]
-    return dist_to_accept(table.num_states, table.accept, src, dst, weight)
+def _edges_without_opening_only(table: TokenTable, open_src: np.ndarray, open_next: np.ndarray):
+    """(source, target, weight) of every usable token that opens no array, without item charges, as
+    counted_dist weighs them, one edge per distinct target (not one per token: a map of long strings
+    has tens of millions of transitions and a few distinct targets per state). The opening tokens,
+    charged their unmet minimum, are edges of their own: a target reached only by opening tokens
+    (counted with `_pair_counts`) loses its uncharged edge."""
+    if table.count_row is None:
+        has_default = table.trans_default >= 0
+        owner, targets = table.state_targets()
+        src = np.concatenate([np.flatnonzero(has_default), owner]).astype(np.int64)
+        dst = np.concatenate([table.trans_default[has_default], targets]).astype(np.int64)
+        weight = np.ones(src.size, dtype=np.int64)
+    else:
+        src, dst, weight = _counted_edges(table, -(-table.count_lo.astype(np.int64) // table.count_fill))
+    if not open_src.size:
+        return src, dst, weight
+    n = np.int64(table.num_states)
+    pair, opening = np.unique(open_src * n + open_next, return_counts=True)
+    only = pair[_pair_counts(table, pair // n, pair % n) == opening]  # every usable token of the pair opens
+    drop = np.isin(src * n + dst, only)
+    return src[~drop], dst[~drop], weight[~drop]
 
 
-def _required_costs(table: TokenTable, region: np.ndarray, csr: _Csr, extra: np.ndarray) -> np.ndarray:
+def _pair_counts(table: TokenTable, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """int64 per (src[i], dst[i]): how many usable tokens (those _usable keeps) lead from one to the
+    other. Outside counted bodies from the layout (a mask row's popcount less its exceptions for the
+    default target, an exception row's slot counts for the others); inside them token by token."""
+    out = np.zeros(src.size, dtype=np.int64)
+    plain = np.ones(src.size, dtype=bool) if table.count_row is None else table.count_row[src] < 0
+    idx = np.flatnonzero(plain)
+    if idx.size:
+        s, t = src[idx], dst[idx]
+        rows = table.exc_row[s].astype(np.int64)
+        lo, hi = table.exc_ptr[rows].astype(np.int64), table.exc_ptr[rows + 1].astype(np.int64)
+        per_block = np.bitwise_count(table.mask_blocks.view(np.uint32)).sum(axis=1, dtype=np.int64)
+        mrow = table.mask_row[s].astype(np.int64)
+        allowed = per_block[table.mask_row_blocks[mrow]].sum(axis=1)
+        if table.stop_ids.size:
+            allowed -= table.mask_bits(table.stop_ids, mrow).sum(axis=1)
+        counts = np.where(t == table.trans_default[s], allowed - (hi - lo), 0)
+        for i in np.flatnonzero(t != table.trans_default[s]).tolist():  # an exception target: its slot's count
+            base = int(table.exc_base[s[i]])
+            slots = table.exc_targets[base : int(table.exc_base[s[i] + 1])]
+            k = int(np.flatnonzero(slots == t[i])[0])
+            counts[i] = int(np.count_nonzero(table.exc_slot[lo[i] : hi[i]] == k))
+        out[idx] = counts
+    for i in np.flatnonzero(~plain).tolist():  # inside a counted body: the usable tokens themselves
+        toks, nexts = table.transitions(int(src[i]))
+        usable = _usable(table, np.full(toks.size, src[i], dtype=np.int64), toks)
+        out[i] = int(np.count_nonzero(usable & (nexts == dst[i])))
+    return out
+
+
+def _minimum_rows(table: TokenTable, region: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(owner, token, next state) of every transition of the states in arrays with a minimum (only
+    those need a per-item cost), usable ones only (in a counted body: those starting no character)."""
+    states = np.flatnonzero((region >= 0) & (table.item_lo > 0))
+    owner, tok, nxt = [np.zeros(0, dtype=np.int64)] * 3
+    if states.size:
+        rows = [table.transitions(int(q)) for q in states.tolist()]
+        owner = np.repeat(states, [t.size for t, _ in rows]).astype(np.int64)
+        tok = np.concatenate([t for t, _ in rows]).astype(np.int64)
+        nxt = np.concatenate([x for _, x in rows]).astype(np.int64)
+        usable = _usable(table, owner, tok)
+        owner, tok, nxt = owner[usable], tok[usable], nxt[usable]
+    return owner, tok, nxt
+
+
+def _required_costs(table: TokenTable, region: np.ndarray, minimum_rows: tuple) -> np.ndarray:
     """Per state, the cost its array needs so the dist rule above holds there (max over the array)."""
     states = np.flatnonzero((region >= 0) & (table.item_lo > 0))  # an array without a minimum needs none
-    ptr = csr.ptr.astype(np.int64)
-    lens = ptr[states + 1] - ptr[states]
-    owner = np.repeat(states, lens)
-    slot = np.repeat(ptr[states], lens) + np.arange(owner.size) - np.repeat(np.cumsum(lens) - lens, lens)
-    tok, nxt = csr.tok[slot].astype(np.int64), csr.nxt[slot].astype(np.int64)
+    owner, tok, nxt = minimum_rows
     dist = table.dist.astype(np.int64)
-    weight = 1 + extra[slot] + _body_entry(table, owner, tok, nxt)
-    _, inc, flag, _ = _lookup_many(table, owner, tok)
-    stay = _usable(table, owner, tok) & ((flag & FLAG_CLOSES) == 0)
+    _, inc, flag, item_set = _lookup_many(table, owner, tok)
+    extra = np.where((flag & FLAG_OPENS) != 0,
+                     table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - np.maximum(item_set, 0), 0), 0)
+    weight = 1 + extra + _body_entry(table, owner, tok, nxt)
+    stay = (flag & FLAG_CLOSES) == 0
     gain = weight + dist[nxt] - dist[owner]
     n = table.num_states
     settled = np.zeros(n, dtype=bool)

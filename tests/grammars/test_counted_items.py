@@ -453,3 +453,41 @@ def test_min_properties_over_undeclared_keys_writes_that_many_members(llama3, lo
         assert len(ids) <= budget and accepts(table, ids) and members(decode(llama3, ids).decode()) >= low
     unbounded = compile_schema({k: v for k, v in schema.items() if k != "maxProperties"}, llama3)
     assert unbounded.has_items and members(decode(llama3, walk(unbounded, rng, 40 * low + 200, "min")).decode()) == low
+
+
+def token_by_token_dist(table: TokenTable) -> np.ndarray:
+    """The item dist over every transition, one edge per token (what add_items_inplace computes from
+    each state's distinct targets): each token weighs 1, an opening token its unmet minimum more,
+    a token opening a counted string its need; inside a counted string only tokens that start no
+    character are edges."""
+    from surecall.grammars.counted import dist_to_accept
+
+    ptr, tok, nxt = table.dense_transitions()
+    owner = np.repeat(np.arange(table.num_states, dtype=np.int64), np.diff(ptr))
+    tok, nxt = tok.astype(np.int64), nxt.astype(np.int64)
+    _, _, flag, item_set = I._lookup_many(table, owner, tok)
+    charge = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - np.maximum(item_set, 0), 0)
+    weight = 1 + np.where((flag & I.FLAG_OPENS) != 0, charge, 0) + I._body_entry(table, owner, tok, nxt)
+    usable = I._usable(table, owner, tok)
+    return dist_to_accept(table.num_states, table.accept, owner[usable], nxt[usable], weight[usable])
+
+
+def test_item_dist_from_distinct_targets_equals_the_token_by_token_dist(llama3):
+    ints = {"type": "integer", "minimum": 0, "maximum": 99}
+    inner = {"type": "array", "items": ints, "minItems": 9, "maxItems": 12}
+    schemas = [
+        # an uncounted outer array: `],[` closes one counted array and opens the next, and its pair
+        # of states can also be reached by tokens that open nothing (`,5`)
+        {"type": "object", "properties": {"a": {"type": "array", "items": inner, "minItems": 3}}, "required": ["a"]},
+        array_schema(9, 60, {"type": "string", "minLength": 2, "maxLength": 50}),  # counted strings inside
+        nested_schema((9, 10), (9, 12)),
+        {**map_schema(40, declared=False, value=inner), "minProperties": 5},
+        prefix_schema(10, 40),
+    ]
+    closes_and_opens = 0
+    for schema in schemas:
+        table = compile_schema(schema, llama3)
+        assert table.has_items and table.relaxed in ([], [("", "minProperties")])
+        assert np.array_equal(table.dist, token_by_token_dist(table)), json.dumps(schema)[:80]
+        closes_and_opens += int(np.count_nonzero(table.item_flag == (I.FLAG_CLOSES | I.FLAG_OPENS)))
+    assert closes_and_opens > 0
