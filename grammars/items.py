@@ -294,12 +294,12 @@ def _next_states_many(table: TokenTable, states: np.ndarray, toks: np.ndarray) -
     ptr = table.exc_ptr.astype(np.int64)
     width = np.int64(table.logits_width)
     exc_key = np.repeat(np.arange(ptr.size - 1, dtype=np.int64), np.diff(ptr)) * width + table.exc_tok
-    want = table.exc_row[states].astype(np.int64) * width + toks
-    i = np.minimum(np.searchsorted(exc_key, want), max(exc_key.size - 1, 0))
-    hit = (exc_key[i] == want) if exc_key.size else np.zeros(want.size, dtype=bool)
-    slot = np.where(hit, table.exc_slot[i].astype(np.int64) if exc_key.size else 0, 0)
-    nxt = np.where(hit, table.exc_targets[np.where(hit, table.exc_base[states].astype(np.int64) + slot, 0)],
-                   table.trans_default[states]).astype(np.int64)
+    nxt = table.trans_default[states].astype(np.int64)
+    if exc_key.size:
+        want = table.exc_row[states].astype(np.int64) * width + toks
+        i = np.minimum(np.searchsorted(exc_key, want), exc_key.size - 1)
+        hit = np.flatnonzero(exc_key[i] == want)
+        nxt[hit] = table.exc_targets[table.exc_base[states[hit]].astype(np.int64) + table.exc_slot[i[hit]].astype(np.int64)]
     return np.where(ok, nxt, -1)
 
 

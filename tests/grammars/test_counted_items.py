@@ -9,6 +9,7 @@ disk cache and concatenation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -491,3 +492,20 @@ def test_item_dist_from_distinct_targets_equals_the_token_by_token_dist(llama3):
         assert np.array_equal(table.dist, token_by_token_dist(table)), json.dumps(schema)[:80]
         closes_and_opens += int(np.count_nonzero(table.item_flag == (I.FLAG_CLOSES | I.FLAG_OPENS)))
     assert closes_and_opens > 0
+
+
+def test_next_states_of_many_pairs_equal_one_state_at_a_time(llama3):
+    table = compile_schema(array_schema(9, 60, {"type": "string", "maxLength": 5}), llama3)
+    rng = np.random.default_rng(0)
+    moving = np.flatnonzero(table.trans_default >= 0)  # states with a token to take
+    states = rng.choice(moving, 4000)
+    toks = rng.integers(0, table.logits_width, 4000)
+    toks[:2000] = [int(rng.choice(table.transitions(int(s))[0])) for s in states[:2000]]  # half real transitions
+    got = I._next_states_many(table, states.astype(np.int64), toks.astype(np.int64))
+    want = [int(table.next_states(int(s), np.asarray([t]))[0]) for s, t in zip(states, toks, strict=True)]
+    assert np.array_equal(got, want) and (got[:2000] >= 0).all()
+    bare = dataclasses.replace(table, exc_ptr=np.zeros(table.exc_ptr.size, dtype=np.int32), exc_tok=table.exc_tok[:0],
+                               exc_slot=table.exc_slot[:0], exc_base=np.zeros(table.exc_base.size, dtype=np.int32),
+                               exc_targets=table.exc_targets[:0])  # no exceptions: every token to its default
+    assert np.array_equal(I._next_states_many(bare, states[:10].astype(np.int64), toks[:10].astype(np.int64)),
+                          np.where(got[:10] >= 0, table.trans_default[states[:10]], -1))
