@@ -724,6 +724,16 @@ def _bits_at(words: np.ndarray, at: np.ndarray, tok: np.ndarray) -> np.ndarray:
     return ((w >> (tok & 31).astype(np.uint32)) & 1).astype(bool)
 
 
+def target_edges(table: TokenTable, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (source, target) of each distinct next state of the states where bool [S] `states`
+    holds: the default (when any token takes it) and each exception target."""
+    has_default = states & (table.trans_default >= 0)
+    owner, targets = table.state_targets()
+    keep = states[owner]
+    return (np.concatenate([np.flatnonzero(has_default), owner[keep]]).astype(np.int64),
+            np.concatenate([table.trans_default[has_default], targets[keep]]).astype(np.int64))
+
+
 def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source, target, weight) of every token edge counted_dist uses, duplicates included.
 
@@ -731,11 +741,8 @@ def _counted_edges(table: TokenTable, need0: np.ndarray) -> tuple[np.ndarray, np
     inside, the tokens that start no character, found from exceptions and popcounts (_counted_body_edges).
     """
     plain = table.count_row < 0
-    has_default = plain & (table.trans_default >= 0)
-    owner, targets = table.state_targets()  # outside bodies, each distinct target once
-    from_plain = plain[owner]
-    src = [np.flatnonzero(has_default), owner[from_plain]]
-    dst = [table.trans_default[has_default].astype(np.int64), targets[from_plain].astype(np.int64)]
+    src, dst = target_edges(table, plain)  # outside bodies, each distinct target once
+    src, dst = [src], [dst]
     weight = [np.where(table.count_row[d] >= 0, 1 + need0[d], 1) for d in dst]
     s, nxt, closes = _counted_body_edges(table, np.flatnonzero(~plain))
     src.append(s)

@@ -33,6 +33,7 @@ from surecall.grammars.counted import (
     _follow_mark,
     cut_marks_renumbered,
     dist_to_accept,
+    target_edges,
 )
 from surecall.grammars.schema.to_regex import ITEM_MARK, MAX_ITEM_DEPTH
 from surecall.grammars.table import ITEM_ARRAYS, TokenTable
@@ -336,8 +337,7 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     edges = _edges_without_opening_only(table, src, nxt)
     minimum_rows = _minimum_rows(table, region)
     for _ in range(_MAX_ROUNDS):
-        start = np.maximum(table.item_set[opens], 0)
-        extra = table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - start, 0)
+        extra = _opening_charge(table, nxt, table.item_set[opens])
         e_src, e_dst, e_weight = edges
         table.dist = dist_to_accept(table.num_states, table.accept, np.concatenate([e_src, src]),
                                     np.concatenate([e_dst, nxt]), np.concatenate([e_weight, 1 + extra + body]))
@@ -350,6 +350,11 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     raise CountedCutError("the per-item token cost of a counted array did not settle")
 
 
+def _opening_charge(table: TokenTable, nxt: np.ndarray, item_set: np.ndarray) -> np.ndarray:
+    """Tokens a token that opens the array of `nxt` with counter `item_set` still owes its minimum."""
+    return table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - np.maximum(item_set, 0), 0)
+
+
 def _edges_without_opening_only(table: TokenTable, open_src: np.ndarray, open_next: np.ndarray):
     """(source, target, weight) of every usable token that opens no array, without item charges, as
     counted_dist weighs them, one edge per distinct target (not one per token: a map of long strings
@@ -357,10 +362,7 @@ def _edges_without_opening_only(table: TokenTable, open_src: np.ndarray, open_ne
     charged their unmet minimum, are edges of their own: a target reached only by opening tokens
     (counted with `_pair_counts`) loses its uncharged edge."""
     if table.count_row is None:
-        has_default = table.trans_default >= 0
-        owner, targets = table.state_targets()
-        src = np.concatenate([np.flatnonzero(has_default), owner]).astype(np.int64)
-        dst = np.concatenate([table.trans_default[has_default], targets]).astype(np.int64)
+        src, dst = target_edges(table, np.ones(table.num_states, dtype=bool))
         weight = np.ones(src.size, dtype=np.int64)
     else:
         src, dst, weight = _counted_edges(table, -(-table.count_lo.astype(np.int64) // table.count_fill))
@@ -384,11 +386,7 @@ def _pair_counts(table: TokenTable, src: np.ndarray, dst: np.ndarray) -> np.ndar
         s, t = src[idx], dst[idx]
         rows = table.exc_row[s].astype(np.int64)
         lo, hi = table.exc_ptr[rows].astype(np.int64), table.exc_ptr[rows + 1].astype(np.int64)
-        per_block = np.bitwise_count(table.mask_blocks.view(np.uint32)).sum(axis=1, dtype=np.int64)
-        mrow = table.mask_row[s].astype(np.int64)
-        allowed = per_block[table.mask_row_blocks[mrow]].sum(axis=1)
-        if table.stop_ids.size:
-            allowed -= table.mask_bits(table.stop_ids, mrow).sum(axis=1)
+        allowed = table.row_transition_counts()[table.mask_row[s]]
         counts = np.where(t == table.trans_default[s], allowed - (hi - lo), 0)
         for i in np.flatnonzero(t != table.trans_default[s]).tolist():  # an exception target: its slot's count
             base = int(table.exc_base[s[i]])
@@ -424,8 +422,7 @@ def _required_costs(table: TokenTable, region: np.ndarray, minimum_rows: tuple) 
     owner, tok, nxt = minimum_rows
     dist = table.dist.astype(np.int64)
     _, inc, flag, item_set = _lookup_many(table, owner, tok)
-    extra = np.where((flag & FLAG_OPENS) != 0,
-                     table.item_cost[nxt].astype(np.int64) * np.maximum(table.item_lo[nxt] - np.maximum(item_set, 0), 0), 0)
+    extra = np.where((flag & FLAG_OPENS) != 0, _opening_charge(table, nxt, item_set), 0)
     weight = 1 + extra + _body_entry(table, owner, tok, nxt)
     stay = (flag & FLAG_CLOSES) == 0
     gain = weight + dist[nxt] - dist[owner]

@@ -201,9 +201,12 @@ class TokenTable:
     @property
     def num_transitions(self) -> int:
         """Allowed (state, non-stop token) pairs: what a full CSR would hold."""
+        return int(self.row_transition_counts()[self.mask_row].sum())
+
+    def row_transition_counts(self) -> np.ndarray:
+        """int64 [U]: the non-stop tokens each distinct mask row allows (popcounts of its blocks)."""
         per_block = np.bitwise_count(self.mask_blocks.view(np.uint32)).sum(axis=1, dtype=np.int64)
-        ones = per_block[self.mask_row_blocks].sum(axis=1) - self.mask_bits(self.stop_ids).sum(axis=1)
-        return int(ones[self.mask_row].sum())
+        return per_block[self.mask_row_blocks].sum(axis=1) - self.mask_bits(self.stop_ids).sum(axis=1)
 
     @property
     def nbytes(self) -> int:
