@@ -38,6 +38,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 
 from surecall.errors import CompileBudgetExceeded, SchemaError, UnsupportedSchema
 from surecall.grammars.options import GrammarOptions, budget_started
@@ -128,6 +129,23 @@ _ASSERTING = _OBJECT_KEYS | _ARRAY_KEYS | _STRING_KEYS | _NUMBER_KEYS | {
     "type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "nullable", NOT_IN, *_RELAXED_ANY}
 # Whitespace-free JSON values from the grammar's point of view.
 _SCALARS = f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}"
+
+
+def _any_value_text(ws: str, inner: str) -> str:
+    """Any scalar, or an object or array whose values are `inner` (`ws`: one whitespace place)."""
+    sep = f"{ws},{ws}"
+    member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
+    obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
+    arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
+    return f"{_SCALARS}|{obj}|{arr}"
+
+
+@lru_cache(maxsize=8)
+def free_value_regex(ws: str) -> str:
+    """The regex of any JSON value at most one container deep, as `Converter.any_value(1)` writes
+    it: the same text in every schema (its own splice piece), so compile.py builds its DFA once
+    per process, like string_bodies.py's string bodies and numbers."""
+    return _any_value_text(ws, _SCALARS)
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
@@ -1394,11 +1412,7 @@ class Converter:
             inner = self.any_value(depth - 1)
             if self.pieces is not None and depth > 1:
                 inner = self.pieces.add(inner)
-            ws, sep = self.ws, f"{self.ws},{self.ws}"
-            member = f"{lex.STRING}{ws}:{ws}{_group(inner)}"
-            obj = f"\\{{{ws}(?:{member}(?:{sep}{member})*{ws})?\\}}"
-            arr = f"\\[{ws}(?:{_group(inner)}(?:{sep}{_group(inner)})*{ws})?\\]"
-            self.any_regex[depth] = f"{_SCALARS}|{obj}|{arr}"
+            self.any_regex[depth] = _any_value_text(self.ws, inner)
         return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------

@@ -484,3 +484,33 @@ def test_a_value_many_properties_share_is_spliced_once_and_gives_the_inlined_dfa
     np.testing.assert_array_equal(spliced.accept, inlined.accept)
     monkeypatch.setattr(to_regex, "_REPEATED_MEMBER_CHARS", 10 * len(value))  # at the limit: inlined
     assert value not in schema_to_regex(schema, splice=True).pieces
+
+
+def test_the_free_form_value_dfa_is_built_once_per_process_and_changes_no_table(monkeypatch):
+    """The innermost free-form level (`any_value(1)`) is the same piece in every schema: compile.py
+    builds its DFA once per whitespace style and shares it read-only; tables are the same as when
+    it is built afresh."""
+    from surecall.grammars import compile as compile_module
+
+    free = to_regex.free_value_regex(GrammarOptions().whitespace_regex())
+    frees = {free, to_regex.free_value_regex(GrammarOptions(whitespace="none").whitespace_regex())}
+    built = []
+    real = compile_module.build_with_shared_bodies
+    monkeypatch.setattr(compile_module, "build_with_shared_bodies",
+                        lambda r, *a: (built.append(r in frees), real(r, *a))[1])
+    monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
+    vocab = byte_vocab()
+    first = compile_schema(SCHEMAS["free_form_values"], vocab, use_cache=False)
+    second = compile_schema({"type": "array", "items": {"type": "object"}}, vocab, use_cache=False)
+    assert built.count(True) == 1 and built.count(False) >= 2  # both schemas hold the piece; built once
+    shared = compile_module._FREE_VALUE_DFAS[free]
+    assert not shared.trans.flags.writeable and not shared.accept.flags.writeable
+    compact = compile_schema({"type": "object"}, vocab, GrammarOptions(whitespace="none"), use_cache=False)
+    assert built.count(True) == 2 and len(compile_module._FREE_VALUE_DFAS) == 2  # another style: its own
+    assert compact.num_states > 0
+    monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
+    for schema, table in ((SCHEMAS["free_form_values"], first), ({"type": "array", "items": {"type": "object"}}, second)):
+        fresh = compile_schema(schema, vocab, use_cache=False)
+        for name in TABLE_ARRAYS:
+            a, b = getattr(table, name), getattr(fresh, name)
+            assert (a is None and b is None) or np.array_equal(a, b), name

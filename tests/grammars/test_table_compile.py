@@ -829,7 +829,7 @@ def _sorted_byte_classes(trans: np.ndarray) -> np.ndarray:
     return rep
 
 
-@pytest.mark.parametrize("num_states", [1, 700, 1024, 5000])
+@pytest.mark.parametrize("num_states", [1, 700, 1024, 5000, 9000])
 def test_byte_classes_hashed_or_sorted_equal_the_reference(num_states, monkeypatch):
     from surecall.grammars import automaton
 
@@ -844,6 +844,13 @@ def test_byte_classes_hashed_or_sorted_equal_the_reference(num_states, monkeypat
         weights = automaton._column_weights(num_states).copy()
         weights[1] = weights[0]
         monkeypatch.setattr(automaton, "_column_weights", lambda n: weights[:n])
+        got = automaton.byte_classes(trans)
+        assert got[1] == 1 and got[2] == 2
+        assert np.array_equal(got, _sorted_byte_classes(trans))
+        # the same in the last rows, which the check confirms in its last block of rows
+        trans[:, :3] = 0
+        trans[-2, 1] = trans[-1, 2] = 1
+        weights[-1] = weights[-2]
         got = automaton.byte_classes(trans)
         assert got[1] == 1 and got[2] == 2
         assert np.array_equal(got, _sorted_byte_classes(trans))
