@@ -191,6 +191,9 @@ def _with_fallbacks_timed(converted, vocab, options, meta: dict) -> TokenTable:
                 raise
             first_exc = first_exc or exc
             opts = dataclasses.replace(opts, max_ref_depth=opts.max_ref_depth - 1)
+            _note_fallback(started, f"the grammar at max_ref_depth={opts.max_ref_depth + 1} passed the memory "
+                           f"budget; compiling again at max_ref_depth={opts.max_ref_depth} (stricter: deeper "
+                           "recursion is not written)")
             continue
         if first_exc is not None:
             table.meta["narrowed"] = [[p, k, f"{why} (lowered from {options.max_ref_depth}: the deeper grammar "
@@ -213,9 +216,18 @@ def _with_conditionals_fallback(converted, vocab, options, meta: dict) -> TokenT
         first, second = converted(options), converted(relaxed)
         if (first.regex, _pieces(first)) == (second.regex, _pieces(second)):
             raise
+        _note_fallback(budget_started(), "the grammar with if/then/else, `not` and oneOf written in passed the "
+                       "memory budget; compiling again with them relaxed (left to the validator)")
         table = _with_counted_fallback(converted, vocab, relaxed, meta)
         table.meta["conditionals_fallback"] = str(exc)
         return table
+
+
+def _note_fallback(started: float, what: str) -> None:
+    """A note on stderr that a long compile starts again (silent in its first _PROGRESS_AFTER_S,
+    like the progress notes: a quick fallback needs no comment)."""
+    if time.perf_counter() - started > _PROGRESS_AFTER_S:
+        print(f"surecall: compiling... {what}", file=sys.stderr)
 
 
 def _with_counted_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:

@@ -209,7 +209,8 @@ def test_benchmark_schemas_walk_valid(data_dir, subset, suffix, kept):
     assert walk_errors(schema, vocab, table, num_walks=6) == []
 
 
-def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_relaxed(monkeypatch):
+def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_relaxed(monkeypatch, capsys):
+    monkeypatch.setattr(compile_module, "_PROGRESS_AFTER_S", -1.0)  # as if it had run long: the note is printed
     schema = FORMS["if_const_then_else"][0]
     inner = compile_module._with_counted_fallback
 
@@ -222,6 +223,7 @@ def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_rela
     table = compile_schema(schema, byte_vocab(), use_cache=False)
     assert "memory budget" in table.meta["conditionals_fallback"]
     assert {k for _, k in table.relaxed} == {"if"}
+    assert "compiling again with them relaxed" in capsys.readouterr().err
     with pytest.raises(CompileBudgetExceeded, match="memory budget"):  # nothing to relax: raised as it is
         compile_schema({"type": "integer"}, byte_vocab(), use_cache=False)
     with pytest.raises(ValueError, match="Invalid rewrite_conditionals"):

@@ -761,6 +761,21 @@ def test_a_recursive_schema_past_the_memory_budget_is_compiled_again_with_a_lowe
         jsonschema.validate(json.loads(decode(vocab, random_walk(table, vocab, rng))), _TREE)
 
 
+def test_a_long_compile_says_when_it_starts_again_at_a_lower_ref_depth(monkeypatch, capsys):
+    from helpers.grammar_checks import byte_vocab
+
+    from surecall.grammars import compile as compile_mod
+
+    vocab = byte_vocab("recursive-fallback-note")
+    compile_schema(_TREE, vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+    assert "compiling again" not in capsys.readouterr().err  # a quick fallback: silent
+    monkeypatch.setattr(compile_mod, "_PROGRESS_AFTER_S", -1.0)  # as if it had run long
+    compile_schema(_TREE, vocab, GrammarOptions(memory_budget_bytes=1 << 20), use_cache=False)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "compiling again" in line]
+    assert notes == ["surecall: compiling... the grammar at max_ref_depth=3 passed the memory budget; compiling "
+                     "again at max_ref_depth=2 (stricter: deeper recursion is not written)"]
+
+
 def test_lowering_ref_depth_is_only_tried_for_a_cut_recursion():
     from helpers.grammar_checks import byte_vocab
 
