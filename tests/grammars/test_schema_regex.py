@@ -829,6 +829,23 @@ def test_reasonable_numbers_are_still_admitted():
     assert not any(accepts(number, t) for t in ["1e100", "1e-100", "1e999", "9000000000000000", "1" * 17 + ".5"])
 
 
+@pytest.mark.parametrize("schema", [{"type": "number", "minimum": 0}, {"type": "number", "exclusiveMinimum": -2.5},
+                                    {"type": "number", "maximum": 7}, {"type": "number", "minimum": 0, "maximum": 1e20}])
+def test_a_bounded_number_takes_the_free_numbers_cap_past_its_own_bounds(schema):
+    """Past the schema's bounds, a bounded number stops where a free one does (integer part at most
+    LARGEST_INTEGER, any fraction): an inclusive cap at LARGEST_INTEGER wrote a 16-digit chain that
+    forbade fractions there (439 regex characters for `minimum: 0`)."""
+    result = schema_to_regex(schema)
+    assert len(result.regex) < 200 and not result.relaxed
+    low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
+    for text in ["8999999999999999.5", "-8999999999999999.25", "1234567890123456.75", "3.5", "-2"]:
+        value = float(text)
+        ok = (low is None or value > low or (value == low and "minimum" in schema)) and (high is None or value <= high)
+        assert accepts(schema, text) == ok, (schema, text)
+    for text in ["9000000000000000", "-9000000000000000", "9000000000000000.5", "1e5"]:
+        assert not accepts(schema, text), (schema, text)
+
+
 def test_integral_number_bounds_beyond_2_53_are_relaxed_not_unsatisfiable():
     huge = {"type": "number", "minimum": 1e20}
     assert relaxed(huge) == [("", "minimum")] and accepts(huge, "1.5e21")
