@@ -253,16 +253,16 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     clock = _Clock(options.time_budget_s)
     # 1. Regex -> pruned byte DFA; with pieces (placeholders in the regex), one DFA per piece,
     #    spliced into the parent's (splice.py).
-    #    Either way a short regex's string bodies come from one per-process DFA
-    #    (string_bodies.py); a long one keeps its child process as it is.
+    #    Either way the string bodies, free numbers and formats come from one per-process DFA each
+    #    (string_bodies.py). A long regex's own DFA (the rest, with placeholders) is built in the
+    #    child process even where the placeholders make it short: its length decides, as before.
     def build(r: str) -> ByteDFA:
-        if len(r) > _ISOLATE_REGEX_CHARS:
-            return _regex_dfa(r, options, clock)
+        isolate = len(r) > _ISOLATE_REGEX_CHARS
         free = r == free_value_regex(options.whitespace_regex())
         if free and r in _FREE_VALUE_DFAS:
             return _FREE_VALUE_DFAS[r]
-        dfa = build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock),
-                                       lambda text: _regex_dfa(text, options, clock, pruned=False))
+        dfa = build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock, isolate=isolate),
+                                       lambda text: _regex_dfa(text, options, clock, pruned=False, isolate=isolate))
         if free:
             _FREE_VALUE_DFAS[r] = _read_only(dfa)
         return dfa
@@ -290,9 +290,10 @@ def _read_only(dfa: ByteDFA) -> ByteDFA:
     return dfa
 
 
-def _regex_dfa(regex: str, options, clock: _Clock, pruned: bool = True) -> ByteDFA:
+def _regex_dfa(regex: str, options, clock: _Clock, pruned: bool = True, isolate: bool = False) -> ByteDFA:
     """One regex's pruned byte DFA (outlines-core cannot be interrupted: its input is bounded first);
-    `pruned=False` as in regex_to_dfa (a regex built in the child process comes back pruned)."""
+    `pruned=False` as in regex_to_dfa (a regex built in the child process comes back pruned). It is
+    built in the child process when it is long, or when `isolate` says so (the regex it stands for is)."""
     if len(regex) * _BYTES_PER_REGEX_CHAR > options.memory_budget_bytes:
         raise CompileBudgetExceeded(
             f"regex of {len(regex)} characters is too large to compile within the memory budget of "
@@ -300,7 +301,7 @@ def _regex_dfa(regex: str, options, clock: _Clock, pruned: bool = True) -> ByteD
             "lower max_ref_depth / max_any_depth / max_bounded_length or raise memory_budget_bytes"
         )
     clock.check("byte DFA")
-    if len(regex) > _ISOLATE_REGEX_CHARS:
+    if isolate or len(regex) > _ISOLATE_REGEX_CHARS:
         return regex_to_dfa_isolated(regex, max(options.time_budget_s - clock.elapsed_s(), 0.01),
                                      options.memory_budget_bytes)
     return regex_to_dfa(regex, pruned=pruned)

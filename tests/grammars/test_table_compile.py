@@ -401,6 +401,35 @@ def test_isolated_byte_dfa_matches_and_is_killed_past_budget(monkeypatch):
     assert np.array_equal(again.mask_dense(), inline.mask_dense())
 
 
+def test_a_long_regex_takes_shared_string_bodies_and_its_own_dfa_still_comes_from_the_child(monkeypatch):
+    """Past _ISOLATE_REGEX_CHARS the regex's string bodies are laid from the per-process DFA
+    (string_bodies.py), not built again by outlines-core; what outlines-core does build (the
+    regex with placeholders) goes to the child process even when the placeholders made it short.
+    The table is the one the regex builds in process, array for array."""
+    import surecall.grammars.compile as compile_module
+    from surecall.grammars import automaton
+    from surecall.grammars.schema.json_lex import STRING
+
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(4)},
+              "required": [f"field_{i}" for i in range(4)]}
+    vocab = synthetic_vocab()
+    inline = compile_schema(schema, vocab, GrammarOptions(), use_cache=False)
+    seen = []
+    real = automaton._WORKER.build
+
+    def spy(regex, *args):
+        seen.append(regex)
+        return real(regex, *args)
+
+    monkeypatch.setattr(automaton._WORKER, "build", spy)
+    monkeypatch.setattr(compile_module, "_ISOLATE_REGEX_CHARS", 200)
+    isolated = compile_schema(schema, vocab, GrammarOptions(), use_cache=False)
+    assert seen and all(STRING[1:-1] not in regex for regex in seen), "a string body went to outlines-core"
+    assert any(len(regex) <= 200 for regex in seen), "the short regex with placeholders was built in process"
+    a, b = dense_view(inline), dense_view(isolated)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_warm_up_prestarts_the_byte_dfa_child_which_the_next_large_regex_uses():
     import surecall.grammars.compile as compile_mod
     from surecall.grammars.automaton import _WORKER, regex_to_dfa_isolated
