@@ -39,7 +39,7 @@ from surecall.grammars.counted import (
 )
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.options import budget_started, one_time_budget
-from surecall.grammars.schema.to_regex import free_value_regex
+from surecall.grammars.schema.to_regex import free_value_depth
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.string_bodies import build_with_shared_bodies
 from surecall.grammars.table import (
@@ -258,17 +258,12 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     #    child process even where the placeholders make it short: its length decides, as before.
     def build(r: str) -> ByteDFA:
         isolate = len(r) > _ISOLATE_REGEX_CHARS
-        free = r == free_value_regex(options.whitespace_regex())
-        if free and r in _FREE_VALUE_DFAS:
-            return _FREE_VALUE_DFAS[r]
-        dfa = build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock, isolate=isolate),
-                                       lambda text: _regex_dfa(text, options, clock, pruned=False, isolate=isolate))
-        if free:
-            _FREE_VALUE_DFAS[r] = _read_only(dfa)
-        return dfa
+        return build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock, isolate=isolate),
+                                        lambda text: _regex_dfa(text, options, clock, pruned=False, isolate=isolate))
 
     if pieces:
-        dfa = build_spliced(regex, pieces, build, options.memory_budget_bytes, lambda: clock.check("byte DFA (splice)"))
+        dfa = build_spliced(regex, pieces, build, options.memory_budget_bytes, lambda: clock.check("byte DFA (splice)"),
+                            _FreeValueLevels(pieces, options.whitespace_regex()).shared)
         meta = {**meta, "pieces": len(pieces)}
     else:
         dfa = build(regex)
@@ -277,10 +272,33 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
 
 
-# A free-form value one container deep (`{}` / `{"type": "object"}` values, the innermost level of
-# max_any_depth) is the same splice piece in every schema that has one (52 of the benchmark's 186
-# compiled schemas): its DFA (137 states, ~10 ms) is built once per process and whitespace style.
-_FREE_VALUE_DFAS: dict[str, ByteDFA] = {}
+# The levels of a free-form value (`{}` / `{"type": "object"}` values: to_regex's any_value(d),
+# every level a splice piece) are the same in every schema that has one (52 of the benchmark's 186
+# compiled schemas): each level's spliced DFA (137 states at level 1, ~10 ms; ~500 at level 2, ~20
+# ms) is built once per process, whitespace style and level, and shared read-only.
+_FREE_VALUE_DFAS: dict[tuple[str, int], ByteDFA] = {}
+
+
+class _FreeValueLevels:
+    """build_spliced's `shared`: the pieces of one regex that are free-form levels use _FREE_VALUE_DFAS."""
+
+    def __init__(self, pieces, ws: str):
+        self.pieces, self.ws = pieces, ws
+        self.depth: dict[int, int] = {}
+
+    def depth_of(self, index: int) -> int:
+        if index not in self.depth:
+            self.depth[index] = 0 if not 0 <= index < len(self.pieces) else free_value_depth(
+                self.pieces[index], self.ws, self.depth_of)
+        return self.depth[index]
+
+    def shared(self, index: int):
+        level = self.depth_of(index)
+        if not level:
+            return None, None
+        key = (self.ws, level)
+        dfa = _FREE_VALUE_DFAS.get(key)
+        return (dfa, None) if dfa is not None else (None, lambda built: _FREE_VALUE_DFAS.setdefault(key, _read_only(built)))
 
 
 def _read_only(dfa: ByteDFA) -> ByteDFA:

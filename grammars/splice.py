@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from surecall.errors import CompileBudgetExceeded
-from surecall.grammars.automaton import ByteDFA, minimize, prune
+from surecall.grammars.automaton import ByteDFA, byte_classes, minimize, prune
 
 PLACEHOLDER_LEAD = 0x00
 _INDEX_BASE = ord("A")  # index digits are the letters A-P (one hex nibble each)
@@ -83,13 +83,17 @@ class Pieces:
 
 
 def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
-                  memory_budget_bytes: int, check: Callable[[], None] = lambda: None) -> ByteDFA:
+                  memory_budget_bytes: int, check: Callable[[], None] = lambda: None,
+                  shared: Callable[[int], tuple[ByteDFA | None, Callable[[ByteDFA], None] | None]] | None = None
+                  ) -> ByteDFA:
     """The byte DFA of `regex` with every placeholder replaced by its piece's language.
 
     `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
     built once, on first use, and spliced itself before use; `check()` runs after each splice and
     between the batches of each subset construction (a time budget raises there). Raises CompileBudgetExceeded when a joined automaton would exceed
-    `memory_budget_bytes`.
+    `memory_budget_bytes`. `shared(index)`, when given, says whether a piece's spliced DFA is kept
+    by the caller beyond this call: (its DFA, None) to use it as it is, (None, keep) to build it
+    and hand it to keep(dfa), (None, None) to just build it.
     """
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
@@ -101,12 +105,20 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
             raise ValueError(f"Invalid placeholder: piece {index} used by piece {user} of {len(pieces)}")
         if index not in canonical:
-            parents[index] = build(pieces[index])
-            dfa = splice_dfa(parents[index], lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states, check)
+            dfa, keep = shared(index) if shared is not None else (None, None)
+            if dfa is None:
+                dfa = splice_dfa(parent_of(index), lambda k: sub_of(k), lambda i: canonical_of(i, index), max_states, check)
+                if keep is not None:
+                    keep(dfa)
             check()
             canonical[index] = first_of.first(dfa, index)
             built.setdefault((canonical[index],), dfa)
         return canonical[index]
+
+    def parent_of(index: int) -> ByteDFA:
+        if index not in parents:
+            parents[index] = build(pieces[index])
+        return parents[index]
 
     def sub_of(key: tuple[int, ...]) -> ByteDFA:
         if key not in built:  # alternatives at one place: their union, built once for every user
@@ -114,7 +126,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             if sum(d.num_states for d in subs) <= _UNION_BY_SUBSETS:
                 built[key] = union_dfa(subs, max_states, check)
             else:  # the union of their parents, spliced: large common parts are walked once, not in lockstep
-                parent = union_dfa([parents[i] for i in key], max_states, check)
+                parent = union_dfa([parent_of(i) for i in key], max_states, check)
                 built[key] = splice_dfa(parent, sub_of, lambda i: canonical_of(i, max(key)), max_states, check)
             check()
         return built[key]
@@ -324,13 +336,18 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
         closure_id[x] = subset_id(members)
     rows = [closure_id[trans]]
     accepts = [accept]
-    padded = np.vstack([np.where(trans < 0, n, trans), np.full((1, 256), n, dtype=np.int32)])
+    # Bytes whose columns are equal in every state lead every subset alike: subsets are walked on
+    # one byte per class (a JSON grammar has a few dozen classes of 256) and the rows widened after.
+    if subsets:
+        reps, byte_class = np.unique(byte_classes(trans), return_inverse=True)
+        padded = np.vstack([np.where(trans[:, reps] < 0, n, trans[:, reps]), np.full((1, reps.size), n, dtype=np.int32)])
     done = 0
     while done < len(subsets):
         k = max(len(m) for m in subsets[done : done + 64])
-        batch = subsets[done : done + max(1, _BATCH_BYTES // (k * width * 256 * 4 * 2))]
+        batch = subsets[done : done + max(1, _BATCH_BYTES // (k * width * reps.size * 4 * 2))]
         done += len(batch)
         row, acc = _subset_rows(batch, padded, closed, accept, subset_id)
+        row = row[:, byte_class.reshape(-1)]
         _check_states(n + len(subsets), max_states)  # alternatives can multiply subsets
         check()
         rows.append(row)
@@ -341,15 +358,15 @@ def _determinize(trans: np.ndarray, accept: np.ndarray, eps: dict[int, list[int]
 
 def _subset_rows(batch: list[tuple[int, ...]], padded: np.ndarray, closed: np.ndarray, accept: np.ndarray,
                  subset_id: Callable[[tuple[int, ...]], int]) -> tuple[np.ndarray, np.ndarray]:
-    """The DFA rows (int32 [B, 256]) and acceptance of a batch of subsets (`padded`: trans with
-    dead as n and a row n of n; `closed`: each state's closure padded with n)."""
+    """The DFA rows (int32 [B, C]) and acceptance of a batch of subsets (`padded`: the C columns
+    of trans walked, dead as n, and a row n of n; `closed`: each state's closure padded with n)."""
     n = padded.shape[0] - 1
     k = max(map(len, batch))
     members = np.full((len(batch), k), n, dtype=np.int32)
     for i, m in enumerate(batch):
         members[i, : len(m)] = m
-    # [B, 256, k * width]: every member's successor, closed, per byte; sorted, duplicates to n.
-    succ = closed[padded[members]].transpose(0, 2, 1, 3).reshape(len(batch), 256, -1)
+    # [B, C, k * width]: every member's successor, closed, per column; sorted, duplicates to n.
+    succ = closed[padded[members]].transpose(0, 2, 1, 3).reshape(len(batch), padded.shape[1], -1)
     succ.sort(axis=2)
     succ[:, :, 1:][succ[:, :, 1:] == succ[:, :, :-1]] = n
     succ.sort(axis=2)

@@ -36,6 +36,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
@@ -105,7 +106,7 @@ from surecall.grammars.schema.regular import (
 from surecall.grammars.schema.string_automaton import RegularGaveUp, StringAutomaton, WorkMeter
 from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
-from surecall.grammars.splice import Pieces, placeholders_in
+from surecall.grammars.splice import Pieces, placeholder, placeholders_in
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -146,6 +147,23 @@ def free_value_regex(ws: str) -> str:
     it: the same text in every schema (its own splice piece), so compile.py builds its DFA once
     per process, like string_bodies.py's string bodies and numbers."""
     return _any_value_text(ws, _SCALARS)
+
+
+def free_value_depth(regex: str, ws: str, depth_of: Callable[[int], int]) -> int:
+    """d when `regex` is the piece `Converter.any_value(d)` writes under whitespace `ws`, else 0.
+
+    Level 1 is free_value_regex(ws); level d holds one placeholder, of a piece at level d - 1
+    (`depth_of(index)`: that piece's level, 0 if none). A level's language depends on d and ws
+    only, not on the schema or its piece numbering: compile.py keeps each level's spliced DFA
+    once per process."""
+    if regex == free_value_regex(ws):
+        return 1
+    inner = placeholders_in(regex)
+    if len(inner) != 1:
+        return 0
+    (index,) = inner
+    below = depth_of(index)
+    return below + 1 if below and regex == _any_value_text(ws, placeholder(index)) else 0
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
@@ -1409,10 +1427,10 @@ class Converter:
         if depth <= 0:
             return _SCALARS
         if depth not in self.any_regex:
-            inner = self.any_value(depth - 1)
-            if self.pieces is not None and depth > 1:
-                inner = self.pieces.add(inner)
-            self.any_regex[depth] = _any_value_text(self.ws, inner)
+            inner = _SCALARS if depth == 1 else self.any_value(depth - 1)
+            text = _any_value_text(self.ws, inner)
+            # spliced, every level is a piece (the top one too): its DFA is built once per process
+            self.any_regex[depth] = text if self.pieces is None else self.pieces.add(text)
         return self.any_regex[depth]
 
     # -- strings -------------------------------------------------------------------------

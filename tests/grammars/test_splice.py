@@ -486,30 +486,40 @@ def test_a_value_many_properties_share_is_spliced_once_and_gives_the_inlined_dfa
     assert value not in schema_to_regex(schema, splice=True).pieces
 
 
-def test_the_free_form_value_dfa_is_built_once_per_process_and_changes_no_table(monkeypatch):
-    """The innermost free-form level (`any_value(1)`) is the same piece in every schema: compile.py
-    builds its DFA once per whitespace style and shares it read-only; tables are the same as when
-    it is built afresh."""
+def test_every_free_form_level_is_built_once_per_process_and_changes_no_table(monkeypatch):
+    """Every level of a free-form value (`any_value(d)`, the top one too) is a piece that is the same
+    in every schema: compile.py builds each level's spliced DFA once per whitespace style and level
+    and shares it read-only, whatever index the schema gave the piece; tables are the same as when
+    the levels are built afresh."""
     from surecall.grammars import compile as compile_module
 
-    free = to_regex.free_value_regex(GrammarOptions().whitespace_regex())
-    frees = {free, to_regex.free_value_regex(GrammarOptions(whitespace="none").whitespace_regex())}
+    ws = GrammarOptions().whitespace_regex()
+    free = to_regex.free_value_regex(ws)
     built = []
     real = compile_module.build_with_shared_bodies
     monkeypatch.setattr(compile_module, "build_with_shared_bodies",
-                        lambda r, *a: (built.append(r in frees), real(r, *a))[1])
+                        lambda r, *a: (built.append(r), real(r, *a))[1])
     monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
     vocab = byte_vocab()
     first = compile_schema(SCHEMAS["free_form_values"], vocab, use_cache=False)
-    second = compile_schema({"type": "array", "items": {"type": "object"}}, vocab, use_cache=False)
-    assert built.count(True) == 1 and built.count(False) >= 2  # both schemas hold the piece; built once
-    shared = compile_module._FREE_VALUE_DFAS[free]
-    assert not shared.trans.flags.writeable and not shared.accept.flags.writeable
+    levels = [r for r in built if r == free or to_regex.placeholders_in(r) and "true|false|null" in r]
+    assert built.count(free) == 1 and len(levels) == 2  # level 1 and level 2 (max_any_depth), once each
+    # another schema, whose other pieces come first (the levels take other indices): nothing built again
+    built.clear()
+    second_schema = {"type": "object", "properties": {"ref": {"$ref": "#/$defs/big"}, "any": {}},
+                     "required": ["ref", "any"],
+                     "$defs": {"big": {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(30)}}}}
+    second = compile_schema(second_schema, vocab, use_cache=False)
+    assert to_regex.schema_to_regex(second_schema, splice=True).pieces[0] != free  # another numbering
+    assert built and free not in built and not any("true|false|null" in r for r in built)
+    assert set(compile_module._FREE_VALUE_DFAS) == {(ws, 1), (ws, 2)}
+    for dfa in compile_module._FREE_VALUE_DFAS.values():
+        assert not dfa.trans.flags.writeable and not dfa.accept.flags.writeable
     compact = compile_schema({"type": "object"}, vocab, GrammarOptions(whitespace="none"), use_cache=False)
-    assert built.count(True) == 2 and len(compile_module._FREE_VALUE_DFAS) == 2  # another style: its own
-    assert compact.num_states > 0
+    assert len(compile_module._FREE_VALUE_DFAS) == 4 and compact.num_states > 0  # another style: its own levels
     monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
-    for schema, table in ((SCHEMAS["free_form_values"], first), ({"type": "array", "items": {"type": "object"}}, second)):
+    for schema, table in ((SCHEMAS["free_form_values"], first), (second_schema, second)):
+        monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
         fresh = compile_schema(schema, vocab, use_cache=False)
         for name in TABLE_ARRAYS:
             a, b = getattr(table, name), getattr(fresh, name)
