@@ -212,3 +212,26 @@ def test_the_timed_engines_run_first_and_outlines_after_on_what_they_finished(mo
     ours_ran = [i for engine, i in log if engine == "ours"]
     assert 0 < len(ours_ran) < 6 and sorted(i for engine, i in log if engine == "outlines") == sorted(ours_ran)
     assert cut == 6 - len(ours_ran) and len(rows) == 2 * len(ours_ran)
+
+
+def test_compile_ab_medians_each_side_over_its_runs_and_compares_per_band(tmp_path):
+    """benchmarks/compile_ab.py --compare: each schema's time is the median of its side's runs, the
+    ratios are new over old per band of the old time, and a state count that moved is reported."""
+    ab = _load("compile_ab")
+    old = [{"s|a": [10.0, 5], "s|b": [100.0, 50], "s|c": [30.0, 9]}, {"s|a": [12.0, 5], "s|b": [300.0, 50], "s|c": [30.0, 9]},
+           {"s|a": [11.0, 5], "s|b": [110.0, 50], "s|c": [30.0, 9]}]
+    new = [{"s|a": [5.5, 5], "s|b": [55.0, 50], "s|c": [30.0, 8]}]
+    paths = []
+    for i, run in enumerate(old + new):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    lines = ab.compare(",".join(map(str, paths[:3])), str(paths[3]))
+    text = "\n".join(lines)
+    assert "0-12 ms:   1 schemas, median ratio new/old 0.500" in text  # a: median 11 -> 5.5
+    assert "40-200 ms:   1 schemas, median ratio new/old 0.500" in text  # b: median 110 (not the 300 outlier) -> 55
+    assert "12-40 ms:   1 schemas, median ratio new/old 1.000" in text
+    assert "all:   3 schemas, median ratio new/old 0.500, sum ratio 0.599" in text  # (5.5+55+30) / (11+110+30)
+    assert lines[-1].endswith("1 schemas changed their state count")
+    (tmp_path / "none.json").write_text("{}")
+    with pytest.raises(SystemExit, match="no schema in common"):
+        ab.compare(str(paths[0]), str(tmp_path / "none.json"))
