@@ -164,6 +164,8 @@ def free_value_depth(regex: str, ws: str, depth_of: Callable[[int], int]) -> int
     (index,) = inner
     below = depth_of(index)
     return below + 1 if below and regex == _any_value_text(ws, placeholder(index)) else 0
+
+
 # multipleOf regexes (grammars/schema/multiple_of.py) one schema may hold together: m = 8 is ~2k
 # characters, and a union of allOf branches can repeat it many times.
 _MAX_MULTIPLE_CHARS = 16_000
@@ -1421,8 +1423,9 @@ class Converter:
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep (built once per depth).
 
-        With splicing, each level below `depth` is a piece of its own (placeholder), so a level
-        refers to the one inside it instead of copying it twice: regex text linear in depth.
+        With splicing, every level is a piece of its own (placeholder), the top one too, so a level
+        refers to the one inside it instead of copying it twice (regex text linear in depth), and
+        each level's DFA is the same in every schema (compile.py builds it once per process).
         """
         if depth <= 0:
             return _SCALARS
