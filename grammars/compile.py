@@ -54,6 +54,7 @@ from surecall.grammars.tokenwalk import (
     Row,
     lexical_regions,
     merge_rows,
+    sort_by_state_token,
     token_rows,
     vocab_index,
 )
@@ -460,10 +461,9 @@ def _exceptions(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         exc = nxt != default[owner]
         runs.append((owner[exc], tok[exc], nxt[exc]))
     if based:
-        based_default, based_tok, based_next = _exceptions_based([parts[q] for q in based])
+        based_default, (owner, tok, nxt) = _exceptions_based([parts[q] for q in based], num_states)
         default[based] = based_default
-        runs.append((np.repeat(np.asarray(based, dtype=np.int64), [t.size for t in based_tok]),
-                     np.concatenate(based_tok), np.concatenate(based_next)))
+        runs.append((np.asarray(based, dtype=np.int64)[owner], tok, nxt))
     ptr = np.zeros(num_states + 1, dtype=np.int64)
     for owner, _, _ in runs:
         ptr[1:] += np.bincount(owner, minlength=num_states)
@@ -500,50 +500,77 @@ def _most_common(owner: np.ndarray, nxt: np.ndarray, num_states: int) -> np.ndar
     return target[best[first]].astype(np.int32)
 
 
-def _exceptions_based(parts: list) -> tuple[list, list, list]:
-    """(defaults, exception tokens, their next states) of rows that have a class part."""
-    defaults, rows_tok, rows_next = [], [], []
+def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
+    """(defaults, (owner, tokens, next states)) of rows that have a class part: owner indexes
+    `parts`, the entries grouped by owner, tokens ascending inside.
+
+    The defaults are voted for every row at once: a row's own tokens count one each, its class
+    part's tokens per local end state (counted once per class walk); the most votes win, on a tie
+    the smallest state (a class part alone: the smallest local state). A row's exceptions are its
+    class part's tokens that do not end at the default (once per class walk and local default)
+    and its own that do not lead there, merged for every row in one sort.
+    """
+    k = len(parts)
+    if not k:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32), (empty, _NO_TOKENS, _NO_TOKENS)
     ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
-    base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> its exceptions
-    pure: dict[int, tuple] = {}  # id(class walk) -> (local default, its exceptions) of a row without extras
-    for base, m, tok, nxt in parts:
-        if not tok.size and base.ends.size:  # a class part alone: shared
-            hit = pure.get(id(base))
-            if hit is None:
-                local = np.bincount(base.end, minlength=m.size)
-                star = int(np.argmax(local))
-                keep = base.end != star
-                hit = pure[id(base)] = (star, base.tok[keep], base.end[keep])
-            defaults.append(m[hit[0]])
-            rows_tok.append(hit[1])
-            rows_next.append(m[hit[2]])
-            continue
-        targets = m[base.ends]
-        size = max(int(nxt.max()) + 1 if nxt.size else 0, int(targets.max()) + 1 if targets.size else 0)
-        if size == 0:
-            defaults.append(-1)
-            rows_tok.append(_NO_TOKENS)
-            rows_next.append(_NO_TOKENS)
-            continue
-        counts = np.bincount(nxt, minlength=size)
-        if targets.size:
-            local = ends_count.get(id(base))
-            if local is None:
-                local = ends_count[id(base)] = np.bincount(base.end, minlength=m.size)[base.ends]
-            counts[targets] += local
-        d = int(np.argmax(counts))
-        defaults.append(d)
-        own = nxt != d
-        hits = np.flatnonzero(targets == d)
-        key = (id(base), int(base.ends[hits[0]]) if hits.size else -1)
-        part = base_exc.get(key)
+    for base, _, _, _ in parts:
+        if id(base) not in ends_count:
+            ends_count[id(base)] = np.bincount(base.end)[base.ends] if base.ends.size else base.ends
+    own_sizes = np.fromiter((p[2].size for p in parts), dtype=np.int64, count=k)
+    end_sizes = np.fromiter((p[0].ends.size for p in parts), dtype=np.int64, count=k)
+    rows = np.arange(k, dtype=np.int64)
+    own_owner = np.repeat(rows, own_sizes)
+    own_tok = np.concatenate([p[2] for p in parts]).astype(np.int32)
+    own_next = np.concatenate([p[3] for p in parts]).astype(np.int64)
+    # 1. The votes: (row, next state) keys, weighed; a class part's carry their local state.
+    vote_local = np.concatenate([p[0].ends for p in parts]).astype(np.int64)
+    vote_target = np.concatenate([own_next, *(p[1][p[0].ends] for p in parts)]).astype(np.int64)
+    vote_weight = np.concatenate([np.ones(own_owner.size), *(ends_count[id(p[0])] for p in parts)])
+    key = np.concatenate([own_owner, np.repeat(rows, end_sizes)]) * num_states + vote_target
+    uniq, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    weight = np.bincount(inverse, weights=vote_weight, minlength=uniq.size)
+    local = np.full(uniq.size, -1, dtype=np.int64)
+    local[inverse[own_owner.size :]] = vote_local  # a class part's end states map to distinct states
+    who, target = np.divmod(uniq, num_states)
+    pure = (own_sizes == 0)[who]  # rows without extras break ties by local state
+    best = np.lexsort((np.where(pure, local, target), -weight, who))
+    first = np.ones(best.size, dtype=bool)
+    first[1:] = who[best][1:] != who[best][:-1]
+    win = best[first]
+    defaults = np.full(k, -1, dtype=np.int32)
+    defaults[who[win]] = target[win]
+    local_default = np.full(k, -1, dtype=np.int64)
+    local_default[who[win]] = local[win]
+    # 2. The exceptions: class parts' (cached per walk and local default, mapped through the
+    #    row's region ids) and own, merged in one sort by (row, token).
+    base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> (tokens, local ends)
+    offsets: dict[int, int] = {}  # id(region ids) -> its offset in `maps`
+    maps, map_at, part_tok, part_end = [], np.empty(k, dtype=np.int64), [], []
+    at = 0
+    for i, ((base, m, _, _), ld) in enumerate(zip(parts, local_default.tolist(), strict=True)):
+        part = base_exc.get((id(base), ld))
         if part is None:
-            keep = base.end != key[1]
-            part = base_exc[key] = (base.tok[keep], base.end[keep])
-        e_tok, e_next = merge_rows((part[0], m[part[1]].astype(np.int32)), (tok[own], nxt[own]))
-        rows_tok.append(e_tok)
-        rows_next.append(e_next)
-    return np.asarray(defaults, dtype=np.int32), rows_tok, rows_next
+            keep = base.end != ld
+            part = base_exc[(id(base), ld)] = (base.tok[keep], base.end[keep])
+        part_tok.append(part[0])
+        part_end.append(part[1])
+        offset = offsets.get(id(m))
+        if offset is None:
+            offset = offsets[id(m)] = at
+            maps.append(m)
+            at += m.size
+        map_at[i] = offset
+    part_sizes = np.fromiter((t.size for t in part_tok), dtype=np.int64, count=k)
+    base_next = np.concatenate(maps)[np.concatenate(part_end).astype(np.int64) + np.repeat(map_at, part_sizes)]
+    exc = own_next != defaults[own_owner]
+    owner = np.concatenate([np.repeat(rows, part_sizes), own_owner[exc]])
+    tok = np.concatenate([*part_tok, own_tok[exc]]).astype(np.int32)
+    nxt = np.concatenate([base_next, own_next[exc]]).astype(np.int32)
+    vocab_span = int(tok.max()) + 1 if tok.size else 1
+    return defaults, sort_by_state_token(owner, tok, nxt, vocab_span)
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
@@ -615,7 +642,7 @@ def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np
     kept[1:] = np.cumsum(np.bincount(np.repeat(np.arange(order.size), sizes)[ok], minlength=order.size))
     bounds = kept.tolist()
     parts = []
-    maps: dict[int, np.ndarray] = {}  # id(region map) -> its new ids, once per region
+    maps: dict[int, tuple] = {}  # id(region map) -> (its new ids, whether all are kept), once per region
     big = set(own.big)
     for i, q in enumerate(order.tolist()):
         row = rows[q]
@@ -628,10 +655,12 @@ def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np
         if base is None:
             parts.append((None, None, t, x))
             continue
-        m = maps.get(id(row.g))
-        if m is None:
-            m = maps[id(row.g)] = new_id[row.g]
-        if (m[base.ends] >= 0).all():
+        hit = maps.get(id(row.g))
+        if hit is None:
+            m = new_id[row.g]
+            hit = maps[id(row.g)] = (m, bool((m >= 0).all()))
+        m, whole = hit
+        if whole or (m[base.ends] >= 0).all():
             parts.append((base, m, t, x))
             continue
         full = m[base.end]

@@ -9,7 +9,7 @@ Walking every token from every state is the whole cost of a compile, so the walk
 - Donors. An acyclic state whose byte row agrees with a lexical-class state on most first bytes
   (the first character of a `minLength: 1` string) copies that state's row for those bytes.
 - Chains. The acyclic class positions left (a JSON number's bounded digits, `[0-9]{0,14}`) are
-  cut into short chains walked like lexical classes (by shape, cached); their rows are plain.
+  cut into short chains walked like lexical classes (by shape, cached), their rows shared alike.
 - Everything else is one batched, vectorised numpy walk over (state, token) pairs, pruned by the
   token's first two bytes, with no compaction (pairs in decreasing token length).
 A state's `Row` keeps its class part shared (the class walk plus its region's id map) next to
@@ -351,7 +351,9 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None, check=_no_check) -> l
     _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(cyclic).tolist(), rows, walk_bytes, shapes, check)
     # 2. Acyclic states: copy from a donor where the byte rows agree.
     _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes)
-    # 2b. Acyclic class positions left (a number's digits): chains, walked like classes by shape.
+    # 2b. Acyclic class positions left (a number's digits): chains, walked like classes by shape;
+    #     their rows keep the shared class part too (20 integer properties: 50 -> 32 ms; Github_medium
+    #     o9913's token walk 51 -> 20 s, where the materialised chain rows were 36M pairs more).
     has_row = np.fromiter((row is not None for row in rows), dtype=bool, count=dfa.num_states)
     comp, chains, in_chain = _chain_regions(dfa, succ, comp, cyclic | has_row)
     for root in chains:  # a chain's shape is seen from its root (not always its smallest id)
@@ -360,30 +362,14 @@ def token_rows(dfa: ByteDFA, vi: VocabIndex, regions=None, check=_no_check) -> l
     _class_rows_inplace(dfa, vi, succ, comp, np.flatnonzero(in_chain).tolist(), rows, walk_bytes, shapes, check)
     # 3. Everything left: one batched walk, pruned by the first two bytes.
     walked = _walk_generic(dfa, vi, walk_bytes, check)
-    out: list[Row | None] = []
-    # Chain rows are plain (a chain's walk is shared, its rows are not): they are materialised
-    # and sorted a batch of states at a time (one sort over all of them took ~60 bytes a pair:
-    # 10 GB on Github_medium o9913's 150M chain pairs).
-    chain: list[tuple] = []  # (state, row, generic extra) of the chain states not yet made plain
-    chain_pairs = 0
+    out: list[Row] = []
     for q in range(dfa.num_states):
         row, extra = rows[q], walked.get(q)
-        if in_chain[q]:
-            chain.append((q, row, extra))
-            chain_pairs += row.size + (0 if extra is None else extra[0].size)
-            out.append(None)
-            if chain_pairs >= GENERIC_BATCH_PAIRS:
-                _plain_rows_inplace(out, chain, vi.vocab_size)
-                chain, chain_pairs = [], 0
-                check()
-            continue
         if row is None:
             row = Row(None, None, *(extra or (_EMPTY, _EMPTY)))
         elif extra is not None:
             row.tok, row.nxt = merge_rows((row.tok, row.nxt), extra)
         out.append(row)
-    if chain:
-        _plain_rows_inplace(out, chain, vi.vocab_size)
     return out
 
 
@@ -405,27 +391,6 @@ def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, sha
         rows[q] = Row(cw, g, _EMPTY, _EMPTY)
         walk_bytes[q] &= table[start] < -1
     _run_exit_jobs(dfa, vi, rows, exit_jobs, check)
-
-
-def _plain_rows_inplace(out: list, chain: list, vocab_size: int) -> None:
-    """Set out[q] to the plain Row of each (q, class row, generic extra) of `chain`: the class part,
-    the tokens leaving it and the extra (disjoint), sorted by token in one sort."""
-    pieces = []
-    for q, row, extra in chain:
-        pieces += [(q, row.base.tok, row.g[row.base.end].astype(np.int32)), (q, row.tok, row.nxt)]
-        if extra is not None:
-            pieces.append((q, *extra))
-    sizes = [t.size for _, t, _ in pieces]
-    state = np.repeat(np.asarray([q for q, _, _ in pieces], dtype=np.int32), sizes)
-    tok = np.concatenate([t for _, t, _ in pieces]).astype(np.int32)
-    nxt = np.concatenate([x for _, _, x in pieces]).astype(np.int32)
-    del pieces
-    state, tok, nxt = _sort_by_state_token(state, tok, nxt, vocab_size)
-    qs = [q for q, _, _ in chain]
-    lo = np.searchsorted(state, qs, side="left").tolist()
-    hi = np.searchsorted(state, qs, side="right").tolist()
-    for q, a, b in zip(qs, lo, hi, strict=True):
-        out[q] = Row(None, None, tok[a:b], nxt[a:b])
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -616,7 +581,7 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
         lo_hi = np.asarray(short, dtype=np.int64)
         sizes = lo_hi[:, 1] - lo_hi[:, 0]
         pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo_hi[:, 0] - (np.cumsum(sizes) - sizes), sizes)
-        st, tk, en = _sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
+        st, tk, en = sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         heads = st[np.asarray(bounds[:-1], dtype=np.int64)].tolist()
         for i, q in enumerate(heads):
@@ -624,7 +589,7 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
     return rows
 
 
-def _sort_by_state_token(state, tok, end, vocab_size: int):
+def sort_by_state_token(state, tok, end, vocab_size: int):
     """(state, token, end) triples sorted by (state, token): one sort of packed int64 keys (the
     pairs are distinct) when they fit, else a lexsort."""
     span = int(end.max()) + 1 if end.size else 1
