@@ -504,53 +504,54 @@ def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
     """(defaults, (owner, tokens, next states)) of rows that have a class part: owner indexes
     `parts`, the entries grouped by owner, tokens ascending inside.
 
-    The defaults are voted for every row at once: a row's own tokens count one each, its class
-    part's tokens per local end state (counted once per class walk); the most votes win, on a tie
-    the smallest state (a class part alone: the smallest local state). A row's exceptions are its
-    class part's tokens that do not end at the default (once per class walk and local default)
-    and its own that do not lead there, merged for every row in one sort.
+    A class part alone defaults to its most common local end state (the smallest on a tie; once
+    per class walk). The other rows' defaults are voted all at once: a row's own tokens count one
+    each, its class part's tokens per local end state; the most votes win, the smallest state on a
+    tie. A row's exceptions are its class part's tokens that do not end at the default (once per
+    class walk and local default) and its own that do not lead there, merged in one sort.
     """
     k = len(parts)
-    if not k:
-        empty = np.zeros(0, dtype=np.int64)
-        return np.zeros(0, dtype=np.int32), (empty, _NO_TOKENS, _NO_TOKENS)
-    ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
-    for base, _, _, _ in parts:
-        if id(base) not in ends_count:
-            ends_count[id(base)] = np.bincount(base.end)[base.ends] if base.ends.size else base.ends
-    own_sizes = np.fromiter((p[2].size for p in parts), dtype=np.int64, count=k)
-    end_sizes = np.fromiter((p[0].ends.size for p in parts), dtype=np.int64, count=k)
     rows = np.arange(k, dtype=np.int64)
+    own_sizes = np.fromiter((p[2].size for p in parts), dtype=np.int64, count=k)
     own_owner = np.repeat(rows, own_sizes)
-    own_tok = np.concatenate([p[2] for p in parts]).astype(np.int32)
-    own_next = np.concatenate([p[3] for p in parts]).astype(np.int64)
-    # 1. The votes: (row, next state) keys, weighed; a class part's carry their local state.
-    vote_local = np.concatenate([p[0].ends for p in parts]).astype(np.int64)
-    vote_target = np.concatenate([own_next, *(p[1][p[0].ends] for p in parts)]).astype(np.int64)
-    vote_weight = np.concatenate([np.ones(own_owner.size), *(ends_count[id(p[0])] for p in parts)])
-    key = np.concatenate([own_owner, np.repeat(rows, end_sizes)]) * num_states + vote_target
-    uniq, inverse = np.unique(key, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    weight = np.bincount(inverse, weights=vote_weight, minlength=uniq.size)
-    local = np.full(uniq.size, -1, dtype=np.int64)
-    local[inverse[own_owner.size :]] = vote_local  # a class part's end states map to distinct states
-    who, target = np.divmod(uniq, num_states)
-    pure = (own_sizes == 0)[who]  # rows without extras break ties by local state
-    best = np.lexsort((np.where(pure, local, target), -weight, who))
-    first = np.ones(best.size, dtype=bool)
-    first[1:] = who[best][1:] != who[best][:-1]
-    win = best[first]
+    own_tok = np.concatenate([p[2] for p in parts]).astype(np.int32) if k else _NO_TOKENS
+    own_next = np.concatenate([p[3] for p in parts]).astype(np.int64) if k else _NO_TOKENS.astype(np.int64)
     defaults = np.full(k, -1, dtype=np.int32)
-    defaults[who[win]] = target[win]
     local_default = np.full(k, -1, dtype=np.int64)
-    local_default[who[win]] = local[win]
+    # 1. Votes of the rows with own tokens: (row, next state) with weights; a class part's carry
+    #    their local state (its end states map to distinct states).
+    voting = np.flatnonzero(own_sizes).tolist()
+    if voting:
+        ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
+        for i in voting:
+            base = parts[i][0]
+            if id(base) not in ends_count:
+                ends_count[id(base)] = np.bincount(base.end)[base.ends] if base.ends.size else base.ends
+        end_sizes = np.fromiter((parts[i][0].ends.size for i in voting), dtype=np.int64, count=len(voting))
+        end_owner = np.repeat(np.asarray(voting, dtype=np.int64), end_sizes)
+        end_local = np.concatenate([parts[i][0].ends for i in voting]).astype(np.int64)
+        end_target = np.concatenate([parts[i][1][parts[i][0].ends] for i in voting]).astype(np.int64)
+        owner = np.concatenate([own_owner, end_owner])
+        weight = np.concatenate([np.ones(own_owner.size), *(ends_count[id(parts[i][0])] for i in voting)])
+        defaults[:] = _most_votes(owner, np.concatenate([own_next, end_target]), weight, k, num_states)
+        hit = end_target == defaults[end_owner]
+        local_default[end_owner[hit]] = end_local[hit]
     # 2. The exceptions: class parts' (cached per walk and local default, mapped through the
     #    row's region ids) and own, merged in one sort by (row, token).
+    star_of: dict[int, int] = {}  # id(class walk) -> its most common local end state
     base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> (tokens, local ends)
     offsets: dict[int, int] = {}  # id(region ids) -> its offset in `maps`
     maps, map_at, part_tok, part_end = [], np.empty(k, dtype=np.int64), [], []
     at = 0
-    for i, ((base, m, _, _), ld) in enumerate(zip(parts, local_default.tolist(), strict=True)):
+    for i, (base, m, tok, _) in enumerate(parts):
+        if tok.size:
+            ld = int(local_default[i])
+        else:
+            ld = star_of.get(id(base))
+            if ld is None:
+                ld = star_of[id(base)] = int(np.argmax(np.bincount(base.end))) if base.end.size else -1
+            if ld >= 0:
+                defaults[i], local_default[i] = m[ld], ld
         part = base_exc.get((id(base), ld))
         if part is None:
             keep = base.end != ld
@@ -563,14 +564,36 @@ def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
             maps.append(m)
             at += m.size
         map_at[i] = offset
+    if not k:
+        return defaults, (rows, _NO_TOKENS, _NO_TOKENS)
     part_sizes = np.fromiter((t.size for t in part_tok), dtype=np.int64, count=k)
     base_next = np.concatenate(maps)[np.concatenate(part_end).astype(np.int64) + np.repeat(map_at, part_sizes)]
     exc = own_next != defaults[own_owner]
     owner = np.concatenate([np.repeat(rows, part_sizes), own_owner[exc]])
     tok = np.concatenate([*part_tok, own_tok[exc]]).astype(np.int32)
     nxt = np.concatenate([base_next, own_next[exc]]).astype(np.int32)
-    vocab_span = int(tok.max()) + 1 if tok.size else 1
-    return defaults, sort_by_state_token(owner, tok, nxt, vocab_span)
+    return defaults, sort_by_state_token(owner, tok, nxt, int(tok.max()) + 1 if tok.size else 1)
+
+
+def _most_votes(owner: np.ndarray, target: np.ndarray, weight: np.ndarray, k: int, num_states: int) -> np.ndarray:
+    """Per row 0..k-1 the target with the most weight among its (owner, target, weight) votes (a
+    pair may repeat), the smallest on a tie; -1 for a row without votes."""
+    out = np.full(k, -1, dtype=np.int32)
+    if k * num_states <= _DENSE_COUNTS:
+        counts = np.bincount(owner * num_states + target, weights=weight, minlength=k * num_states).reshape(k, num_states)
+        best = counts.argmax(axis=1)  # the first maximum: the smallest state
+        voted = counts[np.arange(k), best] > 0
+        out[voted] = best[voted]
+        return out
+    all_keys = owner * num_states + target
+    key = np.unique(all_keys)  # hashed (no inverse): only the distinct keys are sorted
+    total = np.bincount(np.searchsorted(key, all_keys), weights=weight, minlength=key.size)
+    who, state = np.divmod(key, num_states)
+    best = np.lexsort((state, -total, who))
+    first = np.ones(best.size, dtype=bool)
+    first[1:] = who[best][1:] != who[best][:-1]
+    out[who[best[first]]] = state[best[first]]
+    return out
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)

@@ -439,6 +439,9 @@ TABLE_ARRAYS = ("mask_blocks", "mask_row_blocks", "mask_row", "accept", "trans_d
                 "exc_tok", "exc_slot", "exc_base", "exc_targets", "dist", "stop_ids")
 
 
+_DENSE_PAIRS = 1 << 23  # (states x targets) up to this (and 8 per exception) are marked in a bitmap, past it sorted
+
+
 def share_exception_rows(ptr: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> dict:
     """The shared exception layout (TokenTable's exc_* fields) of per-state rows given as one CSR
     (`ptr` [S + 1], `tok` sorted inside each row, `nxt` their next states).
@@ -456,13 +459,19 @@ def share_exception_rows(ptr: np.ndarray, tok: np.ndarray, nxt: np.ndarray) -> d
     nxt = np.asarray(nxt, dtype=np.int64)
     width = int(nxt.max()) + 1 if nxt.size else 1
     keys = owner * width + nxt
-    pairs = np.unique(keys)  # (state, target), sorted: grouped by state, targets ascending
+    if n * width <= min(_DENSE_PAIRS, 8 * keys.size):  # a bitmap over every (state, target): no sort, no search
+        seen = np.zeros(n * width, dtype=bool)
+        seen[keys] = True
+        pairs = np.flatnonzero(seen)  # (state, target), sorted: grouped by state, targets ascending
+        rank = np.cumsum(seen, dtype=np.int64)[keys] - 1
+    else:
+        pairs = np.unique(keys)
+        rank = np.searchsorted(pairs, keys)
     pair_owner = pairs // width
     base = np.zeros(n + 1, dtype=np.int64)
     base[1:] = np.cumsum(np.bincount(pair_owner, minlength=n))
     most = int(np.diff(base).max()) if n else 0
-    slot = (np.searchsorted(pairs, keys) - base[owner]).astype(
-        np.uint8 if most <= 256 else np.uint16 if most <= 65536 else np.int32)
+    slot = (rank - base[owner]).astype(np.uint8 if most <= 256 else np.uint16 if most <= 65536 else np.int32)
     tok = np.asarray(tok, dtype=np.int32)
     exc_row, kept = _equal_rows(ptr, tok, slot)
     row_ptr = np.zeros(kept.size + 1, dtype=np.int64)

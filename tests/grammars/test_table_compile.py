@@ -895,3 +895,24 @@ def test_byte_classes_hashed_or_sorted_equal_the_reference(num_states, monkeypat
         got = automaton.byte_classes(trans)
         assert got[1] == 1 and got[2] == 2
         assert np.array_equal(got, _sorted_byte_classes(trans))
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_most_votes_takes_the_heaviest_target_and_the_smallest_on_a_tie(dense, monkeypatch):
+    """_exceptions_based's vote, counted densely or through the distinct keys: per row the target
+    with the most weight (votes for one target add up), the smallest on a tie, -1 without votes."""
+    from surecall.grammars import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_DENSE_COUNTS", 1 << 30 if dense else 0)
+    rng = np.random.default_rng(5)
+    k, num_states = 30, 12
+    owner = rng.integers(0, k - 3, size=400)  # the last three rows get no vote
+    target = rng.integers(0, num_states, size=owner.size)
+    weight = rng.integers(1, 4, size=owner.size).astype(np.float64)
+    got = compile_module._most_votes(owner, target, weight, k, num_states)
+    for row in range(k):
+        totals = np.bincount(target[owner == row], weights=weight[owner == row], minlength=num_states)
+        expected = int(np.argmax(totals)) if totals.any() else -1
+        assert got[row] == expected, row
+    ties = compile_module._most_votes(np.array([0, 0, 0]), np.array([7, 2, 9]), np.array([1.0, 1.0, 1.0]), 1, num_states)
+    assert ties.tolist() == [2]

@@ -265,6 +265,22 @@ def test_shared_exception_rows_expand_back_to_every_state_row():
     assert np.array_equal(got_next, np.concatenate([nxt[ptr[s]:ptr[s + 1]] for s in sub]))
 
 
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_shared_exception_rows_bitmap_and_sort_agree(seed, monkeypatch):
+    """share_exception_rows marks (state, target) pairs in a bitmap when that is small and sorts
+    them otherwise: both give every field alike."""
+    import surecall.grammars.table as table_module
+
+    ptr, tok, nxt = _state_rows(np.random.default_rng(seed))
+    monkeypatch.setattr(table_module, "_DENSE_PAIRS", 0)
+    by_sort = share_exception_rows(ptr, tok, nxt)
+    monkeypatch.setattr(table_module, "_DENSE_PAIRS", 1 << 30)
+    assert (ptr.size - 1) * (int(nxt.max()) + 1) <= 8 * tok.size, "the case does not take the bitmap"
+    by_bitmap = share_exception_rows(ptr, tok, nxt)
+    for name, array in by_sort.items():
+        assert array.dtype == by_bitmap[name].dtype and np.array_equal(array, by_bitmap[name]), name
+
+
 def test_a_schema_with_one_body_at_several_places_shares_its_rows(tmp_path):
     """The same string body under several properties: each copy's states send the tokens alike,
     followed by other text; their rows are stored once, and every transition reads the same."""
