@@ -916,3 +916,40 @@ def test_most_votes_takes_the_heaviest_target_and_the_smallest_on_a_tie(dense, m
         assert got[row] == expected, row
     ties = compile_module._most_votes(np.array([0, 0, 0]), np.array([7, 2, 9]), np.array([1.0, 1.0, 1.0]), 1, num_states)
     assert ties.tolist() == [2]
+
+
+def _moore_groups(trans: np.ndarray, accept: np.ndarray) -> list:
+    """Moore's rounds, plainly (dead -1 its own class): each state's group as its smallest member."""
+    block = accept.astype(np.int64)
+    while True:
+        padded = np.append(block, -1)
+        sig = {(int(block[s]), *padded[trans[s]].tolist()) for s in range(trans.shape[0])}
+        ids = {key: i for i, key in enumerate(sorted(sig))}
+        new = np.asarray([ids[(int(block[s]), *padded[trans[s]].tolist())] for s in range(trans.shape[0])])
+        if len(ids) == len(set(block.tolist())):
+            break
+        block = new
+    first = {}
+    return [first.setdefault(int(b), s) for s, b in enumerate(new)]
+
+
+@pytest.mark.parametrize("use_scipy", [True, False])
+def test_refine_from_invariants_gives_moores_partition(use_scipy, monkeypatch):
+    """automaton._refine starts from (acceptance, live byte classes, fewest bytes to accept): on
+    random byte DFAs with dead edges, long chains and states that cannot accept, it ends at Moore's
+    partition, with the distances (scipy) and without them."""
+    from surecall.grammars import automaton
+
+    monkeypatch.setattr(automaton, "USE_SCIPY", use_scipy)
+    rng = np.random.default_rng(17)
+    for case in range(30):
+        n = int(rng.integers(2, 40))
+        trans = np.full((n, 256), -1, dtype=np.int32)
+        for s in range(n):
+            for b in rng.choice(4, size=int(rng.integers(0, 4)), replace=False):
+                trans[s, b] = int(rng.integers(0, n)) if case % 3 else min(s + 1, n - 1)  # every third: a chain
+        accept = rng.random(n) < 0.2
+        block = automaton._refine(trans, accept)
+        first = {}
+        got = [first.setdefault(int(b), s) for s, b in enumerate(block)]
+        assert got == _moore_groups(trans, accept), case
