@@ -504,11 +504,12 @@ def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
     """(defaults, (owner, tokens, next states)) of rows that have a class part: owner indexes
     `parts`, the entries grouped by owner, tokens ascending inside.
 
-    A class part alone defaults to its most common local end state (the smallest on a tie; once
-    per class walk). The other rows' defaults are voted all at once: a row's own tokens count one
-    each, its class part's tokens per local end state; the most votes win, the smallest state on a
-    tie. A row's exceptions are its class part's tokens that do not end at the default (once per
-    class walk and local default) and its own that do not lead there, merged in one sort.
+    A class part alone defaults to its most common local end state (the smallest on a tie). The
+    other rows' defaults are voted all at once: a row's own tokens count one each, its class
+    part's tokens per local end state; the most votes win, the smallest state on a tie. A row's
+    exceptions are its class part's tokens that do not end at the default and its own that do not
+    lead there, merged in one sort. A walk's counts and exceptions per local default are kept
+    with the walk (ClassWalk.derived), so the next grammar with that class reuses them.
     """
     k = len(parts)
     rows = np.arange(k, dtype=np.int64)
@@ -522,24 +523,17 @@ def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
     #    their local state (its end states map to distinct states).
     voting = np.flatnonzero(own_sizes).tolist()
     if voting:
-        ends_count: dict[int, np.ndarray] = {}  # id(class walk) -> tokens per local end state
-        for i in voting:
-            base = parts[i][0]
-            if id(base) not in ends_count:
-                ends_count[id(base)] = np.bincount(base.end)[base.ends] if base.ends.size else base.ends
         end_sizes = np.fromiter((parts[i][0].ends.size for i in voting), dtype=np.int64, count=len(voting))
         end_owner = np.repeat(np.asarray(voting, dtype=np.int64), end_sizes)
         end_local = np.concatenate([parts[i][0].ends for i in voting]).astype(np.int64)
         end_target = np.concatenate([parts[i][1][parts[i][0].ends] for i in voting]).astype(np.int64)
         owner = np.concatenate([own_owner, end_owner])
-        weight = np.concatenate([np.ones(own_owner.size), *(ends_count[id(parts[i][0])] for i in voting)])
+        weight = np.concatenate([np.ones(own_owner.size), *(parts[i][0].end_counts() for i in voting)])
         defaults[:] = _most_votes(owner, np.concatenate([own_next, end_target]), weight, k, num_states)
         hit = end_target == defaults[end_owner]
         local_default[end_owner[hit]] = end_local[hit]
-    # 2. The exceptions: class parts' (cached per walk and local default, mapped through the
+    # 2. The exceptions: class parts' (kept with the walk per local default, mapped through the
     #    row's region ids) and own, merged in one sort by (row, token).
-    star_of: dict[int, int] = {}  # id(class walk) -> its most common local end state
-    base_exc: dict[tuple[int, int], tuple] = {}  # (id(class walk), local default) -> (tokens, local ends)
     offsets: dict[int, int] = {}  # id(region ids) -> its offset in `maps`
     maps, map_at, part_tok, part_end = [], np.empty(k, dtype=np.int64), [], []
     at = 0
@@ -547,15 +541,10 @@ def _exceptions_based(parts: list, num_states: int) -> tuple[np.ndarray, tuple]:
         if tok.size:
             ld = int(local_default[i])
         else:
-            ld = star_of.get(id(base))
-            if ld is None:
-                ld = star_of[id(base)] = int(np.argmax(np.bincount(base.end))) if base.end.size else -1
+            ld = base.most_common_end()
             if ld >= 0:
                 defaults[i], local_default[i] = m[ld], ld
-        part = base_exc.get((id(base), ld))
-        if part is None:
-            keep = base.end != ld
-            part = base_exc[(id(base), ld)] = (base.tok[keep], base.end[keep])
+        part = base.not_ending_at(ld)
         part_tok.append(part[0])
         part_end.append(part[1])
         offset = offsets.get(id(m))

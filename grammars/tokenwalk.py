@@ -53,6 +53,29 @@ class ClassWalk:
     leave_local: np.ndarray  # int64 local state they leave from
     leave_pos: np.ndarray  # int64 byte offset of the leaving byte
     quoted_tok: np.ndarray  # int32 sorted: the ids among `tok` whose bytes hold a `"` (counted.check_entries)
+    # what a table derives from the walk (compile.py), kept with it: a walk is cached per vocabulary,
+    # so the next grammar with this class reuses them too
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def end_counts(self) -> np.ndarray:
+        """int64 tokens per local end state, aligned with `ends`."""
+        counts = self.derived.get("end_counts")
+        if counts is None:
+            counts = self.derived["end_counts"] = np.bincount(self.end)[self.ends] if self.ends.size else self.ends
+        return counts
+
+    def most_common_end(self) -> int:
+        """The local end state most tokens reach, the smallest on a tie; -1 when none stays."""
+        counts = self.end_counts()
+        return int(self.ends[np.argmax(counts)]) if counts.size else -1
+
+    def not_ending_at(self, local: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, their local ends) of the tokens that do not end at local state `local`."""
+        key = ("not_ending_at", local)
+        if key not in self.derived:
+            keep = self.end != local
+            self.derived[key] = (self.tok, self.end) if keep.all() else (self.tok[keep], self.end[keep])
+        return self.derived[key]
 
 
 @dataclass
@@ -219,6 +242,9 @@ def dead_extended(trans: np.ndarray) -> np.ndarray:
     return ext.reshape(-1)
 
 
+_SETTLED_EVERY = 8  # walk_whole's bytes between two looks at whether every walk has settled
+
+
 def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.ndarray, pos=0,
                flat_trans: np.ndarray | None = None, sinks: bool = False) -> np.ndarray:
     """End state (-1: dead) of walking token `tok[i]` from byte `pos[i]` on, from `state[i]`, through `trans`.
@@ -240,6 +266,8 @@ def walk_whole(trans: np.ndarray, vi: VocabIndex, tok: np.ndarray, state: np.nda
     still = np.searchsorted(-lens, -np.arange(int(lens[0]) if lens.size else 0), side="left")  # len > k
     for k, m in enumerate(still.tolist()):
         head = cur[:m]
+        if k % _SETTLED_EVERY == _SETTLED_EVERY - 1 and head.min() >= num_states:
+            break  # every walk still going is in an absorbing row (dead, or a sink): nothing moves any more
         head *= 256
         head += vi.flat[off[:m] + k]
         np.take(flat_trans, head, out=head)
