@@ -263,8 +263,9 @@ def test_check_runs_inside_a_subset_construction_too(monkeypatch):
     monkeypatch.setattr(splice, "_BATCH_BYTES", 1)  # one subset per batch: a check after each
     splice._determinize(trans, accept, eps, 0, 64, lambda: seen.append(1))
     assert len(seen) >= 2
-    rounds = []  # minimisation looks too, once per refinement round
-    assert minimize(regex_to_dfa("(?:ab|cd){3}", minimal=False), lambda: rounds.append(1)).num_states == 10
+    rounds = []  # minimisation looks too, once per refinement round (here the x and z branches
+    # agree on acceptance, live bytes and distance until their last byte: several rounds)
+    assert minimize(regex_to_dfa("x[ab]{3}y|z[ab]{3}w", minimal=False), lambda: rounds.append(1)).num_states == 10
     assert len(rounds) >= 2
 
     def out_of_time():
