@@ -47,7 +47,7 @@ from surecall.grammars.table import (
     TokenTable,
     share_exception_rows,
     split_blocks,
-    unique_rows,
+    unique_short_rows,
 )
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
@@ -738,7 +738,7 @@ def _pack_mask(parts: list, accept: np.ndarray, stop_ids: np.ndarray, width: int
     for s in stop_ids.tolist():
         mask[accepting, s >> 5] |= np.uint32(1 << (s & 31))
     blocks, row_blocks = split_blocks(mask.view(np.int32))
-    row_blocks, index = unique_rows(row_blocks)
+    row_blocks, index = unique_short_rows(row_blocks)
     return blocks, row_blocks, index[key_of].astype(np.int32)
 
 

@@ -591,7 +591,7 @@ def split_blocks(rows: np.ndarray, block_words: int = MASK_BLOCK_WORDS) -> tuple
     flat = padded.reshape(-1, block_words)
     wide = flat.view(np.uint64) if block_words % 2 == 0 else flat  # half the elements to reduce
     live = np.flatnonzero(np.bitwise_or.reduce(wide, axis=1))  # (faster than any() along a short axis)
-    distinct, index = _unique_blocks(flat[live])
+    distinct, index = unique_short_rows(flat[live])
     ids = np.zeros(flat.shape[0], dtype=np.int32)
     ids[live] = index + 1
     blocks = np.concatenate([np.zeros((1, block_words), dtype=np.int32), distinct])
@@ -601,9 +601,10 @@ def split_blocks(rows: np.ndarray, block_words: int = MASK_BLOCK_WORDS) -> tuple
 _HASH_MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden-ratio constant of Fibonacci hashing
 
 
-def _unique_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """unique_rows for many short rows: a 64-bit hash per row, sorted once, then checked exactly
-    (every row equal to the representative of its hash); on a collision, unique_rows."""
+def unique_short_rows(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """unique_rows by a 64-bit hash per row, sorted once, then checked exactly (every row equal
+    to the representative of its hash); on a collision, unique_rows. For many short rows (mask
+    blocks) and for a table's rows of block ids (3x faster than unique_rows' bytes keys there)."""
     if blocks.shape[0] == 0:
         return blocks.copy(), np.zeros(0, dtype=np.int32)
     blocks = np.ascontiguousarray(blocks)
@@ -625,7 +626,7 @@ def _unique_blocks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _concat_blocks(tables: list[TokenTable]) -> tuple[np.ndarray, np.ndarray]:
     """(distinct blocks of all `tables`, their mask_row_blocks stacked and renumbered into them)."""
     live = [t.mask_blocks[1:] for t in tables]
-    distinct, index = _unique_blocks(np.concatenate(live))
+    distinct, index = unique_short_rows(np.concatenate(live))
     blocks = np.concatenate([np.zeros((1, tables[0].block_words), dtype=np.int32), distinct])
     out, at = [], 0
     for t, part in zip(tables, live, strict=True):
