@@ -953,3 +953,23 @@ def test_refine_from_invariants_gives_moores_partition(use_scipy, monkeypatch):
         first = {}
         got = [first.setdefault(int(b), s) for s, b in enumerate(block)]
         assert got == _moore_groups(trans, accept), case
+
+
+def test_walk_figures_kept_with_the_walk_give_the_fresh_table():
+    """What _exceptions_based derives from a class walk (tokens per end, the most common end,
+    the tokens not ending at a default) is kept with the walk, which the vocabulary caches: a
+    second grammar with the same classes reuses it and builds the table a fresh index builds."""
+    vocab = wide_synthetic_vocab()
+    first, second = DIGIT_CHAINS, r'\{"z":-?(?:0|[1-9][0-9]{0,6})(?:\.[0-9]+)?,"y":"[a-c]*x"\}'
+    vi = VocabIndex.build(vocab)
+    build_table(regex_to_dfa(first), token_rows(regex_to_dfa(first), vi), vocab)
+    derived = [walk.derived for walk in vi.classes.values() if walk.derived]
+    assert any(key[0] == "not_ending_at" for d in derived for key in d if isinstance(key, tuple)), "nothing kept"
+    kept = {id(walk) for walk in vi.classes.values() if walk.derived}
+    dfa = regex_to_dfa(second)
+    rows = token_rows(dfa, vi)
+    assert {id(row.base) for row in rows if row.base is not None} & kept, "the second grammar shares no walk"
+    reused = build_table(dfa, rows, vocab)
+    fresh = build_table(dfa, token_rows(dfa, VocabIndex.build(vocab)), vocab)
+    for name in TABLE_ARRAYS:
+        assert np.array_equal(getattr(reused, name), getattr(fresh, name)), name
