@@ -406,7 +406,8 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
     t = np.where(t < 0, n, t).astype(np.intp)  # dead (-1) reads the last slot; intp gathers fastest
     weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
     pred_ptr, pred = _predecessors(t, n)
-    _, block = np.unique(_invariants(t, accept, pred_ptr, pred), return_inverse=True)
+    start = _invariants(t, accept, pred_ptr, pred) if n >= _INVARIANTS_FROM else accept
+    _, block = np.unique(start, return_inverse=True)
     block = block.reshape(-1).astype(np.int64)
     count = int(block.max()) + 1 if n else 0
     padded = np.empty(n + 1, dtype=np.int64)
@@ -436,6 +437,9 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
         affected[block[touched]] = True
         members = np.flatnonzero(affected[block])
     return np.unique(block, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+_INVARIANTS_FROM = 32  # states; below, the few rounds they save cost less than finding them
 
 
 def _invariants(t: np.ndarray, accept: np.ndarray, pred_ptr: np.ndarray, pred: np.ndarray) -> np.ndarray:
