@@ -66,8 +66,11 @@ class ClassWalk:
 
     def most_common_end(self) -> int:
         """The local end state most tokens reach, the smallest on a tie; -1 when none stays."""
-        counts = self.end_counts()
-        return int(self.ends[np.argmax(counts)]) if counts.size else -1
+        end = self.derived.get("most_common_end")
+        if end is None:
+            counts = self.end_counts()
+            end = self.derived["most_common_end"] = int(self.ends[np.argmax(counts)]) if counts.size else -1
+        return end
 
     def not_ending_at(self, local: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, their local ends) of the tokens that do not end at local state `local`."""

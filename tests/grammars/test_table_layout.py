@@ -275,7 +275,8 @@ def test_shared_exception_rows_bitmap_and_sort_agree(seed, monkeypatch):
     monkeypatch.setattr(table_module, "_DENSE_PAIRS", 0)
     by_sort = share_exception_rows(ptr, tok, nxt)
     monkeypatch.setattr(table_module, "_DENSE_PAIRS", 1 << 30)
-    assert (ptr.size - 1) * (int(nxt.max()) + 1) <= 8 * tok.size, "the case does not take the bitmap"
+    assert (ptr.size - 1) * (int(nxt.max()) + 1) <= table_module._DENSE_PER_EXCEPTION * tok.size, \
+        "the case does not take the bitmap"
     by_bitmap = share_exception_rows(ptr, tok, nxt)
     for name, array in by_sort.items():
         assert array.dtype == by_bitmap[name].dtype and np.array_equal(array, by_bitmap[name]), name
