@@ -27,14 +27,15 @@ import numpy as np
 
 from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
 
-CACHE_FORMAT = 10  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 11  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
 # 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
 # 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks); 7: meta lists a cut recursion in
 # "narrowed" and a lowered max_ref_depth in "ref_depth_fallback" (the arrays are unchanged); 8: hostname
 # and email as a free body under a counted cap (string_formats.COUNTED_FORMATS), not bounded labels;
 # 9: shared exception rows (exc_row, exc_slot, exc_base, exc_targets instead of exc_next); 10: maxProperties over
-# undeclared keys counted by the item counters (a table cached before listed it as relaxed)
+# undeclared keys counted by the item counters (a table cached before listed it as relaxed); 11: meta lists
+# each free-form value's depth cap (max_any_depth) in "narrowed" (the arrays are unchanged)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16

@@ -735,7 +735,12 @@ class Converter:
             if schema is not True and key in schema:
                 raise UnsupportedSchema("dynamic references are not supported", ptr, key)
         if schema is True or not any(k in _ASSERTING for k in schema):
-            return self.any_value(self.options.max_any_depth)
+            depth = self.options.max_any_depth
+            self.narrowed.setdefault((ptr, "max_any_depth"), (
+                f"a free-form value is written at most {depth} container{'s' if depth != 1 else ''} deep "
+                f"(max_any_depth={depth}): a valid value nested deeper is never written" if depth else
+                "a free-form value is written as a scalar (max_any_depth=0): a valid object or array is never written"))
+            return self.any_value(depth)
         if "$ref" in schema:
             return self.convert_ref(schema, ptr)
         regular = self.regular_string(schema, ptr)

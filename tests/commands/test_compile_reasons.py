@@ -96,3 +96,19 @@ def test_a_catalog_lists_each_tools_narrowing(tmp_path, monkeypatch, data_dir, c
     assert main(["compile", str(path), "--tokenizer", "shared:gpt2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(e["pointer"], e["keyword"]) for e in report["narrowed"]] == [("pick#/properties/n", "not")]
+
+
+def test_compile_lists_each_free_form_value_with_its_depth_cap(tmp_path, monkeypatch, data_dir, capsys):
+    """A free-form value (`{}`, `true`, the members of a bare `{"type": "object"}`) nests at most
+    max_any_depth containers in the grammar, though the schema allows any depth: listed as narrowed
+    at its pointer, with the depth; a schema without one lists nothing (test above)."""
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {}, "c": {"type": "object"}},
+              "required": ["a"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert main(["compile", str(path), "--tokenizer", "shared:gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(e["pointer"], e["keyword"]) for e in report["narrowed"]] == [
+        ("/properties/b", "max_any_depth"), ("/properties/c/additionalProperties", "max_any_depth")]
+    assert all("at most 2 containers deep" in e["reason"] for e in report["narrowed"])
