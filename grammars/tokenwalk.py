@@ -605,23 +605,23 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
     starts = np.flatnonzero(np.concatenate([[True], state[1:] != state[:-1]])) if state.size else np.zeros(0, int)
     stops = np.append(starts[1:], state.size)
     rows: dict[int, tuple] = {}
-    short = []
-    buf = None
-    for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
-        if (hi - lo) * _DENSE_SORT_FRACTION < vocab_size:
-            short.append((lo, hi))
-            continue
-        if buf is None:
-            buf = np.full(vocab_size, -1, dtype=np.int32)
-        buf[tok[lo:hi]] = end[lo:hi]
-        ids = np.flatnonzero(buf >= 0).astype(np.int32)
-        rows[int(state[lo])] = (ids, buf[ids])
-        buf[ids] = -1
-    if short:
-        lo_hi = np.asarray(short, dtype=np.int64)
-        sizes = lo_hi[:, 1] - lo_hi[:, 0]
-        pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo_hi[:, 0] - (np.cumsum(sizes) - sizes), sizes)
-        st, tk, en = sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
+    is_long = (stops - starts) * _DENSE_SORT_FRACTION >= vocab_size
+    if is_long.any():
+        buf = np.full(vocab_size, -1, dtype=np.int32)
+        for lo, hi in zip(starts[is_long].tolist(), stops[is_long].tolist(), strict=True):
+            buf[tok[lo:hi]] = end[lo:hi]
+            ids = np.flatnonzero(buf >= 0).astype(np.int32)
+            rows[int(state[lo])] = (ids, buf[ids])
+            buf[ids] = -1
+    short = ~is_long
+    if short.any():
+        lo, hi = starts[short], stops[short]
+        sizes = hi - lo
+        if short.all():  # (the usual case) every pair: no gather
+            st, tk, en = sort_by_state_token(state, tok, end, vocab_size)
+        else:
+            pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+            st, tk, en = sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         heads = st[np.asarray(bounds[:-1], dtype=np.int64)].tolist()
         for i, q in enumerate(heads):

@@ -975,3 +975,28 @@ def test_walk_figures_kept_with_the_walk_give_the_fresh_table():
     fresh = build_table(dfa, token_rows(dfa, VocabIndex.build(vocab)), vocab)
     for name in TABLE_ARRAYS:
         assert np.array_equal(getattr(reused, name), getattr(fresh, name)), name
+
+
+@pytest.mark.parametrize(("lengths", "long_rows"), [((3, 1, 5), {False}), ((40, 2, 60, 1), {False, True}),
+                                                    ((50, 70), {True})])
+def test_sorted_rows_groups_short_and_long_rows_alike(lengths, long_rows):
+    """The generic walk's rows: (state, token, end) triples with states non-decreasing and tokens in
+    any order become per-state rows sorted by token, whether a row is sorted with the others (short)
+    or through a vocabulary-wide buffer (long: over 1/16 of the vocabulary), all short, all long or mixed."""
+    rng = np.random.default_rng(sum(lengths))
+    vocab_size = 640
+    state, tok, end = [], [], []
+    for q, n in enumerate(lengths):
+        ids = rng.choice(vocab_size, size=n, replace=False)
+        state += [2 * q + 1] * n
+        tok += ids.tolist()
+        end += rng.integers(0, 9, size=n).tolist()
+    state, tok, end = (np.asarray(x, dtype=np.int32) for x in (state, tok, end))
+    rows = tokenwalk._sorted_rows(vocab_size, state, tok, end)
+    assert sorted(rows) == [2 * q + 1 for q in range(len(lengths))]
+    for q in rows:
+        at = state == q
+        order = np.argsort(tok[at])
+        assert np.array_equal(rows[q][0], tok[at][order]) and np.array_equal(rows[q][1], end[at][order])
+        assert rows[q][0].dtype == np.int32 and rows[q][1].dtype == np.int32
+    assert {n * tokenwalk._DENSE_SORT_FRACTION >= vocab_size for n in lengths} == long_rows  # the paths the case takes
