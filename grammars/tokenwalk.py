@@ -417,19 +417,25 @@ def _class_rows_inplace(dfa, vi, succ, comp, states: list, rows, walk_bytes, sha
     """Class rows of `states` (their regions' shapes cached in `shapes`), then the tokens that
     leave the class later on, walked per state from where they leave (one batch)."""
     exit_jobs = []  # (state, tokens, global start states, byte offsets)
+    starts: dict[int, tuple[list, list]] = {}  # region -> its states here and their local ids
     for i, q in enumerate(states):
         if i % _CHECK_EVERY_STATES == _CHECK_EVERY_STATES - 1:
             check()
-        if comp[q] not in shapes:  # states are BFS-numbered: q is the region's first-reached state
+        c = comp[q]
+        if c not in shapes:  # states are BFS-numbered: q is the region's first-reached state
             table, g, sig = _region_shape(dfa, succ, comp, q)
-            shapes[comp[q]] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
-        table, g, sig, local = shapes[comp[q]]
+            shapes[c] = (table, g, sig, {int(x): i for i, x in enumerate(g.tolist())})
+        table, g, sig, local = shapes[c]
         start = local[q]
         cw = _class_walk(vi, table, sig, start)
         if cw.leave_tok.size:
             exit_jobs.append((q, cw.leave_tok, g[cw.leave_local], cw.leave_pos))
         rows[q] = Row(cw, g, _EMPTY, _EMPTY)
-        walk_bytes[q] &= table[start] < -1
+        at = starts.setdefault(c, ([], []))
+        at[0].append(q)
+        at[1].append(start)
+    for c, (qs, local_ids) in starts.items():  # first bytes that leave the class: walked later, per state
+        walk_bytes[qs] &= shapes[c][0][local_ids] < -1
     _run_exit_jobs(dfa, vi, rows, exit_jobs, check)
 
 
