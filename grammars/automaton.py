@@ -432,7 +432,7 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
         count += int(group.max()) + 1
         lo, hi = pred_ptr[changed], pred_ptr[changed + 1]
         sizes = hi - lo
-        touched = pred[np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)]
+        touched = pred[range_indices(lo, sizes)]
         affected = np.zeros(count, dtype=bool)
         affected[block[touched]] = True
         members = np.flatnonzero(affected[block])
@@ -562,6 +562,12 @@ class Digraph:
 
         data = np.ones(self.dst.size) if weight is None else np.asarray(weight, dtype=np.float64)
         return csr_array((data, self.dst, self.ptr), shape=(self.n, self.n))
+
+
+def range_indices(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """int64 indices of the ranges [starts[i], starts[i] + sizes[i]) laid end to end (CSR slices gathered
+    in one step)."""
+    return np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
 
 
 def coreachable(graph: Digraph, accept: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from surecall.grammars.automaton import (
     bfs_order,
     coreachable,
     prestart_isolated,
+    range_indices,
     regex_to_dfa,
     regex_to_dfa_isolated,
 )
@@ -636,7 +637,7 @@ def _renumbered_all(rows: list[Row], own: _Extras, order: np.ndarray, new_id: np
     """
     lo, hi = own.ptr[order], own.ptr[order + 1]
     sizes = hi - lo
-    take = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+    take = range_indices(lo, sizes)
     mapped = new_id[own.nxt[take]]
     ok = mapped >= 0
     tok, nxt = own.tok[take][ok], mapped[ok]

@@ -37,8 +37,8 @@ class GrammarOptions:
     max_any_depth: how many containers deep a value under an unconstrained schema (`{}`, `true`,
         a free-form `{"type": "object"}`) may nest; deeper values are rejected (stricter, never
         looser; each such value is listed in the table's `narrowed`). With splicing (compile_schema)
-        each level is one sub-automaton, so the regex grows linearly (inlined text, as in catalogs and tool modes: ~4x per level) and depths up
-        to 7 compile; but the byte DFA doubles per level either way (it must remember the stack
+        each level is one sub-automaton, so the regex grows linearly (inlined text, as in catalogs
+        and tool modes: ~4x per level) and depths up to 7 compile; but the byte DFA doubles per level either way (it must remember the stack
         of open `{`/`[`): +26% states per level on a Kubernetes schema. The default stays 2: at 3, median compile time on
         Kubernetes/Github_medium/JsonSchemaStore rose ~20-30% (tables ~+7%) and one more schema
         timed out, past the ~10% allowed (benchmarks/results/free_form_depth.md).

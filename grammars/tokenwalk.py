@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA, Digraph, strongly_connected
+from surecall.grammars.automaton import ByteDFA, Digraph, range_indices, strongly_connected
 
 # Lexical regions are the strongly connected components of the DFA without its structural
 # edges (these bytes, unless on a self-loop): a string body, a number, a whitespace run, not
@@ -177,11 +177,9 @@ def _gather_groups(vi: VocabIndex, bytes_: np.ndarray, two: bool = False) -> np.
     ptr, count, ids = (vi.grp2_ptr, vi.grp2_count, vi.grp2_ids) if two else (vi.grp_ptr, vi.grp_count, vi.grp_ids)
     starts = ptr[bytes_]
     lengths = count[bytes_]
-    total = int(lengths.sum())
-    if total == 0:
+    if not lengths.sum():
         return np.zeros(0, dtype=np.int32)
-    seg_start = np.cumsum(lengths) - lengths
-    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - seg_start, lengths)
+    pos = range_indices(starts, lengths)
     return ids[pos]
 
 
@@ -626,7 +624,7 @@ def _sorted_rows(vocab_size: int, state, tok, end) -> dict[int, tuple]:
         if short.all():  # (the usual case) every pair: no gather
             st, tk, en = sort_by_state_token(state, tok, end, vocab_size)
         else:
-            pick = np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+            pick = range_indices(lo, sizes)
             st, tk, en = sort_by_state_token(state[pick], tok[pick], end[pick], vocab_size)
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         heads = st[np.asarray(bounds[:-1], dtype=np.int64)].tolist()
