@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def cases(data: Path, per_file: int, seed: int) -> list[tuple]:
-    """(name, schema, options or None): the seed catalog three ways, then per_file schemas of each file."""
+    """(name, schema, options or None): the seed catalog three ways, the GitHub MCP tools and the first
+    100 BFCL tools as catalogs, then per_file schemas of each file."""
     from compile import catalog_union_schema
 
     from surecall.grammars.options import GrammarOptions
@@ -38,6 +39,13 @@ def cases(data: Path, per_file: int, seed: int) -> list[tuple]:
     union = catalog_union_schema(seed_tools())
     out = [("seed_union", union, None), ("seed_union_open", union, GrammarOptions(allow_additional_properties=True)),
            ("seed_union_nocount", union, GrammarOptions(counted_lengths=False))]
+    from compile import _schema_of
+
+    tools = {f.stem: [json.loads(line) for line in f.open()] for f in sorted((data / "tools").glob("*.jsonl"))}
+    for stem, first in (("github_mcp_tools", None), ("bfcl_tools", 100)):  # whole catalogs: splice pieces and
+        calls = [dict(t, parameters=_schema_of(t)) for t in tools.get(stem, [])[:first]]  # shared bodies together
+        if calls:
+            out.append((f"catalog_{stem}", catalog_union_schema(calls), GrammarOptions(time_budget_s=120.0)))
     rng = random.Random(seed)
     for f in sorted((data / "jsonschemabench").glob("*.jsonl")) + sorted((data / "tools").glob("*.jsonl")):
         items = [json.loads(line) for line in f.open()]

@@ -21,6 +21,7 @@ from surecall.grammars import splice, string_bodies
 from surecall.grammars.automaton import ByteDFA, minimize, regex_to_dfa
 from surecall.grammars.compile import compile_regex, compile_schema
 from surecall.grammars.options import GrammarOptions
+from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema import to_regex
 from surecall.grammars.schema.to_regex import schema_to_regex
 from surecall.grammars.table import TABLE_ARRAYS
@@ -362,6 +363,44 @@ def test_shared_string_bodies_fall_back_where_rows_overlap(regex):
     assert dfa.matches(b'0xa"') and dfa.matches(b'1cd"') if regex[0] == "0" else dfa.matches(b'"xxab"')
 
 
+def test_shared_string_bodies_beside_a_splice_piece():
+    """A catalog's regex holds pieces' placeholders and free strings: the bodies are laid in, the
+    piece's path stays for the splice, and the result is the DFA of the bodies written inline."""
+    b, piece = string_bodies.STRING_BODY, splice.placeholder(0)
+    regex = f'\\{{"a": "{b}", "b": {piece}, "c": "{b}"\\}}|"{b}"'
+    calls = []
+
+    def build(text):
+        calls.append(text)
+        return regex_to_dfa(text)
+
+    dfa = string_bodies.build_with_shared_bodies(regex, build)
+    assert len(calls) == 1 and b not in calls[0], "one parent build, every body laid in"
+    assert [i for _, i, _ in splice.find_placeholders(dfa)] == [0]
+    np.testing.assert_array_equal(dfa.trans, regex_to_dfa(regex).trans)
+    np.testing.assert_array_equal(dfa.accept, regex_to_dfa(regex).accept)
+
+
+def test_shared_bodies_that_meet_are_written_out_and_the_rest_laid_in():
+    """An integer or a number at one place (`type: [integer, number]`) share a source state: those
+    two are written out again; the string bodies are still laid in (not the whole regex inlined)."""
+    b = string_bodies.STRING_BODY
+    integer, number = lex.INTEGER, f"(?:{lex.NUMBER})"
+    regex = f'\\{{"a": "{b}", "n": (?:{integer}|{number}), "z": "{b}"\\}}'
+    calls = []
+
+    def build(text):
+        calls.append(text)
+        return regex_to_dfa(text)
+
+    dfa = string_bodies.build_with_shared_bodies(regex, build)
+    assert len(calls) == 2, "the first try with every body, then without the two that meet"
+    assert b not in calls[1] and lex.NUMBER in calls[1]
+    inlined = regex_to_dfa(regex)
+    np.testing.assert_array_equal(minimize(dfa).trans, inlined.trans)
+    assert dfa.matches(b'{"a": "x", "n": -1.5e3, "z": ""}') and not dfa.matches(b'{"a": "x", "n": 01, "z": ""}')
+
+
 # --- free-form values: one piece per nesting level -------------------------------------------
 def _depth_options(depth: int) -> GrammarOptions:
     return GrammarOptions(max_any_depth=depth)
@@ -453,10 +492,7 @@ def test_shared_numbers_and_formats_give_the_inlined_dfa(name):
     np.testing.assert_array_equal(small.accept, inlined.accept)
     assert dfa.num_states <= inlined.num_states + (1 if name == "string_or_number_values" else 0)
     # the shared path was taken (no fallback to the inlined build)
-    written = regex
-    for text, index, _ in string_bodies._SHARED:
-        written = written.replace(text, splice.placeholder(index) if index == string_bodies._BODY_INDEX
-                                  else f"(?:{splice.placeholder(index)})")
+    written = string_bodies.written_with_placeholders(regex, string_bodies._SHARED)
     bodies = {index: regex_to_dfa(body) for text, index, body in string_bodies._SHARED if text in regex}
     assert string_bodies._overlay(regex_to_dfa(written), bodies) is not None
 
