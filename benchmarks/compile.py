@@ -15,7 +15,8 @@ machine to themselves; outlines-core, by far the slowest, then runs the same sch
 own (it used to run beside them: its two workers took the cores a single-threaded engine's compile was
 timed on, and xgrammar's 8 threads a larger share of what was left). --max-minutes bounds each phase
 (round-robin over subsets). Then the
-seed catalog (ours cold/warm vs xgrammar), issue 15's goals with their gaps, and a compact table
+seed catalog (ours cold/warm vs xgrammar), two real catalogs the same way (the GitHub MCP server's
+78 tools, BFCL's first 100: CATALOGS), issue 15's goals with their gaps, and a compact table
 for the README. Progress on stderr; benchmarks/results/compile.{json,md}; last line one JSON.
 Engine adapters: compile_engines.py; summaries, goals and tables: compile_report.py.
 
@@ -337,16 +338,37 @@ print(json.dumps({"first_cold_ms": first, "cold_ms": statistics.median(cold), "w
 
 def seed_catalog_figures(cache_dir: str, repeats: int) -> dict:
     """In a fresh process: ours cold (first and repeats), warm (disk cache), xgrammar; medians."""
-    import subprocess
-
     from surecall.tools.catalog import seed_tools
 
-    schema_json = json.dumps(catalog_union_schema(seed_tools()))
+    return catalog_figures(cache_dir, repeats, seed_tools())
+
+
+def catalog_figures(cache_dir: str, repeats: int, tools: list[dict]) -> dict:
+    """seed_catalog_figures for any tools (name, parameters) as one tagged union."""
+    import subprocess
+
+    schema_json = json.dumps(catalog_union_schema(tools))
     out = subprocess.run([sys.executable, "-c", _SEED_CODE, cache_dir, str(repeats)], input=schema_json,
                          capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         return {"error": out.stderr[-800:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {"tools": len(tools), **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+# Real catalogs beside the seed's: what a client sending every tool of a server waits for once.
+CATALOGS = (("GitHub MCP server", "github_mcp_tools", None), ("BFCL, first 100", "bfcl_tools", 100))
+
+
+def real_catalog_figures(data_dir: Path, cache_dir: str, repeats: int) -> dict:
+    """{name: catalog_figures} for CATALOGS found under data_dir/tools (3 repeats at most: ~2 s each)."""
+    out = {}
+    for name, stem, first in CATALOGS:
+        path = data_dir / "tools" / f"{stem}.jsonl"
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:first]
+            tools = [{"name": r["name"], "parameters": _schema_of(r)} for r in rows if _schema_of(r) is not None]
+            out[name] = catalog_figures(cache_dir, min(repeats, 3), tools)
+    return out
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -398,13 +420,16 @@ def main(argv=None) -> int:
     rows, started, num_cut = sweep(args, subsets, engines, cache_dir)
     sweep_s = time.perf_counter() - started
     catalog = seed_catalog_figures(os.path.join(cache_dir, "tables"), args.repeats) if "ours" in engines else {}
+    catalogs = real_catalog_figures(args.data, os.path.join(cache_dir, "tables"), args.repeats) \
+        if "ours" in engines and "xgrammar" in engines else {}
     shutil.rmtree(os.path.join(cache_dir, "tables"), ignore_errors=True)  # the engine logs stay
     report = build_report(args, rows, list(subsets), engines, catalog, sweep_s)
+    report["catalogs"] = catalogs
     report["schemas_left_out_for_time"] = num_cut
     write(Path(args.out), report)
     print("\n".join(readme_table(report)))
     print(json.dumps({"bench": "compile", "sweep_s": round(sweep_s), "overall": report["overall"],
-                      "goals": report["goals"], "seed_catalog": catalog}, default=str))
+                      "goals": report["goals"], "seed_catalog": catalog, "catalogs": catalogs}, default=str))
     return 0
 
 

@@ -85,6 +85,15 @@ def test_summaries_and_goals_follow_the_rows():
     assert "| A | 2 | 1 / 2 |" in table
 
 
+def test_real_catalogs_are_tabled_with_their_ratio_and_failures_left_out():
+    good = {"tools": 78, "cold_ms": 1335.2, "xgrammar_ms": 128.0, "cold_over_xgrammar": 10.26, "states": 13827,
+            "table_bytes": 3_014_076}
+    lines = report.catalog_lines({"catalogs": {"GitHub MCP server": good, "broken": {"error": "Traceback ..."}}})
+    assert "| GitHub MCP server | 78 | 1335 | 128 | 10.3x | 13827 | 3.01 |" in lines
+    assert not any("broken" in line for line in lines)
+    assert report.catalog_lines({"catalogs": {}}) == [] and report.catalog_lines({}) == []
+
+
 @pytest.fixture(scope="module")
 def tokens(data_dir):
     return engines.Tokens(data_dir)
