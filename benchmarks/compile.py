@@ -360,14 +360,18 @@ CATALOGS = (("GitHub MCP server", "github_mcp_tools", None), ("BFCL, first 100",
 
 
 def real_catalog_figures(data_dir: Path, cache_dir: str, repeats: int) -> dict:
-    """{name: catalog_figures} for CATALOGS found under data_dir/tools (3 repeats at most: ~2 s each)."""
+    """{name: catalog_figures} for CATALOGS found under data_dir/tools (3 repeats at most: ~2 s each);
+    a name seen before is skipped (a catalog's names are distinct: BFCL repeats a few across tasks)."""
     out = {}
     for name, stem, first in CATALOGS:
         path = data_dir / "tools" / f"{stem}.jsonl"
         if path.exists():
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:first]
-            tools = [{"name": r["name"], "parameters": _schema_of(r)} for r in rows if _schema_of(r) is not None]
-            out[name] = catalog_figures(cache_dir, min(repeats, 3), tools)
+            tools: dict[str, dict] = {}
+            for line in path.read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                if row.get("name") and row["name"] not in tools and _schema_of(row) is not None:
+                    tools[row["name"]] = {"name": row["name"], "parameters": _schema_of(row)}
+            out[name] = catalog_figures(cache_dir, min(repeats, 3), list(tools.values())[:first])
     return out
 
 
