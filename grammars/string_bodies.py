@@ -74,9 +74,10 @@ def build_with_shared_bodies(regex: str, build: Callable[[str], ByteDFA],
     too), but not always: two copies of a free number that end alike can stay apart (a state
     more; minimising every overlay would cost what sharing numbers saves).
     """
+    # (after a backslash the text would not be a group: leave it as written)
     shared = [(text, index, body) for text, index, body in _SHARED if text in regex and "\\" + text not in regex]
     if any(i >= MAX_PIECES - RESERVED_PIECES for i in placeholders_in(regex)):
-        return build(regex)  # (after a backslash the text would not be a group: leave it as written)
+        return build(regex)  # shared bodies' own placeholders already in it (to_regex never writes them)
     while sum(regex.count(text) for text, _, _ in shared) >= _MIN_BODIES:
         parent = (build_parent or build)(written_with_placeholders(regex, shared))
         bodies = {}
