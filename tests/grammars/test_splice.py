@@ -363,18 +363,21 @@ def test_shared_string_bodies_fall_back_where_rows_overlap(regex):
     assert dfa.matches(b'0xa"') and dfa.matches(b'1cd"') if regex[0] == "0" else dfa.matches(b'"xxab"')
 
 
+def _recording(calls: list[str]):
+    """regex_to_dfa, noting each regex it is given in `calls`."""
+    def build(text):
+        calls.append(text)
+        return regex_to_dfa(text)
+    return build
+
+
 def test_shared_string_bodies_beside_a_splice_piece():
     """A catalog's regex holds pieces' placeholders and free strings: the bodies are laid in, the
     piece's path stays for the splice, and the result is the DFA of the bodies written inline."""
     b, piece = string_bodies.STRING_BODY, splice.placeholder(0)
     regex = f'\\{{"a": "{b}", "b": {piece}, "c": "{b}"\\}}|"{b}"'
-    calls = []
-
-    def build(text):
-        calls.append(text)
-        return regex_to_dfa(text)
-
-    dfa = string_bodies.build_with_shared_bodies(regex, build)
+    calls: list[str] = []
+    dfa = string_bodies.build_with_shared_bodies(regex, _recording(calls))
     assert len(calls) == 1 and b not in calls[0], "one parent build, every body laid in"
     assert [i for _, i, _ in splice.find_placeholders(dfa)] == [0]
     np.testing.assert_array_equal(dfa.trans, regex_to_dfa(regex).trans)
@@ -387,13 +390,8 @@ def test_shared_bodies_that_meet_are_written_out_and_the_rest_laid_in():
     b = string_bodies.STRING_BODY
     integer, number = lex.INTEGER, f"(?:{lex.NUMBER})"
     regex = f'\\{{"a": "{b}", "n": (?:{integer}|{number}), "z": "{b}"\\}}'
-    calls = []
-
-    def build(text):
-        calls.append(text)
-        return regex_to_dfa(text)
-
-    dfa = string_bodies.build_with_shared_bodies(regex, build)
+    calls: list[str] = []
+    dfa = string_bodies.build_with_shared_bodies(regex, _recording(calls))
     assert len(calls) == 2, "the first try with every body, then without the two that meet"
     assert b not in calls[1] and lex.NUMBER in calls[1]
     inlined = regex_to_dfa(regex)
