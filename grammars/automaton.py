@@ -40,13 +40,28 @@ class ByteDFA:
         return int(self.accept.shape[0])
 
     def matches(self, data: bytes) -> bool:
-        """Whether the DFA accepts exactly `data` (a reference for tests)."""
-        state = 0
+        """Whether the DFA accepts exactly `data` (a reference for tests). Bracket-stack marks
+        (grammars/stack.py) are followed with a stack of the open containers' kinds."""
+        from surecall.grammars.stack import POP_ARRAY, POP_EXIT, POP_OBJECT, PUSH, STACK_MARK
+
+        state, kinds = 0, []
         for b in data:
             state = int(self.trans[state, b])
             if state < 0:
                 return False
-        return bool(self.accept[state])
+            mark = int(self.trans[state, STACK_MARK])
+            if mark >= 0:  # a bracket of a free-form value: push its kind, or pop and say what is around
+                if b in b"{[":
+                    kinds.append(b)
+                    letter = PUSH
+                else:
+                    if not kinds or kinds.pop() != (b"{" if b == ord("}") else b"[")[0]:
+                        return False
+                    letter = POP_EXIT if not kinds else POP_OBJECT if kinds[-1] == ord("{") else POP_ARRAY
+                state = int(self.trans[mark, letter[0]])
+                if state < 0:
+                    return False
+        return bool(self.accept[state]) and not kinds
 
 
 @lru_cache(maxsize=1)

@@ -25,9 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from surecall.grammars.table import COUNT_ARRAYS, ITEM_ARRAYS, TABLE_ARRAYS, TokenTable
+from surecall.grammars.table import (
+    COUNT_ARRAYS,
+    ITEM_ARRAYS,
+    STACK_ARRAYS,
+    TABLE_ARRAYS,
+    TokenTable,
+)
 
-CACHE_FORMAT = 11  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 12  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
 # 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
 # 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks); 7: meta lists a cut recursion in
@@ -35,7 +41,8 @@ CACHE_FORMAT = 11  # 2: optional count_* arrays (counted string lengths); 3: com
 # and email as a free body under a counted cap (string_formats.COUNTED_FORMATS), not bounded labels;
 # 9: shared exception rows (exc_row, exc_slot, exc_base, exc_targets instead of exc_next); 10: maxProperties over
 # undeclared keys counted by the item counters (a table cached before listed it as relaxed); 11: meta lists
-# each free-form value's depth cap (max_any_depth) in "narrowed" (the arrays are unchanged)
+# each free-form value's depth cap (max_any_depth) in "narrowed" (the arrays are unchanged); 12: free-form
+# values of any depth on a bracket stack (optional stack_* arrays)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16
@@ -139,7 +146,8 @@ def save(key: str, table: TokenTable) -> Path | None:
         header = {"format": CACHE_FORMAT, "arrays": {}, "relaxed": table.relaxed, "meta": table.meta,
                   "vocab_size": table.vocab_size, "logits_width": table.logits_width}
         header["count_fill"] = table.count_fill
-        for name in _ARRAYS + (COUNT_ARRAYS if table.has_counts else ()) + (ITEM_ARRAYS if table.has_items else ()):
+        for name in (_ARRAYS + (COUNT_ARRAYS if table.has_counts else ()) + (ITEM_ARRAYS if table.has_items else ())
+                     + (STACK_ARRAYS if table.has_stack else ())):
             arr = np.ascontiguousarray(getattr(table, name))
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
             header["arrays"][name] = {"dtype": arr.dtype.str, "shape": list(arr.shape),
@@ -180,7 +188,8 @@ def _read(path: Path, full_check: bool) -> TokenTable | None:
         return None
     arrays = {}
     for name in (_ARRAYS + (COUNT_ARRAYS if "count_row" in header["arrays"] else ())
-                 + (ITEM_ARRAYS if "item_hi" in header["arrays"] else ())):
+                 + (ITEM_ARRAYS if "item_hi" in header["arrays"] else ())
+                 + (STACK_ARRAYS if "stack_key" in header["arrays"] else ())):
         spec = header["arrays"][name]
         arr = np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
         if arr.dtype.str != spec["dtype"] or list(arr.shape) != spec["shape"]:

@@ -42,6 +42,19 @@ from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entri
 from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.schema.to_regex import free_value_depth
 from surecall.grammars.splice import build_spliced
+from surecall.grammars.stack import (
+    StackCutError,
+    add_item_charges_inplace,
+    add_pop_tokens,
+    add_stack_inplace,
+    check_stack_dist,
+    counted_edges,
+    cut_stack_marks,
+    dist_edges,
+    drop_pairs,
+    stack_entries,
+    stack_value_regex,
+)
 from surecall.grammars.string_bodies import build_with_shared_bodies
 from surecall.grammars.table import (
     MASK_BLOCK_WORDS,
@@ -240,6 +253,12 @@ def _with_counted_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     try:
         return _compile_uncached(result.regex, vocab, options, _pairs(result.relaxed), _with_reasons(meta, result),
                                  _pieces(result))
+    except StackCutError as exc:
+        if not options.free_form_stack:
+            raise
+        table = _with_counted_fallback(to_regex, vocab, dataclasses.replace(options, free_form_stack=False), meta)
+        table.meta["stack_fallback"] = str(exc)
+        return table
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
@@ -278,7 +297,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
 # every level a splice piece) are the same in every schema that has one (52 of the benchmark's 186
 # compiled schemas): each level's spliced DFA (137 states at level 1, ~10 ms; ~500 at level 2, ~20
 # ms) is built once per process, whitespace style and level, and shared read-only.
-_FREE_VALUE_DFAS: dict[tuple[str, int], ByteDFA] = {}
+_FREE_VALUE_DFAS: dict[tuple[str, int | str], ByteDFA] = {}
 
 
 class _FreeValueLevels:
@@ -295,6 +314,10 @@ class _FreeValueLevels:
         return self.depth[index]
 
     def shared(self, index: int):
+        if 0 <= index < len(self.pieces) and self.pieces[index] == stack_value_regex(self.ws):
+            key = (self.ws, "stack")
+            dfa = _FREE_VALUE_DFAS.get(key)
+            return (dfa, None) if dfa is not None else (None, lambda built: _FREE_VALUE_DFAS.setdefault(key, _read_only(built)))
         level = self.depth_of(index)
         if not level:
             return None, None
@@ -335,12 +358,20 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
     dfa, counted, item_regions = cut_all_marks(dfa, is_pruned)  # count marks (schema.to_regex) become counter regions
+    marks = cut_stack_marks(dfa)  # free-form values on the bracket stack (grammars/stack.py)
+    if marks is not None:
+        dfa, marks = marks
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
     # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk); tokens
     #    that break a length bound on their own are dropped here, the rest are the counters' job.
     rows = token_rows(dfa, vi, regions, check=lambda: clock.within("token walk"))
+    stack = None
+    if marks is not None:  # tokens that cross a bracket of a free-form value: outcomes per row stack
+        entries, drop = stack_entries(dfa, marks, vi, counted_edges(dfa, counted), item_regions)
+        drop_pairs(rows, drop)
+        stack = (marks, entries)
     counts = None
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
@@ -348,7 +379,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     items = None if item_regions is None else (item_regions, item_entries(rows, dfa, item_regions, vi))
     clock.check("token walk")
     # 3. Token-level pruning, renumbering, dist, CSR and mask.
-    table = build_table(dfa, rows, vocab, counts, items, options.memory_budget_bytes)
+    table = build_table(dfa, rows, vocab, counts, items, options.memory_budget_bytes, stack)
     clock.check("table")
     table.relaxed = relaxed
     table.meta = {
@@ -368,7 +399,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
 
 
 def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
-                memory_budget_bytes: int | None = None) -> TokenTable:
+                memory_budget_bytes: int | None = None, stack=None) -> TokenTable:
     """Token-level TokenTable from per-state rows: keep states reachable from 0 that reach acceptance.
 
     Builds the compact layout (table.py) directly: a row's shared class part contributes its
@@ -377,10 +408,23 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
     """
     n = dfa.num_states
     stop_ids = np.asarray(sorted({int(s) for s in vocab.stop_ids if 0 <= s < vocab.logits_width}), dtype=np.int32)
+    if stack is not None:  # one more state, last: where every token that pops leads in the plain table
+        add_pop_tokens(rows, stack[1], n)
+        dfa = ByteDFA(np.vstack([dfa.trans, np.full((1, 256), -1, dtype=dfa.trans.dtype)]), np.append(dfa.accept, False))
+        counts, items = _with_sentinel(counts, items)
+        n += 1
     _drop_stop_tokens_inplace(rows, _spelled(stop_ids, vocab))
     own = _Extras(rows)
     edge_src, edge_dst = _edges(rows, own, n)
-    order = _live_states(Digraph(n, edge_src, edge_dst), dfa.accept)
+    if stack is None:
+        order = _live_states(Digraph(n, edge_src, edge_dst), dfa.accept)
+    else:  # the sentinel leads on to every outcome of the tokens that pop, and stays last
+        e = stack[1]
+        popping = np.repeat(~e.edge, np.diff(e.ptr))
+        outs = np.unique(e.next[popping]).astype(np.int64)
+        order = _live_states(Digraph(n, np.concatenate([edge_src, np.full(outs.size, n - 1)]),
+                                     np.concatenate([edge_dst, outs])), dfa.accept)
+        order = np.append(order[order != n - 1], n - 1)
     new_id = np.full(n + 1, -1, dtype=np.int32)
     new_id[order] = np.arange(order.size, dtype=np.int32)
     parts = _renumbered_all(rows, own, order, new_id)
@@ -403,15 +447,38 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
         logits_width=vocab.logits_width,
         stop_ids=stop_ids,
     )
+    if stack is not None:
+        add_stack_inplace(table, stack[1], new_id)
     if counts is None:
         src, dst = new_id[edge_src], new_id[edge_dst]
         live = (src >= 0) & (dst >= 0)
-        table.dist = dist_to_accept(order.size, accept, src[live], dst[live], np.ones(int(live.sum()), dtype=np.int64))
+        table.dist = dist_to_accept(order.size, accept, *dist_edges(
+            table, src[live], dst[live], np.ones(int(live.sum()), dtype=np.int64), order.size - 1))
     else:
         add_counts_inplace(table, counts, order, new_id)
     if items is not None:  # counted arrays (grammars/items.py): item fields, dist with unmet minItems
         add_items_inplace(table, *items, order, new_id)
+    if stack is not None:
+        add_item_charges_inplace(table)
+        check_stack_dist(table, stack[0], new_id)
     return table
+
+
+def _with_sentinel(counts, items):
+    """The counted regions and counted arrays with one more state, in none of them (the stack's sentinel)."""
+    if counts is not None:
+        regions, row_of, *rest = counts
+        regions = dataclasses.replace(regions, region=np.append(regions.region, -1),
+                                      phase=np.append(regions.phase, -1), rest=np.append(regions.rest, 0))
+        counts = (regions, np.append(row_of, -1).astype(row_of.dtype), *rest)
+    if items is not None:
+        regions, entries = items
+        regions = dataclasses.replace(
+            regions, region=np.append(regions.region, -1),
+            events=np.vstack([regions.events, np.zeros((1, 256), regions.events.dtype)]),
+            levels=np.vstack([regions.levels, np.full((1, regions.levels.shape[1]), -1, regions.levels.dtype)]))
+        items = (regions, entries)
+    return counts, items
 
 
 def _spelled(ids: np.ndarray, vocab) -> np.ndarray:

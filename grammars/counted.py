@@ -663,7 +663,9 @@ def counted_dist(table: TokenTable) -> np.ndarray:
     """
     n = table.num_states
     need0 = -(-table.count_lo.astype(np.int64) // table.count_fill)
-    src, dst, weight = _counted_edges(table, need0)
+    from surecall.grammars.stack import dist_edges, stack_sentinel
+
+    src, dst, weight = dist_edges(table, *_counted_edges(table, need0), stack_sentinel(table))
     return dist_to_accept(n, table.accept, src, dst, weight)
 
 

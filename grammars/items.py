@@ -36,6 +36,7 @@ from surecall.grammars.counted import (
     target_edges,
 )
 from surecall.grammars.schema.to_regex import ITEM_MARK, MAX_ITEM_DEPTH
+from surecall.grammars.stack import dist_edges, stack_sentinel
 from surecall.grammars.table import ITEM_ARRAYS, TokenTable
 
 SEP, CLOSE, OPEN = 1, 2, 3  # events of a byte edge
@@ -209,16 +210,9 @@ def item_entries(rows, dfa: ByteDFA, items: ItemRegions, vi) -> ItemEntries:
 def _walk_items(dfa, items: ItemRegions, vi, src, tok):
     """(valid, inc, flag, counter of the array left open or -1) for each (state, token) pair,
     walked byte by byte with the token's own stack of arrays above the source's open ones."""
-    region, events = items.region, items.events
-    sep_lo, sep_hi = items.sep_bounds()
     n = src.size
     state = src.copy()
-    depth = items.depth[src].astype(np.int64)  # arrays open now
-    dyn_top = depth - 1  # the innermost of the source's arrays still open (the row's counters)
-    cnt = np.zeros((n, MAX_ITEM_DEPTH + 1), dtype=np.int64)  # separators in arrays this token opened
-    inc = np.zeros(n, dtype=np.int64)
-    flag = np.zeros(n, dtype=np.int64)
-    ok = np.ones(n, dtype=bool)
+    w = item_walk_start(items, src)
     active = np.flatnonzero(vi.lens[tok] > 0)
     pos = 0
     while active.size:
@@ -226,33 +220,59 @@ def _walk_items(dfa, items: ItemRegions, vi, src, tok):
         q = state[active]
         b = vi.flat[vi.off[tok[active]] + pos]
         nxt = dfa.trans[q, b].astype(np.int64)
-        ev = events[q, b]
-        lvl = depth[active] - 1
-        own = lvl <= dyn_top[active]  # an array open before this token
-        fresh = (flag[active] & FLAG_CLOSES) == 0
-        sep, close = ev == SEP, ev == CLOSE
-        cnt[active[sep & ~own], lvl[sep & ~own]] += 1
-        inc[active[sep & own & fresh]] += 1
-        ok[active[sep & own & ~fresh]] = False  # a separator of the array below one it closed
-        ok[active[close & own & ~fresh]] = False  # a second array of the row's closed
-        flag[active[close & own]] |= FLAG_CLOSES
-        dyn_top[active[close & own]] -= 1
-        shut = close & ~own  # an array opened and closed by this token: bounds known
-        c, r = cnt[active[shut], lvl[shut]], region[q[shut]]
-        ok[active[shut][(c < sep_lo[r]) | (c > sep_hi[r])]] = False
-        opening = active[ev == OPEN]
-        cnt[opening, np.minimum(depth[opening], MAX_ITEM_DEPTH)] = 0
-        depth[active[close]] -= 1
-        depth[opening] += 1
+        item_walk_step(items, w, active, q, items.events[q, b])
         dead = nxt < 0
-        ok[active[dead]] = False
+        w["ok"][active[dead]] = False
         state[active[~dead]] = nxt[~dead]
         active = active[~dead]
         pos += 1
+    return item_walk_finish(items, w, src, state, np.arange(n))
+
+
+def item_walk_start(items: ItemRegions, src: np.ndarray) -> dict:
+    """Per walker from state src[i]: the item state _walk_items (and stack.py's walk) carry."""
+    n = src.size
+    depth = items.depth[src].astype(np.int64)  # arrays open now
+    return {"depth": depth, "dyn_top": depth - 1,  # the innermost of the source's arrays still open
+            "cnt": np.zeros((n, MAX_ITEM_DEPTH + 1), dtype=np.int64),  # separators in arrays the token opened
+            "inc": np.zeros(n, dtype=np.int64), "flag": np.zeros(n, dtype=np.int64), "ok": np.ones(n, dtype=bool)}
+
+
+def item_walk_step(items: ItemRegions, w: dict, active: np.ndarray, q: np.ndarray, ev: np.ndarray) -> None:
+    """Walkers `active` cross a byte from states `q` with item events `ev` (0: none)."""
+    region = items.region
+    sep_lo, sep_hi = items.sep_bounds()
+    depth, dyn_top, cnt, inc, flag, ok = w["depth"], w["dyn_top"], w["cnt"], w["inc"], w["flag"], w["ok"]
+    lvl = depth[active] - 1
+    own = lvl <= dyn_top[active]  # an array open before this token
+    fresh = (flag[active] & FLAG_CLOSES) == 0
+    sep, close = ev == SEP, ev == CLOSE
+    cnt[active[sep & ~own], lvl[sep & ~own]] += 1
+    inc[active[sep & own & fresh]] += 1
+    ok[active[sep & own & ~fresh]] = False  # a separator of the array below one it closed
+    ok[active[close & own & ~fresh]] = False  # a second array of the row's closed
+    flag[active[close & own]] |= FLAG_CLOSES
+    dyn_top[active[close & own]] -= 1
+    shut = close & ~own  # an array opened and closed by this token: bounds known
+    c, r = cnt[active[shut], lvl[shut]], region[q[shut]]
+    ok[active[shut][(c < sep_lo[r]) | (c > sep_hi[r])]] = False
+    opening = active[ev == OPEN]
+    cnt[opening, np.minimum(depth[opening], MAX_ITEM_DEPTH)] = 0
+    depth[active[close]] -= 1
+    depth[opening] += 1
+
+
+def item_walk_finish(items: ItemRegions, w: dict, src: np.ndarray, state: np.ndarray, rows: np.ndarray):
+    """(valid, inc, flag, counter of the array left open or -1) of walkers `rows` that started in
+    `src` and ended in `state`."""
+    region = items.region
+    sep_hi = items.sep_bounds()[1]
+    depth, dyn_top = w["depth"][rows], w["dyn_top"][rows]
+    inc, flag, ok = w["inc"][rows], w["flag"][rows], w["ok"][rows].copy()
     left_open = depth - 1 - dyn_top  # arrays this token opened and left open
     ok &= left_open <= 1
     opens = left_open == 1
-    counter = np.where(opens, cnt[np.arange(n), np.clip(depth - 1, 0, MAX_ITEM_DEPTH)], -1)
+    counter = np.where(opens, w["cnt"][rows, np.clip(depth - 1, 0, MAX_ITEM_DEPTH)], -1)
     r_end = region[state]
     ok &= ~opens | (counter <= sep_hi[np.maximum(r_end, 0)])
     r_src = region[src]
@@ -339,8 +359,9 @@ def _settle_costs_inplace(table: TokenTable, region: np.ndarray) -> None:
     for _ in range(_MAX_ROUNDS):
         extra = _opening_charge(table, nxt, table.item_set[opens])
         e_src, e_dst, e_weight = edges
-        table.dist = dist_to_accept(table.num_states, table.accept, np.concatenate([e_src, src]),
-                                    np.concatenate([e_dst, nxt]), np.concatenate([e_weight, 1 + extra + body]))
+        table.dist = dist_to_accept(table.num_states, table.accept, *dist_edges(
+            table, np.concatenate([e_src, src]), np.concatenate([e_dst, nxt]),
+            np.concatenate([e_weight, 1 + extra + body]), stack_sentinel(table)))
         if (table.dist < 0).any():
             raise CountedCutError("a counted array cannot be closed with this vocabulary's tokens")
         need = _required_costs(table, region, minimum_rows)
@@ -412,6 +433,8 @@ def _minimum_rows(table: TokenTable, region: np.ndarray) -> tuple[np.ndarray, np
         tok = np.concatenate([t for t, _ in rows]).astype(np.int64)
         nxt = np.concatenate([x for _, x in rows]).astype(np.int64)
         usable = _usable(table, owner, tok)
+        if table.has_stack:  # a token with a stack event: its dist edge is the stack's (stack.dist_edges)
+            usable &= ~np.isin(owner * table.logits_width + tok, table.stack_key)
         owner, tok, nxt = owner[usable], tok[usable], nxt[usable]
     return owner, tok, nxt
 

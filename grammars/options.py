@@ -42,6 +42,11 @@ class GrammarOptions:
         of open `{`/`[`): +26% states per level on a Kubernetes schema. The default stays 2: at 3, median compile time on
         Kubernetes/Github_medium/JsonSchemaStore rose ~20-30% (tables ~+7%) and one more schema
         timed out, past the ~10% allowed (benchmarks/results/free_form_depth.md).
+    free_form_stack: True (default) writes a free-form value to any depth (up to
+        stack.MAX_STACK_DEPTH, 62) with one small automaton and a per-row stack of the open
+        containers' kinds (grammars/stack.py); max_any_depth then applies only where the stack
+        cannot be used (compile_schema falls back to it, meta "stack_fallback"). False unrolls
+        free-form values max_any_depth levels deep, as before.
     allow_additional_properties: False (default) closes an object with declared properties and no
         `additionalProperties` keyword to those properties (stricter than JSON Schema's default,
         never looser); True lets undeclared keys follow them. An explicit `additionalProperties:
@@ -68,6 +73,7 @@ class GrammarOptions:
     max_bounded_length: int = 48
     max_ref_depth: int = 3
     max_any_depth: int = 2
+    free_form_stack: bool = True
     allow_additional_properties: bool = False
     any_property_order: bool = False
     rewrite_conditionals: bool = True
@@ -99,6 +105,8 @@ class GrammarOptions:
             )
         if not isinstance(self.rewrite_conditionals, bool):
             raise ValueError(f"Invalid rewrite_conditionals: expected a bool, got {self.rewrite_conditionals!r}")
+        if not isinstance(self.free_form_stack, bool):
+            raise ValueError(f"Invalid free_form_stack: expected a bool, got {self.free_form_stack!r}")
         if not isinstance(self.any_property_order, bool):
             raise ValueError(f"Invalid any_property_order: expected a bool, got {self.any_property_order!r}")
         if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:

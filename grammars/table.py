@@ -101,6 +101,21 @@ class TokenTable:
     item_depth: np.ndarray | None = None  # int32 [S]; counted arrays open in s (0 outside)
     item_below_lo: np.ndarray | None = None  # int32 [S, D - 1]; item_lo of each open array below the innermost
     item_below_cost: np.ndarray | None = None  # int32 [S, D - 1]; its item_cost (0 past the depth)
+    stack_key: np.ndarray | None = None  # int64 [E] sorted; s * logits_width + t of tokens with a stack event
+    stack_ptr: np.ndarray | None = None  # int32 [E + 1]; each entry's outcomes
+    stack_edge: np.ndarray | None = None  # int8 [E]; 1: the token only pushes (a plain edge to the same next state)
+    stack_cond_len: np.ndarray | None = None  # int8 [O]; innermost levels the outcome reads
+    stack_cond_bits: np.ndarray | None = None  # int64 [O]; their kinds (bit 0 the innermost; 1: array)
+    stack_cond_depth: np.ndarray | None = None  # int32 [O]; the row's depth exactly, or -1: at least cond_len
+    stack_pops: np.ndarray | None = None  # int8 [O]; levels popped
+    stack_push_len: np.ndarray | None = None  # int8 [O]; levels pushed after
+    stack_push_bits: np.ndarray | None = None  # int64 [O]; their kinds (bit 0 the new innermost)
+    stack_next: np.ndarray | None = None  # int32 [O]; the state the token leads to
+    stack_weight: np.ndarray | None = None  # int8 [O]; its weight as an edge of dist (0: none)
+    stack_item_inc: np.ndarray | None = None  # int32 [O]; separators it crosses in the innermost counted array
+    stack_item_flag: np.ndarray | None = None  # int8 [O]; 1: it closes that array, 2: it leaves one open
+    stack_item_set: np.ndarray | None = None  # int32 [O]; the counter of the array it leaves open (-1: none)
+    stack_item_charge: np.ndarray | None = None  # int32 [O]; the unmet minimum of a counted array it opens (tokens)
 
     def __post_init__(self) -> None:
         _check_mask_layout(self)
@@ -108,6 +123,10 @@ class TokenTable:
     @property
     def has_items(self) -> bool:
         return self.item_hi is not None
+
+    @property
+    def has_stack(self) -> bool:
+        return self.stack_key is not None
 
     @property
     def has_counts(self) -> bool:
@@ -213,6 +232,7 @@ class TokenTable:
         arrays = tuple(getattr(self, n) for n in TABLE_ARRAYS)
         counts = tuple(getattr(self, n) for n in COUNT_ARRAYS) if self.has_counts else ()
         counts += tuple(getattr(self, n) for n in ITEM_ARRAYS) if self.has_items else ()
+        counts += tuple(getattr(self, n) for n in STACK_ARRAYS) if self.has_stack else ()
         return int(sum(a.nbytes for a in arrays + counts))
 
     def mask_dense(self, rows: np.ndarray | None = None) -> np.ndarray:
@@ -408,6 +428,10 @@ class TokenTable:
             from surecall.grammars.items import concat_items
 
             counts.update(concat_items(tables, offsets))
+        if any(t.has_stack for t in tables):
+            from surecall.grammars.stack import concat_stack
+
+            counts.update(concat_stack(tables, offsets))
         return (
             TokenTable(
                 mask_blocks=blocks,
@@ -667,6 +691,9 @@ def _describe(a) -> str:
 COUNT_ARRAYS = ("count_row", "count_lo", "count_hi", "count_chars", "count_entry_key", "count_entry_val")
 ITEM_ARRAYS = ("item_lo", "item_hi", "item_cost", "item_key", "item_inc", "item_flag", "item_set", "item_next",
                "item_depth", "item_below_lo", "item_below_cost")
+STACK_ARRAYS = ("stack_key", "stack_ptr", "stack_edge", "stack_cond_len", "stack_cond_bits", "stack_cond_depth", "stack_pops",
+                "stack_push_len", "stack_push_bits", "stack_next", "stack_weight", "stack_item_inc",
+                "stack_item_flag", "stack_item_set", "stack_item_charge")
 
 
 def _concat_counts(tables: list[TokenTable], offsets: np.ndarray) -> dict:

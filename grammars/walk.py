@@ -15,7 +15,7 @@ from fractions import Fraction
 import numpy as np
 
 from surecall.errors import RequestError
-from surecall.grammars import items
+from surecall.grammars import items, stack
 from surecall.grammars.schema.to_regex import pointer_join
 from surecall.grammars.table import TokenTable
 
@@ -35,21 +35,29 @@ def random_walk(table: TokenTable, vocab, rng: np.random.Generator, max_tokens: 
         )
     state, counter, out = 0, 0, []
     item = 0  # the item counters of a table with counted arrays (grammars/items.py: a stack)
+    depth, bits = 0, 0  # the bracket stack of free-form values (grammars/stack.py)
     while True:
         remaining = budget - len(out)
         toks, nexts = table.transitions(state)
+        ok, after, depths, kinds, item_after = stack.stack_step(table, state, depth, bits, toks, nexts, remaining,
+                                                                item if table.has_items else None)
+        left = remaining - int(stack.stack_need(depth))  # kernels.stack.stack_remaining (>= 1 while tokens are left)
         if table.has_items:
-            ok = items.kept(table, state, counter, item, toks, nexts, remaining)
+            ok &= items.kept(table, state, counter, item, toks, nexts, left)
         else:
-            ok = kept(table, state, counter, toks, nexts, remaining)
-        num_options = int(ok.sum()) + (1 if table.accept[state] else 0)
+            ok &= kept(table, state, counter, toks, nexts, left)
+        num_options = int(ok.sum()) + (1 if table.accept[state] and depth == 0 else 0)
+        if num_options == 0:
+            raise AssertionError(f"state {state}: no token keeps the document completable (a grammar bug)")
         pick = int(rng.integers(num_options))
-        if table.accept[state] and pick == num_options - 1:
+        if table.accept[state] and depth == 0 and pick == num_options - 1:
             return out
         i = np.flatnonzero(ok)[pick]
         out.append(int(toks[i]))
-        item = _next_item(table, state, item, int(toks[i]))
-        state, counter = int(nexts[i]), table.next_counter(state, counter, int(toks[i]))
+        plain = _next_item(table, state, item, int(toks[i]))
+        item = item_after[i] if item_after[i] is not item else plain  # an outcome that counted separators
+        counter = table.next_counter(state, counter, int(toks[i]))
+        state, depth, bits = int(after[i]), int(depths[i]), int(kinds[i])
 
 
 def kept(table: TokenTable, state: int, counter: int, toks: np.ndarray, nexts: np.ndarray,
@@ -74,16 +82,26 @@ def decode(vocab, ids: list[int]) -> bytes:
 
 def accepts(table: TokenTable, ids: list[int]) -> bool:
     """Whether the table walks `ids` from state 0 into an accepting state (CSR only)."""
-    state, counter, item = 0, 0, 0
+    state, counter, item, depth, bits = 0, 0, 0, 0, 0
     for t in ids:
         nxt = table.next_state(state, int(t))
         if nxt is None or not table.count_allows(state, counter, np.asarray([int(t)]))[0]:
             return False
         if table.has_items and not items.item_allows(table, state, item, np.asarray([int(t)]))[0]:
             return False
-        item = _next_item(table, state, item, int(t))
+        item_next = _next_item(table, state, item, int(t))
+        if table.has_stack:
+            got = stack.outcome(table, state, int(t), depth, bits, item if table.has_items else None)
+            if got is None:
+                return False
+            if got[0] >= 0:  # the token has an entry: its outcome moves the row
+                nxt = got[0]
+            if got[3] is not item and table.has_items:  # an outcome that counted separators
+                item_next = got[3]
+            depth, bits = got[1], got[2]
+        item = item_next
         state, counter = nxt, table.next_counter(state, counter, int(t))
-    return bool(table.accept[state])
+    return bool(table.accept[state]) and depth == 0
 
 
 def _next_item(table: TokenTable, state: int, item, token: int):

@@ -34,7 +34,19 @@ from surecall.core.masks import attention_mask
 from surecall.core.scheduler import Plan, Scheduler, Sequence, Work
 from surecall.errors import RequestError
 from surecall.kernels import DEAD_STATE, DeviceTable, SamplingTensors, advance, sample
-from surecall.kernels.items import MAX_ITEM_DEPTH, ItemTable, advance_items, constrain_items
+from surecall.kernels.items import (
+    MAX_ITEM_DEPTH,
+    ItemTable,
+    advance_items,
+    constrain_items,
+    item_need,
+)
+from surecall.kernels.stack import (
+    StackTable,
+    advance_stack,
+    apply_stack_mask_inplace,
+    stack_remaining,
+)
 
 
 @dataclass
@@ -49,6 +61,8 @@ class RequestState:
     state: int = -1  # local state in its grammar (-1: free)
     counter: int = 0  # characters started in the current counted string (grammars/table.py)
     item_counter: tuple[int, ...] = (0,) * MAX_ITEM_DEPTH  # separators crossed in each open counted array (grammars/table.py)
+    stack_depth: int = 0  # open free-form containers (grammars/stack.py)
+    stack_bits: int = 0  # their kinds, bit 0 the innermost (1: an array)
     generated: list[int] = field(default_factory=list)  # forced ids first
     logprobs: list[float] = field(default_factory=list)
     unmasked_logprobs: list[float] = field(default_factory=list)
@@ -109,6 +123,7 @@ class _StepHost:
     constrained: list[bool]
     counters: list[int] | None
     items: list[int] | None
+    stack: tuple[list[int], list[int]] | None  # depths and kind bits
     steps: list[int]
     offsets: dict[str, int]
 
@@ -130,6 +145,7 @@ class _Grammars:
         self._live_keys: tuple[str, ...] = ()
         self.device_table: DeviceTable | None = None
         self.item_table = None  # kernels.items.ItemTable of the concatenation when it has counted arrays
+        self.stack_table = None  # kernels.stack.StackTable of the concatenation when it has free-form values
         self.offsets: dict[str, int] = {}
         self._built: dict[tuple[str, ...], tuple] = {}  # keys -> (device table, offsets, source tables)
 
@@ -150,7 +166,7 @@ class _Grammars:
 
             self._live_keys = keys
             if not keys:
-                self.device_table, self.offsets, self.item_table = None, {}, None
+                self.device_table, self.offsets, self.item_table, self.stack_table = None, {}, None, None
                 return self.device_table, self.offsets
             tables = [self.tables[k] for k in keys]
             built = self._built.pop(keys, None)
@@ -158,11 +174,12 @@ class _Grammars:
                 table, offsets = TokenTable.concat(tables) if len(tables) > 1 else (tables[0], [0])
                 built = (DeviceTable.from_table(table, self.device),
                          {k: int(o) for k, o in zip(keys, offsets, strict=True)}, tuple(tables),
-                         ItemTable.from_table(table, self.device) if table.has_items else None)
+                         ItemTable.from_table(table, self.device) if table.has_items else None,
+                         StackTable.from_table(table, self.device) if table.has_stack else None)
             self._built[keys] = built  # most recently used last
             while len(self._built) > MAX_DEVICE_TABLES:
                 self._built.pop(next(iter(self._built)))
-            self.device_table, self.offsets, self.item_table = built[0], built[1], built[3]
+            self.device_table, self.offsets, self.item_table, self.stack_table = built[0], built[1], built[3], built[4]
         return self.device_table, self.offsets
 
 
@@ -349,33 +366,47 @@ class EngineCore:
         states = [s.payload for s in seqs]
         logits = sampled.logits()
         dtable, offsets = self.grammars.current()
-        itable = self.grammars.item_table
+        itable, stable = self.grammars.item_table, self.grammars.stack_table
         grammar_state, remaining, counters, items, steps = self._row_tensors(states, dtable, offsets, itable)
         params = self._sampling_tensors(seqs, states, steps)
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
         # 3. mask + sample
         mark = self._clock()
-        budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, remaining.clamp_min(1))
+        budget = remaining.clamp_min(1)
+        depth = bits = None
+        if stable is not None:  # the bracket stack's tokens, then every other rule less the stack's closers
+            depth = torch.tensor([st.stack_depth for st in states], dtype=torch.int32, device=self.device)
+            bits = torch.tensor([st.stack_bits for st in states], dtype=torch.int64, device=self.device)
+            apply_stack_mask_inplace(logits, dtable, stable, grammar_state, depth, bits, budget,
+                                     item_need(itable, grammar_state, items) if itable else None)
+            budget = stack_remaining(depth, budget)
+        budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, budget)
         out = sample(logits, dtable, grammar_state, params, remaining=budget,
                      return_unmasked_logprobs=want_unmasked, check=self.check_kernel_inputs, counters=counters)
         tokens = out.tokens
         mark = self._lap("sample_s", mark)
         # 4. advance grammars and counters
         is_constrained = grammar_state >= 0
-        next_counters = next_items = None
+        next_counters = next_items = next_stack = None
         if dtable is not None:
             moved = advance(torch.where(is_constrained & (tokens >= 0), grammar_state, -1), tokens.clamp_min(0),
                             dtable, check=False, counters=counters)
             nxt, fin_grammar = moved[0], moved[1]
             next_counters = moved[2].tolist() if counters is not None else None
             next_items = advance_items(itable, grammar_state, tokens, items).tolist() if itable else None
+            if stable is not None:
+                over, depth, bits = advance_stack(stable, torch.where(is_constrained, grammar_state, -1), tokens,
+                                                  depth, bits)
+                nxt = torch.where(over != -1, over, nxt)
+                next_stack = (depth.tolist(), bits.tolist())
             self._lap("advance_s", mark)
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)
         # 5. finish rows (host lists: one transfer per tensor, not one per row)
         host = _StepHost(tokens.tolist(), out.logprobs.tolist(),
                          out.unmasked_logprobs.tolist() if want_unmasked else None, nxt.tolist(),
-                         fin_grammar.tolist(), is_constrained.tolist(), next_counters, next_items, steps, offsets)
+                         fin_grammar.tolist(), is_constrained.tolist(), next_counters, next_items, next_stack, steps,
+                         offsets)
         now = time.perf_counter()
         return [self._commit_row(i, seq, st, sampled.forced[i], host, now)
                 for i, (seq, st) in enumerate(zip(seqs, states, strict=True))]
@@ -430,6 +461,8 @@ class EngineCore:
                 st.counter = int(host.counters[i])
             if host.items is not None:
                 st.item_counter = tuple(host.items[i])
+            if host.stack is not None:
+                st.stack_depth, st.stack_bits = int(host.stack[0][i]), int(host.stack[1][i])
             done_by_stop = bool(host.finished[i])
         else:
             done_by_stop = token in st.stop_ids

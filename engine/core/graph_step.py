@@ -30,8 +30,10 @@ from surecall.kernels.items import (
     MAX_ITEM_DEPTH,
     advance_items,
     apply_item_mask_inplace,
+    item_need,
     sample_remaining,
 )
+from surecall.kernels.stack import advance_stack, apply_stack_mask_inplace, stack_remaining
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MIN_KEY_BUCKET = 256  # key lengths are bucketed in powers of two from here (each a captured graph)
@@ -41,11 +43,14 @@ MAX_GRAPHS = 64  # captured buckets kept (least recently used out; their memory 
 MAX_BUCKET_KEYS = 1 << 20
 # input columns (int64); float32 values travel as their int32 bits
 TOKEN, POS, STATE, COUNTER, ITEM = range(5)  # ITEM: MAX_ITEM_DEPTH columns, a row's stack of item counters
-REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(ITEM + MAX_ITEM_DEPTH, ITEM + MAX_ITEM_DEPTH + 7)
+STACK_DEPTH, STACK_BITS = ITEM + MAX_ITEM_DEPTH, ITEM + MAX_ITEM_DEPTH + 1  # a row's bracket stack
+REMAINING, TEMP, TOP_K, TOP_P, SEED, STEP, STOPS = range(STACK_BITS + 1, STACK_BITS + 8)
 TABLE = STOPS + MAX_STOP_IDS
 # output columns (int32)
 OUT_TOKEN, OUT_LOGPROB, OUT_UNMASKED, OUT_STATE, OUT_COUNTER, OUT_ITEM = range(6)  # OUT_ITEM: MAX_ITEM_DEPTH columns
-OUT_STATUS = OUT_ITEM + MAX_ITEM_DEPTH
+OUT_DEPTH = OUT_ITEM + MAX_ITEM_DEPTH
+OUT_BITS_LO, OUT_BITS_HI = OUT_DEPTH + 1, OUT_DEPTH + 2  # the kind bits' two 32-bit halves
+OUT_STATUS = OUT_BITS_HI + 1
 NUM_OUT = OUT_STATUS + 2
 # finish codes in OUT_STATUS
 GOES_ON, STOPPED, COMPLETE_AT_BUDGET, LENGTH, NO_TOKEN, DEAD = range(6)
@@ -59,13 +64,14 @@ class BucketKey:
     want_unmasked: bool
     table_id: int  # id() of the live DeviceTable (0: none); the bucket holds it, so the id stays unique
     items_id: int
+    stack_id: int
 
 
 class _Bucket:
     """Static buffers of one bucket, and its graph once captured."""
 
-    def __init__(self, key: BucketKey, table, items, block_size: int, device: torch.device):
-        self.key, self.table, self.items = key, table, items
+    def __init__(self, key: BucketKey, table, items, stack, block_size: int, device: torch.device):
+        self.key, self.table, self.items, self.stack = key, table, items, stack
         pin = device.type == "cuda"
         self.inputs = torch.zeros((key.batch, TABLE + key.num_keys // block_size), dtype=torch.int64, device=device)
         self.outputs = torch.zeros((key.batch, NUM_OUT), dtype=torch.int32, device=device)
@@ -118,33 +124,34 @@ class GraphStep:
             keys *= 2
         return batch, min(-(-keys // self.block_size) * self.block_size, self.max_keys)
 
-    def bucket_key(self, works, table, items) -> BucketKey:
+    def bucket_key(self, works, table, items, stack=None) -> BucketKey:
         batch, keys = self._sizes(works)
         states = [w.seq.payload for w in works]
         use_sort = any(st.sampling.top_k > 0 or st.sampling.top_p < 1.0 for st in states)
         want_unmasked = any(st.sampling.unmasked_logprobs for st in states)
         return BucketKey(batch, keys, use_sort, want_unmasked, id(table) if table is not None else 0,
-                         id(items) if items is not None else 0)
+                         id(items) if items is not None else 0, id(stack) if stack is not None else 0)
 
     # --- one step -----------------------------------------------------------------------------
     def step(self, works) -> list:
         """Run `works` (decode rows) through the bucket's step; the engine's StepOutputs."""
         core = self.core
         table, offsets = core.grammars.current()
-        items = core.grammars.item_table
-        bucket = self._bucket(self.bucket_key(works, table, items), table, items)
+        items, stack = core.grammars.item_table, core.grammars.stack_table
+        bucket = self._bucket(self.bucket_key(works, table, items, stack), table, items, stack)
         pack_inputs(bucket.host_in.numpy(), works, offsets)
         bucket.inputs.copy_(bucket.host_in, non_blocking=True)
         self._run(bucket)
         bucket.host_out.copy_(bucket.outputs, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the step's one sync: its tokens
-        return apply_results(core, works, bucket.host_out.numpy(), offsets, table, items, bucket.key.want_unmasked)
+        return apply_results(core, works, bucket.host_out.numpy(), offsets, table, items, bucket.key.want_unmasked,
+                             stack)
 
-    def _bucket(self, key: BucketKey, table, items) -> _Bucket:
+    def _bucket(self, key: BucketKey, table, items, stack=None) -> _Bucket:
         bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = _Bucket(key, table, items, self.block_size, self.device)
+            bucket = _Bucket(key, table, items, stack, self.block_size, self.device)
             self.buckets[key] = bucket
             while len(self.buckets) > MAX_GRAPHS:
                 self.buckets.popitem(last=False)
@@ -179,7 +186,7 @@ class GraphStep:
         graphs go off (with a warning) and the eager result is the step's."""
         eager, bucket.check = bucket.check, None
         got = bucket.outputs
-        exact = [OUT_TOKEN, OUT_STATE, OUT_COUNTER, *range(OUT_ITEM, OUT_ITEM + MAX_ITEM_DEPTH), OUT_STATUS]
+        exact = [OUT_TOKEN, OUT_STATE, OUT_COUNTER, *range(OUT_ITEM, OUT_STATUS + 1)]
         same = torch.equal(got[:, exact], eager[:, exact]) and all(
             torch.allclose(got[:, c].view(torch.float32), eager[:, c].view(torch.float32), atol=1e-4, equal_nan=True)
             for c in (OUT_LOGPROB, OUT_UNMASKED))
@@ -214,10 +221,13 @@ class GraphStep:
     def device_step(self, bucket: _Bucket) -> None:
         """bucket.inputs -> bucket.outputs with device ops only (what the CUDA graph holds)."""
         logits = self._forward(bucket)  # 1-2. slot maps and mask, forward over the paged cache
-        tokens, logprobs, unmasked, nxt, fin_grammar, counters, items = self._sample_and_advance(bucket, logits)
+        tokens, logprobs, unmasked, nxt, fin_grammar, counters, items, depth, bits = self._sample_and_advance(
+            bucket, logits)
         status = self._finish_codes(bucket, tokens, nxt, fin_grammar)  # 4. stop / budget / error rules
+        halves = bits.view(torch.int32).reshape(-1, 2)  # little-endian: low half first
         columns = (tokens.to(torch.int32), logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
-                   counters, *items.unbind(1), status.to(torch.int32), torch.zeros_like(nxt))
+                   counters, *items.unbind(1), depth, halves[:, 0], halves[:, 1], status.to(torch.int32),
+                   torch.zeros_like(nxt))
         bucket.outputs.copy_(torch.stack(columns, dim=1))  # 5. one output block
 
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
@@ -244,8 +254,9 @@ class GraphStep:
 
     def _sample_and_advance(self, bucket: _Bucket, logits: torch.Tensor):
         """3. item mask, mask + sample, advance: (tokens, logprobs, unmasked, next states, grammar
-        finished, next counters, next item counters), all [B] (the item counters [B, MAX_ITEM_DEPTH])."""
-        inp, table, items, key = bucket.inputs, bucket.table, bucket.items, bucket.key
+        finished, next counters, next item counters, stack depths, stack bits), all [B] (the item
+        counters [B, MAX_ITEM_DEPTH])."""
+        inp, table, items, stack, key = bucket.inputs, bucket.table, bucket.items, bucket.stack, bucket.key
         states = inp[:, STATE].to(torch.int32)
         counters = inp[:, COUNTER].to(torch.int32)
         item_counters = inp[:, ITEM : ITEM + MAX_ITEM_DEPTH].to(torch.int32).contiguous()
@@ -253,6 +264,12 @@ class GraphStep:
         params = SamplingTensors(_floats(inp[:, TEMP]), inp[:, TOP_K].to(torch.int32), _floats(inp[:, TOP_P]),
                                  inp[:, SEED].contiguous(), inp[:, STEP].contiguous(), use_top_k_top_p=key.use_sort)
         budget = inp[:, REMAINING].to(torch.int32).clamp_min(1)
+        depth = inp[:, STACK_DEPTH].to(torch.int32).contiguous()
+        bits = inp[:, STACK_BITS].contiguous()
+        if stack is not None and table is not None:
+            need = item_need(items, states, item_counters) if items is not None else None
+            apply_stack_mask_inplace(logits, table, stack, states, depth, bits, budget, need, backend=self.backend)
+            budget = stack_remaining(depth, budget)
         if items is not None and table is not None:
             apply_item_mask_inplace(logits, table, items, states, item_counters, budget, counters=counted,
                                     backend=self.backend)
@@ -264,12 +281,16 @@ class GraphStep:
         unmasked = drawn.unmasked_logprobs if drawn.unmasked_logprobs is not None else drawn.logprobs
         if table is None:
             return tokens, drawn.logprobs, unmasked, states, torch.zeros_like(states, dtype=torch.bool), counters, \
-                item_counters
+                item_counters, depth, bits
         moved = advance(torch.where((states >= 0) & (tokens >= 0), states, -1), tokens.clamp_min(0), table,
                         check=False, backend=self.backend, counters=counted)
         next_counters = moved[2] if counted is not None else counters
         next_items = advance_items(items, states, tokens, item_counters) if items is not None else item_counters
-        return tokens, drawn.logprobs, unmasked, moved[0], moved[1], next_counters, next_items
+        nxt = moved[0]
+        if stack is not None:
+            over, depth, bits = advance_stack(stack, states, tokens, depth, bits)
+            nxt = torch.where(over != -1, over, nxt)
+        return tokens, drawn.logprobs, unmasked, nxt, moved[1], next_counters, next_items, depth, bits
 
     def _finish_codes(self, bucket: _Bucket, tokens, nxt, fin_grammar) -> torch.Tensor:
         """Each row's finish code, in the eager step's order: no token, dead state, stop, budget."""
@@ -308,6 +329,8 @@ def pack_inputs(host: np.ndarray, works, offsets: dict) -> None:
     host[:n, STATE] = [offsets[st.table_key] + st.state if st.table_key is not None else -1 for st in states]
     host[:n, COUNTER] = [st.counter for st in states]
     host[:n, ITEM : ITEM + MAX_ITEM_DEPTH] = [st.item_counter for st in states]
+    host[:n, STACK_DEPTH] = [st.stack_depth for st in states]
+    host[:n, STACK_BITS] = [st.stack_bits for st in states]
     host[:n, REMAINING] = [st.sampling.max_tokens - len(st.generated) for st in states]
     host[:n, TEMP] = np.array([st.sampling.temperature for st in states], dtype=np.float32).view(np.int32)
     host[:n, TOP_K] = [st.sampling.top_k for st in states]
@@ -327,7 +350,8 @@ def _fill_ragged(host: np.ndarray, column: int, rows: list[list[int]]) -> None:
     host[np.repeat(np.arange(len(rows)), lengths), column + np.arange(flat.shape[0]) - starts] = flat
 
 
-def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, want_unmasked: bool) -> list:
+def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, want_unmasked: bool,
+                  stack=None) -> list:
     """The eager step's bookkeeping from the output block: tokens appended, states moved, rows finished."""
     from surecall.core.engine import StepOutput
 
@@ -361,6 +385,9 @@ def apply_results(core, works, out: np.ndarray, offsets: dict, table, items, wan
                 st.counter = int(out[i, OUT_COUNTER])
             if items is not None:
                 st.item_counter = tuple(int(k) for k in out[i, OUT_ITEM : OUT_ITEM + MAX_ITEM_DEPTH])
+            if stack is not None:
+                st.stack_depth = int(out[i, OUT_DEPTH])
+                st.stack_bits = int(out[i, OUT_BITS_LO : OUT_BITS_HI + 1].view(np.int64)[0])
         if status == STOPPED:
             st.by_stop = True
             core._finish(seq, "stop")

@@ -107,6 +107,7 @@ from surecall.grammars.schema.string_automaton import RegularGaveUp, StringAutom
 from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholder, placeholders_in
+from surecall.grammars.stack import MAX_STACK_DEPTH, stack_value_regex
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _OBJECT_KEYS = {"properties", "required", "additionalProperties", "patternProperties",
@@ -628,7 +629,7 @@ class Converter:
         self.ref_uses: dict[str, list[int]] = {}  # ref -> [times inlined, characters each]
         self.ref_stack: list[str] = []
         self.followed: list[str] | None = None  # the $refs the allOf merge under way follows
-        self.any_regex: dict[int, str] = {}
+        self.any_regex: dict[int | str, str] = {}  # by depth; "stack": the bracket-stack value
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.algebra_gave_up: dict[str, str] = {}  # pointer -> why its string automaton was given up
@@ -735,6 +736,11 @@ class Converter:
             if schema is not True and key in schema:
                 raise UnsupportedSchema("dynamic references are not supported", ptr, key)
         if schema is True or not any(k in _ASSERTING for k in schema):
+            if self.options.free_form_stack:
+                self.narrowed.setdefault((ptr, "max_any_depth"), (
+                    f"a free-form value is written at most {MAX_STACK_DEPTH} containers deep (the bracket stack's "
+                    "depth): a valid value nested deeper is never written"))
+                return self.stack_value()
             depth = self.options.max_any_depth
             self.narrowed.setdefault((ptr, "max_any_depth"), (
                 f"a free-form value is written at most {depth} container{'s' if depth != 1 else ''} deep "
@@ -1424,6 +1430,14 @@ class Converter:
         self.relaxed[(at, keyword)] = (f"excluding a {kind} literal beside {sorted(k for k in rest if k in _ASSERTING)} "
                                        "is not written")
         return self.convert_type(kind, rest, ptr)
+
+    def stack_value(self) -> str:
+        """Any JSON value, nested to any depth, on the bracket stack (grammars/stack.py): one splice
+        piece (its DFA built once per process) or its text."""
+        if "stack" not in self.any_regex:
+            text = stack_value_regex(self.ws)
+            self.any_regex["stack"] = text if self.pieces is None else self.pieces.add(text)
+        return self.any_regex["stack"]
 
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep (built once per depth).

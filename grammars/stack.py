@@ -1,0 +1,689 @@
+"""Free-form values of any depth: a per-row bracket stack instead of one DFA copy per level.
+
+A value under an unconstrained schema (`{}`, `true`, an object's undeclared members) is any JSON
+value. Unrolled into a flat DFA it doubles per level of nesting (the DFA must remember whether each
+open container is an object or an array), so it used to be cut at `max_any_depth` levels and a
+valid value nested deeper was never written. Here the grammar instead keeps one small automaton
+whose states know only the innermost container's kind, and each batch row carries a stack of the
+open containers' kinds: depth d (int32) and one bit per level (int64, bit 0 the innermost: 0 an
+object, 1 an array), at most MAX_STACK_DEPTH deep.
+
+The regex (`stack_value_regex`) marks every stack event with STACK_MARK and a letter: `{` or `[`
+followed by PUSH (a container opens, its kind the byte before), and `}` or `]` followed by one of
+POP_OBJECT / POP_ARRAY / POP_EXIT (the container closed: the one around it, now innermost, is an
+object / an array / there is none, the value ended). The regex over-approximates the language
+(any pop letter after any closer); the row's stack picks the one letter that is true. It is the
+state elimination of the bracket automaton (hubs: a value or the text after one, in an object or
+in an array, and a closer pending):
+
+    Q2Q* Q2P (C1 | C2 Q2Q* Q2P)* EXIT   or a scalar
+
+where Q2Q / Q2P read from a container's opening to the next opening / to a closer, and C1 / C2 from a
+pop letter to a closer / to an opening.
+
+`cut_stack_marks` removes the marks: a push becomes a plain byte edge plus an event, a closer's edge
+is removed from the DFA and kept aside with its three targets. `stack_entries` walks every (state,
+token) pair that crosses a stack event with a symbolic stack (the kinds the token pushed itself and
+the levels it reveals below), branching where the row's own stack decides; each branch is an
+outcome (a condition on the row's stack, the pops and pushes, the next state). The kernels' side is
+kernels/stack.py; the table fields are grammars/table.py's "Bracket stack".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from surecall.grammars.automaton import ByteDFA
+from surecall.grammars.schema import json_lex as lex
+
+STACK_MARK = 0x0C  # a form feed: never raw in JSON text (a string escapes it, it is not whitespace)
+PUSH, POP_OBJECT, POP_ARRAY, POP_EXIT = b"p", b"o", b"a", b"x"
+MAX_STACK_DEPTH = 62  # open free-form containers a row may hold (int64 kind bits); deeper ones are not written
+OBJECT, ARRAY = 0, 1  # a level's kind bit
+CTX_NONE, CTX_OBJECT, CTX_ARRAY = 0, 1, 2  # a state's innermost free-form container (none: outside one)
+_OPENERS = {ord("{"): OBJECT, ord("["): ARRAY}
+_CLOSERS = {ord("}"): OBJECT, ord("]"): ARRAY}
+
+
+class StackCutError(ValueError):
+    """The grammar's free-form values cannot go on the bracket stack (compile_schema then unrolls
+    them max_any_depth levels deep)."""
+
+
+def _mark(letter: bytes) -> str:
+    return f"\\x{STACK_MARK:02x}{letter.decode()}"
+
+
+@lru_cache(maxsize=8)
+def stack_value_regex(ws: str) -> str:
+    """Any JSON value, containers of any depth, with stack marks (`ws`: one whitespace place)."""
+    g = lambda r: f"(?:{r})"  # noqa: E731
+    scalar = g(f"{lex.STRING}|{lex.NUMBER}|{lex.BOOLEAN}|{lex.NULL}")
+    ob, ar = f"\\{{{_mark(PUSH)}{ws}", f"\\[{_mark(PUSH)}{ws}"
+    member = f"{lex.STRING}{ws}:{ws}"
+    comma = f"{ws},{ws}"
+    lo, la = f"(?:{comma}{member}{scalar})*", f"(?:{comma}{scalar})*"
+    q2p = g(f"{ob}(?:\\}}|{member}{scalar}{lo}{ws}\\}})|{ar}(?:\\]|{scalar}{la}{ws}\\])")
+    q2q = g(f"{ob}{member}(?:{scalar}{lo}{comma}{member})?|{ar}(?:{scalar}{la}{comma})?")
+    c1 = g(f"{_mark(POP_OBJECT)}{lo}{ws}\\}}|{_mark(POP_ARRAY)}{la}{ws}\\]")
+    c2 = g(f"{_mark(POP_OBJECT)}{lo}{comma}{member}|{_mark(POP_ARRAY)}{la}{comma}")
+    nested = f"{q2q}*{q2p}(?:{c1}|{c2}{q2q}*{q2p})*{_mark(POP_EXIT)}"
+    return f"{scalar}|{nested}"
+
+
+def holds_stack(regex: str) -> bool:
+    return _mark(POP_EXIT) in regex
+
+
+@dataclass
+class StackMarks:
+    """The stack events of a byte DFA whose marks were cut (ids of that DFA)."""
+
+    push: np.ndarray  # int8 [S, 256]: 1 + kind where the byte edge opens a container, 0 elsewhere
+    pop: np.ndarray  # int32 [S, 256]: index into `targets` where the byte edge closes one, -1 elsewhere
+    targets: np.ndarray  # int32 [P, 3]: next state when the container around is an object / an array / none
+    ctx: np.ndarray  # int8 [S]: CTX_* of each state
+
+
+def cut_stack_marks(dfa: ByteDFA) -> tuple[ByteDFA, StackMarks] | None:
+    """The DFA without stack marks (same ids; mark states left unreachable) and its events; None
+    when it has no marks. A closer's byte edge is removed (its targets are in `StackMarks`)."""
+    marked = np.flatnonzero(dfa.trans[:, STACK_MARK] >= 0)
+    if not marked.size:
+        return None
+    trans = dfa.trans.copy()
+    n = trans.shape[0]
+    push = np.zeros((n, 256), dtype=np.int8)
+    pop = np.full((n, 256), -1, dtype=np.int32)
+    targets = []
+    for p in marked.tolist():
+        into = trans == p
+        before = np.unique(np.nonzero(into)[1]).tolist()
+        m = int(trans[p, STACK_MARK])
+        if (trans[p] >= 0).sum() != 1 or m < 0:
+            raise StackCutError(f"state {p}: a stack mark shares its state with other text")
+        letters = {bytes([b]): int(trans[m, b]) for b in np.flatnonzero(trans[m] >= 0).tolist()}
+        if set(before) <= set(_OPENERS) and set(letters) == {PUSH}:
+            for b in before:
+                push[:, b][into[:, b]] = 1 + _OPENERS[b]
+            trans[into] = letters[PUSH]
+        elif set(before) <= set(_CLOSERS) and set(letters) <= {POP_OBJECT, POP_ARRAY, POP_EXIT}:
+            pop[into] = len(targets)
+            targets.append([letters.get(POP_OBJECT, -1), letters.get(POP_ARRAY, -1), letters.get(POP_EXIT, -1)])
+            trans[into] = -1
+        else:
+            raise StackCutError(f"state {p}: a stack mark after {bytes(before)!r} reads {sorted(letters)}")
+    trans[:, STACK_MARK] = -1
+    cut = ByteDFA(trans, dfa.accept.copy())
+    tgt = np.asarray(targets, dtype=np.int32).reshape(-1, 3)
+    return cut, StackMarks(push, pop, tgt, _contexts(cut, push, pop, tgt))
+
+
+def _contexts(dfa: ByteDFA, push: np.ndarray, pop: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Each state's innermost free-form container, from one walk over plain edges, pushes and the
+    pop targets (a state met in two contexts, or a pop outside a container, raises StackCutError)."""
+    n = dfa.num_states
+    ctx = np.full(n, -1, dtype=np.int8)
+    ctx[0] = CTX_NONE
+    todo = [0]
+    kind_ctx = (CTX_OBJECT, CTX_ARRAY, CTX_NONE)
+
+    def visit(t: int, c: int, q: int) -> None:
+        if ctx[t] < 0:
+            ctx[t] = c
+            todo.append(t)
+        elif ctx[t] != c:
+            raise StackCutError(f"state {t}: reached inside two kinds of container (from {q})")
+
+    while todo:
+        q = todo.pop()
+        c = int(ctx[q])
+        live = np.flatnonzero(dfa.trans[q] >= 0)
+        for b in live.tolist():
+            visit(int(dfa.trans[q, b]), CTX_OBJECT + int(push[q, b]) - 1 if push[q, b] else c, q)
+        for b in np.flatnonzero(pop[q] >= 0).tolist():
+            if c == CTX_NONE:
+                raise StackCutError(f"state {q}: a closer outside any free-form container")
+            for k, t in enumerate(targets[pop[q, b]].tolist()):
+                if t >= 0:
+                    visit(t, kind_ctx[k], q)
+    return np.where(ctx < 0, CTX_NONE, ctx).astype(np.int8)
+
+
+@dataclass
+class StackEntries:
+    """Per (state, token) that crosses a stack event, its outcomes (DFA ids; `ptr` slices them).
+
+    An outcome applies to a row whose stack's innermost `cond_len` kinds are `cond_bits` and whose
+    depth is `cond_depth` exactly (>= 0) or at least `cond_len` (-1); the row then pops `pops`
+    levels, pushes `push_len` levels `push_bits` (bit 0 the new innermost) and goes to `next`.
+    An entry whose token crosses no closer (`edge`) is a DFA edge too, to the same next state (one
+    outcome); a token that crosses a closer is no DFA edge and its outcomes are the only way on."""
+
+    src: np.ndarray  # int64 [E]
+    tok: np.ndarray  # int64 [E]
+    ptr: np.ndarray  # int64 [E + 1]
+    edge: np.ndarray  # bool [E]: the token crosses no closer (it only pushes)
+    cond_len: np.ndarray  # int8 [O]
+    cond_bits: np.ndarray  # int64 [O]
+    cond_depth: np.ndarray  # int32 [O]
+    pops: np.ndarray  # int8 [O]
+    push_len: np.ndarray  # int8 [O]
+    push_bits: np.ndarray  # int64 [O]
+    next: np.ndarray  # int32 [O]
+    closer_last: np.ndarray  # bool [O]: the token's last byte pops a level of the row's stack
+    item_inc: np.ndarray  # int32 [O]: separators crossed in the row's innermost counted array (tokens that pop)
+    item_flag: np.ndarray  # int8 [O]: items.FLAG_CLOSES | FLAG_OPENS, as an item entry's
+    item_set: np.ndarray  # int32 [O]: the counter of the array it leaves open (-1: none)
+
+
+
+def _near_pushes(dfa: ByteDFA, marks: StackMarks, limit: int) -> np.ndarray:
+    """bool [S]: states inside a free-form value, or at most `limit` bytes before a push edge."""
+    near = marks.ctx != CTX_NONE
+    frontier = (marks.push > 0).any(axis=1)
+    near |= frontier
+    trans = dfa.trans
+    for _ in range(max(limit, 0)):
+        into = np.isin(trans, np.flatnonzero(frontier)) & (trans >= 0)
+        frontier = into.any(axis=1) & ~near
+        if not frontier.any():
+            break
+        near |= frontier
+    return near
+
+
+def counted_edges(dfa: ByteDFA, counted) -> np.ndarray | None:
+    """bool [S, 256]: the byte edges into, inside or out of counted string bodies (None: none)."""
+    if not counted.num_regions:
+        return None
+    region = np.append(counted.region, -1)
+    return (region[:-1] >= 0)[:, None] | (region[dfa.trans] >= 0)
+
+
+def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | None = None, items=None
+                  ) -> tuple[StackEntries, tuple[np.ndarray, np.ndarray]]:
+    """Walk every (state, token) pair whose token holds a bracket byte with a symbolic stack.
+
+    `counted`: counted_edges (a token with a stack event crosses none unless it only pushes one
+    level from outside a free-form value: the string kernel's budget is then exact as it is);
+    `items`: the counted arrays (ItemRegions): a token that pops may cross their separators and
+    close the innermost (its outcomes say how many, the stack kernels count them); a token that
+    only pushes is held to the rule for counted strings (the item kernel counts it as a DFA edge).
+    Returns the entries and the (state, token) DFA edges to drop (they push and break that rule)."""
+    bracket = np.zeros(256, dtype=bool)
+    bracket[[*_OPENERS, *_CLOSERS]] = True
+    has = np.concatenate([[0], np.cumsum(bracket[vi.flat])])
+    toks = np.flatnonzero((vi.lens > 0) & (has[vi.off + vi.lens] > has[vi.off]))
+    empty = _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if not toks.size:
+        return empty
+    states = np.flatnonzero(_near_pushes(dfa, marks, int(vi.lens[toks].max()) - 1))
+    first = vi.flat[vi.off[toks]].astype(np.int64)
+    live_first = (dfa.trans[states][:, first] >= 0) | (marks.pop[states][:, first] >= 0)  # [S', T]
+    si, ti = np.nonzero(live_first)
+    src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
+    if not src.size:
+        return empty
+    return _walk(dfa, marks, vi, src, tok, counted, items)
+
+
+def _empty_entries() -> StackEntries:
+    z64, z8 = np.zeros(0, np.int64), np.zeros(0, np.int8)
+    return StackEntries(z64, z64, np.zeros(1, np.int64), np.zeros(0, bool), z8, z64, np.zeros(0, np.int32), z8, z8, z64,
+                        np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.int32), z8, np.zeros(0, np.int32))
+
+
+def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
+    """The symbolic walk of _stack_entries, vectorised over walkers; a walker that reaches a pop
+    whose revealed level is unknown splits in three (an object, an array, no level: the value ends)."""
+    n = dfa.num_states
+    trans = np.where(dfa.trans >= 0, dfa.trans, n).astype(np.int64)
+    trans = np.vstack([trans, np.full((1, 256), n, dtype=np.int64)]).reshape(-1)
+    push = np.vstack([marks.push, np.zeros((1, 256), np.int8)]).reshape(-1)
+    pop = np.vstack([marks.pop, np.full((1, 256), -1, np.int32)]).reshape(-1)
+    bad = None if counted is None else np.vstack([counted, np.zeros((1, 256), bool)]).reshape(-1)
+    events = None if items is None else np.vstack([items.events, np.zeros((1, 256), np.int8)]).reshape(-1)
+    targets = marks.targets.astype(np.int64)
+    ctx = marks.ctx
+    w = {  # one entry per walker
+        "src": src, "tok": tok, "q": src.copy(),
+        "ins_len": np.zeros(src.size, np.int64), "ins_bits": np.zeros(src.size, np.int64),
+        "j": np.zeros(src.size, np.int64),
+        "known_len": (ctx[src] != CTX_NONE).astype(np.int64),
+        "known_bits": (ctx[src] == CTX_ARRAY).astype(np.int64),
+        "exact": np.where(ctx[src] == CTX_NONE, 0, -1).astype(np.int64),
+        "event": np.zeros(src.size, bool), "closed": np.zeros(src.size, bool),
+        "tail": np.zeros(src.size, np.int64), "forbid": np.zeros(src.size, bool),
+        "item": np.zeros(src.size, bool),
+    }
+    if items is not None:  # the item walk's own state (grammars/items.py), keys prefixed
+        from surecall.grammars.items import item_walk_start
+
+        w.update({f"i_{k}": a for k, a in item_walk_start(items, src).items()})
+    lens = vi.lens
+    k = 0
+    done = []
+    while w["src"].size:
+        end = lens[w["tok"]] <= k
+        if end.any():
+            done.append({key: a[end] for key, a in w.items()})
+            w = {key: a[~end] for key, a in w.items()}
+            if not w["src"].size:
+                break
+        b = vi.flat[vi.off[w["tok"]] + k].astype(np.int64)
+        at = w["q"] * 256 + b
+        p = pop[at]
+        if bad is not None:
+            w["forbid"] |= bad[at]
+        if events is not None:  # counted arrays' separators, openings and closings (as items.py walks them)
+            from surecall.grammars.items import item_walk_step
+
+            ev = events[at]
+            view = {k[2:]: a for k, a in w.items() if k.startswith("i_")}
+            item_walk_step(items, view, np.arange(ev.size), np.minimum(w["q"], n - 1), ev)
+            w["item"] |= ev != 0
+        closing = p >= 0
+        # plain bytes and pushes
+        nxt = trans[at]
+        kind = push[at].astype(np.int64)
+        opens = kind > 0
+        w["ins_bits"] = np.where(opens, (w["ins_bits"] << 1) | (kind - 1), w["ins_bits"])
+        w["ins_len"] = w["ins_len"] + opens
+        w["event"] |= opens | closing
+        w["q"] = np.where(closing, w["q"], nxt)
+        w["tail"] += 1
+        if closing.any():
+            w = _pop_step(w, closing, p, targets, n)
+        keep = w["q"] < n
+        w = {key: a[keep] for key, a in w.items()}
+        k += 1
+    if not done:
+        return _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    out = {key: np.concatenate([d[key] for d in done]) for key in done[0]}
+    # Beside an item event or a counted string, a stack event is kept only where it adds nothing to
+    # the row's need (one level pushed from outside a free-form value, nothing closed): the item and
+    # string kernels' budget is then exact without the stack's part. A token that only pushes is a
+    # DFA edge already: where it is not kept, it goes.
+    plain = ~out["closed"]
+    adds = (ctx[out["src"]] != CTX_NONE) | (out["ins_len"] > 1)
+    bad = np.where(plain, out["forbid"] & adds, out["forbid"])
+    inc = np.zeros(plain.size, np.int64)
+    flag = np.zeros(plain.size, np.int64)
+    counter = np.full(plain.size, -1, np.int64)
+    if items is not None:  # a token that pops and crosses item events: its outcome carries them
+        from surecall.grammars.items import item_walk_finish
+
+        view = {k[2:]: a for k, a in out.items() if k.startswith("i_")}
+        ok, inc, flag, counter = item_walk_finish(items, view, out["src"], out["q"], np.arange(plain.size))
+        bad |= ~plain & out["item"] & ~ok
+        inc, flag = np.where(plain, 0, inc), np.where(plain, 0, flag)
+    out["inc"], out["flag"], out["counter"] = inc, flag, counter
+    drop = out["event"] & bad & plain
+    drop = (out["src"][drop], out["tok"][drop])
+    keep = out["event"] & ~bad
+    out = {key: a[keep] for key, a in out.items()}
+    order = np.lexsort((out["known_len"], out["src"] * vi.vocab_size + out["tok"]))
+    out = {key: a[order] for key, a in out.items()}
+    key = out["src"] * vi.vocab_size + out["tok"]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+    ptr = np.append(starts, key.size).astype(np.int64)
+    return StackEntries(
+        src=out["src"][starts], tok=out["tok"][starts], ptr=ptr, edge=~out["closed"][starts],
+        cond_len=out["known_len"].astype(np.int8), cond_bits=out["known_bits"],
+        cond_depth=out["exact"].astype(np.int32), pops=out["j"].astype(np.int8),
+        push_len=out["ins_len"].astype(np.int8), push_bits=out["ins_bits"], next=out["q"].astype(np.int32),
+        closer_last=(out["j"] > 0) & (out["tail"] < 0),
+        item_inc=out["inc"].astype(np.int32), item_flag=out["flag"].astype(np.int8),
+        item_set=np.where((out["flag"] & 2) != 0, out["counter"], -1).astype(np.int32)), drop
+
+
+def _pop_step(w: dict, closing: np.ndarray, p: np.ndarray, targets: np.ndarray, n: int) -> dict:
+    """Apply a closer byte to the walkers where `closing` holds (pop index `p`), splitting those
+    whose revealed level is unknown."""
+    idx = np.flatnonzero(closing)
+    own = w["ins_len"][idx] > 0
+    # a level this token pushed: pop it; otherwise pop a level of the row's stack (its kind is
+    # known: the DFA state's context, or a level revealed before)
+    w["ins_len"][idx] = np.where(own, w["ins_len"][idx] - 1, 0)
+    w["ins_bits"][idx] = np.where(own, w["ins_bits"][idx] >> 1, 0)
+    w["j"][idx] = np.where(own, w["j"][idx], w["j"][idx] + 1)
+    w["tail"][idx] = np.where(own, w["tail"][idx], -1)  # -1: nothing walked since the row's last level popped
+    w["closed"][idx] = True
+    ins_len, ins_bits, j = w["ins_len"][idx], w["ins_bits"][idx], w["j"][idx]
+    known_len, known_bits, exact = w["known_len"][idx], w["known_bits"][idx], w["exact"][idx]
+    tgt = targets[p[idx]]
+    # the revealed level: one this token pushed, a known level of the row, none (exact depth), or unknown
+    mine = ins_len > 0
+    known = ~mine & (known_len > j)
+    ends = ~mine & ~known & (exact == j)
+    unknown = ~mine & ~known & ~ends
+    rev_kind = np.where(mine, ins_bits & 1, (known_bits >> j) & 1)
+    q = np.where(ends, tgt[:, 2], tgt[np.arange(idx.size), rev_kind])
+    w["q"][idx] = np.where(unknown, n, np.where(q >= 0, q, n))
+    if not unknown.any():
+        return w
+    # split: the unknown level is an object, an array, or there is none (the row's depth is j)
+    u = idx[unknown]
+    extra = {key: np.concatenate([a[u]] * 3) for key, a in w.items()}
+    m = u.size
+    tu = tgt[unknown]
+    branch = np.repeat(np.arange(3), m)
+    q3 = np.concatenate([tu[:, 0], tu[:, 1], tu[:, 2]])
+    none_ok = np.concatenate([np.ones(2 * m, bool), extra["exact"][2 * m:] < 0])  # a known depth is never j here
+    extra["q"] = np.where((q3 >= 0) & none_ok, q3, n)
+    jj = extra["j"]
+    is_level = branch < 2
+    extra["known_bits"] = np.where(is_level, extra["known_bits"] | (branch.astype(np.int64) << jj), extra["known_bits"])
+    extra["known_len"] = np.where(is_level, jj + 1, extra["known_len"])
+    extra["exact"] = np.where(is_level, extra["exact"], jj)
+    return {key: np.concatenate([a, extra[key]]) for key, a in w.items()}
+
+
+# -- the table (grammars/table.py "Bracket stack") --------------------------------------------------
+
+
+def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
+    """The stack_* fields (DFA ids renumbered by `new_id`; entries of pruned states go, outcomes
+    into pruned states go). Set before dist: `dist_edges` reads them."""
+    width = table.logits_width
+    src = new_id[entries.src]
+    per = np.diff(entries.ptr)
+    owner = np.repeat(np.arange(entries.src.size), per)
+    nxt = new_id[entries.next]
+    live_out = (src[owner] >= 0) & (nxt >= 0)
+    kept = np.bincount(owner[live_out], minlength=entries.src.size)
+    live = src >= 0
+    key = src.astype(np.int64) * width + entries.tok
+    order = np.argsort(np.where(live, key, np.iinfo(np.int64).max), kind="stable")[: int(live.sum())]
+    ptr = np.zeros(order.size + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(kept[order])
+    outs = np.concatenate([np.arange(entries.ptr[e], entries.ptr[e + 1]) for e in order.tolist()] or
+                          [np.zeros(0, np.int64)]).astype(np.int64)
+    outs = outs[live_out[outs]]
+    is_f = entries.cond_depth[outs] != 0  # a source inside a free-form value (depth >= 1)
+    cl, cd, pops, pl = (entries.cond_len[outs], entries.cond_depth[outs], entries.pops[outs],
+                        entries.push_len[outs].astype(np.int64))
+    weight = np.where(~is_f, 1 + np.maximum(pl - 1, 0),
+                      np.where((cd < 0) & (cl <= 1) & (pops == 0), 1 + pl,
+                               np.where((cd == 1) & (pops == 1) & entries.closer_last[outs] & (pl == 0), 1, 0)))
+    table.stack_key = key[order].astype(np.int64)
+    table.stack_ptr = ptr.astype(np.int32)
+    table.stack_edge = entries.edge[order].astype(np.int8)
+    table.stack_cond_len = entries.cond_len[outs].astype(np.int8)
+    table.stack_cond_bits = entries.cond_bits[outs].astype(np.int64)
+    table.stack_cond_depth = entries.cond_depth[outs].astype(np.int32)
+    table.stack_pops = entries.pops[outs].astype(np.int8)
+    table.stack_push_len = entries.push_len[outs].astype(np.int8)
+    table.stack_push_bits = entries.push_bits[outs].astype(np.int64)
+    table.stack_next = nxt[outs].astype(np.int32)
+    table.stack_weight = weight.astype(np.int8)
+    table.stack_item_inc = entries.item_inc[outs].astype(np.int32)
+    table.stack_item_flag = entries.item_flag[outs].astype(np.int8)
+    table.stack_item_set = entries.item_set[outs].astype(np.int32)
+
+
+def dist_edges(table, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, sentinel: int):
+    """The token edges of dist with the stack's part: (source, target, weight).
+
+    Edges into `sentinel` (where every token that pops is sent in the plain table) are replaced by
+    the outcomes dist may use, and the DFA edges of tokens that push are charged their levels: an
+    outcome from outside a free-form value (depth 0), or from inside one that holds at depth 1 and
+    leaves the stack as deep or deeper, or closes its last level with the token's last byte
+    (`stack_weight`: 1 + the levels left open beyond the first). A row at depth d then needs at
+    most dist[s] + max(d - 1, 0) tokens: close the innermost container as at depth 1, then one
+    closer per level (dist[a] <= dist[x] + 1 where a closer's targets are a and x, checked by
+    check_stack_dist). A pair (s, t) reached by tokens that push different numbers of levels is
+    charged the most (an upper bound: the rule above still holds)."""
+    if not table.has_stack:
+        return src, dst, weight
+    n = np.int64(table.num_states)
+    e_src = np.repeat(table.stack_key // table.logits_width, np.diff(table.stack_ptr.astype(np.int64)))
+    e_edge = np.repeat(table.stack_edge.astype(bool), np.diff(table.stack_ptr.astype(np.int64)))
+    extra = table.stack_weight.astype(np.int64) - 1
+    pushes = e_edge & (extra > 0)
+    pair = e_src[pushes] * n + table.stack_next[pushes]
+    charged, at = np.unique(pair, return_inverse=True)
+    most = np.zeros(charged.size, dtype=np.int64)
+    np.maximum.at(most, at, extra[pushes])
+    key = src.astype(np.int64) * n + dst
+    i = np.minimum(np.searchsorted(charged, key), max(charged.size - 1, 0))
+    hit = (charged[i] == key) if charged.size else np.zeros(key.size, dtype=bool)
+    weight = weight.astype(np.int64) + np.where(hit, most[i] if charged.size else 0, 0)
+    keep = dst != sentinel
+    used = ~e_edge & (table.stack_weight > 0)
+    acc = int(np.flatnonzero(table.accept)[0])
+    return (np.concatenate([src[keep], e_src[used], [sentinel]]).astype(np.int64),
+            np.concatenate([dst[keep], table.stack_next[used], [acc]]).astype(np.int64),
+            np.concatenate([weight[keep], table.stack_weight[used], [0]]).astype(np.int64))
+
+
+def add_item_charges_inplace(table) -> None:
+    """stack_item_charge: for an outcome that leaves a counted array open, that array's unmet
+    minimum in tokens (item_cost * max(item_lo - counter, 0) of its next state; the item entry's
+    counter for a token that only pushes, the outcome's own for one that pops): the stack kernel
+    adds it to the row's unmet minItems before the token."""
+    per = np.diff(table.stack_ptr.astype(np.int64))
+    table.stack_item_charge = np.zeros(table.stack_next.size, dtype=np.int32)
+    if not table.has_items:
+        return
+    nxt = table.stack_next.astype(np.int64)
+    opens = (table.stack_item_flag & 2) != 0
+    counter = table.stack_item_set.astype(np.int64)
+    if table.item_key.size:
+        key = np.repeat(table.stack_key, per)
+        i = np.minimum(np.searchsorted(table.item_key, key), table.item_key.size - 1)
+        edge = (table.item_key[i] == key) & ((table.item_flag[i] & 2) != 0) & np.repeat(table.stack_edge != 0, per)
+        opens, counter = opens | edge, np.where(edge, table.item_set[i], counter)
+    short = np.maximum(table.item_lo[nxt].astype(np.int64) - np.maximum(counter, 0), 0)
+    table.stack_item_charge = np.where(opens, table.item_cost[nxt].astype(np.int64) * short, 0).astype(np.int32)
+
+
+def check_stack_dist(table, marks: StackMarks, new_id: np.ndarray) -> None:
+    """Raise StackCutError unless, at every closer, dist[a] <= dist[x] + 1 for its targets a (a level
+    around) and x (none around): the rule dist_edges' bound stands on (a closer token exists)."""
+    t = np.where(marks.targets >= 0, new_id[np.maximum(marks.targets, 0)], -1)
+    t = t[t[:, 2] >= 0]
+    dist = table.dist.astype(np.int64)
+    for k in (0, 1):
+        has = t[:, k] >= 0
+        bad = has & ((dist[t[:, k]] < 0) | (dist[t[:, k]] > dist[t[:, 2]] + 1))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise StackCutError(f"state {int(t[i, k])}: a free-form container cannot be closed in one token "
+                             f"(dist {int(dist[t[i, k]])} against {int(dist[t[i, 2]])} after it)")
+
+
+def add_pop_tokens(rows, entries: StackEntries, sentinel: int) -> None:
+    """Put every token that pops into its source's row, leading to `sentinel` (the plain mask
+    allows it; the stack kernels choose its outcome)."""
+    from surecall.grammars.tokenwalk import Row
+
+    empty = np.zeros(0, dtype=np.int32)
+    rows.append(Row(None, None, empty, empty))
+    pops = ~entries.edge
+    src, tok = entries.src[pops], entries.tok[pops]
+    for q in np.unique(src).tolist():
+        row = rows[q]
+        t = tok[src == q].astype(np.int32)
+        merged = np.concatenate([row.tok, t])
+        nxt = np.concatenate([row.nxt, np.full(t.size, sentinel, dtype=np.int32)])
+        at = np.argsort(merged, kind="stable")
+        row.tok, row.nxt = merged[at], nxt[at].astype(row.nxt.dtype)
+
+
+def drop_pairs(rows, pairs: tuple[np.ndarray, np.ndarray]) -> None:
+    from surecall.grammars.counted import _drop_inplace
+
+    src, tok = pairs
+    for q in np.unique(src).tolist():
+        _drop_inplace(rows, q, np.sort(tok[src == q]).astype(np.int32))
+
+
+def stack_sentinel(table) -> int:
+    """The state of tokens that pop (no DFA edge): the last one, with no tokens of its own."""
+    return table.num_states - 1 if table.has_stack else -1
+
+
+def concat_stack(tables: list, offsets: np.ndarray) -> dict:
+    """The stack_* fields of several tables stacked (TokenTable.concat)."""
+    width = tables[0].logits_width
+    parts: dict[str, list] = {name: [] for name in ("stack_key", "stack_ptr", "stack_edge", "stack_cond_len", "stack_cond_bits",
+                                                   "stack_cond_depth", "stack_pops", "stack_push_len",
+                                                   "stack_push_bits", "stack_next", "stack_weight",
+                                                   "stack_item_inc", "stack_item_flag", "stack_item_set", "stack_item_charge")}
+    base = 0
+    parts["stack_ptr"].append(np.zeros(1, np.int64))
+    for t, off in zip(tables, offsets.tolist(), strict=True):
+        if not t.has_stack:
+            continue
+        parts["stack_key"].append(t.stack_key.astype(np.int64) + off * width)
+        parts["stack_ptr"].append(t.stack_ptr[1:].astype(np.int64) + base)
+        base += int(t.stack_ptr[-1])
+        for name in ("stack_edge", "stack_cond_len", "stack_cond_bits", "stack_cond_depth", "stack_pops", "stack_push_len",
+                     "stack_push_bits", "stack_weight", "stack_item_inc", "stack_item_flag", "stack_item_set",
+                     "stack_item_charge"):
+            parts[name].append(getattr(t, name))
+        parts["stack_next"].append(t.stack_next.astype(np.int64) + off)
+    dtypes = {"stack_key": np.int64, "stack_ptr": np.int32, "stack_edge": np.int8, "stack_cond_len": np.int8, "stack_cond_bits": np.int64,
+              "stack_cond_depth": np.int32, "stack_pops": np.int8, "stack_push_len": np.int8,
+              "stack_push_bits": np.int64, "stack_next": np.int32, "stack_weight": np.int8,
+              "stack_item_inc": np.int32, "stack_item_flag": np.int8, "stack_item_set": np.int32,
+              "stack_item_charge": np.int32}
+    return {name: np.concatenate(p).astype(dtypes[name]) for name, p in parts.items()}
+
+
+# -- the host side of the contract (kernels/stack.py on devices) -------------------------------------
+
+
+def outcome(table, state: int, token: int, depth: int, bits: int, item=None):
+    """(next state, depth, bits, item counters) after `token` from `state` for a row whose stack is
+    (depth, bits) and item counters `item` (a stack, outermost first; None: the table has none);
+    None when the token has an entry and no outcome holds, a push would pass MAX_STACK_DEPTH, or
+    its separators break the innermost counted array's bounds. A token without an entry leaves
+    both stacks alone: (-1, depth, bits, item)."""
+    key = int(state) * table.logits_width + int(token)
+    i = int(np.searchsorted(table.stack_key, key))
+    if i >= table.stack_key.size or int(table.stack_key[i]) != key:
+        return -1, depth, bits, item
+    for o in range(int(table.stack_ptr[i]), int(table.stack_ptr[i + 1])):
+        m = int(table.stack_cond_len[o])
+        if bits & ((1 << m) - 1) != int(table.stack_cond_bits[o]):
+            continue
+        want = int(table.stack_cond_depth[o])
+        if (depth != want) if want >= 0 else (depth < m):
+            continue
+        pops, pl = int(table.stack_pops[o]), int(table.stack_push_len[o])
+        d = depth - pops + pl
+        if d > MAX_STACK_DEPTH:
+            return None
+        inc, flag = int(table.stack_item_inc[o]), int(table.stack_item_flag[o])
+        if inc or flag:
+            from surecall.grammars.items import FLAG_CLOSES, FLAG_OPENS, as_stack
+
+            if not table.has_items:
+                return None
+            item = as_stack(item)
+            at = int(table.item_depth[state]) - 1
+            closes = bool(flag & FLAG_CLOSES)
+            if table.item_hi[state] >= 0:
+                total = int(item[at]) + inc
+                if total > int(table.item_hi[state]) or (closes and total < int(table.item_lo[state])):
+                    return None
+                item[at] = 0 if closes else total
+            elif inc or closes:
+                return None
+            if flag & FLAG_OPENS:
+                item[min(max(at + 1 - int(closes), 0), len(item) - 1)] = int(table.stack_item_set[o])
+        return int(table.stack_next[o]), d, ((bits >> pops) << pl) | int(table.stack_push_bits[o]), item
+    return None
+
+
+def stack_step(table, state: int, depth: int, bits: int, toks: np.ndarray, nexts: np.ndarray, remaining: int,
+               item=None):
+    """Per token of `state`'s row (`nexts` its plain next states): (ok, next state, depth, bits,
+    item counters) after it for a row whose stack is (depth, bits), with `remaining` tokens left
+    (this one included): the host reference of kernels/stack.py. `ok` is the stack's rule: an
+    outcome holds and, unless the token only pushes one level from outside a free-form value,
+    dist[next] + stack_need(depth after) + the row's unmet minItems (before the token) + the
+    outcome's item charge <= remaining - 1. The other rules (walk.kept, items.kept) apply with
+    stack_remaining."""
+    from surecall.grammars import items as item_rules
+
+    n = toks.size
+    ok = np.ones(n, dtype=bool)
+    nexts = np.asarray(nexts, dtype=np.int64).copy()
+    depths = np.full(n, depth, dtype=np.int64)
+    kinds = np.full(n, bits, dtype=np.int64)
+    after = [item] * n
+    if not table.has_stack or not n:
+        return ok, nexts, depths, kinds, after
+    width = table.logits_width
+    lo, hi = np.searchsorted(table.stack_key, [state * width, (state + 1) * width])
+    if lo == hi:
+        return ok, nexts, depths, kinds, after
+    key = state * width + np.asarray(toks, dtype=np.int64)
+    e = lo + np.searchsorted(table.stack_key[lo:hi], key)
+    hit = np.flatnonzero((e < hi) & (table.stack_key[np.minimum(e, hi - 1)] == key))
+    e = e[hit]
+    o = _matching_outcomes(table, e, depth, bits)
+    found = o >= 0
+    oo = np.maximum(o, 0)
+    d_after = depth - table.stack_pops[oo].astype(np.int64) + table.stack_push_len[oo].astype(np.int64)
+    good = found & (d_after <= MAX_STACK_DEPTH)
+    extra = int(item_rules.item_need(table, np.asarray([state]), np.asarray([item_rules.as_stack(item)]))[0]
+                ) if table.has_items else 0
+    nx = table.stack_next[oo].astype(np.int64)
+    dist = table.dist[nx].astype(np.int64)
+    if table.has_counts:
+        body = table.count_row[nx] >= 0
+        dist = dist + np.where(body, -(-table.count_lo[nx].astype(np.int64) // table.count_fill), 0)
+    charge = table.stack_item_charge[oo].astype(np.int64) if table.stack_item_charge is not None else 0
+    checked = (table.stack_edge[e] == 0) | (stack_need(d_after) > stack_need(depth))
+    good &= ~checked | (dist + stack_need(d_after) + extra + charge <= remaining - 1)
+    for i in np.flatnonzero(good & ((table.stack_item_inc[oo] != 0) | (table.stack_item_flag[oo] != 0))).tolist():
+        got = outcome(table, state, int(toks[hit[i]]), depth, bits, item)  # the item counters' part
+        if got is None:
+            good[i] = False
+        else:
+            after[hit[i]] = got[3]
+    ok[hit] = good
+    nexts[hit] = np.where(good, nx, nexts[hit])
+    depths[hit] = np.where(good, d_after, depth)
+    kinds[hit] = np.where(good, ((bits >> table.stack_pops[oo].astype(np.int64)) << table.stack_push_len[oo].astype(
+        np.int64)) | table.stack_push_bits[oo], bits)
+    return ok, nexts, depths, kinds, after
+
+
+def _matching_outcomes(table, entries: np.ndarray, depth: int, bits: int) -> np.ndarray:
+    """Per entry, the outcome that holds for a row with stack (depth, bits), -1 where none does."""
+    lo = table.stack_ptr[entries].astype(np.int64)
+    count = table.stack_ptr[entries + 1].astype(np.int64) - lo
+    width = int(count.max()) if count.size else 0
+    out = np.full(entries.size, -1, dtype=np.int64)
+    for j in range(width):
+        o = np.minimum(lo + j, max(table.stack_cond_len.size - 1, 0))
+        m = table.stack_cond_len[o].astype(np.int64)
+        want = table.stack_cond_depth[o].astype(np.int64)
+        holds = (j < count) & (out < 0) & ((bits & ((1 << m) - 1)) == table.stack_cond_bits[o])
+        holds &= np.where(want >= 0, depth == want, depth >= m)
+        out = np.where(holds, o, out)
+    return out
+
+
+
+
+def _dist_entry(table, state: int) -> int:
+    """dist, plus a counted body's unmet minimum where `state` opens one (kernels.table.dist_entry)."""
+    d = int(table.dist[state])
+    if table.has_counts and table.count_row[state] >= 0:
+        d += -(-int(table.count_lo[state]) // table.count_fill)
+    return d
+
+
+def stack_need(depth) -> np.ndarray | int:
+    """Tokens a row's stack adds to dist: one closer per level beyond the innermost."""
+    return np.maximum(np.asarray(depth) - 1, 0)
