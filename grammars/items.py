@@ -422,31 +422,53 @@ def _pair_counts(table: TokenTable, src: np.ndarray, dst: np.ndarray) -> np.ndar
     return out
 
 
-def _minimum_rows(table: TokenTable, region: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(owner, token, next state) of every transition of the states in arrays with a minimum (only
-    those need a per-item cost), usable ones only (in a counted body: those starting no character)."""
+def _minimum_rows(table: TokenTable, region: np.ndarray) -> tuple:
+    """(owner, token (-1: an outcome), next state, inc, flag, set, extra weight) of every transition of the states in arrays
+    with a minimum (only those need a per-item cost), usable ones only (in a counted body: those
+    starting no character). A token with a bracket-stack event counts by its outcomes that dist
+    uses (grammars/stack.py dist_edges: their next state, item events and stack weight)."""
     states = np.flatnonzero((region >= 0) & (table.item_lo > 0))
-    owner, tok, nxt = [np.zeros(0, dtype=np.int64)] * 3
+    empty = np.zeros(0, dtype=np.int64)
+    owner, tok, nxt = empty, empty, empty
     if states.size:
         rows = [table.transitions(int(q)) for q in states.tolist()]
         owner = np.repeat(states, [t.size for t, _ in rows]).astype(np.int64)
         tok = np.concatenate([t for t, _ in rows]).astype(np.int64)
         nxt = np.concatenate([x for _, x in rows]).astype(np.int64)
         usable = _usable(table, owner, tok)
-        if table.has_stack:  # a token with a stack event: its dist edge is the stack's (stack.dist_edges)
+        if table.has_stack:  # replaced by their outcomes below
             usable &= ~np.isin(owner * table.logits_width + tok, table.stack_key)
         owner, tok, nxt = owner[usable], tok[usable], nxt[usable]
-    return owner, tok, nxt
+    _, inc, flag, item_set = _lookup_many(table, owner, tok)
+    extra = np.zeros(owner.size, dtype=np.int64)
+    if table.has_stack and states.size:
+        per = np.diff(table.stack_ptr.astype(np.int64))
+        e_src = np.repeat(table.stack_key // table.logits_width, per)
+        e_tok = np.repeat(table.stack_key % table.logits_width, per)
+        e_edge = np.repeat(table.stack_edge != 0, per)
+        use = np.isin(e_src, states) & (table.stack_weight > 0)
+        hit, p_inc, p_flag, p_set = _lookup_many(table, e_src[use], e_tok[use])
+        own = ~e_edge[use]  # a token that pops carries its item events in its outcome
+        owner = np.concatenate([owner, e_src[use]])
+        tok = np.concatenate([tok, np.full(int(use.sum()), -1, dtype=np.int64)])
+        nxt = np.concatenate([nxt, table.stack_next[use].astype(np.int64)])
+        inc = np.concatenate([inc, np.where(own, table.stack_item_inc[use], p_inc)])
+        flag = np.concatenate([flag, np.where(own, table.stack_item_flag[use], p_flag)])
+        item_set = np.concatenate([item_set, np.where(own, table.stack_item_set[use], p_set)])
+        extra = np.concatenate([extra, table.stack_weight[use].astype(np.int64) - 1])
+    return owner, tok, nxt, inc.astype(np.int64), flag.astype(np.int64), item_set.astype(np.int64), extra
 
 
 def _required_costs(table: TokenTable, region: np.ndarray, minimum_rows: tuple) -> np.ndarray:
     """Per state, the cost its array needs so the dist rule above holds there (max over the array)."""
     states = np.flatnonzero((region >= 0) & (table.item_lo > 0))  # an array without a minimum needs none
-    owner, tok, nxt = minimum_rows
+    owner, tok, nxt, inc, flag, item_set, wextra = minimum_rows
     dist = table.dist.astype(np.int64)
-    _, inc, flag, item_set = _lookup_many(table, owner, tok)
     extra = np.where((flag & FLAG_OPENS) != 0, _opening_charge(table, nxt, item_set), 0)
-    weight = 1 + extra + _body_entry(table, owner, tok, nxt)
+    body = np.zeros(owner.size, dtype=np.int64)
+    plain = tok >= 0  # an outcome of a bracket-stack token never opens a counted string
+    body[plain] = _body_entry(table, owner[plain], tok[plain], nxt[plain])
+    weight = 1 + extra + wextra + body
     stay = (flag & FLAG_CLOSES) == 0
     gain = weight + dist[nxt] - dist[owner]
     n = table.num_states

@@ -305,17 +305,21 @@ def apply_item_mask_torch(logits, table, items, states, item_counters, remaining
     logits[row[drop], tok[drop]] = float("-inf")
 
 
-def item_need(items: ItemTable, states: torch.Tensor, item_counters: torch.Tensor) -> torch.Tensor:
-    """int32 [B]: the tokens each row's unmet minItems still need (grammars/table.py: item_cost[s] *
-    max(0, item_lo[s] - k) for the innermost array, item_below_* for those around it; 0 outside)."""
+def item_row(items: ItemTable, states: torch.Tensor, item_counters: torch.Tensor) -> torch.Tensor:
+    """int32 [B, 4] per row: the tokens its unmet minItems still need (grammars/table.py:
+    item_cost[s] * max(0, item_lo[s] - k) for the innermost array, item_below_* for those around
+    it), its innermost counter k, and that array's item_lo and item_hi (-1 outside arrays); the
+    bracket stack's kernels (kernels/stack.py) read them."""
     st = states.long().clamp(min=0)
     stack = item_counters.long()
     depth = items.item_depth[st].long()
-    k = stack.gather(1, (depth - 1).clamp(min=0)[:, None])[:, 0]
+    k = torch.where(depth > 0, stack.gather(1, (depth - 1).clamp(min=0)[:, None])[:, 0], 0)
     inside = items.item_hi[st] >= 0
     own = torch.where(inside, items.item_cost[st].long() * (items.item_lo[st].long() - k).clamp(min=0), 0)
     below = (items.item_below_cost[st].long() * (items.item_below_lo[st].long() - stack[:, :-1]).clamp(min=0)).sum(1)
-    return torch.where(states >= 0, own + below, 0).to(torch.int32)
+    need = torch.where(states >= 0, own + below, 0)
+    hi = torch.where(states >= 0, items.item_hi[st].long(), -1)
+    return torch.stack([need, k, items.item_lo[st].long(), hi], dim=1).to(torch.int32).contiguous()
 
 
 def sample_remaining(items: ItemTable, states: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:

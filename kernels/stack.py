@@ -9,9 +9,11 @@ fields on a device with the entries as per-state slices. Before the sampler:
   counts the innermost only), so their rules stay exact for the tokens without a stack event;
 - `apply_stack_mask_inplace` visits the row's state's entries (tokens with a stack event) and
   writes -inf where no outcome holds for the row's stack, where a push would pass
-  MAX_STACK_DEPTH, or where the outcome leaves too few tokens: dist_entry[next] + max(depth
-  after - 1, 0) + the row's unmet minItems (`item_need`) > remaining - 1. A token that only pushes
-  one level from outside a free-form value adds nothing there and keeps the other rules' verdict.
+  MAX_STACK_DEPTH, where its item events break the row's innermost counted array's bounds, or
+  where the outcome leaves too few tokens: dist_entry[next] + max(depth after - 1, 0) + the row's
+  unmet minItems before the token + the item charge of an array it opens > remaining - 1. A token
+  that only pushes one level from outside a free-form value adds nothing there and keeps the
+  other rules' verdict.
 
 `advance_stack` gives each row's stack and, where its token has an entry, the outcome's next state
 (the plain table sends a token that pops to a sentinel state). Triton and torch compute the same.
@@ -46,6 +48,10 @@ class StackTable:
     push_len: torch.Tensor  # int32 [max(O, 1)]
     push_bits: torch.Tensor  # int64 [max(O, 1)]
     next: torch.Tensor  # int32 [max(O, 1)]
+    item_inc: torch.Tensor  # int32 [max(O, 1)]: separators crossed in the row's innermost counted array
+    item_flag: torch.Tensor  # int32 [max(O, 1)]: 1 closes it, 2 leaves one open (item_set its counter)
+    item_set: torch.Tensor  # int32 [max(O, 1)]
+    item_charge: torch.Tensor  # int32 [max(O, 1)]: unmet minimum of the array it leaves open, in tokens
     num_entries: int
     max_outcomes: int  # the most outcomes of one entry
     logits_width: int
@@ -74,6 +80,8 @@ class StackTable:
             cond_bits=put(table.stack_cond_bits, torch.int64), cond_depth=put(table.stack_cond_depth, torch.int32),
             pops=put(table.stack_pops, torch.int32), push_len=put(table.stack_push_len, torch.int32),
             push_bits=put(table.stack_push_bits, torch.int64), next=put(table.stack_next, torch.int32),
+            item_inc=put(table.stack_item_inc, torch.int32), item_flag=put(table.stack_item_flag, torch.int32),
+            item_set=put(table.stack_item_set, torch.int32, -1), item_charge=put(table.stack_item_charge, torch.int32),
             num_entries=num, max_outcomes=max(1, int(per.max()) if per.size else 1), logits_width=width,
         )  # fmt: skip
 
@@ -107,7 +115,20 @@ def _outcomes(stack: StackTable, entry: torch.Tensor, depth: torch.Tensor, bits:
     d_after = depth.long() - pops + pl
     b_after = ((bits.long() >> pops) << pl) | stack.push_bits[pick]
     matched = matched & (d_after <= MAX_STACK_DEPTH)
-    return matched, stack.next[pick].long(), d_after, b_after
+    return matched, stack.next[pick].long(), d_after, b_after, pick
+
+
+def _item_bounds_ok(stack: StackTable, pick: torch.Tensor, item_row: torch.Tensor | None) -> torch.Tensor:
+    """Whether outcome `pick`'s item events fit the row's innermost counted array (item_row: [n, 4]
+    need, counter, item_lo, item_hi of the row's state; item_hi < 0 outside arrays)."""
+    inc, flag = stack.item_inc[pick].long(), stack.item_flag[pick].long()
+    if item_row is None:
+        return (inc == 0) & (flag == 0)
+    k, lo, hi = item_row[:, 1].long(), item_row[:, 2].long(), item_row[:, 3].long()
+    closes = (flag & 1) != 0
+    total = k + inc
+    inside = (total <= hi) & (~closes | (total >= lo))
+    return torch.where(hi >= 0, inside, (inc == 0) & ~closes)
 
 
 def _row_entries(stack: StackTable, states: torch.Tensor):
@@ -123,16 +144,18 @@ def _row_entries(stack: StackTable, states: torch.Tensor):
 
 
 def apply_stack_mask_torch(logits, table: DeviceTable, stack: StackTable, states, depth, bits, remaining,
-                           item_need=None) -> None:
+                           item_row=None) -> None:
     """The reference of apply_stack_mask_inplace (it syncs with the host)."""
     row, entry = _row_entries(stack, states)
     if row.numel() == 0:
         return
     d, b = depth[row], bits[row]
-    matched, nxt, d_after, _ = _outcomes(stack, entry, d, b)
-    need = table.dist_entry[nxt.clamp(min=0)].long() + (d_after - 1).clamp(min=0)
-    if item_need is not None:
-        need = need + item_need.long()[row]
+    matched, nxt, d_after, _, pick = _outcomes(stack, entry, d, b)
+    rows_items = item_row[row] if item_row is not None else None
+    matched = matched & _item_bounds_ok(stack, pick, rows_items)
+    need = table.dist_entry[nxt.clamp(min=0)].long() + (d_after - 1).clamp(min=0) + stack.item_charge[pick].long()
+    if rows_items is not None:
+        need = need + rows_items[:, 0].long()
     before = (d.long() - 1).clamp(min=0)
     checked = (stack.edge[entry] == 0) | ((d_after - 1).clamp(min=0) > before)
     drop = ~matched | (checked & (need > remaining.long()[row] - 1))
@@ -140,20 +163,42 @@ def apply_stack_mask_torch(logits, table: DeviceTable, stack: StackTable, states
 
 
 def advance_stack(stack: StackTable, states: torch.Tensor, tokens: torch.Tensor, depth: torch.Tensor,
-                  bits: torch.Tensor):
-    """(next state, depth, bits) of each row after `tokens`: the next state is the outcome's where
-    the token has an entry, DEAD_STATE where none of its outcomes holds (the mask refused it), -1
-    where it has no entry (the plain table's next state stands); rows with state < 0 keep theirs."""
+                  bits: torch.Tensor, items=None, item_counters: torch.Tensor | None = None):
+    """(next state, depth, bits, item counters) of each row after `tokens`: the next state is the
+    outcome's where the token has an entry, DEAD_STATE where none of its outcomes holds (the mask
+    refused it), -1 where it has no entry (the plain table's next state stands); rows with state
+    < 0 keep theirs. An outcome's item events move `item_counters` (after advance_items: a token
+    that pops has no item entry) as kernels.items.advance_items would (`items`: the ItemTable)."""
     st = states.long()
     safe = st.clamp(min=0)
     key = safe * stack.logits_width + tokens.long().clamp(min=0)
     at = torch.searchsorted(stack.key[: max(stack.num_entries, 1)], key).clamp(max=stack.key.numel() - 1)
     hit = (stack.key[at] == key) & (st >= 0) & (tokens >= 0)
-    matched, nxt, d_after, b_after = _outcomes(stack, at, depth, bits)
+    matched, nxt, d_after, b_after, pick = _outcomes(stack, at, depth, bits)
     ok = hit & matched
     nxt = torch.where(ok, nxt, torch.where(hit, DEAD_STATE, -1))
+    if items is not None and item_counters is not None:
+        item_counters = _advance_item_counters(stack, items, safe, ok, pick, item_counters)
     return (nxt.to(torch.int32), torch.where(ok, d_after, depth.long()).to(torch.int32),
-            torch.where(ok, b_after, bits.long()))
+            torch.where(ok, b_after, bits.long()), item_counters)
+
+
+def _advance_item_counters(stack: StackTable, items, st: torch.Tensor, ok: torch.Tensor, pick: torch.Tensor,
+                           item_counters: torch.Tensor) -> torch.Tensor:
+    """The item counters after outcomes `pick` (rows where `ok`), as advance_items applies an entry."""
+    from surecall.kernels.items import MAX_ITEM_DEPTH
+
+    inc = torch.where(ok, stack.item_inc[pick].long(), 0)
+    flag = torch.where(ok, stack.item_flag[pick].long(), 0)
+    closes, opens = (flag & 1) != 0, (flag & 2) != 0
+    out = item_counters.long().clone()
+    depth = items.item_depth[st].long()
+    top = (depth - 1).clamp(min=0)[:, None]
+    k = out.gather(1, top)[:, 0]
+    out.scatter_(1, top, torch.where(depth > 0, torch.where(closes, 0, k + inc), k)[:, None])
+    at = (depth - closes.long()).clamp(0, MAX_ITEM_DEPTH - 1)[:, None]
+    out.scatter_(1, at, torch.where(opens, stack.item_set[pick].long(), out.gather(1, at)[:, 0])[:, None])
+    return out.to(torch.int32)
 
 
 # -- Triton --------------------------------------------------------------------------------------
@@ -162,9 +207,9 @@ def advance_stack(stack: StackTable, states: torch.Tensor, tokens: torch.Tensor,
 @triton.jit
 def _stack_mask_kernel(
     logits_ptr, logits_stride,
-    states_ptr, depth_ptr, bits_ptr, remaining_ptr, item_need_ptr,
+    states_ptr, depth_ptr, bits_ptr, remaining_ptr, item_row_ptr,
     state_ptr_ptr, tok_ptr, edge_ptr, out_ptr_ptr, cond_len_ptr, cond_bits_ptr, cond_depth_ptr, pops_ptr,
-    push_len_ptr, push_bits_ptr, next_ptr, dist_entry_ptr,
+    push_len_ptr, push_bits_ptr, next_ptr, item_inc_ptr, item_flag_ptr, item_charge_ptr, dist_entry_ptr,
     HAS_ITEMS: tl.constexpr,
     MAX_OUT: tl.constexpr,
     MAX_DEPTH: tl.constexpr,
@@ -177,8 +222,14 @@ def _stack_mask_kernel(
         b = tl.load(bits_ptr + row)
         rem = tl.load(remaining_ptr + row)
         extra = tl.full([], 0, tl.int32)
-        if HAS_ITEMS:
-            extra = tl.load(item_need_ptr + row)
+        k = tl.full([], 0, tl.int32)
+        lo_items = tl.full([], 0, tl.int32)
+        hi_items = tl.full([], -1, tl.int32)
+        if HAS_ITEMS:  # the row's unmet minItems, innermost counter and that array's bounds
+            extra = tl.load(item_row_ptr + row * 4)
+            k = tl.load(item_row_ptr + row * 4 + 1)
+            lo_items = tl.load(item_row_ptr + row * 4 + 2)
+            hi_items = tl.load(item_row_ptr + row * 4 + 3)
         e0 = tl.load(state_ptr_ptr + state)
         e1 = tl.load(state_ptr_ptr + state + 1)
         before = tl.maximum(d - 1, 0)
@@ -191,6 +242,7 @@ def _stack_mask_kernel(
             found = tl.zeros([BLOCK], dtype=tl.int1)
             nxt = tl.zeros([BLOCK], dtype=tl.int32)
             d_after = tl.zeros([BLOCK], dtype=tl.int32)
+            pick = tl.zeros([BLOCK], dtype=tl.int32)
             for j in tl.static_range(MAX_OUT):
                 o = lo + j
                 real = live & (o < hi)
@@ -203,9 +255,17 @@ def _stack_mask_kernel(
                 after = d - tl.load(pops_ptr + o, mask=real, other=0) + tl.load(push_len_ptr + o, mask=real, other=0)
                 nxt = tl.where(holds, tl.load(next_ptr + o, mask=holds, other=0), nxt)
                 d_after = tl.where(holds, after, d_after)
+                pick = tl.where(holds, o, pick)
                 found = found | holds
             ok = found & (d_after <= MAX_DEPTH)
-            need = tl.load(dist_entry_ptr + nxt, mask=ok, other=0) + tl.maximum(d_after - 1, 0) + extra
+            inc = tl.load(item_inc_ptr + pick, mask=ok, other=0)
+            flag = tl.load(item_flag_ptr + pick, mask=ok, other=0)
+            closes = (flag & 1) != 0
+            total = k + inc
+            inside = (total <= hi_items) & ((closes == 0) | (total >= lo_items))
+            ok = ok & tl.where(hi_items >= 0, inside, (inc == 0) & (closes == 0))
+            need = (tl.load(dist_entry_ptr + nxt, mask=ok, other=0) + tl.maximum(d_after - 1, 0) + extra
+                    + tl.load(item_charge_ptr + pick, mask=ok, other=0))
             checked = (tl.load(edge_ptr + entry, mask=live, other=0) == 0) | (tl.maximum(d_after - 1, 0) > before)
             drop = live & ((ok == 0) | (checked & (need > rem - 1)))
             tl.store(logits_ptr + row * logits_stride + tok, float("-inf"), mask=drop)
@@ -219,33 +279,34 @@ def apply_stack_mask_inplace(
     depth: torch.Tensor,  # [B] int32
     bits: torch.Tensor,  # [B] int64
     remaining: torch.Tensor,  # [B] int32 (>= 1): the row's own budget (not stack_remaining's)
-    item_need: torch.Tensor | None = None,  # [B] int32: the row's unmet minItems in tokens (kernels.items.item_need)
+    item_row: torch.Tensor | None = None,  # [B, 4] int32 (kernels.items.item_row) of a table with counted arrays
     backend: str = "auto",
 ) -> None:
     """Write -inf where the row's bracket stack refuses a token (see the module docstring)."""
-    _check(logits, states, depth, bits, remaining, item_need)
+    _check(logits, states, depth, bits, remaining, item_row)
     if resolve_backend(backend, logits.device) == "torch":
-        apply_stack_mask_torch(logits, table, stack, states, depth, bits, remaining, item_need)
+        apply_stack_mask_torch(logits, table, stack, states, depth, bits, remaining, item_row)
         return
     if logits.shape[0] == 0:
         return
     on_gpu = logits.device.type == "cuda"
     _stack_mask_kernel[(logits.shape[0],)](
-        logits, logits.stride(0), states, depth, bits, remaining, item_need if item_need is not None else depth,
+        logits, logits.stride(0), states, depth, bits, remaining, item_row if item_row is not None else depth,
         stack.state_ptr, stack.tok, stack.edge, stack.out_ptr, stack.cond_len, stack.cond_bits, stack.cond_depth,
-        stack.pops, stack.push_len, stack.push_bits, stack.next, table.dist_entry,
-        HAS_ITEMS=item_need is not None, MAX_OUT=stack.max_outcomes, MAX_DEPTH=MAX_STACK_DEPTH,
+        stack.pops, stack.push_len, stack.push_bits, stack.next, stack.item_inc, stack.item_flag, stack.item_charge,
+        table.dist_entry,
+        HAS_ITEMS=item_row is not None, MAX_OUT=stack.max_outcomes, MAX_DEPTH=MAX_STACK_DEPTH,
         BLOCK=256 if on_gpu else 64, num_warps=4, **launch_options(logits.device),
     )  # fmt: skip
 
 
-def _check(logits, states, depth, bits, remaining, item_need) -> None:
+def _check(logits, states, depth, bits, remaining, item_row) -> None:
     batch = logits.shape[0]
-    specs = [("states", states, torch.int32), ("depth", depth, torch.int32), ("bits", bits, torch.int64),
-             ("remaining", remaining, torch.int32)]
-    if item_need is not None:
-        specs.append(("item_need", item_need, torch.int32))
-    for name, t, dtype in specs:
-        if t.dtype != dtype or t.shape != (batch,) or t.device != logits.device or not t.is_contiguous():
-            raise KernelInputError(f"Invalid {name}: expected contiguous {dtype} [{batch}] on {logits.device}, "
+    specs = [("states", states, torch.int32, (batch,)), ("depth", depth, torch.int32, (batch,)),
+             ("bits", bits, torch.int64, (batch,)), ("remaining", remaining, torch.int32, (batch,))]
+    if item_row is not None:
+        specs.append(("item_row", item_row, torch.int32, (batch, 4)))
+    for name, t, dtype, shape in specs:
+        if t.dtype != dtype or t.shape != shape or t.device != logits.device or not t.is_contiguous():
+            raise KernelInputError(f"Invalid {name}: expected contiguous {dtype} {list(shape)} on {logits.device}, "
                                    f"got {t.dtype} {tuple(t.shape)} on {t.device}")

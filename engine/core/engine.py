@@ -39,7 +39,7 @@ from surecall.kernels.items import (
     ItemTable,
     advance_items,
     constrain_items,
-    item_need,
+    item_row,
 )
 from surecall.kernels.stack import (
     StackTable,
@@ -378,7 +378,7 @@ class EngineCore:
             depth = torch.tensor([st.stack_depth for st in states], dtype=torch.int32, device=self.device)
             bits = torch.tensor([st.stack_bits for st in states], dtype=torch.int64, device=self.device)
             apply_stack_mask_inplace(logits, dtable, stable, grammar_state, depth, bits, budget,
-                                     item_need(itable, grammar_state, items) if itable else None)
+                                     item_row(itable, grammar_state, items) if itable else None)
             budget = stack_remaining(depth, budget)
         budget = constrain_items(logits, dtable, itable, grammar_state, counters, items, budget)
         out = sample(logits, dtable, grammar_state, params, remaining=budget,
@@ -393,12 +393,13 @@ class EngineCore:
                             dtable, check=False, counters=counters)
             nxt, fin_grammar = moved[0], moved[1]
             next_counters = moved[2].tolist() if counters is not None else None
-            next_items = advance_items(itable, grammar_state, tokens, items).tolist() if itable else None
-            if stable is not None:
-                over, depth, bits = advance_stack(stable, torch.where(is_constrained, grammar_state, -1), tokens,
-                                                  depth, bits)
+            next_items = advance_items(itable, grammar_state, tokens, items) if itable else None
+            if stable is not None:  # a token with a stack event: its outcome's state, stack and item counters
+                over, depth, bits, next_items = advance_stack(stable, torch.where(is_constrained, grammar_state, -1),
+                                                              tokens, depth, bits, itable, next_items)
                 nxt = torch.where(over != -1, over, nxt)
                 next_stack = (depth.tolist(), bits.tolist())
+            next_items = next_items.tolist() if next_items is not None else None
             self._lap("advance_s", mark)
         else:
             nxt, fin_grammar = grammar_state, torch.zeros_like(is_constrained)

@@ -30,7 +30,7 @@ from surecall.kernels.items import (
     MAX_ITEM_DEPTH,
     advance_items,
     apply_item_mask_inplace,
-    item_need,
+    item_row,
     sample_remaining,
 )
 from surecall.kernels.stack import advance_stack, apply_stack_mask_inplace, stack_remaining
@@ -267,7 +267,7 @@ class GraphStep:
         depth = inp[:, STACK_DEPTH].to(torch.int32).contiguous()
         bits = inp[:, STACK_BITS].contiguous()
         if stack is not None and table is not None:
-            need = item_need(items, states, item_counters) if items is not None else None
+            need = item_row(items, states, item_counters) if items is not None else None
             apply_stack_mask_inplace(logits, table, stack, states, depth, bits, budget, need, backend=self.backend)
             budget = stack_remaining(depth, budget)
         if items is not None and table is not None:
@@ -288,7 +288,7 @@ class GraphStep:
         next_items = advance_items(items, states, tokens, item_counters) if items is not None else item_counters
         nxt = moved[0]
         if stack is not None:
-            over, depth, bits = advance_stack(stack, states, tokens, depth, bits)
+            over, depth, bits, next_items = advance_stack(stack, states, tokens, depth, bits, items, next_items)
             nxt = torch.where(over != -1, over, nxt)
         return tokens, drawn.logprobs, unmasked, nxt, moved[1], next_counters, next_items, depth, bits
 
