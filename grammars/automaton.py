@@ -44,12 +44,13 @@ class ByteDFA:
         (grammars/stack.py) are followed with a stack of the open containers' kinds."""
         from surecall.grammars.stack import POP_ARRAY, POP_EXIT, POP_OBJECT, PUSH, STACK_MARK
 
+        marked = (self.trans[:, STACK_MARK] >= 0) & ((self.trans >= 0).sum(axis=1) == 1)  # a mark and nothing else
         state, kinds = 0, []
         for b in data:
             state = int(self.trans[state, b])
             if state < 0:
                 return False
-            mark = int(self.trans[state, STACK_MARK])
+            mark = int(self.trans[state, STACK_MARK]) if marked[state] and b in b"{[]}" else -1
             if mark >= 0:  # a bracket of a free-form value: push its kind, or pop and say what is around
                 if b in b"{[":
                     kinds.append(b)

@@ -513,9 +513,23 @@ def expand_items(regex: str, ws: str | None = None) -> str:
         regex = expanded
 
 
-def expand_marks(regex: str, ws: str | None = None) -> str:
-    """Both kinds of counted regions spelled out (expand_counts after expand_items)."""
-    return expand_counts(expand_items(regex, ws))
+def expand_marks(regex: str, ws: str | None = None, stack_depth: int = 4) -> str:
+    """Both kinds of counted regions spelled out (expand_counts after expand_items), and free-form
+    values on the bracket stack unrolled `stack_depth` containers deep (Python `re` has no stack:
+    a deeper value the table accepts is no match here)."""
+    return expand_counts(expand_items(expand_stack(regex, ws, stack_depth), ws))
+
+
+def expand_stack(regex: str, ws: str | None = None, depth: int = 4) -> str:
+    """`regex` with each bracket-stack value (grammars/stack.py) unrolled `depth` containers deep."""
+    ws = GrammarOptions().whitespace_regex() if ws is None else ws
+    marked = stack_value_regex(ws)
+    if marked not in regex:
+        return regex
+    inner = _SCALARS
+    for _ in range(depth):
+        inner = _any_value_text(ws, inner)
+    return regex.replace(marked, inner)
 
 
 def array_regex(items: list[str], rest: str | None, low: int, high: int | None, ws: str) -> str:

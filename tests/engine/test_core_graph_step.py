@@ -29,6 +29,9 @@ TOOLS = [
                                                                           "maximum": 9},
                                                "minItems": 12, "maxItems": 14}},
         "required": ["n"], "additionalProperties": False}},
+    {"name": "save", "description": "Save metadata.", "parameters": {
+        "type": "object", "properties": {"meta": {"type": "object"}, "xs": {"type": "array", "maxItems": 60}},
+        "required": ["meta", "xs"], "additionalProperties": False}},
 ]
 
 
@@ -50,7 +53,7 @@ def grammars(tiny):
         key = tiny._table_key(tiny._row_tools([tool], 0, {}), fmt)
         prompt = render_prompt([{"role": "user", "content": f"use {tool['name']}"}], tiny.tokenizer, [tool], 0)
         out.append((table, key, prompt))
-    assert out[0][0].has_counts and out[1][0].has_items
+    assert out[0][0].has_counts and out[1][0].has_items and out[2][0].has_stack
     return out
 
 
@@ -58,7 +61,7 @@ def _requests(tiny, grammars, use_sort: bool):
     """Mixed rows: free and constrained, seeds, greedy, tight budgets, unmasked logprobs."""
     rows = []
     for i in range(6):
-        table, key, prompt = grammars[i % 2]
+        table, key, prompt = grammars[i % 3]
         tight = int(table.dist[0])
         params = SamplingParams(temperature=(0.0, 1.0, 0.8)[i % 3], max_tokens=tight + (0, 3, 9)[i % 3], seed=11 + i,
                                 unmasked_logprobs=i == 1, top_k=5 if use_sort and i % 3 == 1 else 0,
@@ -79,7 +82,8 @@ def _run(tiny, rows, graph: bool, **kw):
     steps = []
     while core.has_unfinished:
         steps.append({o.request_id: (tuple(o.new_token_ids), o.state.state, o.state.counter, o.state.item_counter,
-                                     o.finished, o.state.finish_reason) for o in core.step()})
+                                     o.state.stack_depth, o.state.stack_bits, o.finished, o.state.finish_reason)
+                      for o in core.step()})
     return core, steps, {rid: seq.payload for rid, seq in seqs.items()}
 
 
@@ -116,6 +120,7 @@ def test_static_step_equals_the_eager_step_without_host_sync(tiny, grammars, mon
     assert {st.finish_reason for st in eager.values()} >= {"stop", "length"}
     seen = [v for step in graph_steps for v in step.values()]
     assert any(v[2] > 0 for v in seen) and any(max(v[3]) > 0 for v in seen)  # string and item counters moved
+    assert any(v[4] > 0 for v in seen)  # and the bracket stack
 
 
 @needs_interpreter

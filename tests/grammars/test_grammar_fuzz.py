@@ -109,12 +109,15 @@ def check_instances(schema_id, schema, tests, table, regex, encoder, vocab, opti
 
 def _regex_matcher(regex: str):
     """fullmatch by Python's re; by outlines-core's byte DFA past 10k characters, where re's
-    backtracking can take minutes on one invalid instance (Github_medium---o71260, 19k). Counted
-    strings are spelled out (`expand_counts`): the language the table's counters enforce."""
+    backtracking can take minutes on one invalid instance (Github_medium---o71260, 19k), and where
+    free-form values sit on the bracket stack (ByteDFA.matches follows its marks). Counted strings
+    are spelled out (`expand_counts`): the language the table's counters enforce."""
     from surecall.grammars.schema.to_regex import expand_marks
 
+    from surecall.grammars.stack import holds_stack
+
     regex = expand_marks(regex, OPTIONS.whitespace_regex())
-    if len(regex) <= 10_000:
+    if len(regex) <= 10_000 and not holds_stack(regex):  # free-form values on a stack: the DFA's matches
         pattern = re.compile(regex, re.DOTALL)
         return lambda text: bool(pattern.fullmatch(text))
     if "(?=" in regex:  # a counted body's length lookahead: no byte DFA, and re backtracks for minutes (o1052)

@@ -20,13 +20,17 @@ from surecall.errors import UnsupportedSchema
 from surecall.grammars.automaton import ByteDFA, regex_to_dfa
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
-from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+from surecall.grammars.schema.to_regex import expand_marks, expand_stack, schema_to_regex
 
 STYLES = (GrammarOptions(), GrammarOptions(whitespace="none"))
 
 
-def dfa_of(schema, options=None) -> ByteDFA:
-    return regex_to_dfa(schema_to_regex(schema, options or GrammarOptions()).regex)
+def dfa_of(schema, options=None, unroll: bool = True) -> ByteDFA:
+    """The schema's byte DFA; free-form values on the bracket stack unrolled 4 containers deep
+    (expand_stack: these byte-level walks have no stack) unless `unroll` is False."""
+    options = options or GrammarOptions()
+    regex = schema_to_regex(schema, options).regex
+    return regex_to_dfa(expand_stack(regex, options.whitespace_regex()) if unroll else regex)
 
 
 def accepted_in_every_style(schema, value, dfa: ByteDFA) -> bool:
@@ -83,18 +87,22 @@ def assert_walks_validate(schema, dfa: ByteDFA, num_walks: int = 40) -> None:
 
 
 # --- the byte DFA of nested regexes -----------------------------------------------------------
-def test_free_form_object_compiles_and_nests_to_max_any_depth():
+def test_free_form_object_compiles_and_nests_to_any_depth():
     schema = {"type": "object"}
-    dfa = dfa_of(schema)
+    dfa = dfa_of(schema, unroll=False)
     for value in [{}, {"a": 1}, {"a": {"b": [1, "x", None]}, "c": [{}]}, {"é": "ü\n"}]:
         assert accepted_in_every_style(schema, value, dfa), value
-    assert not dfa.matches(b'{"a": {"b": {"c": [1]}}}')  # 4 containers: past max_any_depth=2
+    deep = json.dumps({"a": [[{"b": [[[{"c": {"d": [1]}}]]]}]]}).encode()
+    assert dfa.matches(deep)  # 10 containers: on the bracket stack, any depth
+    assert not dfa.matches(b'{"a": {"b": {"c": [1}}}}') and not dfa.matches(b'{"a": [}')
     assert not dfa.matches(b"[]")
-    assert_walks_validate(schema, dfa)
+    assert_walks_validate(schema, dfa_of(schema))
+    unrolled = dfa_of(schema, GrammarOptions(free_form_stack=False))
+    assert not unrolled.matches(b'{"a": {"b": {"c": [1]}}}')  # past max_any_depth=2
 
 
 def test_deeper_free_form_values_when_asked():
-    dfa = dfa_of(True, GrammarOptions(max_any_depth=4))
+    dfa = dfa_of(True, GrammarOptions(max_any_depth=4, free_form_stack=False))
     assert dfa.matches(b'{"a": {"b": {"c": [1]}}}')
 
 

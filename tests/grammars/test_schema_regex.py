@@ -517,11 +517,11 @@ def test_a_keyword_that_restricts_nothing_implies_no_type():
     import jsonschema_rs
 
     schema = {"type": "array", "items": {"properties": {}, "required": []}}
-    result = schema_to_regex(schema)
+    regex = expand_marks(schema_to_regex(schema).regex)
     validator = jsonschema_rs.validator_for(schema)
     for value in [["nature", "landscape"], [1, None, True], [{}], [{"a": [1]}], [[]]]:
-        assert re.fullmatch(result.regex, json.dumps(value, separators=(",", ":"))) and validator.is_valid(value)
-    assert not re.fullmatch(result.regex, '{"a":1}')
+        assert re.fullmatch(regex, json.dumps(value, separators=(",", ":"))) and validator.is_valid(value)
+    assert not re.fullmatch(regex, '{"a":1}')
     # a keyword that does restrict still implies its type (the stricter reading, as before)
     assert schema_to_regex({"properties": {"a": {"type": "string"}}}).regex.startswith("\\{")
 

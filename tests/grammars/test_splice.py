@@ -400,8 +400,9 @@ def test_shared_bodies_that_meet_are_written_out_and_the_rest_laid_in():
 
 
 # --- free-form values: one piece per nesting level -------------------------------------------
-def _depth_options(depth: int) -> GrammarOptions:
-    return GrammarOptions(max_any_depth=depth)
+def _depth_options(depth: int, **kw) -> GrammarOptions:
+    """Free-form values unrolled `depth` containers deep (not on the bracket stack)."""
+    return GrammarOptions(max_any_depth=depth, free_form_stack=False, **kw)
 
 
 def _nested(levels: int) -> bytes:
@@ -443,8 +444,10 @@ def test_deep_free_form_values_compile_spliced_and_are_cut_past_the_depth():
     dfa = _spliced_dfa(True, _depth_options(4))
     assert dfa.matches(b'{"a": {"b": {"c": [1]}}}')  # 4 containers deep
     assert dfa.matches(_nested(4)) and not dfa.matches(_nested(5))  # the cut: stricter, never looser
-    default = _spliced_dfa(True)
-    assert default.matches(_nested(2)) and not default.matches(_nested(3))  # the default depth, 2
+    unrolled = _spliced_dfa(True, _depth_options(2))
+    assert unrolled.matches(_nested(2)) and not unrolled.matches(_nested(3))  # max_any_depth's default, 2
+    stacked = _spliced_dfa(True)  # the default: the bracket stack, any depth
+    assert stacked.matches(_nested(12)) and stacked.num_states < unrolled.num_states
     deepest = schema_to_regex(True, _depth_options(8), splice=True)  # inlined: ~4^8 times level 0
     assert len(deepest.regex) + sum(map(len, deepest.pieces)) < 10_000
 
@@ -457,7 +460,8 @@ def test_kubernetes_free_form_fields_v1_accepts_its_valid_instance(data_dir):
     schema = row["schema"]
     fields_v1 = next(k for k in schema["definitions"] if k.endswith("meta_v1_FieldsV1"))
     fields_schema = {"definitions": schema["definitions"], "$ref": f"#/definitions/{fields_v1}"}
-    assert not _spliced_dfa(fields_schema).matches(json.dumps(value).encode())  # the default depth, 2
+    assert _spliced_dfa(fields_schema).matches(json.dumps(value).encode())  # on the bracket stack (the default)
+    assert not _spliced_dfa(fields_schema, _depth_options(2)).matches(json.dumps(value).encode())  # unrolled 2 deep
     assert _spliced_dfa(fields_schema, _depth_options(4)).matches(json.dumps(value).encode())
     jsonschema_rs.validator_for(schema).validate(row["tests"][0]["data"])  # the instance is valid
 
@@ -536,7 +540,8 @@ def test_every_free_form_level_is_built_once_per_process_and_changes_no_table(mo
                         lambda r, *a: (built.append(r), real(r, *a))[1])
     monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
     vocab = byte_vocab()
-    first = compile_schema(SCHEMAS["free_form_values"], vocab, use_cache=False)
+    unrolled = _depth_options(2)
+    first = compile_schema(SCHEMAS["free_form_values"], vocab, unrolled, use_cache=False)
     levels = [r for r in built if r == free or to_regex.placeholders_in(r) and "true|false|null" in r]
     assert built.count(free) == 1 and len(levels) == 2  # level 1 and level 2 (max_any_depth), once each
     # another schema, whose other pieces come first (the levels take other indices): nothing built again
@@ -544,18 +549,43 @@ def test_every_free_form_level_is_built_once_per_process_and_changes_no_table(mo
     second_schema = {"type": "object", "properties": {"ref": {"$ref": "#/$defs/big"}, "any": {}},
                      "required": ["ref", "any"],
                      "$defs": {"big": {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(30)}}}}
-    second = compile_schema(second_schema, vocab, use_cache=False)
-    assert to_regex.schema_to_regex(second_schema, splice=True).pieces[0] != free  # another numbering
+    second = compile_schema(second_schema, vocab, unrolled, use_cache=False)
+    assert to_regex.schema_to_regex(second_schema, unrolled, splice=True).pieces[0] != free  # another numbering
     assert built and free not in built and not any("true|false|null" in r for r in built)
     assert set(compile_module._FREE_VALUE_DFAS) == {(ws, 1), (ws, 2)}
     for dfa in compile_module._FREE_VALUE_DFAS.values():
         assert not dfa.trans.flags.writeable and not dfa.accept.flags.writeable
-    compact = compile_schema({"type": "object"}, vocab, GrammarOptions(whitespace="none"), use_cache=False)
+    compact = compile_schema({"type": "object"}, vocab, _depth_options(2, whitespace="none"), use_cache=False)
     assert len(compile_module._FREE_VALUE_DFAS) == 4 and compact.num_states > 0  # another style: its own levels
     monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
     for schema, table in ((SCHEMAS["free_form_values"], first), (second_schema, second)):
         monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
-        fresh = compile_schema(schema, vocab, use_cache=False)
+        fresh = compile_schema(schema, vocab, unrolled, use_cache=False)
         for name in TABLE_ARRAYS:
             a, b = getattr(table, name), getattr(fresh, name)
             assert (a is None and b is None) or np.array_equal(a, b), name
+
+
+def test_the_bracket_stack_value_is_built_once_per_process_and_changes_no_table(monkeypatch):
+    """The free-form value on the bracket stack (grammars/stack.py) is one piece, the same in every
+    schema: its DFA is built once per whitespace style and shared read-only; tables are the same as
+    when it is built afresh."""
+    from surecall.grammars import compile as compile_module
+    from surecall.grammars.stack import stack_value_regex
+
+    ws = GrammarOptions().whitespace_regex()
+    marked = stack_value_regex(ws)
+    built = []
+    real = compile_module.build_with_shared_bodies
+    monkeypatch.setattr(compile_module, "build_with_shared_bodies", lambda r, *a: (built.append(r), real(r, *a))[1])
+    monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
+    vocab = byte_vocab()
+    first = compile_schema(SCHEMAS["free_form_values"], vocab, use_cache=False)
+    second = compile_schema({"type": "array", "items": {}}, vocab, use_cache=False)
+    assert built.count(marked) == 1 and first.has_stack and second.has_stack
+    assert set(compile_module._FREE_VALUE_DFAS) == {(ws, "stack")}
+    assert not compile_module._FREE_VALUE_DFAS[(ws, "stack")].trans.flags.writeable
+    monkeypatch.setattr(compile_module, "_FREE_VALUE_DFAS", {})
+    fresh = compile_schema(SCHEMAS["free_form_values"], vocab, use_cache=False)
+    for name in TABLE_ARRAYS:
+        assert np.array_equal(getattr(first, name), getattr(fresh, name)), name

@@ -1,0 +1,49 @@
+"""Free-form values on the bracket stack in the engine (kernels/stack.py wired into EngineCore's
+sample/advance step): every sampled call parses and validates, also at the fewest tokens a call
+needs, and nested values are written (the stack moves)."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from surecall.config import SamplingParams
+from surecall.core import EngineCore
+
+TOOL = {"name": "save", "description": "Save metadata.", "parameters": {
+    "type": "object", "properties": {"meta": {"type": "object"}, "tags": {"type": "array", "maxItems": 50},
+                                     "any": {}},
+    "required": ["meta", "tags", "any"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from surecall.llm import LLM
+
+    return LLM()
+
+
+def test_free_form_values_hold_in_sampled_calls_of_the_core(tiny):
+    from surecall.core.prompts import render_prompt
+    from surecall.tools.calls import check_call
+
+    table = tiny.compile([TOOL])
+    assert table.has_stack and table.has_items and "stack_fallback" not in table.meta
+    fmt = tiny._format(None)
+    key = tiny._table_key(tiny._row_tools([TOOL], 0, {}), fmt)
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=256)
+    prompt = render_prompt([{"role": "user", "content": "save it"}], tiny.tokenizer, [TOOL], 0)
+    tight = int(table.dist[0])
+    params = [SamplingParams(temperature=1.5, max_tokens=tight + (0, 2, 30, 120)[i % 4], seed=i) for i in range(12)]
+    seqs = [core.add_request(f"s{i}", prompt, p, table=table, table_key=key) for i, p in enumerate(params)]
+    depths = []
+    while core.has_unfinished:
+        depths += [o.state.stack_depth for o in core.step()]
+    for seq in seqs:
+        text = tiny._text(seq.payload.generated)
+        check = check_call(text, fmt, [TOOL])
+        assert check.error is None, (check.error, text, seq.payload.error)
+        jsonschema.validate(check.call.arguments, TOOL["parameters"])
+        assert seq.payload.finish_reason == "stop", seq.payload.error
+        assert seq.payload.stack_depth == 0
+    assert max(depths) >= 1  # some row opened a free-form container on the stack
