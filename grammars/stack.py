@@ -91,65 +91,85 @@ class StackMarks:
 def cut_stack_marks(dfa: ByteDFA) -> tuple[ByteDFA, StackMarks] | None:
     """The DFA without stack marks (same ids; mark states left unreachable) and its events; None
     when it has no marks. A closer's byte edge is removed (its targets are in `StackMarks`)."""
-    marked = np.flatnonzero(dfa.trans[:, STACK_MARK] >= 0)
-    if not marked.size:
+    trans = dfa.trans
+    marked = trans[:, STACK_MARK] >= 0
+    if not marked.any():
         return None
-    trans = dfa.trans.copy()
     n = trans.shape[0]
+    if ((trans[marked] >= 0).sum(axis=1) != 1).any():
+        p = int(np.flatnonzero(marked & ((trans >= 0).sum(axis=1) != 1))[0])
+        raise StackCutError(f"state {p}: a stack mark shares its state with other text")
+    after = np.full(n + 1, -1, dtype=np.int64)  # per marked state: the state after its mark byte
+    after[:n][marked] = trans[marked, STACK_MARK]
+    letter_of = {b: trans[np.maximum(after[:n], 0), b[0]] for b in (PUSH, POP_OBJECT, POP_ARRAY, POP_EXIT)}
+    into_q, into_b = np.nonzero(marked[np.maximum(trans, 0)] & (trans >= 0))
+    p = trans[into_q, into_b].astype(np.int64)
+    is_open = np.isin(into_b, list(_OPENERS))
+    is_close = np.isin(into_b, list(_CLOSERS))
+    live = trans[after[:n][marked]] >= 0  # the letters each mark reads
+    letters_ok = np.zeros(n, dtype=bool)
+    push_only = np.zeros(n, dtype=bool)
+    codes = np.asarray([PUSH[0], POP_OBJECT[0], POP_ARRAY[0], POP_EXIT[0]])
+    other = live.copy()
+    other[:, codes] = False
+    push_only[marked] = live[:, PUSH[0]] & (live.sum(axis=1) == 1)
+    letters_ok[marked] = ~other.any(axis=1) & ~live[:, PUSH[0]]
+    bad = (is_open & ~push_only[p]) | (is_close & ~letters_ok[p]) | ~(is_open | is_close)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise StackCutError(f"state {int(p[i])}: a stack mark after {bytes([int(into_b[i])])!r} reads "
+                            f"{[bytes([c]) for c in np.flatnonzero(trans[after[p[i]]] >= 0).tolist()]}")
+    cut = trans.copy()
     push = np.zeros((n, 256), dtype=np.int8)
+    push[into_q[is_open], into_b[is_open]] = 1 + (into_b[is_open] == ord("[")).astype(np.int8)
+    cut[into_q[is_open], into_b[is_open]] = letter_of[PUSH][p[is_open]]
+    pending, pop_index = np.unique(p[is_close], return_inverse=True)
     pop = np.full((n, 256), -1, dtype=np.int32)
-    targets = []
-    for p in marked.tolist():
-        into = trans == p
-        before = np.unique(np.nonzero(into)[1]).tolist()
-        m = int(trans[p, STACK_MARK])
-        if (trans[p] >= 0).sum() != 1 or m < 0:
-            raise StackCutError(f"state {p}: a stack mark shares its state with other text")
-        letters = {bytes([b]): int(trans[m, b]) for b in np.flatnonzero(trans[m] >= 0).tolist()}
-        if set(before) <= set(_OPENERS) and set(letters) == {PUSH}:
-            for b in before:
-                push[:, b][into[:, b]] = 1 + _OPENERS[b]
-            trans[into] = letters[PUSH]
-        elif set(before) <= set(_CLOSERS) and set(letters) <= {POP_OBJECT, POP_ARRAY, POP_EXIT}:
-            pop[into] = len(targets)
-            targets.append([letters.get(POP_OBJECT, -1), letters.get(POP_ARRAY, -1), letters.get(POP_EXIT, -1)])
-            trans[into] = -1
-        else:
-            raise StackCutError(f"state {p}: a stack mark after {bytes(before)!r} reads {sorted(letters)}")
-    trans[:, STACK_MARK] = -1
-    cut = ByteDFA(trans, dfa.accept.copy())
-    tgt = np.asarray(targets, dtype=np.int32).reshape(-1, 3)
-    return cut, StackMarks(push, pop, tgt, _contexts(cut, push, pop, tgt))
+    pop[into_q[is_close], into_b[is_close]] = pop_index
+    cut[into_q[is_close], into_b[is_close]] = -1
+    cut[:, STACK_MARK] = -1
+    tgt = np.stack([letter_of[POP_OBJECT][pending], letter_of[POP_ARRAY][pending], letter_of[POP_EXIT][pending]],
+                   axis=1).astype(np.int32)
+    out = ByteDFA(cut, dfa.accept.copy())
+    return out, StackMarks(push, pop, tgt, _contexts(out, push, pop, tgt))
 
 
 def _contexts(dfa: ByteDFA, push: np.ndarray, pop: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Each state's innermost free-form container, from one walk over plain edges, pushes and the
-    pop targets (a state met in two contexts, or a pop outside a container, raises StackCutError)."""
+    """Each state's innermost free-form container, from one breadth-first sweep over plain edges,
+    pushes and the pop targets (a state met in two contexts, or a pop outside a container, raises
+    StackCutError)."""
     n = dfa.num_states
     ctx = np.full(n, -1, dtype=np.int8)
     ctx[0] = CTX_NONE
-    todo = [0]
-    kind_ctx = (CTX_OBJECT, CTX_ARRAY, CTX_NONE)
-
-    def visit(t: int, c: int, q: int) -> None:
-        if ctx[t] < 0:
-            ctx[t] = c
-            todo.append(t)
-        elif ctx[t] != c:
-            raise StackCutError(f"state {t}: reached inside two kinds of container (from {q})")
-
-    while todo:
-        q = todo.pop()
-        c = int(ctx[q])
-        live = np.flatnonzero(dfa.trans[q] >= 0)
-        for b in live.tolist():
-            visit(int(dfa.trans[q, b]), CTX_OBJECT + int(push[q, b]) - 1 if push[q, b] else c, q)
-        for b in np.flatnonzero(pop[q] >= 0).tolist():
-            if c == CTX_NONE:
-                raise StackCutError(f"state {q}: a closer outside any free-form container")
-            for k, t in enumerate(targets[pop[q, b]].tolist()):
-                if t >= 0:
-                    visit(t, kind_ctx[k], q)
+    frontier = np.asarray([0], dtype=np.int64)
+    kind_ctx = np.asarray([CTX_OBJECT, CTX_ARRAY, CTX_NONE], dtype=np.int8)
+    while frontier.size:
+        q, b = np.nonzero(dfa.trans[frontier] >= 0)
+        src = frontier[q]
+        t = dfa.trans[src, b].astype(np.int64)
+        kind = push[src, b]
+        c = np.where(kind > 0, CTX_OBJECT + kind.astype(np.int8) - 1, ctx[src]).astype(np.int8)
+        pq, pb = np.nonzero(pop[frontier] >= 0)
+        psrc = frontier[pq]
+        if (ctx[psrc] == CTX_NONE).any():
+            raise StackCutError(f"state {int(psrc[ctx[psrc] == CTX_NONE][0])}: a closer outside any free-form container")
+        pt = targets[pop[psrc, pb]]  # [k, 3]
+        has = pt >= 0
+        t = np.concatenate([t, pt[has]])
+        c = np.concatenate([c, np.broadcast_to(kind_ctx, pt.shape)[has]])
+        order = np.lexsort((c, t))
+        t, c = t[order], c[order]
+        first = np.r_[True, t[1:] != t[:-1]]
+        if (~first & (c != np.roll(c, 1))).any():
+            i = int(np.flatnonzero(~first & (c != np.roll(c, 1)))[0])
+            raise StackCutError(f"state {int(t[i])}: reached inside two kinds of container")
+        t, c = t[first], c[first]
+        seen = ctx[t] >= 0
+        if (seen & (ctx[t] != c)).any():
+            raise StackCutError(f"state {int(t[seen & (ctx[t] != c)][0])}: reached inside two kinds of container")
+        new = ~seen
+        ctx[t[new]] = c[new]
+        frontier = t[new]
     return np.where(ctx < 0, CTX_NONE, ctx).astype(np.int8)
 
 
@@ -226,9 +246,33 @@ def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | Non
     live_first = (dfa.trans[states][:, first] >= 0) | (marks.pop[states][:, first] >= 0)  # [S', T]
     si, ti = np.nonzero(live_first)
     src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
+    keep = _reaches_an_event(dfa, marks, vi, src, tok)
+    src, tok = src[keep], tok[keep]
     if not src.size:
         return empty
     return _walk(dfa, marks, vi, src, tok, counted, items)
+
+
+def _reaches_an_event(dfa: ByteDFA, marks: StackMarks, vi, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """bool per (state, token): the token's plain walk reaches a push or closer edge before it dies
+    or ends (most pairs from inside strings never do: one cheap pass before the symbolic walk)."""
+    n = dfa.num_states
+    flat = dfa.trans.reshape(-1)
+    event = ((marks.push > 0) | (marks.pop >= 0)).reshape(-1)
+    out = np.zeros(src.size, dtype=bool)
+    idx = np.arange(src.size)
+    q = src.astype(np.int64)
+    ptr = vi.off[tok].astype(np.int64)
+    end = ptr + vi.lens[tok]
+    while idx.size:
+        at = q * 256 + vi.flat[ptr]
+        hit = event[at]
+        out[idx[hit]] = True
+        nxt = flat[at].astype(np.int64)
+        ptr = ptr + 1
+        go = ~hit & (nxt >= 0) & (nxt < n) & (ptr < end)
+        idx, q, ptr, end = idx[go], nxt[go], ptr[go], end[go]
+    return out
 
 
 def _empty_entries() -> StackEntries:

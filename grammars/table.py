@@ -55,6 +55,24 @@ minimums: the fewest tokens are dist[s] + string need + item_cost[s] * max(0, it
 + sum over the open arrays below, j < depth - 1, of item_below_cost[s, j] * max(0,
 item_below_lo[s, j] - stack[j]) (zeros past the depth; a token that opens an array is charged
 that of its item_set).
+
+Bracket stack (optional, `stack_key is not None`; grammars/stack.py, kernels/stack.py). Free-form
+values of any depth: each batch row carries a stack of its open free-form containers, a depth d
+and int64 kind bits (bit 0 the innermost; 1 an array), d <= stack.MAX_STACK_DEPTH. Entries,
+sorted by key s * logits_width + t, hold the tokens that open or close such a container; each
+has outcomes stack_ptr[e]..stack_ptr[e + 1] - 1, at most one of which holds for a row: the row's
+innermost stack_cond_len kinds equal stack_cond_bits and its depth equals stack_cond_depth (or,
+when that is -1, is at least stack_cond_len). The row then pops stack_pops levels, pushes
+stack_push_len (bits stack_push_bits) and goes to stack_next, crossing stack_item_inc item
+separators of its innermost counted array (stack_item_flag, stack_item_set: as an item entry's).
+A token with no outcome for the row, or one that passes MAX_STACK_DEPTH, is refused. An entry
+with stack_edge 1 only pushes: its DFA edge goes to the same state (the item and string rules
+see it as any token); any other entry's token leads, in the plain table, to a state with no
+tokens of its own and dist 0 (the last of its table) and its outcome is the only way on. `dist` counts the innermost
+container only: the fewest tokens are dist[s] + max(d - 1, 0) (one closer per further level) +
+the counters' needs, so the other rules run with the budget less max(d - 1, 0), and an entry's
+outcome is kept iff dist[next] + max(d_after - 1, 0) + the row's unmet minItems + stack_item_charge
+<= remaining - 1 (an entry that only pushes one level from d = 0 is left to the other rules).
 """
 
 from __future__ import annotations

@@ -224,9 +224,9 @@ class GraphStep:
         tokens, logprobs, unmasked, nxt, fin_grammar, counters, items, depth, bits = self._sample_and_advance(
             bucket, logits)
         status = self._finish_codes(bucket, tokens, nxt, fin_grammar)  # 4. stop / budget / error rules
-        halves = bits.view(torch.int32).reshape(-1, 2)  # little-endian: low half first
+        low, high = (bits & 0xFFFFFFFF).to(torch.int32), (bits >> 32).to(torch.int32)  # read back as one int64
         columns = (tokens.to(torch.int32), logprobs.view(torch.int32), unmasked.view(torch.int32), nxt,
-                   counters, *items.unbind(1), depth, halves[:, 0], halves[:, 1], status.to(torch.int32),
+                   counters, *items.unbind(1), depth, low, high, status.to(torch.int32),
                    torch.zeros_like(nxt))
         bucket.outputs.copy_(torch.stack(columns, dim=1))  # 5. one output block
 

@@ -23,7 +23,23 @@ def tiny():
     return LLM()
 
 
-def test_free_form_values_hold_in_sampled_calls_of_the_core(tiny):
+def _biased_towards_brackets(monkeypatch, model, vocab, bias: float) -> None:
+    """The model's logits of the ids that open `[` or `{` raised by `bias` (it nests deep)."""
+    import torch
+
+    ids = torch.tensor([i for i, b in enumerate(vocab.token_bytes) if b.lstrip(b" ")[:1] in (b"[", b"{")])
+    forward = model.forward
+
+    def biased(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits[..., ids] += bias
+        return out
+
+    monkeypatch.setattr(model, "forward", biased)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_free_form_values_hold_in_sampled_calls_of_the_core(tiny, monkeypatch, graph):
     from surecall.core.prompts import render_prompt
     from surecall.tools.calls import check_call
 
@@ -31,10 +47,11 @@ def test_free_form_values_hold_in_sampled_calls_of_the_core(tiny):
     assert table.has_stack and table.has_items and "stack_fallback" not in table.meta
     fmt = tiny._format(None)
     key = tiny._table_key(tiny._row_tools([TOOL], 0, {}), fmt)
-    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=256)
+    core = EngineCore(tiny.runner.model, pad_id=0, block_size=16, num_blocks=256, graph_step=graph)
+    _biased_towards_brackets(monkeypatch, tiny.runner.model, tiny.vocab, 8.0)
     prompt = render_prompt([{"role": "user", "content": "save it"}], tiny.tokenizer, [TOOL], 0)
     tight = int(table.dist[0])
-    params = [SamplingParams(temperature=1.5, max_tokens=tight + (0, 2, 30, 120)[i % 4], seed=i) for i in range(12)]
+    params = [SamplingParams(temperature=1.5, max_tokens=tight + (0, 2, 60, 200)[i % 4], seed=i) for i in range(12)]
     seqs = [core.add_request(f"s{i}", prompt, p, table=table, table_key=key) for i, p in enumerate(params)]
     depths = []
     while core.has_unfinished:
@@ -46,4 +63,4 @@ def test_free_form_values_hold_in_sampled_calls_of_the_core(tiny):
         jsonschema.validate(check.call.arguments, TOOL["parameters"])
         assert seq.payload.finish_reason == "stop", seq.payload.error
         assert seq.payload.stack_depth == 0
-    assert max(depths) >= 1  # some row opened a free-form container on the stack
+    assert max(depths) >= 3  # rows nested past the old unrolled depth (2), then closed every level in time
