@@ -113,7 +113,6 @@ def _regex_matcher(regex: str):
     free-form values sit on the bracket stack (ByteDFA.matches follows its marks). Counted strings
     are spelled out (`expand_counts`): the language the table's counters enforce."""
     from surecall.grammars.schema.to_regex import expand_marks
-
     from surecall.grammars.stack import holds_stack
 
     regex = expand_marks(regex, OPTIONS.whitespace_regex())

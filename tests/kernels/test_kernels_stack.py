@@ -29,8 +29,19 @@ from surecall.grammars.vocab.core import Vocab
 from surecall.grammars.walk import _next_item, decode
 from surecall.kernels import DeviceTable, SamplingTensors, advance, apply_token_mask_inplace, sample
 from surecall.kernels._triton import HAS_TRITON, INTERPRET
-from surecall.kernels.items import MAX_ITEM_DEPTH, ItemTable, advance_items, apply_item_mask_inplace, item_row
-from surecall.kernels.stack import StackTable, advance_stack, apply_stack_mask_inplace, stack_remaining
+from surecall.kernels.items import (
+    MAX_ITEM_DEPTH,
+    ItemTable,
+    advance_items,
+    apply_item_mask_inplace,
+    item_row,
+)
+from surecall.kernels.stack import (
+    StackTable,
+    advance_stack,
+    apply_stack_mask_inplace,
+    stack_remaining,
+)
 
 needs_interpreter = pytest.mark.skipif(
     not (HAS_TRITON and INTERPRET), reason="needs triton with TRITON_INTERPRET=1 set before import"
