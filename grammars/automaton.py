@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import chain
 
 import numpy as np
@@ -39,12 +39,22 @@ class ByteDFA:
     def num_states(self) -> int:
         return int(self.accept.shape[0])
 
+    @cached_property
+    def _stack_mark_states(self) -> np.ndarray:
+        """bool [S]: states with a bracket-stack mark and nothing else (computed once per DFA)."""
+        from surecall.grammars.stack import STACK_MARK
+
+        column = self.trans[:, STACK_MARK] >= 0
+        if not column.any():
+            return column
+        return column & ((self.trans >= 0).sum(axis=1) == 1)
+
     def matches(self, data: bytes) -> bool:
         """Whether the DFA accepts exactly `data` (a reference for tests). Bracket-stack marks
         (grammars/stack.py) are followed with a stack of the open containers' kinds."""
         from surecall.grammars.stack import POP_ARRAY, POP_EXIT, POP_OBJECT, PUSH, STACK_MARK
 
-        marked = (self.trans[:, STACK_MARK] >= 0) & ((self.trans >= 0).sum(axis=1) == 1)  # a mark and nothing else
+        marked = self._stack_mark_states
         state, kinds = 0, []
         for b in data:
             state = int(self.trans[state, b])

@@ -135,42 +135,41 @@ def cut_stack_marks(dfa: ByteDFA) -> tuple[ByteDFA, StackMarks] | None:
 
 
 def _contexts(dfa: ByteDFA, push: np.ndarray, pop: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Each state's innermost free-form container, from one breadth-first sweep over plain edges,
-    pushes and the pop targets (a state met in two contexts, or a pop outside a container, raises
-    StackCutError)."""
+    """Each state's innermost free-form container: a breadth-first sweep from the states a push or
+    a pop (into an object or an array) leads to, over plain edges (which never leave a free-form
+    value: only a closer's "none around" target does); every other state is outside (CTX_NONE).
+    A state met in two contexts, or a closer outside any container, raises StackCutError."""
     n = dfa.num_states
     ctx = np.full(n, -1, dtype=np.int8)
-    ctx[0] = CTX_NONE
-    frontier = np.asarray([0], dtype=np.int64)
-    kind_ctx = np.asarray([CTX_OBJECT, CTX_ARRAY, CTX_NONE], dtype=np.int8)
-    while frontier.size:
-        q, b = np.nonzero(dfa.trans[frontier] >= 0)
-        src = frontier[q]
-        t = dfa.trans[src, b].astype(np.int64)
-        kind = push[src, b]
-        c = np.where(kind > 0, CTX_OBJECT + kind.astype(np.int8) - 1, ctx[src]).astype(np.int8)
-        pq, pb = np.nonzero(pop[frontier] >= 0)
-        psrc = frontier[pq]
-        if (ctx[psrc] == CTX_NONE).any():
-            raise StackCutError(f"state {int(psrc[ctx[psrc] == CTX_NONE][0])}: a closer outside any free-form container")
-        pt = targets[pop[psrc, pb]]  # [k, 3]
-        has = pt >= 0
-        t = np.concatenate([t, pt[has]])
-        c = np.concatenate([c, np.broadcast_to(kind_ctx, pt.shape)[has]])
+    pq, pb = np.nonzero(push > 0)
+    seeds_t = [dfa.trans[pq, pb].astype(np.int64), targets[:, 0].astype(np.int64), targets[:, 1].astype(np.int64)]
+    seeds_c = [np.where(push[pq, pb] == 1, CTX_OBJECT, CTX_ARRAY).astype(np.int8),
+               np.full(targets.shape[0], CTX_OBJECT, np.int8), np.full(targets.shape[0], CTX_ARRAY, np.int8)]
+    t, c = np.concatenate(seeds_t), np.concatenate(seeds_c)
+    while t.size:
+        live = t >= 0
+        t, c = t[live], c[live]
         order = np.lexsort((c, t))
         t, c = t[order], c[order]
-        first = np.r_[True, t[1:] != t[:-1]]
-        if (~first & (c != np.roll(c, 1))).any():
-            i = int(np.flatnonzero(~first & (c != np.roll(c, 1)))[0])
-            raise StackCutError(f"state {int(t[i])}: reached inside two kinds of container")
-        t, c = t[first], c[first]
+        first = np.r_[True, t[1:] != t[:-1]] if t.size else np.zeros(0, bool)
+        clash = ~first & (c != np.r_[c[:1], c[:-1]])
         seen = ctx[t] >= 0
-        if (seen & (ctx[t] != c)).any():
-            raise StackCutError(f"state {int(t[seen & (ctx[t] != c)][0])}: reached inside two kinds of container")
-        new = ~seen
-        ctx[t[new]] = c[new]
-        frontier = t[new]
-    return np.where(ctx < 0, CTX_NONE, ctx).astype(np.int8)
+        clash |= seen & (ctx[t] != c)
+        if clash.any():
+            raise StackCutError(f"state {int(t[clash][0])}: reached inside two kinds of container")
+        new = first & ~seen
+        t, c = t[new], c[new]
+        ctx[t] = c
+        q, b = np.nonzero(dfa.trans[t] >= 0)
+        nxt = dfa.trans[t[q], b].astype(np.int64)
+        plain = push[t[q], b] == 0  # a push edge seeds its own context
+        t, c = nxt[plain], c[q][plain]
+    ctx = np.where(ctx < 0, CTX_NONE, ctx).astype(np.int8)
+    closers = (pop >= 0).any(axis=1)
+    if (closers & (ctx == CTX_NONE)).any():
+        raise StackCutError(f"state {int(np.flatnonzero(closers & (ctx == CTX_NONE))[0])}: a closer outside any "
+                            "free-form container")
+    return ctx
 
 
 @dataclass

@@ -513,14 +513,14 @@ def expand_items(regex: str, ws: str | None = None) -> str:
         regex = expanded
 
 
-def expand_marks(regex: str, ws: str | None = None, stack_depth: int = 4) -> str:
+def expand_marks(regex: str, ws: str | None = None, stack_depth: int = 2) -> str:
     """Both kinds of counted regions spelled out (expand_counts after expand_items), and free-form
-    values on the bracket stack unrolled `stack_depth` containers deep (Python `re` has no stack:
+    values on the bracket stack unrolled `stack_depth` containers deep (as max_any_depth unrolls them; `re` has no stack:
     a deeper value the table accepts is no match here)."""
     return expand_counts(expand_items(expand_stack(regex, ws, stack_depth), ws))
 
 
-def expand_stack(regex: str, ws: str | None = None, depth: int = 4) -> str:
+def expand_stack(regex: str, ws: str | None = None, depth: int = 2) -> str:
     """`regex` with each bracket-stack value (grammars/stack.py) unrolled `depth` containers deep."""
     ws = GrammarOptions().whitespace_regex() if ws is None else ws
     marked = stack_value_regex(ws)

@@ -26,7 +26,7 @@ STYLES = (GrammarOptions(), GrammarOptions(whitespace="none"))
 
 
 def dfa_of(schema, options=None, unroll: bool = True) -> ByteDFA:
-    """The schema's byte DFA; free-form values on the bracket stack unrolled 4 containers deep
+    """The schema's byte DFA; free-form values on the bracket stack unrolled 2 containers deep
     (expand_stack: these byte-level walks have no stack) unless `unroll` is False."""
     options = options or GrammarOptions()
     regex = schema_to_regex(schema, options).regex
