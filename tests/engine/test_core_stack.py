@@ -4,6 +4,8 @@ needs, and nested values are written (the stack moves)."""
 
 from __future__ import annotations
 
+import functools
+
 import jsonschema
 import pytest
 
@@ -30,6 +32,7 @@ def _biased_towards_brackets(monkeypatch, model, vocab, bias: float) -> None:
     ids = torch.tensor([i for i, b in enumerate(vocab.token_bytes) if b.lstrip(b" ")[:1] in (b"[", b"{")])
     forward = model.forward
 
+    @functools.wraps(forward)  # the engine reads the cache keyword from the signature
     def biased(*args, **kwargs):
         out = forward(*args, **kwargs)
         out.logits[..., ids] += bias
