@@ -83,8 +83,9 @@ _NOT_DUMPED = ("meta", "mask", "mask_blocks", "mask_row_blocks")  # the mask is 
 def _same(a, b) -> bool:
     if isinstance(a, tuple):
         return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):  # a field one side has not (None) differs
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and np.array_equal(a, b))
     return a == b
 
 
