@@ -12,6 +12,7 @@ acceptance figure. Nothing here isolates, limits or aggregates: compile.py does 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -78,12 +79,19 @@ class Ours:
         from surecall.grammars.options import GrammarOptions
         from surecall.grammars.schema.to_regex import schema_to_regex
         from surecall.grammars.splice import build_spliced
+        from surecall.grammars.stack import StackCutError, cut_stack_marks
 
         options = GrammarOptions(allow_additional_properties=True, any_property_order=True, counted_lengths=False)
-        result = schema_to_regex(schema, options, splice=True)
-        if not result.pieces:
-            return OpenGrammar(regex_to_dfa(result.regex))
-        return OpenGrammar(build_spliced(result.regex, result.pieces, regex_to_dfa, options.memory_budget_bytes))
+        for opts in (options, dataclasses.replace(options, free_form_stack=False)):
+            result = schema_to_regex(schema, opts, splice=True)
+            dfa = (regex_to_dfa(result.regex) if not result.pieces else
+                   build_spliced(result.regex, result.pieces, regex_to_dfa, opts.memory_budget_bytes))
+            try:  # as compile_schema does: free-form values unrolled where the stack cannot be cut
+                cut_stack_marks(dfa)
+            except StackCutError:
+                continue
+            return OpenGrammar(dfa)
+        return OpenGrammar(dfa)
 
     def describe(self, table) -> dict:
         relaxed = [list(r) for r in table.relaxed]
