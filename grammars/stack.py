@@ -281,7 +281,7 @@ def _empty_entries() -> StackEntries:
 
 
 def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
-    """The symbolic walk of _stack_entries, vectorised over walkers; a walker that reaches a pop
+    """The symbolic walk of stack_entries, vectorised over walkers; a walker that reaches a pop
     whose revealed level is unknown splits in three (an object, an array, no level: the value ends)."""
     n = dfa.num_states
     trans = np.where(dfa.trans >= 0, dfa.trans, n).astype(np.int64)
