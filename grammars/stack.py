@@ -572,30 +572,23 @@ def stack_sentinel(table) -> int:
 
 
 def concat_stack(tables: list, offsets: np.ndarray) -> dict:
-    """The stack_* fields of several tables stacked (TokenTable.concat)."""
+    """The stack_* fields of several tables stacked (TokenTable.concat): keys, pointers and next
+    states shifted, every other field as it is (each keeps the dtype of the first table's)."""
+    from surecall.grammars.table import STACK_ARRAYS
+
     width = tables[0].logits_width
-    parts: dict[str, list] = {name: [] for name in ("stack_key", "stack_ptr", "stack_edge", "stack_cond_len", "stack_cond_bits",
-                                                   "stack_cond_depth", "stack_pops", "stack_push_len",
-                                                   "stack_push_bits", "stack_next", "stack_weight",
-                                                   "stack_item_inc", "stack_item_flag", "stack_item_set", "stack_item_charge")}
-    base = 0
+    stacked = [(t, off) for t, off in zip(tables, offsets.tolist(), strict=True) if t.has_stack]
+    dtypes = {name: getattr(stacked[0][0], name).dtype for name in STACK_ARRAYS}
+    parts: dict[str, list] = {name: [] for name in STACK_ARRAYS}
     parts["stack_ptr"].append(np.zeros(1, np.int64))
-    for t, off in zip(tables, offsets.tolist(), strict=True):
-        if not t.has_stack:
-            continue
-        parts["stack_key"].append(t.stack_key.astype(np.int64) + off * width)
-        parts["stack_ptr"].append(t.stack_ptr[1:].astype(np.int64) + base)
-        base += int(t.stack_ptr[-1])
-        for name in ("stack_edge", "stack_cond_len", "stack_cond_bits", "stack_cond_depth", "stack_pops", "stack_push_len",
-                     "stack_push_bits", "stack_weight", "stack_item_inc", "stack_item_flag", "stack_item_set",
-                     "stack_item_charge"):
+    base = 0
+    for t, off in stacked:
+        for name in STACK_ARRAYS:
             parts[name].append(getattr(t, name))
-        parts["stack_next"].append(t.stack_next.astype(np.int64) + off)
-    dtypes = {"stack_key": np.int64, "stack_ptr": np.int32, "stack_edge": np.int8, "stack_cond_len": np.int8, "stack_cond_bits": np.int64,
-              "stack_cond_depth": np.int32, "stack_pops": np.int8, "stack_push_len": np.int8,
-              "stack_push_bits": np.int64, "stack_next": np.int32, "stack_weight": np.int8,
-              "stack_item_inc": np.int32, "stack_item_flag": np.int8, "stack_item_set": np.int32,
-              "stack_item_charge": np.int32}
+        parts["stack_key"][-1] = t.stack_key.astype(np.int64) + off * width
+        parts["stack_ptr"][-1] = t.stack_ptr[1:].astype(np.int64) + base
+        parts["stack_next"][-1] = t.stack_next.astype(np.int64) + off
+        base += int(t.stack_ptr[-1])
     return {name: np.concatenate(p).astype(dtypes[name]) for name, p in parts.items()}
 
 

@@ -32,7 +32,7 @@ from surecall.kernels._triton import (
     triton,
 )
 from surecall.kernels.budget import count_keep_torch, count_keep_triton, next_state_torch
-from surecall.kernels.table import DeviceTable
+from surecall.kernels.table import DeviceTable, entries_on
 
 FLAG_CLOSES, FLAG_OPENS = 1, 2  # grammars/items.py
 UNBOUNDED = 1 << 30  # remaining handed to the sampler on rows whose budget this kernel applied
@@ -69,10 +69,7 @@ class ItemTable:
         longest = int(np.diff(ptr).max()) if num else 0
 
         def put(a, dtype, pad=0):
-            a = np.asarray(a)
-            if a.shape[0] == 0:
-                a = np.full(1, pad)
-            return torch.as_tensor(np.array(a, copy=True)).to(device=dev, dtype=dtype)  # cached tables are read-only
+            return entries_on(a, dtype, dev, pad)
 
         return cls(
             item_lo=put(table.item_lo, torch.int32), item_hi=put(table.item_hi, torch.int32),

@@ -31,7 +31,7 @@ from surecall.grammars.stack import MAX_STACK_DEPTH
 from surecall.grammars.table import TokenTable
 from surecall.kernels._triton import launch_options, resolve_backend, tl, triton
 from surecall.kernels.advance import DEAD_STATE
-from surecall.kernels.table import DeviceTable
+from surecall.kernels.table import DeviceTable, entries_on
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,7 @@ class StackTable:
         per = np.diff(np.asarray(table.stack_ptr, dtype=np.int64))
 
         def put(a, dtype, pad=0):
-            a = np.asarray(a)
-            if a.shape[0] == 0:
-                a = np.full(1, pad)
-            return torch.as_tensor(np.array(a, copy=True)).to(device=dev, dtype=dtype)  # cached tables are read-only
+            return entries_on(a, dtype, dev, pad)
 
         return cls(
             state_ptr=put(state_ptr, torch.int32), key=put(table.stack_key, torch.int64, -1),

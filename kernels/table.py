@@ -29,6 +29,15 @@ from surecall.grammars.table import TokenTable
 NO_NEXT = 1 << 30  # min_next_dist of a state without transitions: larger than any budget
 
 
+
+def entries_on(a, dtype: torch.dtype, device: torch.device, pad=0) -> torch.Tensor:
+    """A sparse-entry array on `device` (copied: cached tables are read-only), one `pad` element
+    when it is empty (kernels index it unconditionally)."""
+    a = np.asarray(a)
+    if a.shape[0] == 0:
+        a = np.full(1, pad)
+    return torch.as_tensor(np.array(a, copy=True)).to(device=device, dtype=dtype)
+
 @dataclass(frozen=True)
 class DeviceTable:
     mask_blocks: torch.Tensor  # int32 [K, BW] distinct blocks of packed words (block 0 all zero)
