@@ -369,7 +369,8 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     rows = token_rows(dfa, vi, regions, check=lambda: clock.within("token walk"))
     stack = None
     if marks is not None:  # tokens that cross a bracket of a free-form value: outcomes per row stack
-        entries, drop = stack_entries(dfa, marks, vi, counted_edges(dfa, counted), item_regions)
+        entries, drop = stack_entries(dfa, marks, vi, counted_edges(dfa, counted), item_regions,
+                                     ws=options.whitespace_regex())
         drop_pairs(rows, drop)
         stack = (marks, entries)
     counts = None

@@ -200,18 +200,32 @@ class StackEntries:
 
 
 
+def _spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """int64: start[i], start[i] + 1, ..., start[i] + counts[i] - 1 for each i, in order."""
+    counts = counts.astype(np.int64)
+    return np.repeat(starts.astype(np.int64) - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+
 def _near_pushes(dfa: ByteDFA, marks: StackMarks, limit: int) -> np.ndarray:
-    """bool [S]: states inside a free-form value, or at most `limit` bytes before a push edge."""
+    """bool [S]: states inside a free-form value, or at most `limit` bytes before a push edge
+    (a breadth-first search backwards over the byte edges, held as predecessor lists)."""
     near = marks.ctx != CTX_NONE
-    frontier = (marks.push > 0).any(axis=1)
-    near |= frontier
-    trans = dfa.trans
+    frontier = np.flatnonzero((marks.push > 0).any(axis=1))
+    near[frontier] = True
+    q, b = np.nonzero(dfa.trans >= 0)
+    dst = dfa.trans[q, b].astype(np.int64)
+    order = np.argsort(dst, kind="stable")
+    pred = q[order].astype(np.int64)
+    ptr = np.searchsorted(dst[order], np.arange(dfa.num_states + 1))
     for _ in range(max(limit, 0)):
-        into = np.isin(trans, np.flatnonzero(frontier)) & (trans >= 0)
-        frontier = into.any(axis=1) & ~near
-        if not frontier.any():
+        idx = _spans(ptr[frontier], ptr[frontier + 1] - ptr[frontier])
+        if not idx.size:
             break
-        near |= frontier
+        found = np.unique(pred[idx])
+        frontier = found[~near[found]]
+        if not frontier.size:
+            break
+        near[frontier] = True
     return near
 
 
@@ -223,8 +237,8 @@ def counted_edges(dfa: ByteDFA, counted) -> np.ndarray | None:
     return (region[:-1] >= 0)[:, None] | (region[dfa.trans] >= 0)
 
 
-def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | None = None, items=None
-                  ) -> tuple[StackEntries, tuple[np.ndarray, np.ndarray]]:
+def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | None = None, items=None,
+                  ws: str | None = None) -> tuple[StackEntries, tuple[np.ndarray, np.ndarray]]:
     """Walk every (state, token) pair whose token holds a bracket byte with a symbolic stack.
 
     `counted`: counted_edges (a token with a stack event crosses none unless it only pushes one
@@ -232,24 +246,243 @@ def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | Non
     `items`: the counted arrays (ItemRegions): a token that pops may cross their separators and
     close the innermost (its outcomes say how many, the stack kernels count them); a token that
     only pushes is held to the rule for counted strings (the item kernel counts it as a DFA edge).
-    Returns the entries and the (state, token) DFA edges to drop (they push and break that rule)."""
+    `ws`: the grammar's whitespace regex; where given, the states of every copy of
+    `stack_value_regex(ws)` take the outcomes that stay inside the value from one walk of the
+    value's own automaton per process (`_shared_copies`), and only the pairs that may leave it are
+    walked here. Returns the entries and the (state, token) DFA edges to drop (they push and break
+    that rule)."""
+    toks = _bracket_tokens(vi)
+    if not toks.size:
+        return _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    near = _near_pushes(dfa, marks, int(vi.lens[toks].max()) - 1)
+    parts, drops = [], []
+    shared = _shared_copies(dfa, marks, vi, ws, counted, items) if ws is not None else None
+    if shared is not None:
+        covered, internal, resume = shared
+        near &= ~covered
+        parts.append(internal)
+        if resume["src"].size:  # walkers that left the value: on from where each copy's end leads
+            out, drop = _walk(dfa, marks, vi, None, None, counted, items, resume=resume)
+            parts.append(out)
+            drops.append(drop)
+    src, tok = _candidates(dfa, marks, vi, np.flatnonzero(near), toks)
+    if src.size:
+        out, drop = _walk(dfa, marks, vi, src, tok, counted, items)
+        parts.append(out)
+        drops.append(drop)
+    drop = (np.concatenate([d[0] for d in drops] or [np.zeros(0, np.int64)]),
+            np.concatenate([d[1] for d in drops] or [np.zeros(0, np.int64)]))
+    parts = [p for p in parts if p["src"].size]
+    if not parts:
+        return _empty_entries(), drop
+    return _grouped({key: np.concatenate([p[key] for p in parts]) for key in _OUTCOME_KEYS}, vi.vocab_size), drop
+
+
+_BRACKET_TOKENS: dict[int, tuple] = {}  # id(vocab index) -> (the index, kept alive, its bracket tokens)
+
+
+def _bracket_tokens(vi) -> np.ndarray:
+    """int64 ids of the tokens that hold a `{`, `}`, `[` or `]` byte (found once per vocabulary)."""
+    hit = _BRACKET_TOKENS.get(id(vi))
+    if hit is not None and hit[0] is vi:
+        return hit[1]
     bracket = np.zeros(256, dtype=bool)
     bracket[[*_OPENERS, *_CLOSERS]] = True
     has = np.concatenate([[0], np.cumsum(bracket[vi.flat])])
-    toks = np.flatnonzero((vi.lens > 0) & (has[vi.off + vi.lens] > has[vi.off]))
-    empty = _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    if not toks.size:
-        return empty
-    states = np.flatnonzero(_near_pushes(dfa, marks, int(vi.lens[toks].max()) - 1))
+    toks = np.flatnonzero((vi.lens > 0) & (has[vi.off + vi.lens] > has[vi.off])).astype(np.int64)
+    toks.flags.writeable = False
+    _BRACKET_TOKENS[id(vi)] = (vi, toks)
+    return toks
+
+
+def _candidates(dfa: ByteDFA, marks: StackMarks, vi, states: np.ndarray, toks: np.ndarray):
+    """(src, tok) of `states` x `toks` whose first byte lives and whose plain walk reaches an event."""
+    if not states.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     first = vi.flat[vi.off[toks]].astype(np.int64)
     live_first = (dfa.trans[states][:, first] >= 0) | (marks.pop[states][:, first] >= 0)  # [S', T]
     si, ti = np.nonzero(live_first)
     src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
     keep = _reaches_an_event(dfa, marks, vi, src, tok)
-    src, tok = src[keep], tok[keep]
-    if not src.size:
-        return empty
-    return _walk(dfa, marks, vi, src, tok, counted, items)
+    return src[keep], tok[keep]
+
+
+# -- one walk of the free-form value per process, shared by its copies ------------------------------
+#
+# Every place a free-form value occurs holds its own copy of stack_value_regex's automaton (the
+# copies differ only in where the value's end leads), and each copy's (state, token) pairs used to
+# be walked anew: ~13 ms of a one-copy schema's ~35, 4 s of a 52-copy one. A token walked from
+# inside the value that never leaves it (no closer reveals "none around") has the same outcomes in
+# every copy, up to the copy's state ids; those are walked once per process, vocabulary and
+# whitespace style from the value's own automaton (_Template) and mapped to each copy found by a
+# lockstep search from its openings (_match_copy). The pairs that may leave the value (a walk took
+# the "none around" branch in the template) are walked from each copy and keep only such outcomes.
+
+
+@dataclass
+class _Template:
+    dfa: ByteDFA  # stack_value_regex(ws)'s automaton, marks cut
+    marks: StackMarks
+    entry: dict  # opening byte -> the state its push from the start leads to
+    internal: dict  # flat outcomes (_OUTCOME_KEYS) of pairs from inside the value that stay inside (template ids)
+    exits: dict  # walkers stopped where the value ended (_walk's `exits`, concatenated; template ids)
+    tree: list  # per level of a breadth-first tree from the entries: (parent, byte, kind, child) arrays
+
+
+_TEMPLATES: dict[tuple[int, str], tuple] = {}  # (id(vocab index), ws) -> (the index, kept alive, _Template or None)
+
+
+def _template(vi, ws: str) -> _Template | None:
+    hit = _TEMPLATES.get((id(vi), ws))
+    if hit is not None and hit[0] is vi:
+        return hit[1]
+    from surecall.grammars.automaton import regex_to_dfa
+
+    cut = cut_stack_marks(regex_to_dfa(stack_value_regex(ws)))
+    template = None
+    if cut is not None:
+        dfa, marks = cut
+        entry = {b: int(dfa.trans[0, b]) for b in _OPENERS if marks.push[0, b] > 0 and dfa.trans[0, b] >= 0}
+        inside = np.flatnonzero(marks.ctx != CTX_NONE)
+        src, tok = _candidates(dfa, marks, vi, inside, _bracket_tokens(vi))
+        exits: list = []
+        out, _ = _walk(dfa, marks, vi, src, tok, None, None, exits=exits)
+        keys = (*_RESUME_KEYS, "xq", "xb")
+        template = _Template(dfa, marks, entry, out,
+                             {key: np.concatenate([e[key] for e in exits] or [np.zeros(0, np.int64)]) for key in keys},
+                             _spanning_tree(dfa, marks, entry))
+    _TEMPLATES[(id(vi), ws)] = (vi, template)
+    return template
+
+
+def _shared_copies(dfa: ByteDFA, marks: StackMarks, vi, ws: str, counted, items):
+    """(covered states, their outcomes that stay inside the value, the walkers to resume where it
+    ends) of the copies of the free-form value that match the template, or None."""
+    t = _template(vi, ws)
+    if t is None:
+        return None
+    n = dfa.num_states
+    maps = _match_copies(dfa, marks, t)
+    if not maps:
+        return None
+    covered = np.zeros(n, dtype=bool)
+    for g in maps:
+        covered[g[g >= 0]] = True
+    # the template knows nothing of counted strings or arrays: a copy must hold none of their events
+    if counted is not None and counted[covered].any():
+        return None
+    if items is not None and (items.events[covered] != 0).any():
+        return None
+    internal, resume = [], []
+    for g in maps:
+        src = g[t.internal["src"]]
+        use = src >= 0
+        part = {key: a[use] for key, a in t.internal.items()}
+        part["src"], part["q"] = src[use], g[part["q"]]
+        if (part["q"] < 0).any():
+            return None
+        internal.append(part)
+        e = t.exits
+        src, xq = g[e["src"]], g[e["xq"]]
+        use = (src >= 0) & (xq >= 0)
+        pidx = marks.pop[np.maximum(xq, 0), e["xb"]]
+        use &= pidx >= 0
+        q = np.where(use, marks.targets[np.maximum(pidx, 0), 2], -1)
+        use &= q >= 0
+        part = {key: e[key][use] for key in _RESUME_KEYS}
+        part["src"], part["q"] = src[use], q[use].astype(np.int64)
+        resume.append(part)
+    merged = {key: np.concatenate([p[key] for p in internal]) for key in _OUTCOME_KEYS}
+    return covered, merged, {key: np.concatenate([p[key] for p in resume]) for key in (*_RESUME_KEYS, "q")}
+
+
+def _spanning_tree(dfa: ByteDFA, marks: StackMarks, entry: dict) -> list:
+    """The template's states inside the value as a breadth-first tree from its entries: per level,
+    (parent, byte, kind, child), kind -1 for a byte edge, 0 / 1 for a closer's object / array target."""
+    seen = np.zeros(dfa.num_states, dtype=bool)
+    frontier = np.asarray(sorted(set(entry.values())), dtype=np.int64)
+    seen[frontier] = True
+    levels = []
+    while frontier.size:
+        par, byte, kind, child = [], [], [], []
+        i, b = np.nonzero(dfa.trans[frontier] >= 0)
+        par.append(frontier[i]), byte.append(b), kind.append(np.full(i.size, -1)), child.append(dfa.trans[frontier[i], b])
+        i, b = np.nonzero(marks.pop[frontier] >= 0)
+        for k in (0, 1):
+            tgt = marks.targets[marks.pop[frontier[i], b], k]
+            live = tgt >= 0
+            par.append(frontier[i][live]), byte.append(b[live]), kind.append(np.full(int(live.sum()), k))
+            child.append(tgt[live])
+        par, byte, kind, child = (np.concatenate(x).astype(np.int64) for x in (par, byte, kind, child))
+        _, first = np.unique(child, return_index=True)
+        new = first[~seen[child[first]]]
+        if not new.size:
+            break
+        levels.append((par[new], byte[new], kind[new], child[new]))
+        seen[child[new]] = True
+        frontier = child[new]
+    return levels
+
+
+def _match_copies(dfa: ByteDFA, marks: StackMarks, t: _Template) -> list[np.ndarray]:
+    """Per copy of the value that matches the template: template id -> this DFA's state (-1 where
+    the copy does not reach it). A copy is entered by the pushes from states outside any value;
+    its states are found along the template's spanning tree (all copies at once), then every edge
+    of every matched state is checked against the template's. A copy that disagrees anywhere, or
+    shares a state with another, is dropped (its states are walked as they are)."""
+    n, nt = dfa.num_states, t.dfa.num_states
+    pq, pb = np.nonzero(marks.push > 0)
+    outside = marks.ctx[pq] == CTX_NONE
+    pq, pb = pq[outside].astype(np.int64), pb[outside]
+    if not pq.size:
+        return []
+    # places whose openings lead to the same states share one copy (minimisation merges copies
+    # whose continuations agree): a copy is keyed by its entry states
+    into = np.full((n, 2), -1, dtype=np.int64)
+    into[pq, (pb == ord("[")).astype(np.int64)] = dfa.trans[pq, pb]
+    keys = np.unique(into[np.unique(pq)], axis=0)
+    copies = keys.shape[0]
+    g = np.full((copies, nt + 1), -1, dtype=np.int64)  # column nt: "none", so that g[:, -1] reads -1
+    failed = np.zeros(copies, dtype=bool)
+    for col, byte in ((0, ord("{")), (1, ord("["))):
+        local = t.entry.get(byte, -1)
+        if local >= 0:
+            g[:, local] = keys[:, col]
+        failed |= (local < 0) & (keys[:, col] >= 0)
+    failed |= (keys < 0).any(axis=1)  # a place that opens only one kind: walked as it is
+    rows = np.arange(copies)[:, None]
+    for par, byte, kind, child in t.tree:
+        at = g[:, par]  # [copies, level]
+        ok = at >= 0
+        safe = np.maximum(at, 0)
+        step = np.where(kind < 0, dfa.trans[safe, byte], -1)
+        pidx = marks.pop[safe, byte]
+        step = np.where((kind >= 0) & (pidx >= 0), marks.targets[np.maximum(pidx, 0), np.maximum(kind, 0)], step)
+        g[rows, child] = np.where(ok, step, -1)
+    g = g[:, :nt]
+    # check every edge of every matched state
+    c, loc = np.nonzero(g >= 0)
+    a = g[c, loc]
+    ra, rb = dfa.trans[a], t.dfa.trans[loc]
+    bad = ((ra >= 0) != (rb >= 0)).any(axis=1) | (marks.push[a] != t.marks.push[loc]).any(axis=1)
+    pa, pt = marks.pop[a], t.marks.pop[loc]
+    bad |= ((pa >= 0) != (pt >= 0)).any(axis=1)
+    bad |= (marks.ctx[a] != t.marks.ctx[loc]) | (marks.ctx[a] == CTX_NONE) | (dfa.accept[a] != t.dfa.accept[loc])
+    gx = np.concatenate([g, np.full((copies, 1), -1, dtype=np.int64)], axis=1)
+    bad |= (np.where(rb >= 0, ra, -1) != gx[c[:, None], rb]).any(axis=1)
+    i, b = np.nonzero(pt >= 0)
+    ta, tb = marks.targets[np.maximum(pa[i, b], 0)], t.marks.targets[pt[i, b]]
+    wrong = (pa[i, b] < 0) | ((ta[:, 2] >= 0) != (tb[:, 2] >= 0))
+    for k in (0, 1):  # a level around: inside the value (the "none around" target leaves it)
+        wrong |= ta[:, k] != gx[c[i], tb[:, k]]
+    bad[i[wrong]] = True
+    failed[c[bad]] = True
+    # a state in two copies, or two template states on one state of a copy: not a copy
+    order = np.argsort(a, kind="stable")
+    twice = a[order][1:] == a[order][:-1]
+    failed[c[order][1:][twice]] = True
+    failed[c[order][:-1][twice]] = True
+    return [g[k] for k in np.flatnonzero(~failed).tolist()]
 
 
 def _reaches_an_event(dfa: ByteDFA, marks: StackMarks, vi, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
@@ -280,9 +513,22 @@ def _empty_entries() -> StackEntries:
                         np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.int32), z8, np.zeros(0, np.int32))
 
 
-def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
+_OUTCOME_KEYS = ("src", "tok", "known_len", "known_bits", "exact", "j", "ins_len", "ins_bits", "q", "closed", "tail",
+                 "inc", "flag", "counter")
+
+
+_RESUME_KEYS = ("src", "tok", "pos", "ins_len", "ins_bits", "j", "known_len", "known_bits", "exact")
+
+
+def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items, exits: list | None = None, resume: dict | None = None):
     """The symbolic walk of stack_entries, vectorised over walkers; a walker that reaches a pop
-    whose revealed level is unknown splits in three (an object, an array, no level: the value ends)."""
+    whose revealed level is unknown splits in three (an object, an array, no level: the value ends).
+    Returns the outcomes (flat, _OUTCOME_KEYS) and the DFA edges to drop.
+
+    `exits` (the template's walk): a walker that takes a "no level" branch stops there and its
+    state is appended (_RESUME_KEYS, plus the closer's state `xq` and byte `xb`), not walked on.
+    `resume`: walkers that start at such a point instead of at `src` (_RESUME_KEYS and `q`, the
+    state the value's end leads to; `src`/`tok` are then ignored)."""
     n = dfa.num_states
     trans = np.where(dfa.trans >= 0, dfa.trans, n).astype(np.int64)
     trans = np.vstack([trans, np.full((1, 256), n, dtype=np.int64)]).reshape(-1)
@@ -292,32 +538,40 @@ def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
     events = None if items is None else np.vstack([items.events, np.zeros((1, 256), np.int8)]).reshape(-1)
     targets = marks.targets.astype(np.int64)
     ctx = marks.ctx
-    w = {  # one entry per walker
-        "src": src, "tok": tok, "q": src.copy(),
-        "ins_len": np.zeros(src.size, np.int64), "ins_bits": np.zeros(src.size, np.int64),
-        "j": np.zeros(src.size, np.int64),
-        "known_len": (ctx[src] != CTX_NONE).astype(np.int64),
-        "known_bits": (ctx[src] == CTX_ARRAY).astype(np.int64),
-        "exact": np.where(ctx[src] == CTX_NONE, 0, -1).astype(np.int64),
-        "event": np.zeros(src.size, bool), "closed": np.zeros(src.size, bool),
-        "tail": np.zeros(src.size, np.int64), "forbid": np.zeros(src.size, bool),
-        "item": np.zeros(src.size, bool),
-    }
+    if resume is None:
+        w = {  # one entry per walker
+            "src": src, "tok": tok, "q": src.copy(), "pos": np.zeros(src.size, np.int64),
+            "ins_len": np.zeros(src.size, np.int64), "ins_bits": np.zeros(src.size, np.int64),
+            "j": np.zeros(src.size, np.int64),
+            "known_len": (ctx[src] != CTX_NONE).astype(np.int64),
+            "known_bits": (ctx[src] == CTX_ARRAY).astype(np.int64),
+            "exact": np.where(ctx[src] == CTX_NONE, 0, -1).astype(np.int64),
+            "event": np.zeros(src.size, bool), "closed": np.zeros(src.size, bool),
+            "tail": np.zeros(src.size, np.int64), "forbid": np.zeros(src.size, bool),
+            "item": np.zeros(src.size, bool),
+        }
+    else:  # past a closer that ended the value: its last level popped, nothing walked since
+        m = resume["src"].size
+        w = {key: resume[key].astype(np.int64) for key in (*_RESUME_KEYS, "q")}
+        w.update({"event": np.ones(m, bool), "closed": np.ones(m, bool), "tail": np.full(m, -1, np.int64),
+                  "forbid": np.zeros(m, bool), "item": np.zeros(m, bool)})
+    if exits is not None:
+        w.update({"xnow": np.zeros(w["src"].size, bool), "xq": np.zeros(w["src"].size, np.int64),
+                  "xb": np.zeros(w["src"].size, np.int64)})
     if items is not None:  # the item walk's own state (grammars/items.py), keys prefixed
         from surecall.grammars.items import item_walk_start
 
-        w.update({f"i_{k}": a for k, a in item_walk_start(items, src).items()})
+        w.update({f"i_{k}": a for k, a in item_walk_start(items, w["src"]).items()})
     lens = vi.lens
-    k = 0
     done = []
     while w["src"].size:
-        end = lens[w["tok"]] <= k
+        end = lens[w["tok"]] <= w["pos"]
         if end.any():
             done.append({key: a[end] for key, a in w.items()})
             w = {key: a[~end] for key, a in w.items()}
             if not w["src"].size:
                 break
-        b = vi.flat[vi.off[w["tok"]] + k].astype(np.int64)
+        b = vi.flat[vi.off[w["tok"]] + w["pos"]].astype(np.int64)
         at = w["q"] * 256 + b
         p = pop[at]
         if bad is not None:
@@ -337,15 +591,23 @@ def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
         w["ins_bits"] = np.where(opens, (w["ins_bits"] << 1) | (kind - 1), w["ins_bits"])
         w["ins_len"] = w["ins_len"] + opens
         w["event"] |= opens | closing
+        if exits is not None:
+            w["xq"], w["xb"] = w["q"].copy(), b
         w["q"] = np.where(closing, w["q"], nxt)
         w["tail"] += 1
+        w["pos"] = w["pos"] + 1
         if closing.any():
             w = _pop_step(w, closing, p, targets, n)
         keep = w["q"] < n
+        if exits is not None:  # the value ended: where it goes is the copy's, the template stops here
+            x = w["xnow"] & keep
+            if x.any():
+                exits.append({key: w[key][x] for key in (*_RESUME_KEYS, "xq", "xb")})
+                keep &= ~x
         w = {key: a[keep] for key, a in w.items()}
-        k += 1
+    no_drop = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not done:
-        return _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return {key: np.zeros(0, np.int64) for key in _OUTCOME_KEYS}, no_drop
     out = {key: np.concatenate([d[key] for d in done]) for key in done[0]}
     # Beside an item event or a counted string, a stack event is kept only where it adds nothing to
     # the row's need (one level pushed from outside a free-form value, nothing closed): the item and
@@ -368,20 +630,28 @@ def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items):
     drop = out["event"] & bad & plain
     drop = (out["src"][drop], out["tok"][drop])
     keep = out["event"] & ~bad
-    out = {key: a[keep] for key, a in out.items()}
-    order = np.lexsort((out["known_len"], out["src"] * vi.vocab_size + out["tok"]))
-    out = {key: a[order] for key, a in out.items()}
-    key = out["src"] * vi.vocab_size + out["tok"]
+    return {key: out[key][keep] for key in _OUTCOME_KEYS}, drop
+
+
+def _grouped(out: dict, vocab_size: int) -> StackEntries:
+    """Flat outcomes -> StackEntries: entries by s * V + t, outcomes inside one in a fixed order (the
+    walkers' conditions are disjoint, so the order says nothing; fixed, a table is the same
+    whichever walk found its outcomes)."""
+    key = out["src"] * vocab_size + out["tok"]
+    order = np.lexsort((out["q"], out["ins_bits"], out["ins_len"], out["j"], out["known_bits"], out["exact"],
+                        out["known_len"], key))
+    out = {k: a[order] for k, a in out.items()}
+    key = key[order]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
     ptr = np.append(starts, key.size).astype(np.int64)
     return StackEntries(
-        src=out["src"][starts], tok=out["tok"][starts], ptr=ptr, edge=~out["closed"][starts],
-        cond_len=out["known_len"].astype(np.int8), cond_bits=out["known_bits"],
+        src=out["src"][starts], tok=out["tok"][starts], ptr=ptr, edge=~out["closed"][starts].astype(bool),
+        cond_len=out["known_len"].astype(np.int8), cond_bits=out["known_bits"].astype(np.int64),
         cond_depth=out["exact"].astype(np.int32), pops=out["j"].astype(np.int8),
-        push_len=out["ins_len"].astype(np.int8), push_bits=out["ins_bits"], next=out["q"].astype(np.int32),
-        closer_last=(out["j"] > 0) & (out["tail"] < 0),
+        push_len=out["ins_len"].astype(np.int8), push_bits=out["ins_bits"].astype(np.int64),
+        next=out["q"].astype(np.int32), closer_last=(out["j"] > 0) & (out["tail"] < 0),
         item_inc=out["inc"].astype(np.int32), item_flag=out["flag"].astype(np.int8),
-        item_set=np.where((out["flag"] & 2) != 0, out["counter"], -1).astype(np.int32)), drop
+        item_set=np.where((out["flag"] & 2) != 0, out["counter"], -1).astype(np.int32))
 
 
 def _pop_step(w: dict, closing: np.ndarray, p: np.ndarray, targets: np.ndarray, n: int) -> dict:
@@ -418,6 +688,8 @@ def _pop_step(w: dict, closing: np.ndarray, p: np.ndarray, targets: np.ndarray, 
     q3 = np.concatenate([tu[:, 0], tu[:, 1], tu[:, 2]])
     none_ok = np.concatenate([np.ones(2 * m, bool), extra["exact"][2 * m:] < 0])  # a known depth is never j here
     extra["q"] = np.where((q3 >= 0) & none_ok, q3, n)
+    if "xnow" in extra:  # the template's walk: these walkers have just left the value
+        extra["xnow"] = branch == 2
     jj = extra["j"]
     is_level = branch < 2
     extra["known_bits"] = np.where(is_level, extra["known_bits"] | (branch.astype(np.int64) << jj), extra["known_bits"])
@@ -444,8 +716,7 @@ def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
     order = np.argsort(np.where(live, key, np.iinfo(np.int64).max), kind="stable")[: int(live.sum())]
     ptr = np.zeros(order.size + 1, dtype=np.int64)
     ptr[1:] = np.cumsum(kept[order])
-    outs = np.concatenate([np.arange(entries.ptr[e], entries.ptr[e + 1]) for e in order.tolist()] or
-                          [np.zeros(0, np.int64)]).astype(np.int64)
+    outs = _spans(entries.ptr[order], per[order])  # every outcome of the entries in `order`, in order
     outs = outs[live_out[outs]]
     is_f = entries.cond_depth[outs] != 0  # a source inside a free-form value (depth >= 1)
     cl, cd, pops, pl = (entries.cond_len[outs], entries.cond_depth[outs], entries.pops[outs],

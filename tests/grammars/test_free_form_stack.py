@@ -242,3 +242,57 @@ def test_the_cache_and_concatenation_keep_the_stack(llama3, table):
         state, depth, bits = (nxt if got[0] < 0 else got[0]), got[1], got[2]
     assert both.accept[state] and depth == 0
     assert dataclasses.replace(both).has_stack
+
+
+SHARED_CASES = [  # (schema, options, copies of the free-form value in its DFA)
+    (OPEN, None, 3),
+    ({"type": "object", "properties": {f"p{i}": {} for i in range(5)}, "required": [f"p{i}" for i in range(5)]}, None, 5),
+    ({"type": "array", "items": {}, "minItems": 2, "maxItems": 12}, None, 1),
+    ({"type": "object", "properties": {"a": {}, "b": {"type": "array", "items": {"type": "object"}, "maxItems": 3}}},
+     GrammarOptions(whitespace="free"), 4),
+]
+
+
+@pytest.mark.parametrize("schema,options,copies", SHARED_CASES)
+def test_copies_take_the_shared_walk_and_get_the_same_entries(llama3, monkeypatch, schema, options, copies):
+    """stack_entries with the per-process template (ws given) equals the walk of every pair from
+    each copy (ws None), outcome for outcome, drops included; every copy was matched and covers
+    every state inside a free-form value."""
+    import surecall.grammars.compile as C
+
+    seen = []
+    real = C.stack_entries
+
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(C, "stack_entries", spy)
+    compile_schema(schema, llama3, options, use_cache=False)
+    assert seen, "the grammar holds no free-form value on the stack"
+    (dfa, marks, vi, counted, items), kwargs = seen[-1]
+    template = S._template(vi, kwargs["ws"])
+    maps = S._match_copies(dfa, marks, template)
+    assert len(maps) == copies
+    assert sum(int((g >= 0).sum()) for g in maps) == int((marks.ctx != S.CTX_NONE).sum())
+    shared, shared_drop = real(dfa, marks, vi, counted, items, ws=kwargs["ws"])
+    direct, direct_drop = real(dfa, marks, vi, counted, items, ws=None)
+    for field in dataclasses.fields(direct):
+        assert np.array_equal(getattr(shared, field.name), getattr(direct, field.name)), field.name
+    assert shared.next.size > 0
+    for a, b in zip(shared_drop, direct_drop, strict=True):
+        assert np.array_equal(np.sort(a), np.sort(b))
+
+
+def test_a_copy_that_differs_from_the_template_is_walked_as_it_is(llama3):
+    """_match_copies drops a copy whose edges disagree with the template's (here one closer's
+    object target moved): nothing is mapped onto states that are not a copy."""
+    dfa, marks = S.cut_stack_marks(regex_to_dfa(f'"a":(?:{S.stack_value_regex("")})'))
+    from surecall.grammars.tokenwalk import vocab_index
+
+    vi = vocab_index(llama3)
+    template = S._template(vi, "")
+    assert len(S._match_copies(dfa, marks, template)) == 1
+    broken = dataclasses.replace(marks, targets=marks.targets.copy())
+    broken.targets[0, 0] = broken.targets[0, 1]
+    assert S._match_copies(dfa, broken, template) == []
