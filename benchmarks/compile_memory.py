@@ -42,12 +42,12 @@ def mib(field):
 out = {"id": ident}
 check, build = C._check_memory, C.build_table
 
-def checked(dfa, vi, cyclic, width, budget):  # the last attempt's figures (fallbacks check again)
-    estimate, walked = C.walk_estimate(dfa, vi, cyclic, width, 2 << 30)  # as under the default budget
+def checked(dfa, vi, cyclic, width, budget, comp=None):  # the last attempt's figures (fallbacks check again)
+    estimate, walked = C.walk_estimate(dfa, vi, cyclic, width, 2 << 30, comp)  # as under the default budget
     out.update(states=dfa.num_states, pairs_to_walk=walked, estimate_mib=estimate / 2**20, rss_at_check_mib=mib("VmRSS:"))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return check(dfa, vi, cyclic, width, budget)
+    return check(dfa, vi, cyclic, width, budget, comp)
 
 def built(*args, **kwargs):
     out["walk_peak_mib"] = mib("VmHWM:") - out["rss_at_check_mib"]

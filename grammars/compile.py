@@ -66,6 +66,7 @@ from surecall.grammars.table import (
 from surecall.grammars.tokenwalk import (
     GENERIC_BATCH_PAIRS,
     Row,
+    donor_cover,
     lexical_regions,
     merge_rows,
     sort_by_state_token,
@@ -363,7 +364,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
         dfa, marks = marks
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
-    _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes)
+    _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes, regions[1])
     # 2. Every state's tokens (shared lexical-class walks, donors, one batched walk); tokens
     #    that break a length bound on their own are dropped here, the rest are the counters' job.
     rows = token_rows(dfa, vi, regions, check=lambda: clock.within("token walk"))
@@ -817,16 +818,19 @@ def _state_bytes(words: int) -> int:
     return _STATE_BYTES + words * 2
 
 
-def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> None:
+def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int,
+                  comp: np.ndarray | None = None) -> None:
     """Refuse, before the token walk, a compile whose walk cannot fit the memory budget.
 
     Per state its fixed share, plus every (state, token) pair of a state outside the lexical
     classes that survives its first byte (then, when that is over budget, its first two bytes),
     kept until the table is built, plus one batch of the generic walk. Class states share one
-    cached walk per shape: their pairs cost nothing per state. build_table checks again with the
-    pairs and exceptions the walk found (_check_table_memory), before the table's own peak.
+    cached walk per shape: their pairs cost nothing per state; with the regions' ids (`comp`),
+    nor do the pairs a donor's class part is expected to cover (tokenwalk.donor_cover), whose
+    parts are counted instead. build_table checks again with the pairs and exceptions the walk
+    found (_check_table_memory), before the table's own peak.
     """
-    estimate, walked = walk_estimate(dfa, vi, cyclic, logits_width, budget_bytes)
+    estimate, walked = walk_estimate(dfa, vi, cyclic, logits_width, budget_bytes, comp)
     if estimate > budget_bytes:
         raise CompileBudgetExceeded(
             f"compile needs about {estimate / 2**20:.0f} MiB ({dfa.num_states} DFA states, "
@@ -835,15 +839,21 @@ def _check_memory(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budge
         )
 
 
-def walk_estimate(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int) -> tuple[int, int]:
+def walk_estimate(dfa: ByteDFA, vi, cyclic: np.ndarray, logits_width: int, budget_bytes: int,
+                  comp: np.ndarray | None = None) -> tuple[int, int]:
     """(_check_memory's estimate in bytes, the pairs to walk it counts): pairs that survive their
-    first byte, or their first two where the first bound passes `budget_bytes`."""
+    first byte, or their first two where the first bound passes `budget_bytes`; with `comp`, less
+    the pairs donors are expected to cover, plus the class-walk parts made for them."""
     words = (logits_width + 31) // 32
-    pairs = (dfa.trans >= 0).astype(np.int64) @ vi.grp_count
-    estimate = _estimate(dfa, words, pairs, cyclic)
+    covered, parts = (None, 0) if comp is None else donor_cover(dfa, vi, comp, cyclic)
+    live = dfa.trans >= 0
+    if covered is not None:
+        live &= ~covered
+    pairs = live.astype(np.int64) @ vi.grp_count
+    estimate = _estimate(dfa, words, pairs, cyclic) + parts
     if estimate > budget_bytes:
-        pairs = _pairs_two_bytes(dfa, vi)
-        estimate = _estimate(dfa, words, pairs, cyclic)
+        pairs = _pairs_two_bytes(dfa, vi, covered)
+        estimate = _estimate(dfa, words, pairs, cyclic) + parts
     return estimate, int(pairs[~cyclic].sum())
 
 
@@ -873,12 +883,12 @@ def _check_table_memory(num_states: int, words: int, own_pairs: int, batched: in
         )
 
 
-def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:
+def _pairs_two_bytes(dfa: ByteDFA, vi, exclude: np.ndarray | None = None) -> np.ndarray:
     """Per state, how many tokens survive their first two bytes (one-byte tokens: their first).
 
     after[t, b]: the tokens starting with byte b whose second byte state t takes (plus those that
     are b alone), one matmul per block of states (counts are integers below 2^24: exact in
-    float32); then each state sums it over its edges.
+    float32); then each state sums it over its edges (but those `exclude` [S, 256] holds).
     """
     groups = vi.grp2_count.reshape(256, 257)
     second = groups[:, :256].T.astype(np.float32)
@@ -890,7 +900,10 @@ def _pairs_two_bytes(dfa: ByteDFA, vi) -> np.ndarray:
     columns = np.arange(256)
     for lo in range(0, dfa.num_states, _PAIRS_BLOCK):
         trans = dfa.trans[lo : lo + _PAIRS_BLOCK]
-        pairs[lo : lo + trans.shape[0]] = np.where(trans >= 0, after[trans, columns], 0).sum(axis=1, dtype=np.int64)
+        live = trans >= 0
+        if exclude is not None:
+            live &= ~exclude[lo : lo + _PAIRS_BLOCK]
+        pairs[lo : lo + trans.shape[0]] = np.where(live, after[trans, columns], 0).sum(axis=1, dtype=np.int64)
     return pairs
 
 

@@ -207,26 +207,27 @@ def _spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _near_pushes(dfa: ByteDFA, marks: StackMarks, limit: int) -> np.ndarray:
-    """bool [S]: states inside a free-form value, or at most `limit` bytes before a push edge
-    (a breadth-first search backwards over the byte edges, held as predecessor lists)."""
-    near = marks.ctx != CTX_NONE
+    """int64 [S]: per state the fewest bytes before a push edge can be read (0 inside a free-form
+    value, where closers are events too), -1 past `limit` (a breadth-first search backwards over
+    the byte edges, held as predecessor lists)."""
+    level = np.where(marks.ctx != CTX_NONE, 0, -1).astype(np.int64)
     frontier = np.flatnonzero((marks.push > 0).any(axis=1))
-    near[frontier] = True
+    level[frontier] = 0
     q, b = np.nonzero(dfa.trans >= 0)
     dst = dfa.trans[q, b].astype(np.int64)
     order = np.argsort(dst, kind="stable")
     pred = q[order].astype(np.int64)
     ptr = np.searchsorted(dst[order], np.arange(dfa.num_states + 1))
-    for _ in range(max(limit, 0)):
+    for step in range(1, max(limit, 0) + 1):
         idx = _spans(ptr[frontier], ptr[frontier + 1] - ptr[frontier])
         if not idx.size:
             break
         found = np.unique(pred[idx])
-        frontier = found[~near[found]]
+        frontier = found[level[found] < 0]
         if not frontier.size:
             break
-        near[frontier] = True
-    return near
+        level[frontier] = step
+    return level
 
 
 def counted_edges(dfa: ByteDFA, counted) -> np.ndarray | None:
@@ -254,20 +255,22 @@ def stack_entries(dfa: ByteDFA, marks: StackMarks, vi, counted: np.ndarray | Non
     toks = _bracket_tokens(vi)
     if not toks.size:
         return _empty_entries(), (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    near = _near_pushes(dfa, marks, int(vi.lens[toks].max()) - 1)
-    parts, drops = [], []
+    level = _near_pushes(dfa, marks, int(vi.lens[toks].max()) - 1)
+    near = level >= 0
+    parts, drops, flat = [], [], None
     shared = _shared_copies(dfa, marks, vi, ws, counted, items) if ws is not None else None
     if shared is not None:
         covered, internal, resume = shared
         near &= ~covered
         parts.append(internal)
         if resume["src"].size:  # walkers that left the value: on from where each copy's end leads
-            out, drop = _walk(dfa, marks, vi, None, None, counted, items, resume=resume)
+            flat = _flat_rows(dfa, marks, counted, items)
+            out, drop = _walk(dfa, marks, vi, None, None, counted, items, resume=resume, flat=flat)
             parts.append(out)
             drops.append(drop)
-    src, tok = _candidates(dfa, marks, vi, np.flatnonzero(near), toks)
+    src, tok = _candidates(dfa, marks, vi, np.flatnonzero(near), toks, level)
     if src.size:
-        out, drop = _walk(dfa, marks, vi, src, tok, counted, items)
+        out, drop = _walk(dfa, marks, vi, src, tok, counted, items, flat=flat)
         parts.append(out)
         drops.append(drop)
     drop = (np.concatenate([d[0] for d in drops] or [np.zeros(0, np.int64)]),
@@ -295,12 +298,16 @@ def _bracket_tokens(vi) -> np.ndarray:
     return toks
 
 
-def _candidates(dfa: ByteDFA, marks: StackMarks, vi, states: np.ndarray, toks: np.ndarray):
-    """(src, tok) of `states` x `toks` whose first byte lives and whose plain walk reaches an event."""
+def _candidates(dfa: ByteDFA, marks: StackMarks, vi, states: np.ndarray, toks: np.ndarray,
+                level: np.ndarray | None = None):
+    """(src, tok) of `states` x `toks` whose first byte lives and whose plain walk reaches an event
+    (`level`: _near_pushes', a token shorter than that many bytes and the push cannot)."""
     if not states.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     first = vi.flat[vi.off[toks]].astype(np.int64)
     live_first = (dfa.trans[states][:, first] >= 0) | (marks.pop[states][:, first] >= 0)  # [S', T]
+    if level is not None:
+        live_first &= vi.lens[toks][None, :] > level[states][:, None]
     si, ti = np.nonzero(live_first)
     src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
     keep = _reaches_an_event(dfa, marks, vi, src, tok)
@@ -520,7 +527,21 @@ _OUTCOME_KEYS = ("src", "tok", "known_len", "known_bits", "exact", "j", "ins_len
 _RESUME_KEYS = ("src", "tok", "pos", "ins_len", "ins_bits", "j", "known_len", "known_bits", "exact")
 
 
-def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items, exits: list | None = None, resume: dict | None = None):
+def _flat_rows(dfa: ByteDFA, marks: StackMarks, counted, items) -> tuple:
+    """_walk's tables, flat over state * 256 + byte, with a dead row n (no edge leads to n)."""
+    n = dfa.num_states
+    trans = np.empty((n + 1, 256), dtype=np.int64)
+    trans[:n] = np.where(dfa.trans >= 0, dfa.trans, n)
+    trans[n] = n
+    push = np.vstack([marks.push, np.zeros((1, 256), np.int8)]).reshape(-1)
+    pop = np.vstack([marks.pop, np.full((1, 256), -1, np.int32)]).reshape(-1)
+    bad = None if counted is None else np.vstack([counted, np.zeros((1, 256), bool)]).reshape(-1)
+    events = None if items is None else np.vstack([items.events, np.zeros((1, 256), np.int8)]).reshape(-1)
+    return trans.reshape(-1), push, pop, bad, events
+
+
+def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items, exits: list | None = None, resume: dict | None = None,
+          flat: tuple | None = None):
     """The symbolic walk of stack_entries, vectorised over walkers; a walker that reaches a pop
     whose revealed level is unknown splits in three (an object, an array, no level: the value ends).
     Returns the outcomes (flat, _OUTCOME_KEYS) and the DFA edges to drop.
@@ -528,14 +549,9 @@ def _walk(dfa, marks: StackMarks, vi, src, tok, counted, items, exits: list | No
     `exits` (the template's walk): a walker that takes a "no level" branch stops there and its
     state is appended (_RESUME_KEYS, plus the closer's state `xq` and byte `xb`), not walked on.
     `resume`: walkers that start at such a point instead of at `src` (_RESUME_KEYS and `q`, the
-    state the value's end leads to; `src`/`tok` are then ignored)."""
+    state the value's end leads to; `src`/`tok` are then ignored). `flat`: _flat_rows' tables."""
     n = dfa.num_states
-    trans = np.where(dfa.trans >= 0, dfa.trans, n).astype(np.int64)
-    trans = np.vstack([trans, np.full((1, 256), n, dtype=np.int64)]).reshape(-1)
-    push = np.vstack([marks.push, np.zeros((1, 256), np.int8)]).reshape(-1)
-    pop = np.vstack([marks.pop, np.full((1, 256), -1, np.int32)]).reshape(-1)
-    bad = None if counted is None else np.vstack([counted, np.zeros((1, 256), bool)]).reshape(-1)
-    events = None if items is None else np.vstack([items.events, np.zeros((1, 256), np.int8)]).reshape(-1)
+    trans, push, pop, bad, events = flat if flat is not None else _flat_rows(dfa, marks, counted, items)
     targets = marks.targets.astype(np.int64)
     ctx = marks.ctx
     if resume is None:

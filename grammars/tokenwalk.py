@@ -72,6 +72,20 @@ class ClassWalk:
             end = self.derived["most_common_end"] = int(self.ends[np.argmax(counts)]) if counts.size else -1
         return end
 
+    def without_first_bytes(self, drop: np.ndarray, vi: VocabIndex) -> ClassWalk:
+        """The walk of the tokens whose first byte is not in `drop` (bool [256]); no leaving tokens
+        (a donated row walks those itself). Not cached here: the caller keeps it for one walk."""
+        keep = ~drop[vi.first_byte[self.tok]]
+        tok, end = self.tok[keep], self.end[keep]
+        bits = np.zeros((vi.vocab_size + 31) // 32 * 32, dtype=bool)
+        bits[tok] = True
+        quoted = self.quoted_tok[np.isin(self.quoted_tok, tok, assume_unique=True)]
+        none = np.zeros(0, dtype=np.int64)
+        return ClassWalk(tok=tok, end=end, ends=np.unique(end).astype(np.int64),
+                         words=np.packbits(bits, bitorder="little").view(np.uint32),
+                         first_bytes=self.first_bytes & ~drop, leave_tok=none.astype(np.int32), leave_local=none,
+                         leave_pos=none, quoted_tok=quoted)
+
     def not_ending_at(self, local: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, their local ends) of the tokens that do not end at local state `local`."""
         key = ("not_ending_at", local)
@@ -538,24 +552,74 @@ def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
     order = np.lexsort((ds, -weight, qs))
     first = np.ones(order.size, dtype=bool)
     first[1:] = qs[order][1:] != qs[order][:-1]
+    subsets: dict = {}  # (donor's class walk, first bytes left out) -> its part, shared by the states that take it
     for p in order[first].tolist():
         if weight[p] < _MIN_DONOR_TOKENS:
             continue
         q, d = int(qs[p]), int(ds[p])
-        rows[q] = _donated(vi, rows[d], agree[p])
+        rows[q] = _donated(vi, rows[d], agree[p], subsets)
         walk_bytes[q] &= ~agree[p]
 
 
-def _donated(vi: VocabIndex, donor: Row, agree: np.ndarray) -> Row:
-    """The part of `donor`'s row whose first bytes are in `agree` (shared when it is all of base)."""
+def donor_cover(dfa: ByteDFA, vi: VocabIndex, comp: np.ndarray, cyclic: np.ndarray) -> tuple[np.ndarray, int]:
+    """Before any walk, what _choose_donors_inplace is expected to give the acyclic states: bool
+    [S, 256] the first bytes a donor's class part will cover, and the bytes of the class-walk parts
+    made for them (ClassWalk.without_first_bytes, one per pattern of bytes). For compile's memory
+    estimate: a donor is any class state whose bytes that stay in its region start enough tokens
+    (its walk is not known yet), as _choose_donors_inplace picks one per state."""
+    n = dfa.num_states
+    trans = dfa.trans
+    covered = np.zeros((n, 256), dtype=bool)
+    cyc = np.flatnonzero(cyclic)
+    acyclic = np.flatnonzero(~cyclic)
+    if not cyc.size or not acyclic.size:
+        return covered, 0
+    stay = np.zeros((n, 256), dtype=bool)
+    row = trans[cyc]
+    stay[cyc] = (row >= 0) & (comp[np.maximum(row, 0)] == comp[cyc][:, None])
+    is_donor = np.append(cyclic & (stay.astype(np.int64) @ vi.grp_count >= _MIN_DONOR_TOKENS), False)
+    qi, bi = np.nonzero(trans[acyclic] >= 0)
+    targets = trans[acyclic[qi], bi]
+    hit = is_donor[targets]
+    pairs = np.unique(acyclic[qi[hit]].astype(np.int64) * n + targets[hit])
+    if not pairs.size:
+        return covered, 0
+    qs, ds = pairs // n, pairs % n
+    agree = (trans[ds] == trans[qs]) & (trans[qs] >= 0) & stay[ds]
+    weight = agree.astype(np.int64) @ vi.grp_count
+    order = np.lexsort((ds, -weight, qs))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = qs[order][1:] != qs[order][:-1]
+    best = order[first]
+    best = best[weight[best] >= _MIN_DONOR_TOKENS]
+    covered[qs[best]] = agree[best]
+    drop = stay[ds[best]] & ~agree[best]
+    has = drop.any(axis=1)
+    if not has.any():
+        return covered, 0
+    kept = stay[ds[best][has]] & ~drop[has]
+    patterns, at = np.unique(np.concatenate([np.packbits(kept, axis=1), np.packbits(drop[has], axis=1)], axis=1),
+                             axis=0, return_index=True)
+    tokens = kept[at].astype(np.int64) @ vi.grp_count  # one part per pattern: 8 bytes a token, plus its bitmask
+    return covered, int(tokens.sum()) * 8 + patterns.shape[0] * (vi.vocab_size // 8 + 256)
+
+
+def _donated(vi: VocabIndex, donor: Row, agree: np.ndarray, subsets: dict) -> Row:
+    """The part of `donor`'s row whose first bytes are in `agree`: its class part shared, or where
+    some of its first bytes disagree, the class walk without them (one per donor walk and set of
+    bytes, shared by every state that takes it: a key that is not one of an object's declared
+    names, one trie state per prefix, used to copy ~125k pairs each)."""
     keep = agree[vi.first_byte[donor.tok]]
     tok, nxt = donor.tok[keep], donor.nxt[keep]
     base = donor.base
-    if not base.first_bytes[~agree].any():
+    drop = base.first_bytes & ~agree
+    if not drop.any():
         return Row(base, donor.g, tok, nxt)
-    sel = agree[vi.first_byte[base.tok]]
-    merged = merge_rows((base.tok[sel], donor.g[base.end[sel]].astype(np.int32)), (tok, nxt))
-    return Row(None, None, *merged)
+    key = (id(base), drop.tobytes())
+    part = subsets.get(key)
+    if part is None:
+        part = subsets[key] = (base, base.without_first_bytes(drop, vi))  # base kept: its id stays its own
+    return Row(part[1], donor.g, tok, nxt)
 
 
 _DENSE_SORT_FRACTION = 16  # rows over 1/16 of the vocabulary are sorted through a dense buffer

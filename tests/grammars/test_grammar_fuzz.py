@@ -112,11 +112,13 @@ def _regex_matcher(regex: str):
     backtracking can take minutes on one invalid instance (Github_medium---o71260, 19k), and where
     free-form values sit on the bracket stack (ByteDFA.matches follows its marks). Counted strings
     are spelled out (`expand_counts`): the language the table's counters enforce."""
-    from surecall.grammars.schema.to_regex import expand_marks
+    from surecall.grammars.schema.to_regex import expand_counts, expand_items, expand_marks
     from surecall.grammars.stack import holds_stack
 
-    regex = expand_marks(regex, OPTIONS.whitespace_regex())
-    if len(regex) <= 10_000 and not holds_stack(regex):  # free-form values on a stack: the DFA's matches
+    stacked = holds_stack(regex)  # free-form values on the bracket stack: kept, and the DFA's matches follow it
+    ws = OPTIONS.whitespace_regex()
+    regex = expand_counts(expand_items(regex, ws)) if stacked else expand_marks(regex, ws)
+    if len(regex) <= 10_000 and not stacked:
         pattern = re.compile(regex, re.DOTALL)
         return lambda text: bool(pattern.fullmatch(text))
     if "(?=" in regex:  # a counted body's length lookahead: no byte DFA, and re backtracks for minutes (o1052)

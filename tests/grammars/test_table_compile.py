@@ -208,6 +208,7 @@ def wide_synthetic_vocab(num_tokens: int = 5000, seed: int = 0) -> Vocab:
                  logits_width=len(ordered) + 1, format="test", name="wide-synthetic")
 
 
+KEY_TRIE = r'\{(?:"abc" ?: ?1|"abd" ?: ?2|"[^"\\]*" ?: ?3)\}'
 WIDE_REGEXES = [
     JSONISH,
     r'\{"s":"(?:[^"\\\x00-\x1f]|\\["\\nt])+"(?:,"n":(?:0|[1-9][0-9]*))?,"t":\[(?:-?[0-9]+(?:\.[0-9]+)?(?:, ?[0-9]+)*)?\]\}',
@@ -215,6 +216,9 @@ WIDE_REGEXES = [
     # After "5" the state is acyclic but shares its "." edge with the digit loop, which leaves
     # its region on "." (a donor must not lend bytes it walks later).
     r'\{"a":(?:5|[1-9][0-9]*\.[0-9]+)(?:, ?"b":"[a-z]*")?\}',
+    # A key that is a declared name or any other (an open object's keys, each with its own value):
+    # the states along "ab" share the string body's row but for their next letters.
+    KEY_TRIE,
 ]
 
 
@@ -245,6 +249,21 @@ def test_rows_equal_reference_with_donors(regex):
     for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), rows, strict=True)):
         got = {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0}
         assert got == ref, f"state {q}: {len(got)} vs {len(ref)} tokens"
+
+
+def test_donated_rows_share_one_part_per_pattern_of_bytes():
+    """States along a declared key's prefix take the body's class walk less their next letters: one
+    part per pattern (tokenwalk._donated), shared, not one copy per state; equal to the reference."""
+    vocab = wide_synthetic_vocab()
+    vi = VocabIndex.build(vocab)
+    dfa = regex_to_dfa(KEY_TRIE)
+    rows = token_rows(dfa, vi)
+    cached = {id(cw) for cw in vi.classes.values()}
+    parts = [r.base for r in rows if r.base is not None and id(r.base) not in cached]
+    assert parts, "no state took a part of a class walk"
+    assert all(not p.leave_tok.size for p in parts)
+    for q, (ref, (tok, nxt)) in enumerate(zip(reference_rows(dfa, vocab), (r.materialize() for r in rows), strict=True)):
+        assert {int(t): int(n) for t, n in zip(tok, nxt, strict=True) if n >= 0} == ref, f"state {q}"
 
 
 # Two bounded-digit numbers (acyclic chains, as schema.to_regex writes JSON numbers): one shape.
