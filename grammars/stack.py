@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA
+from surecall.grammars.automaton import ByteDFA, Digraph, range_indices, regex_to_dfa
 from surecall.grammars.schema import json_lex as lex
 
 STACK_MARK = 0x0C  # a form feed: never raw in JSON text (a string escapes it, it is not whitespace)
@@ -200,29 +200,16 @@ class StackEntries:
 
 
 
-def _spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """int64: start[i], start[i] + 1, ..., start[i] + counts[i] - 1 for each i, in order."""
-    counts = counts.astype(np.int64)
-    return np.repeat(starts.astype(np.int64) - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-
-
 def _near_pushes(dfa: ByteDFA, marks: StackMarks, limit: int) -> np.ndarray:
     """int64 [S]: per state the fewest bytes before a push edge can be read (0 inside a free-form
     value, where closers are events too), -1 past `limit` (a breadth-first search backwards over
-    the byte edges, held as predecessor lists)."""
+    the byte edges)."""
     level = np.where(marks.ctx != CTX_NONE, 0, -1).astype(np.int64)
     frontier = np.flatnonzero((marks.push > 0).any(axis=1))
     level[frontier] = 0
-    q, b = np.nonzero(dfa.trans >= 0)
-    dst = dfa.trans[q, b].astype(np.int64)
-    order = np.argsort(dst, kind="stable")
-    pred = q[order].astype(np.int64)
-    ptr = np.searchsorted(dst[order], np.arange(dfa.num_states + 1))
+    back = Digraph.of_dfa(dfa.trans).reversed()
     for step in range(1, max(limit, 0) + 1):
-        idx = _spans(ptr[frontier], ptr[frontier + 1] - ptr[frontier])
-        if not idx.size:
-            break
-        found = np.unique(pred[idx])
+        found = np.unique(back.dst[range_indices(back.ptr[frontier], back.ptr[frontier + 1] - back.ptr[frontier])])
         frontier = found[level[found] < 0]
         if not frontier.size:
             break
@@ -343,8 +330,6 @@ def _template(vi, ws: str) -> _Template | None:
     hit = _TEMPLATES.get((id(vi), ws))
     if hit is not None and hit[0] is vi:
         return hit[1]
-    from surecall.grammars.automaton import regex_to_dfa
-
     cut = cut_stack_marks(regex_to_dfa(stack_value_regex(ws)))
     template = None
     if cut is not None:
@@ -732,7 +717,7 @@ def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
     order = np.argsort(np.where(live, key, np.iinfo(np.int64).max), kind="stable")[: int(live.sum())]
     ptr = np.zeros(order.size + 1, dtype=np.int64)
     ptr[1:] = np.cumsum(kept[order])
-    outs = _spans(entries.ptr[order], per[order])  # every outcome of the entries in `order`, in order
+    outs = range_indices(entries.ptr[order], per[order])  # every outcome of the entries in `order`, in order
     outs = outs[live_out[outs]]
     is_f = entries.cond_depth[outs] != 0  # a source inside a free-form value (depth >= 1)
     cl, cd, pops, pl = (entries.cond_len[outs], entries.cond_depth[outs], entries.pops[outs],

@@ -533,32 +533,39 @@ def _choose_donors_inplace(dfa, vi, rows, cyclic, walk_bytes) -> None:
     is_donor = np.zeros(dfa.num_states + 1, dtype=bool)  # slot -1 (dead) stays False
     for q in np.flatnonzero(cyclic).tolist():
         is_donor[q] = rows[q].size >= _MIN_DONOR_TOKENS
-    acyclic = np.flatnonzero(~cyclic)
-    if not acyclic.size or not is_donor.any():
-        return
-    # Every (acyclic state, donor it reaches on a byte still to walk), once.
-    qi, bi = np.nonzero(walk_bytes[acyclic])
-    targets = dfa.trans[acyclic[qi], bi]
-    hit = is_donor[targets]
-    pairs = np.unique(np.stack([acyclic[qi[hit]], targets[hit]]).astype(np.int64), axis=1)
-    if not pairs.size:
-        return
-    qs, ds = pairs
     # Only bytes the donor's row covers: its first bytes that leave its region are walked
     # later (walk_bytes[donor]) and are not in its row yet.
-    agree = (dfa.trans[ds] == dfa.trans[qs]) & walk_bytes[qs] & ~walk_bytes[ds]  # [P, 256]
+    qs, ds, agree = _pick_donors(dfa.trans, vi, np.flatnonzero(~cyclic), walk_bytes, ~walk_bytes, is_donor)
+    subsets: dict = {}  # (donor's class walk, first bytes left out) -> its part, shared by the states that take it
+    for q, d, bytes_ in zip(qs.tolist(), ds.tolist(), agree, strict=True):
+        rows[q] = _donated(vi, rows[d], bytes_, subsets)
+        walk_bytes[q] &= ~bytes_
+
+
+def _pick_donors(trans: np.ndarray, vi: VocabIndex, acyclic: np.ndarray, own: np.ndarray, lent: np.ndarray,
+                 is_donor: np.ndarray):
+    """(states, their donors, the bytes each shares [K, 256]): per acyclic state, among the donors
+    its `own` bytes lead to, the one that agrees on the most tokens (first donor id on a tie) over
+    bytes the state walks (`own`) and the donor's row holds (`lent`); kept where that is at least
+    _MIN_DONOR_TOKENS. `is_donor` has a last slot (for -1) that is False."""
+    none = np.zeros(0, dtype=np.int64)
+    if not acyclic.size or not is_donor.any():
+        return none, none, np.zeros((0, 256), dtype=bool)
+    # Every (acyclic state, donor it reaches on a byte it walks), once.
+    qi, bi = np.nonzero(own[acyclic])
+    targets = trans[acyclic[qi], bi]
+    hit = is_donor[targets]
+    n = trans.shape[0]
+    pairs = np.unique(acyclic[qi[hit]].astype(np.int64) * n + targets[hit])
+    qs, ds = pairs // n, pairs % n
+    agree = (trans[ds] == trans[qs]) & own[qs] & lent[ds]  # [P, 256]
     weight = agree.astype(np.int64) @ vi.grp_count
-    # Per state, the first donor (smallest id) of the largest weight.
     order = np.lexsort((ds, -weight, qs))
     first = np.ones(order.size, dtype=bool)
     first[1:] = qs[order][1:] != qs[order][:-1]
-    subsets: dict = {}  # (donor's class walk, first bytes left out) -> its part, shared by the states that take it
-    for p in order[first].tolist():
-        if weight[p] < _MIN_DONOR_TOKENS:
-            continue
-        q, d = int(qs[p]), int(ds[p])
-        rows[q] = _donated(vi, rows[d], agree[p], subsets)
-        walk_bytes[q] &= ~agree[p]
+    best = order[first]
+    best = best[weight[best] >= _MIN_DONOR_TOKENS]
+    return qs[best], ds[best], agree[best]
 
 
 def donor_cover(dfa: ByteDFA, vi: VocabIndex, comp: np.ndarray, cyclic: np.ndarray) -> tuple[np.ndarray, int]:
@@ -571,33 +578,17 @@ def donor_cover(dfa: ByteDFA, vi: VocabIndex, comp: np.ndarray, cyclic: np.ndarr
     trans = dfa.trans
     covered = np.zeros((n, 256), dtype=bool)
     cyc = np.flatnonzero(cyclic)
-    acyclic = np.flatnonzero(~cyclic)
-    if not cyc.size or not acyclic.size:
-        return covered, 0
     stay = np.zeros((n, 256), dtype=bool)
     row = trans[cyc]
     stay[cyc] = (row >= 0) & (comp[np.maximum(row, 0)] == comp[cyc][:, None])
     is_donor = np.append(cyclic & (stay.astype(np.int64) @ vi.grp_count >= _MIN_DONOR_TOKENS), False)
-    qi, bi = np.nonzero(trans[acyclic] >= 0)
-    targets = trans[acyclic[qi], bi]
-    hit = is_donor[targets]
-    pairs = np.unique(acyclic[qi[hit]].astype(np.int64) * n + targets[hit])
-    if not pairs.size:
-        return covered, 0
-    qs, ds = pairs // n, pairs % n
-    agree = (trans[ds] == trans[qs]) & (trans[qs] >= 0) & stay[ds]
-    weight = agree.astype(np.int64) @ vi.grp_count
-    order = np.lexsort((ds, -weight, qs))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = qs[order][1:] != qs[order][:-1]
-    best = order[first]
-    best = best[weight[best] >= _MIN_DONOR_TOKENS]
-    covered[qs[best]] = agree[best]
-    drop = stay[ds[best]] & ~agree[best]
+    qs, ds, agree = _pick_donors(trans, vi, np.flatnonzero(~cyclic), trans >= 0, stay, is_donor)
+    covered[qs] = agree
+    drop = stay[ds] & ~agree
     has = drop.any(axis=1)
     if not has.any():
         return covered, 0
-    kept = stay[ds[best][has]] & ~drop[has]
+    kept = stay[ds[has]] & ~drop[has]
     patterns, at = np.unique(np.concatenate([np.packbits(kept, axis=1), np.packbits(drop[has], axis=1)], axis=1),
                              axis=0, return_index=True)
     tokens = kept[at].astype(np.int64) @ vi.grp_count  # one part per pattern: 8 bytes a token, plus its bitmask
