@@ -45,6 +45,23 @@ _OTHER_TYPE_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxI
                     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "contentEncoding",
                     "contentMediaType"}
 _TRIGGERS = ("propertyNames", "patternProperties", "additionalProperties", "minProperties", "maxProperties")
+# Every keyword of JSON Schema drafts 4 to 2020-12 (and OpenAPI's `nullable`): one of them that is not
+# read here is NotExact; any other key is an annotation JSON Schema ignores (a container of
+# definitions under a name of its own, `x-` extensions), and so is it here.
+_JSON_SCHEMA_KEYWORDS = {
+    "$schema", "$id", "id", "$ref", "$defs", "definitions", "$anchor", "$dynamicRef", "$dynamicAnchor",
+    "$recursiveRef", "$recursiveAnchor", "$vocabulary", "$comment", "allOf", "anyOf", "oneOf", "not", "if",
+    "then", "else", "dependentSchemas", "dependencies", "prefixItems", "items", "additionalItems", "contains",
+    "properties", "patternProperties", "additionalProperties", "propertyNames", "unevaluatedItems",
+    "unevaluatedProperties", "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems",
+    "maxContains", "minContains", "maxProperties", "minProperties", "required", "dependentRequired", "format",
+    "contentEncoding", "contentMediaType", "contentSchema", "nullable"}
+
+
+def _is_annotation(key: str) -> bool:
+    """A key no draft asserts with, nor one of the converter's own marks (`$surecall:...`)."""
+    return key in _IGNORED or (key not in _JSON_SCHEMA_KEYWORDS and not key.startswith("$surecall:"))
 
 
 class NotExact(Exception):
@@ -190,7 +207,7 @@ class ObjectReader:
             raise NotExact(f"propertyNames is not read as a key class: {exc}") from exc
 
     def keyword(self, schema: dict, key: str, value: object) -> list[Term]:
-        if key in _IGNORED or key in _OTHER_TYPE_KEYS:
+        if _is_annotation(key) or key in _OTHER_TYPE_KEYS:
             return [Term()]
         if key == "type":
             types = [value] if isinstance(value, str) else list(value)
@@ -215,7 +232,7 @@ class ObjectReader:
         raise NotExact(f"{key!r} is not read beside an object-level not")
 
     def negated_keyword(self, schema: dict, key: str, value: object) -> list[Term]:
-        if key in _IGNORED or key in _OTHER_TYPE_KEYS:
+        if _is_annotation(key) or key in _OTHER_TYPE_KEYS:
             return []  # holds for every object: its negation for none
         if key == "type":
             types = [value] if isinstance(value, str) else list(value)
@@ -263,7 +280,7 @@ def value_items(schema: dict, key: str) -> list[tuple[str, object]]:
 def _negated_value(sub: object) -> object:
     if isinstance(sub, bool):
         return not sub
-    if isinstance(sub, dict) and "not" in sub and all(k == "not" or k in _IGNORED for k in sub):
+    if isinstance(sub, dict) and "not" in sub and all(k == "not" or _is_annotation(k) for k in sub):
         return sub["not"]
     return {"not": sub}
 

@@ -261,12 +261,20 @@ def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_typ
 
 def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
     """Each relaxed pair's reason, plus, below a schema whose exact string automaton was given up
-    (schema/regular.py: step cap or time), that it was and why: the keyword is relaxed for that."""
+    (schema/regular.py: step cap or time), that it was and why: the keyword is relaxed for that;
+    and below an object whose `not` object_exists.py did not write, why it did not."""
     reasons = dict(conv.relaxed)
+    declined: dict[str, str] = {}
+    for ptr, why in getattr(conv, "exists_failures", []):
+        declined.setdefault(ptr, why)
     for (pointer, keyword), why in reasons.items():
         at = next((p for p in conv.algebra_gave_up if pointer == p or pointer.startswith(p + "/")), None)
         if at is not None:
-            reasons[(pointer, keyword)] = f"{why}; the exact string automaton at {at or '/'} was given up: {conv.algebra_gave_up[at]}"
+            why = reasons[(pointer, keyword)] = (f"{why}; the exact string automaton at {at or '/'} was given up: "
+                                                 f"{conv.algebra_gave_up[at]}")
+        at = next((p for p in declined if pointer == p or pointer.startswith(p + "/")), None)
+        if keyword == "not" and at is not None:
+            reasons[(pointer, keyword)] = f"{why}; the object at {at or '/'} is not written with its keys' existence: {declined[at]}"
     return reasons
 
 

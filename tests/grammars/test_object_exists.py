@@ -20,6 +20,7 @@ from surecall.grammars.schema.object_exists import (
     MAX_COUNT,
     NotExact,
     ObjectReader,
+    _is_annotation,
     listed_integers,
 )
 from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
@@ -104,19 +105,40 @@ def test_unsatisfiable_existence_has_no_document():
 
 
 @pytest.mark.parametrize("schema, keyword", [
+    ({"type": "object", "maxProperties": MAX_COUNT + 1, "not": {"propertyNames": {"pattern": "^a"}}}, "not"),
     ({"type": "object", "not": {"propertyNames": {"format": "email"}}}, "not"),  # format: no key class
     ({"type": "object", "unevaluatedProperties": False, "not": {"propertyNames": {"pattern": "^a"}}}, "not"),
-    ({"type": "object", "maxProperties": MAX_COUNT + 1, "not": {"propertyNames": {"pattern": "^a"}}}, "not"),
     ({"type": ["object", "string"], "not": {"type": "object", "propertyNames": {"pattern": "^a"}}}, "not"),
 ])
 def test_cases_not_taken_over_stay_relaxed(schema, keyword):
     assert ("", keyword) in schema_to_regex(schema).relaxed
 
 
+def test_the_relaxed_reason_says_why_the_object_was_not_written():
+    result = schema_to_regex({"type": "object", "maxProperties": MAX_COUNT + 1,
+                              "allOf": [{"not": {"propertyNames": {"pattern": "^a"}}}]})
+    assert result.relaxed == [("/allOf/0", "not")]
+    assert result.reasons[("/allOf/0", "not")].endswith(
+        f"the object at / is not written with its keys' existence: maxProperties {MAX_COUNT + 1} beside an "
+        f"object-level not is past {MAX_COUNT}")
+
+
 def test_a_relaxed_existential_value_is_not_taken_over():
     schema = {"type": "object", "not": {"patternProperties": {"^a": {"not": {"type": "string", "format": "regex"}}}}}
     result = schema_to_regex(schema)
     assert ("", "not") in result.relaxed
+
+
+def test_keys_no_draft_defines_are_annotations():
+    # Handwritten notnames4 keeps its definitions under "ddd"; an `x-` extension sits beside the not
+    schema = {"type": "object", "allOf": [{"$ref": "#/ddd/npn"}], "x-note": {"not": 1},
+              "ddd": {"npn": {"not": {"propertyNames": {"not": {"const": "a4"}}}}}}
+    grammar = _grammar(schema)
+    assert grammar.fullmatch('{"b": 1, "a4": 2}') and not grammar.fullmatch('{"b": 1}')
+    assert _is_annotation("ddd") and _is_annotation("x-note") and _is_annotation("title")
+    assert not _is_annotation("dependentRequired") and not _is_annotation("$surecall:not_in")
+    with pytest.raises(NotExact, match="'dependentRequired' is not read"):
+        _reader().positive({"dependentRequired": {"a": ["b"]}, "not": {"propertyNames": {"pattern": "a"}}})
 
 
 def _reader() -> ObjectReader:
@@ -150,7 +172,7 @@ def test_listed_integers_only_for_bounded_integers():
 
 
 # --- Handwritten schemas fixed by it (skipped without the shared data) ---------------------------
-FIXED = ["allOfPProp7", "object3", "object6", "pnmp2", "pnmp4"]
+FIXED = ["allOfPProp7", "notnames4", "object3", "object6", "pnmp2", "pnmp4"]
 
 
 @pytest.mark.parametrize("name", FIXED)
