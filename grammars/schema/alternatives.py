@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from surecall.grammars.schema.keywords import is_undefined
+
 MAX_TRIGGERS = 3  # 2^3 branches of one object at most
 _ANNOTATIONS = {"title", "description", "$comment", "examples", "default"}
 
@@ -60,7 +62,7 @@ def _not_required(sub: object) -> list[str] | None:
     """The names of a `not` whose only assertion is `required` (None otherwise)."""
     if not isinstance(sub, dict) or not isinstance(sub.get("required"), list) or not sub["required"]:
         return None
-    if any(k not in _ANNOTATIONS and k != "required" for k in sub):
+    if any(k not in _ANNOTATIONS and k != "required" and not is_undefined(k) for k in sub):
         return None
     return list(dict.fromkeys(sub["required"]))
 

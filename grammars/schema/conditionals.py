@@ -1,9 +1,13 @@
 """`if/then/else`, `not` and overlapping `oneOf` rewritten as keywords the converter enforces.
 
 `negation(sub, resolve)` writes the complement of a schema built from type, const/enum,
-required, properties, not, anyOf/allOf, $ref and integral bounds (min/max, lengths, item
-counts), exactly: De Morgan over the keywords, "absent" as `properties: {name: false}`, a
-const/enum as NOT_IN (the converter excludes those values per type). `conditional_parts` gives
+required, properties, not, anyOf/allOf, $ref, integral bounds (min/max, lengths, item and
+property counts), items (one schema: some item fails it, a `contains`), contains (every item
+fails it), dependencies (a trigger present and a key absent or its schema failed),
+multipleOf (as a `not` the number algebra writes) and, as an object-level `not` that
+schema/object_exists.py writes, patternProperties, additionalProperties and propertyNames,
+exactly: De Morgan over the keywords, "absent" as `properties: {name: false}`, a const/enum
+as NOT_IN (the converter excludes those values per type). `conditional_parts` gives
 the allOf parts that replace, in one node, `if` (anyOf[if and then, not-if and else]), `not`
 and a oneOf whose branches overlap (each branch and the negation of every other one). Anything
 else raises NotNegatable with the reason, and the keyword stays relaxed. It builds no regex
@@ -17,11 +21,13 @@ import math
 from collections.abc import Callable
 
 from surecall.grammars.schema.alternatives import Alternatives
+from surecall.grammars.schema.keywords import is_undefined
 from surecall.grammars.schema.ranges import integer_range_regex
 
 # Internal keyword: the instance equals none of these JSON values (the `not` of a const/enum).
 NOT_IN = "$surecall:not_in"
 NOT_IN_AT = "$surecall:not_in_at"  # beside NOT_IN: (pointer, keyword) to list if it cannot be enforced
+KEPT_AT = "$surecall:kept_at"  # beside a kept `not` (is_kept_not) a negation wrote: the same, for that `not`
 # A number that is not an integer, even once read as a double: at most 7 integer and 8 fraction
 # digits, the last one non-zero (15 significant digits survive the round trip, so the double is
 # not integral either: 5265126542732811.76 reads as an integer). Stricter than "not an
@@ -31,16 +37,20 @@ MAX_EXCLUSIVE_BRANCHES = 6  # a oneOf of n branches writes n * (n - 1) negations
 MAX_EXCLUSIVE_PRODUCT = 16  # ... and one branch crosses the disjuncts of the others' negations
 MAX_IF_BRANCHES = 64  # branches the if/then/else parts of one allOf cross into; past it they stay relaxed
 MAX_NEGATION_CHARS = 20_000  # a negation written out (JSON) past this stays relaxed
+# Object keywords whose complement is an existence ("some key it rules has a value it rejects"):
+# negated as an object-level `not` kept for object_exists.py, which writes it within its caps.
+EXISTS_KEYS = ("patternProperties", "additionalProperties", "propertyNames")
 _MAX_DEPTH = 16
 _TYPES = ("object", "array", "string", "number", "boolean", "null")
 _IGNORED = {"title", "description", "$comment", "comment", "examples", "default", "$schema", "$id", "id",
             "definitions", "$defs", "deprecated", "readOnly", "writeOnly", "then", "else",
-            "markdownDescription", "$surecall:at", "$surecall:from"}
+            "markdownDescription", "$surecall:at", "$surecall:from", KEPT_AT}
 _BOUNDS = {  # keyword -> (type, keyword of the complement, offset of the complement's bound)
     "minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
     "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
     "minimum": ("number", "exclusiveMaximum", 0), "maximum": ("number", "exclusiveMinimum", 0),
     "exclusiveMinimum": ("number", "maximum", 0), "exclusiveMaximum": ("number", "minimum", 0),
+    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1),
 }
 
 
@@ -65,7 +75,7 @@ def negation(sub: object, resolve: Resolve, depth: int = 0) -> object:
         return negation({"allOf": [resolve(sub["$ref"]), rest]}, resolve, depth + 1)
     disjuncts: list = []
     for key, value in sub.items():
-        if key not in _IGNORED:
+        if key not in _IGNORED and not is_undefined(key):
             disjuncts += _keyword_negation(sub, key, value, resolve, depth)
     disjuncts = [d for d in disjuncts if d is not False]
     if any(d is True for d in disjuncts):
@@ -99,7 +109,62 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
         return [negation(s, resolve, depth + 1) for s in value]
     if key in _BOUNDS:
         return _bound_negation(sub, key, value)
+    if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in sub:
+        negated = negation(value, resolve, depth + 1)  # some item fails the item schema
+        return [] if negated is False else [{"type": "array", "contains": negated}]
+    if key == "contains" and not any(k in sub for k in ("minContains", "maxContains")):
+        return [{"type": "array", "items": negation(value, resolve, depth + 1)}]  # no item meets it
+    if key in ("dependencies", "dependentRequired", "dependentSchemas") and isinstance(value, dict):
+        return _dependency_negation(value, resolve, depth)
+    if key in EXISTS_KEYS:
+        return [_kept_not(sub, key, value)]
+    if key == "multipleOf":  # the numbers that are not multiples, for the number algebra (regular.py)
+        return [{"type": "number", "not": {"multipleOf": value}}]
     raise NotNegatable(f"the complement of {key!r} is not written (a finite automaton could, this converter does not)")
+
+
+def _kept_not(sub: dict, key: str, value: object) -> dict:
+    """Objects failing `key` (EXISTS_KEYS): some key it rules has a value it rejects, an existence
+    written as an object-level `not` that object_exists.py writes (conditional_parts keeps it).
+    additionalProperties takes the names and patterns beside it, their values left free."""
+    if key != "additionalProperties":
+        return {"type": "object", "not": {key: value}}
+    inner: dict = {}
+    for names in ("properties", "patternProperties"):
+        if names in sub:
+            if not isinstance(sub[names], dict):
+                raise NotNegatable(f"{names} is not an object")
+            inner[names] = {name: True for name in sub[names]}
+    return {"type": "object", "not": {**inner, "additionalProperties": value}}
+
+
+def is_kept_not(sub: object) -> bool:
+    """A `not` value negation() gives back as a `not`: object keywords with an EXISTS_KEYS one (left
+    to object_exists.py), a lone multipleOf (left to the number algebra, schema/regular.py), or an
+    anyOf of those (an allOf's two kept nots merged)."""
+    if not isinstance(sub, dict):
+        return False
+    annotation = [k for k in sub if k in _IGNORED or is_undefined(k)]
+    if set(sub) - set(annotation) == {"multipleOf"}:
+        return True
+    if set(sub) - set(annotation) == {"anyOf"} and isinstance(sub["anyOf"], list):  # two merged (to_regex.merge_keyword)
+        return all(is_kept_not(branch) for branch in sub["anyOf"])
+    return any(k in sub for k in EXISTS_KEYS) and all(k in EXISTS_KEYS or k == "properties" or k in annotation for k in sub)
+
+
+def _dependency_negation(value: dict, resolve: Resolve, depth: int) -> list:
+    """Objects failing one dependency: its trigger present and a named key absent, or (a schema
+    dependency) the trigger present and the schema failed."""
+    out: list = []
+    for name, dep in value.items():
+        if isinstance(dep, list):
+            out += [{"type": "object", "required": [name], "properties": {other: False}}
+                    for other in dict.fromkeys(dep) if other != name]
+        else:
+            negated = negation(dep, resolve, depth + 1)
+            if negated is not False:
+                out.append({"type": "object", "allOf": [{"required": [name]}, negated]})
+    return out
 
 
 def type_complement(types: list[str]) -> dict | bool:
@@ -129,7 +194,8 @@ def conditional_parts(schema: dict, ptr: str, mark: Mark, resolve: Resolve,
     if "if" in schema and _negated(schema["if"], resolve) is not None:
         keys += [k for k in ("if", "then", "else") if k in schema]
         parts.append((if_then_else(schema, ptr, mark, resolve), ptr))
-    if "not" in schema and not is_type_only(schema["not"]):  # `not: {type}` the converter reads itself
+    if "not" in schema and not is_type_only(schema["not"]) and not is_kept_not(schema["not"]):
+        # (`not: {type}` the converter reads itself; a kept `not` is object_exists.py's or regular.py's)
         negated = _negated(schema["not"], resolve)
         if negated is not None:
             keys.append("not")
@@ -160,8 +226,26 @@ def exclusive_branches(branches: list, ptr: str, mark: Mark, resolve: Resolve) -
     if any(n is None for n in negated) or math.prod(_num_disjuncts(n) for n in negated) > MAX_EXCLUSIVE_PRODUCT:
         return None
     return [{"allOf": [mark(b, _join(ptr, "oneOf", i)),
-                       *(mark(n, _join(ptr, "oneOf", j)) for j, n in enumerate(negated) if j != i)]}
+                       *(mark(tagged(n, ptr, "oneOf"), _join(ptr, "oneOf", j)) for j, n in enumerate(negated) if j != i)]}
             for i, b in enumerate(branches)]
+
+
+def one_of_reason(branches: list, resolve: Resolve) -> str | None:
+    """Why exclusive_branches does not write an overlapping oneOf (None: it would)."""
+    if len(branches) > MAX_EXCLUSIVE_BRANCHES:
+        return (f"{len(branches)} overlapping branches are past the {MAX_EXCLUSIVE_BRANCHES} written exactly (each "
+                "beside the negation of every other)")
+    negated = []
+    for i, branch in enumerate(branches):
+        try:
+            negated.append(negation(branch, resolve))
+        except NotNegatable as exc:
+            return f"branch {i} is not negated to keep the others out: {exc}"
+    product = math.prod(_num_disjuncts(n) for n in negated)
+    if product > MAX_EXCLUSIVE_PRODUCT:
+        return (f"the branches' negations cross into {product} branches (past {MAX_EXCLUSIVE_PRODUCT} written "
+                "exactly)")
+    return None
 
 
 def if_branches(parts: list, resolve: Resolve) -> int:
@@ -176,7 +260,9 @@ def if_branches(parts: list, resolve: Resolve) -> int:
 
 
 def tagged(sub: object, ptr: str, keyword: str) -> object:
-    """`sub` with NOT_IN_AT = (ptr, keyword) beside each NOT_IN it holds (inner tags kept)."""
+    """`sub` with NOT_IN_AT = (ptr, keyword) beside each NOT_IN it holds and KEPT_AT beside each
+    kept `not` (inner tags kept): what the converter cannot enforce there it lists as `keyword`
+    at `ptr`, the keyword the negation was written for."""
     if isinstance(sub, list):
         return [tagged(s, ptr, keyword) for s in sub]
     if not isinstance(sub, dict):
@@ -184,6 +270,8 @@ def tagged(sub: object, ptr: str, keyword: str) -> object:
     out = {k: tagged(v, ptr, keyword) if k != NOT_IN else v for k, v in sub.items()}
     if NOT_IN in out:
         out.setdefault(NOT_IN_AT, [ptr, keyword])
+    if is_kept_not(out.get("not")):
+        out.setdefault(KEPT_AT, [ptr, keyword])
     return out
 
 
@@ -199,6 +287,10 @@ def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:
     """Why `schema`'s `not`/`if` is left relaxed (None: no specific reason known)."""
     if key not in ("not", "if") or key not in schema:
         return None
+    if key == "not" and is_kept_not(schema["not"]):
+        return ("negation is not enforced: " + ("a not of multipleOf is written by the number algebra only for an "
+                "integral multipleOf" if "multipleOf" in schema["not"] else "an object-level not (some key "
+                "holding a value it rejects) is written only within object_exists.py's caps"))
     try:
         negation(schema[key], resolve)
     except NotNegatable as exc:
@@ -207,7 +299,7 @@ def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:
 
 
 def is_type_only(sub: object) -> bool:
-    return isinstance(sub, dict) and "type" in sub and all(k == "type" or k in _IGNORED for k in sub)
+    return isinstance(sub, dict) and "type" in sub and all(k == "type" or k in _IGNORED or is_undefined(k) for k in sub)
 
 
 def _negated(sub: object, resolve: Resolve) -> object | None:

@@ -16,13 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from surecall.grammars.schema.conditionals import NOT_IN, _join, kind_of, tagged, type_complement
+from surecall.grammars.schema.conditionals import (
+    KEPT_AT,
+    NOT_IN,
+    _join,
+    kind_of,
+    tagged,
+    type_complement,
+)
+from surecall.grammars.schema.keywords import is_undefined
 from surecall.grammars.schema.unique_items import canonical_json
 
 Mark = Callable[[object, str], object]
 _AT = "$surecall:at"
 _FROM = "$surecall:from"
-_IGNORED = {"title", "description", "$comment", "comment", "markdownDescription", _AT, _FROM}
+_IGNORED = {"title", "description", "$comment", "comment", "markdownDescription", _AT, _FROM, KEPT_AT}
 
 
 @dataclass(frozen=True)
@@ -106,10 +114,10 @@ def same_value(a: object, b: object) -> bool:
 def _case(sub: object, ptr: str, index: int) -> Case | None:
     """The part as a Case, or None when its `if` is not a test of one property's value."""
     if not isinstance(sub, dict) or "if" not in sub or any(
-            k not in ("if", "then", "else") and k not in _IGNORED for k in sub):
+            k not in ("if", "then", "else") and k not in _IGNORED and not is_undefined(k) for k in sub):
         return None
     cond = sub["if"]
-    if not isinstance(cond, dict) or any(k not in ("properties", "required") and k not in _IGNORED for k in cond):
+    if not isinstance(cond, dict) or any(k not in ("properties", "required") and k not in _IGNORED and not is_undefined(k) for k in cond):
         return None
     props = cond.get("properties")
     if not isinstance(props, dict) or len(props) != 1:
@@ -128,7 +136,7 @@ def _values(prop: object) -> tuple | None:
     """The scalars a `{const}`/`{enum}` (with a `type` beside it, or not) admits; None otherwise."""
     if not isinstance(prop, dict) or ("const" in prop) == ("enum" in prop):
         return None
-    if any(k not in ("const", "enum", "type") and k not in _IGNORED for k in prop):
+    if any(k not in ("const", "enum", "type") and k not in _IGNORED and not is_undefined(k) for k in prop):
         return None
     values = [prop["const"]] if "const" in prop else prop["enum"]
     if not isinstance(values, list) or any(isinstance(v, (dict, list)) for v in values):

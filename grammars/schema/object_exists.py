@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from surecall.grammars.schema.keywords import is_undefined
 from surecall.grammars.schema.regular import _Reader
 from surecall.grammars.schema.string_automaton import (
     RegularUnsupported,
@@ -39,29 +40,17 @@ MAX_LISTED = 256  # integers a member value's bounds may leave to be written out
 MAX_REGEX_CHARS = 400_000  # the object's regex written out
 _IGNORED = {"title", "description", "$comment", "comment", "examples", "default", "$schema", "$id", "id",
             "definitions", "$defs", "deprecated", "readOnly", "writeOnly", "markdownDescription",
-            "$surecall:at", "$surecall:from", "$anchor"}
+            "$surecall:at", "$surecall:from", "$surecall:kept_at", "$anchor"}
 _OTHER_TYPE_KEYS = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
                     "minContains", "maxContains", "minLength", "maxLength", "pattern", "format", "minimum",
                     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "contentEncoding",
                     "contentMediaType"}
 _TRIGGERS = ("propertyNames", "patternProperties", "additionalProperties", "minProperties", "maxProperties")
-# Every keyword of JSON Schema drafts 4 to 2020-12 (and OpenAPI's `nullable`): one of them that is not
-# read here is NotExact; any other key is an annotation JSON Schema ignores (a container of
-# definitions under a name of its own, `x-` extensions), and so is it here.
-_JSON_SCHEMA_KEYWORDS = {
-    "$schema", "$id", "id", "$ref", "$defs", "definitions", "$anchor", "$dynamicRef", "$dynamicAnchor",
-    "$recursiveRef", "$recursiveAnchor", "$vocabulary", "$comment", "allOf", "anyOf", "oneOf", "not", "if",
-    "then", "else", "dependentSchemas", "dependencies", "prefixItems", "items", "additionalItems", "contains",
-    "properties", "patternProperties", "additionalProperties", "propertyNames", "unevaluatedItems",
-    "unevaluatedProperties", "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
-    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems",
-    "maxContains", "minContains", "maxProperties", "minProperties", "required", "dependentRequired", "format",
-    "contentEncoding", "contentMediaType", "contentSchema", "nullable"}
 
 
 def _is_annotation(key: str) -> bool:
-    """A key no draft asserts with, nor one of the converter's own marks (`$surecall:...`)."""
-    return key in _IGNORED or (key not in _JSON_SCHEMA_KEYWORDS and not key.startswith("$surecall:"))
+    """A key read as asserting nothing: a known annotation, or one no draft defines (keywords.py)."""
+    return key in _IGNORED or is_undefined(key)
 
 
 class NotExact(Exception):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from surecall.grammars.schema.keywords import is_undefined
+
 MAX_OPTIONAL = 8
 MAX_SELECTION_CHARS = 50_000  # an enumeration past this keeps the counts relaxed
 MAX_EXTRA_REPEATS = 8
@@ -61,6 +63,7 @@ def extra_keys(names: object, declared: list[str], is_valid: Callable[[object, s
     asserts nothing), a list of literal names (an enum, less the declared ones), a string schema
     (no declared name satisfies it, so no extra key can repeat one), or None (not written
     exactly: the keyword stays relaxed). `is_valid(schema, name)` checks one name (None: cannot tell)."""
+    names = {k: v for k, v in names.items() if not is_undefined(k)} if isinstance(names, dict) else names
     if names is True or (isinstance(names, dict) and not set(names) - _ANNOTATIONS):
         return True
     if not isinstance(names, dict) or set(names) - _STRING_KEYWORDS - _ANNOTATIONS:

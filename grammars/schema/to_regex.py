@@ -47,13 +47,16 @@ from surecall.grammars.schema import json_lex as lex
 from surecall.grammars.schema.alternatives import Alternatives, alternative_parts
 from surecall.grammars.schema.conditionals import (
     FRACTION,
+    KEPT_AT,
     MAX_IF_BRANCHES,
     NOT_IN,
     NOT_IN_AT,
     conditional_parts,
     if_branches,
     integer_gaps,
+    is_kept_not,
     kind_of,
+    one_of_reason,
     relaxed_reason,
 )
 from surecall.grammars.schema.discriminators import discriminator_groups
@@ -851,7 +854,11 @@ class Converter:
     def relax_generic(self, schema: dict, ptr: str) -> None:
         for key in _RELAXED_ANY:
             if key in schema:
-                self.relax(ptr, key, relaxed_reason(schema, key, lambda ref: self.resolve(ref, ptr)[0]))
+                why = relaxed_reason(schema, key, lambda ref: self.resolve(ref, ptr)[0])
+                at, keyword = schema.get(KEPT_AT, (ptr, key)) if key == "not" else (ptr, key)
+                if keyword != key:  # a `not` a negation wrote for an if/oneOf/not elsewhere: listed as that one
+                    why = f"{relax_reason(keyword)}: {why or relax_reason(key)}"
+                self.relax(at, keyword, why)
 
     # -- references and combinators ------------------------------------------------------
     def resolve(self, ref: str, ptr: str) -> tuple[object, str]:
@@ -1100,6 +1107,8 @@ class Converter:
             out[key] = [*old, *value]
         elif key == "format" and (old not in FORMAT_NAMES or value not in FORMAT_NAMES):
             out[key] = old if old in FORMAT_NAMES else value  # an undefined format is an annotation: the other holds
+        elif key == "not" and is_kept_not(old) and is_kept_not(value):  # not A and not B: not (A or B), kept too
+            out[key] = {"anyOf": [*(old["anyOf"] if set(old) == {"anyOf"} else [old]), value]}
         elif key in ("pattern", "format", "multipleOf", *_RELAXED_ANY, *_RELAXED_OBJECT, *_RELAXED_ARRAY):
             self.relax(ptr, key)  # the first one is kept (and enforced where it can be)
         elif key in _ASSERTING:
@@ -1125,8 +1134,16 @@ class Converter:
                 exact = self.arrays_one_of(effective, marked, ptr)
             if exact is not False:
                 return exact
-            self.relax(ptr, "oneOf")
+            self.relax(ptr, "oneOf", self.one_of_reason(effective, ptr))
         return _alternation(branches)
+
+    def one_of_reason(self, effective: list, ptr: str) -> str:
+        """Why an overlapping oneOf is relaxed: what keeps conditionals.exclusive_branches from it."""
+        why = one_of_reason(effective, lambda ref: self.resolve(ref, ptr)[0])
+        if why is None:
+            why = ("written exactly only with rewrite_conditionals on" if not self.options.rewrite_conditionals
+                   else "its exact rewrite was not taken here")
+        return f"{relax_reason('oneOf')}: {why}"
 
     def finite_one_of(self, effective: list, ptr: str) -> str | None | bool:
         """A oneOf whose every branch lists its values (enum/const beside any other keyword): the
