@@ -4,7 +4,7 @@
 required, properties, not, anyOf/allOf, $ref, integral bounds (min/max, lengths, item and
 property counts), items (one schema: some item fails it, a `contains`), contains (every item
 fails it), dependencies (a trigger present and a key absent or its schema failed),
-multipleOf (as a `not` the number algebra writes) and, as an object-level `not` that
+multipleOf and pattern (as a `not` the number or string algebra writes) and, as an object-level `not` that
 schema/object_exists.py writes, patternProperties, additionalProperties and propertyNames,
 exactly: De Morgan over the keywords, "absent" as `properties: {name: false}`, a const/enum
 as NOT_IN (the converter excludes those values per type). `conditional_parts` gives
@@ -120,6 +120,8 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
         return [_kept_not(sub, key, value)]
     if key == "multipleOf":  # the numbers that are not multiples, for the number algebra (regular.py)
         return [{"type": "number", "not": {"multipleOf": value}}]
+    if key == "pattern":  # the strings it does not find, for the string algebra (regular.py)
+        return [{"type": "string", "not": {"pattern": value}}]
     raise NotNegatable(f"the complement of {key!r} is not written (a finite automaton could, this converter does not)")
 
 
@@ -140,12 +142,12 @@ def _kept_not(sub: dict, key: str, value: object) -> dict:
 
 def is_kept_not(sub: object) -> bool:
     """A `not` value negation() gives back as a `not`: object keywords with an EXISTS_KEYS one (left
-    to object_exists.py), a lone multipleOf (left to the number algebra, schema/regular.py), or an
-    anyOf of those (an allOf's two kept nots merged)."""
+    to object_exists.py), a lone multipleOf or pattern (left to the number or string algebra,
+    schema/regular.py), or an anyOf of those (an allOf's two kept nots merged)."""
     if not isinstance(sub, dict):
         return False
     annotation = [k for k in sub if k in _IGNORED or is_undefined(k)]
-    if set(sub) - set(annotation) == {"multipleOf"}:
+    if set(sub) - set(annotation) in ({"multipleOf"}, {"pattern"}):
         return True
     if set(sub) - set(annotation) == {"anyOf"} and isinstance(sub["anyOf"], list):  # two merged (to_regex.merge_keyword)
         return all(is_kept_not(branch) for branch in sub["anyOf"])
@@ -288,9 +290,14 @@ def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:
     if key not in ("not", "if") or key not in schema:
         return None
     if key == "not" and is_kept_not(schema["not"]):
-        return ("negation is not enforced: " + ("a not of multipleOf is written by the number algebra only for an "
-                "integral multipleOf" if "multipleOf" in schema["not"] else "an object-level not (some key "
-                "holding a value it rejects) is written only within object_exists.py's caps"))
+        kept = schema["not"]
+        if "multipleOf" in kept or "pattern" in kept:
+            what, algebra = ("multipleOf", "number") if "multipleOf" in kept else ("pattern", "string")
+            return (f"negation is not enforced: a not of {what} is written only by the {algebra} algebra "
+                    f"(schema/regular.py), which did not take this {algebra} schema (keywords beside it that it "
+                    "does not read, or past its caps)")
+        return ("negation is not enforced: an object-level not (some key holding a value it rejects) is written "
+                "only within object_exists.py's caps")
     try:
         negation(schema[key], resolve)
     except NotNegatable as exc:

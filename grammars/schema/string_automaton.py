@@ -39,6 +39,9 @@ MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions
 MAX_DFA_STATES = 30_000  # any automaton built on the way (before minimising)
 MAX_PRODUCT_PAIRS = 1_000_000  # state pairs of one product laid out densely
 MAX_BODY_CHARS = 12_000  # the string body regex written out
+# Groups nested in a body regex: outlines-core's parser (regex-syntax) refuses past 250 ("error
+# building NFA"); the converter wraps a body in a few more (a string, a member, an object).
+MAX_BODY_NESTING = 160
 MAX_EMITTED_STATES = 400  # states state elimination is tried on (its cost is quadratic in them)
 MAX_KEPT_STATES = 1_000  # a union cut to the branches that fit stops growing past this
 MAX_TREE_FINALS = 8  # accepting states whose shortest paths a too-long body regex is cut to
@@ -450,7 +453,7 @@ class StringAutomaton:
         regex = eliminate(edges, 0, finals, MAX_BODY_CHARS)
         if regex is None:
             raise RegularUnsupported(f"the string body regex passes {MAX_BODY_CHARS} characters")
-        return regex
+        return _not_too_nested(regex)
 
     def tree_emit(self, dfa: _DFA) -> str | None:
         """A sub-language of `dfa` with a short regex, where its own is too long: the shortest
@@ -481,7 +484,7 @@ class StringAutomaton:
         regex = eliminate(edges, 0, set(finals), MAX_BODY_CHARS)
         if regex is None:
             raise RegularUnsupported(f"even the shortest paths' body regex passes {MAX_BODY_CHARS} characters")
-        return regex
+        return _not_too_nested(regex)
 
     def label(self, bits: int) -> str:
         ranges = lex.normalize([r for a in _bits(bits) for r in self.atoms[a]])
@@ -684,3 +687,35 @@ class _NFA:
                         todo.append(t)
             self.closures[key] = frozenset(seen)
         return self.closures[key]
+
+
+def group_nesting(regex: str) -> int:
+    """How deep `regex`'s groups nest (escapes and character classes skipped)."""
+    depth = deepest = 0
+    i, in_class = 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if regex[i + 1:i + 2] == "]":  # a leading ] is a member
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def _not_too_nested(regex: str) -> str:
+    nesting = group_nesting(regex)
+    if nesting > MAX_BODY_NESTING:
+        raise RegularUnsupported(f"the string body regex nests {nesting} groups deep, past {MAX_BODY_NESTING} "
+                                 "(outlines-core's regex parser refuses past 250)")
+    return regex

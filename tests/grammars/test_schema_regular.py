@@ -296,3 +296,23 @@ def test_multiple_of_algebra_gives_up_with_the_reason(schema, match):
         assert schema_to_regex(schema).relaxed == []
     else:
         assert schema_to_regex(schema).relaxed != []  # left to the validator, and listed
+
+
+def test_group_nesting_skips_escapes_and_classes():
+    from surecall.grammars.schema.string_automaton import group_nesting
+
+    assert group_nesting("(?:a(?:b)[(]\\()") == 2 and group_nesting("[]()]") == 0 and group_nesting("((a))(b)") == 2
+
+
+def test_a_body_nested_past_the_parsers_limit_falls_back(monkeypatch):
+    # Github_medium o9805: a length-bounded body written as a chain of ~250 nested groups, which
+    # outlines-core's parser refuses ("error building NFA"); now the algebra gives it up instead
+    from surecall.grammars.schema import string_automaton
+
+    schema = {"type": "string", "maxLength": 6, "not": {"pattern": "^ab"}}
+    exact = schema_to_regex(schema)
+    assert exact.relaxed == []
+    monkeypatch.setattr(string_automaton, "MAX_BODY_NESTING", 1)
+    result = schema_to_regex(schema)  # no SchemaError: the not is listed, with the algebra's reason
+    assert result.relaxed == [("", "not")] and "string algebra" in result.reasons[("", "not")]
+    assert re.compile(expand_marks(result.regex)).fullmatch('"abc"')
