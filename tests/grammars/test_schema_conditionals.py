@@ -246,6 +246,14 @@ def test_one_of_without_a_negation_stays_relaxed():
     assert schema_to_regex(schema).relaxed == [("", "oneOf")]  # without the maximum: regular.py's remainders
 
 
+def test_negation_of_items_does_not_nest_contains():
+    assert negation({"items": {"type": "integer"}}, lambda ref: {}) == {
+        "type": "array", "contains": {"type": ["object", "array", "string", "number", "boolean", "null"],
+                                      "not": {"type": "integer"}}}
+    with pytest.raises(NotNegatable, match="nest a contains inside a contains"):
+        negation({"items": {"type": "array", "items": {"type": "integer"}}}, lambda ref: {})
+
+
 def test_negation_rejects_unknown_keywords_and_gaps_skip_excluded_integers():
     with pytest.raises(NotNegatable, match="'uniqueItems'"):
         negation({"uniqueItems": True}, lambda ref: {})

@@ -19,7 +19,7 @@ from surecall.grammars.schema.string_formats import STRING_FORMATS
 from surecall.grammars.schema.to_regex import expand_counts, expand_marks, schema_to_regex
 from surecall.tools.catalog import hardened_seed_tools as seed_tools
 
-PLAIN = GrammarOptions(counted_lengths=False)  # for outlines-core over a 95-character vocabulary
+PLAIN = GrammarOptions(counted_lengths=False, free_form_stack=False)  # outlines-core over 95 characters: no marks
 
 
 def accepts(schema, value_or_text, options=None) -> bool:
@@ -391,10 +391,17 @@ def test_not_of_a_type_and_enum_filters_are_enforced():
 
 def test_generic_relaxed_keywords_are_listed():
     schema = {"type": "object", "properties": {
-        "n": {"not": {"format": "email"}}, "i": {"if": {"multipleOf": 3}, "then": {"minimum": 1}}}}
+        "n": {"not": {"format": "email"}}, "i": {"if": {"uniqueItems": True}, "then": {"minItems": 3}}}}
     assert set(relaxed(schema)) == {("/properties/n", "not"), ("/properties/i", "if")}
     reasons = schema_to_regex(schema).reasons
-    assert "'format'" in reasons[("/properties/n", "not")] and "'multipleOf'" in reasons[("/properties/i", "if")]
+    assert "'format'" in reasons[("/properties/n", "not")] and "'uniqueItems'" in reasons[("/properties/i", "if")]
+
+
+def test_an_if_on_multiple_of_is_enforced_by_the_number_algebra():
+    schema = {"type": "integer", "if": {"multipleOf": 3}, "then": {"minimum": 1}}
+    assert relaxed(schema) == []
+    assert all(accepts(schema, str(n)) for n in (3, 6, 1, 2, -1, -2))
+    assert not any(accepts(schema, str(n)) for n in (0, -3, -6))
 
 
 # --- combinators and references --------------------------------------------------------------
