@@ -111,7 +111,7 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
         return _bound_negation(sub, key, value)
     if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in sub:
         negated = negation(value, resolve, depth + 1)  # some item fails the item schema
-        if _holds(negated, "contains"):  # Handwritten oneofanyofitc7: 25 s to pass the state cap
+        if _holds(negated, "contains", resolve):  # Handwritten oneofanyofitc7: 25 s to pass the state cap
             raise NotNegatable("the complement of 'items' would nest a contains inside a contains (their automata "
                                "multiply)")
         return [] if negated is False else [{"type": "array", "contains": negated}]
@@ -120,7 +120,7 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
     if key in ("dependencies", "dependentRequired", "dependentSchemas") and isinstance(value, dict):
         return _dependency_negation(value, resolve, depth)
     if key in EXISTS_KEYS:
-        return [_kept_not(sub, key, value)]
+        return [_kept_not(sub, key, value, resolve)]
     if key == "multipleOf":  # the numbers that are not multiples, for the number algebra (regular.py)
         return [{"type": "number", "not": {"multipleOf": value}}]
     if key == "pattern":  # the strings it does not find, for the string algebra (regular.py)
@@ -128,17 +128,33 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
     raise NotNegatable(f"the complement of {key!r} is not written (a finite automaton could, this converter does not)")
 
 
-def _holds(sub: object, keyword: str) -> bool:
-    """Whether `keyword` is a key anywhere in `sub` (a JSON value)."""
-    if isinstance(sub, dict):
-        return keyword in sub or any(_holds(v, keyword) for v in sub.values())
-    return isinstance(sub, list) and any(_holds(v, keyword) for v in sub)
+def _holds(sub: object, keyword: str, resolve: Resolve | None = None, seen: set | None = None) -> bool:
+    """Whether `keyword` is a key anywhere in `sub` (a JSON value), through its `$ref`s with `resolve`."""
+    if isinstance(sub, list):
+        return any(_holds(v, keyword, resolve, seen) for v in sub)
+    if not isinstance(sub, dict):
+        return False
+    if keyword in sub:
+        return True
+    if resolve is not None and isinstance(sub.get("$ref"), str):
+        seen = set() if seen is None else seen
+        if sub["$ref"] not in seen:
+            seen.add(sub["$ref"])
+            try:
+                if _holds(resolve(sub["$ref"]), keyword, resolve, seen):
+                    return True
+            except Exception:  # noqa: BLE001 - an unresolvable $ref: the converter reports it
+                return True
+    return any(_holds(v, keyword, resolve, seen) for v in sub.values())
 
 
-def _kept_not(sub: dict, key: str, value: object) -> dict:
+def _kept_not(sub: dict, key: str, value: object, resolve: Resolve) -> dict:
     """Objects failing `key` (EXISTS_KEYS): some key it rules has a value it rejects, an existence
     written as an object-level `not` that object_exists.py writes (conditional_parts keeps it).
     additionalProperties takes the names and patterns beside it, their values left free."""
+    if key != "propertyNames" and _holds(value, "not", resolve):  # Handwritten oneofpr1/2: 18 s to pass the state cap
+        raise NotNegatable(f"the complement of {key!r} would nest a not in the values of an object-level not (their "
+                           "automata multiply)")
     if key != "additionalProperties":
         return {"type": "object", "not": {key: value}}
     inner: dict = {}

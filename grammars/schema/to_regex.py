@@ -1971,7 +1971,8 @@ class Converter:
         if schema.get("patternProperties"):
             repeated = self.pattern_members(schema, list(props), extra_schema, ptr)
         else:
-            repeated = [self.extra_member(schema, extra_schema, list(props), ptr)]
+            repeated = [self.extra_member(schema, extra_schema, list(props), ptr,
+                                          shaped=any(sub is not False for sub in props.values()))]
         extra = _alternation(repeated)
         extra = None if extra is None else _group(extra)  # one atom: it is repeated after separators
         num_required = sum(req for _, req in members)
@@ -2110,15 +2111,17 @@ class Converter:
                 why = None  # counters off, or counted arrays and objects nested MAX_ITEM_DEPTH deep
             self.relax(ptr, "maxProperties", why)
 
-    def extra_member(self, schema: dict, extra_schema: object, declared: list[str], ptr: str) -> str | None:
+    def extra_member(self, schema: dict, extra_schema: object, declared: list[str], ptr: str,
+                     shaped: bool = True) -> str | None:
         """One undeclared member (key none of `declared`: no duplicate of a declared key), or None.
 
-        A free-form object (nothing declared) and one whose `additionalProperties` is written
-        out (true or a schema) take extra keys; other objects with declared properties close by
-        policy (options.allow_additional_properties). Extra keys follow the declared ones.
+        A free-form object (nothing declared, or only names declared `false`, as a negated
+        `required` writes them) and one whose `additionalProperties` is written out (true or a
+        schema) take extra keys; other objects (`shaped`: some declared property may be written)
+        close by policy (options.allow_additional_properties). Extra keys follow the declared ones.
         """
         is_explicit = "additionalProperties" in schema
-        if extra_schema is False or (declared and not (is_explicit or self.options.allow_additional_properties)):
+        if extra_schema is False or (declared and shaped and not (is_explicit or self.options.allow_additional_properties)):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
         key = self.extra_key(schema, declared, ptr)

@@ -159,6 +159,11 @@ FORMS = {
         [{"k": "a"}, {"k": "b"}, {"k": "cb"}, {"k": "ax"}],
         [{"k": "ab"}, {"k": "c"}, {"k": "axb"}, {"k": ""}],
     ),
+    "not_required_leaves_the_object_open": (  # its `properties: {a: false}` declares no shape: other keys stay
+        {"type": "object", "not": {"required": ["a"]}},
+        [{}, {"b": 1}, {"b": {"c": [1]}, "d": "x"}],
+        [{"a": 1}, {"b": 1, "a": 2}],
+    ),
     "not_max_properties": (
         {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "additionalProperties": False,
          "not": {"maxProperties": 1}},
