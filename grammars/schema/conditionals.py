@@ -3,9 +3,9 @@
 `negation(sub, resolve)` writes the complement of a schema built from type, const/enum,
 required, properties, not, anyOf/allOf, $ref, integral bounds (min/max, lengths, item and
 property counts), items (one schema: some item fails it, a `contains`), contains (every item
-fails it), dependencies (a trigger present and a key absent or its schema failed),
-multipleOf and pattern (as a `not` the number or string algebra writes) and, as an object-level `not` that
-schema/object_exists.py writes, patternProperties, additionalProperties and propertyNames,
+fails it), dependencies (a trigger present and a key absent or its schema failed), multipleOf
+and pattern (as a `not` the number or string algebra writes) and, as an object-level `not`
+that schema/object_exists.py writes, patternProperties, additionalProperties and propertyNames,
 exactly: De Morgan over the keywords, "absent" as `properties: {name: false}`, a const/enum
 as NOT_IN (the converter excludes those values per type). `conditional_parts` gives
 the allOf parts that replace, in one node, `if` (anyOf[if and then, not-if and else]), `not`
@@ -317,13 +317,13 @@ def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:
         return None
     if key == "not" and is_kept_not(schema["not"]):
         kept = schema["not"]
-        if "multipleOf" in kept or "pattern" in kept:
-            what, algebra = ("multipleOf", "number") if "multipleOf" in kept else ("pattern", "string")
-            return (f"negation is not enforced: a not of {what} is written only by the {algebra} algebra "
-                    f"(schema/regular.py), which did not take this {algebra} schema (keywords beside it that it "
-                    "does not read, or past its caps)")
-        return ("negation is not enforced: an object-level not (some key holding a value it rejects) is written "
-                "only within object_exists.py's caps")
+        if any(_holds(kept, k) for k in EXISTS_KEYS):
+            return ("negation is not enforced: an object-level not (some key holding a value it rejects) is written "
+                    "only within object_exists.py's caps")
+        what, algebra = ("multipleOf", "number") if _holds(kept, "multipleOf") else ("pattern", "string")
+        return (f"negation is not enforced: a not of {what} is written only by the {algebra} algebra "
+                f"(schema/regular.py), which did not take this {algebra} schema (keywords beside it that it "
+                "does not read, or past its caps)")
     try:
         negation(schema[key], resolve)
     except NotNegatable as exc:
