@@ -30,6 +30,7 @@ from surecall.grammars.schema.pattern import (
     _LINE_TERMINATORS,
     _PY_SPACE,
     PatternUnsupported,
+    _outside_classes,
     _Parser,
     _python_ranges,
     _top_branches,
@@ -691,26 +692,7 @@ class _NFA:
 
 def group_nesting(regex: str) -> int:
     """How deep `regex`'s groups nest (escapes and character classes skipped)."""
-    depth = deepest = 0
-    i, in_class = 0, False
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            if regex[i + 1:i + 2] == "]":  # a leading ] is a member
-                i += 1
-        elif c == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c == ")":
-            depth -= 1
-        i += 1
-    return deepest
+    return max((depth for _, c, depth in _outside_classes(regex) if c == "("), default=0)
 
 
 def _not_too_nested(regex: str) -> str:

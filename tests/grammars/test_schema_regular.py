@@ -301,7 +301,7 @@ def test_multiple_of_algebra_gives_up_with_the_reason(schema, match):
 def test_group_nesting_skips_escapes_and_classes():
     from surecall.grammars.schema.string_automaton import group_nesting
 
-    assert group_nesting("(?:a(?:b)[(]\\()") == 2 and group_nesting("[]()]") == 0 and group_nesting("((a))(b)") == 2
+    assert group_nesting("(?:a(?:b)[(]\\()") == 2 and group_nesting("[\\]()]") == 0 and group_nesting("((a))(b)") == 2
 
 
 def test_a_body_nested_past_the_parsers_limit_falls_back(monkeypatch):
