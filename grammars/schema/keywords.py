@@ -26,3 +26,29 @@ _OWN_MARKS = "$surecall:"  # the converter's own keys (positions, excluded value
 def is_undefined(key: str) -> bool:
     """A key no draft defines (nor one of the converter's own): an annotation JSON Schema ignores."""
     return key not in JSON_SCHEMA_KEYWORDS and not key.startswith(_OWN_MARKS)
+
+
+# Keys whose object maps names (of properties, patterns, definitions) to schemas or lists, and keys
+# whose value is JSON data: their own keys are never keywords.
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependencies",
+                        "dependentSchemas", "dependentRequired"})
+_DATA = frozenset({"enum", "const", "default", "examples"})
+
+
+def without_own_marks(schema: object, parent: str | None = None) -> object:
+    """`schema` without the keys a user wrote under the converter's own prefix (`$surecall:...`).
+
+    No draft defines them, so JSON Schema ignores them; the converter would read them as its own
+    marks (`$surecall:not_in` excludes values), so they are dropped before it runs. Property,
+    pattern and definition names, and JSON data (enum, const, default, examples), are kept as
+    written. The same object when nothing is dropped."""
+    if isinstance(schema, list):
+        items = [without_own_marks(v, None) for v in schema]
+        return schema if all(a is b for a, b in zip(items, schema)) else items
+    if not isinstance(schema, dict) or parent in _DATA:
+        return schema
+    names = parent in _NAME_MAPS
+    out = {k: v if k in _DATA and not names else without_own_marks(v, None if names else k)
+           for k, v in schema.items() if names or not k.startswith(_OWN_MARKS)}
+    same = len(out) == len(schema) and all(out[k] is schema[k] for k in out)
+    return schema if same else out

@@ -61,6 +61,7 @@ from surecall.grammars.schema.conditionals import (
 )
 from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
+from surecall.grammars.schema.keywords import without_own_marks
 from surecall.grammars.schema.meta import checked_schema, rs_validator
 from surecall.grammars.schema.multiple_of import (
     NEAREST_LISTED,
@@ -221,6 +222,7 @@ def schema_to_regex(schema: dict | bool, options: GrammarOptions | None = None, 
     """
     options = options or GrammarOptions()
     checked_schema(schema)  # converted as written: the translator reads patterns as ECMA-262 and Python both do
+    schema = without_own_marks(schema)  # a user's `$surecall:...` keys are annotations, not the converter's marks
     conv, regex = _converted(schema, options, splice, keywords_imply_types=True)
     notes = []
     if regex is None and conv.truncated_at is None and conv.implied_a_type:

@@ -47,3 +47,18 @@ def test_only_keys_no_draft_defines_are_undefined():
     for key in ("title", "dependentRequired", "unevaluatedProperties", "contentSchema", "nullable"):
         assert not is_undefined(key)
     assert not is_undefined("$surecall:not_in")  # the converter's own keys assert
+
+
+def test_a_users_keys_under_the_converters_prefix_are_annotations():
+    # `$surecall:not_in` is the converter's own mark (values excluded); written by a user it asserts nothing
+    for schema in ({"type": "string", "$surecall:not_in": ["a"]},
+                   {"allOf": [{"$ref": "#/ddd/s"}], "ddd": {"s": {"type": "string", "$surecall:not_in": ["a"]}}}):
+        grammar = re.compile(expand_marks(schema_to_regex(schema).regex))
+        assert grammar.fullmatch('"a"') and grammar.fullmatch('"b"')
+    # as a property name and inside JSON data it is kept as written
+    named = {"type": "object", "properties": {"$surecall:not_in": {"type": "integer"}},
+             "required": ["$surecall:not_in"], "additionalProperties": False}
+    grammar = re.compile(expand_marks(schema_to_regex(named).regex))
+    assert grammar.fullmatch('{"$surecall:not_in": 1}') and not grammar.fullmatch("{}")
+    literal = {"enum": [{"$surecall:not_in": [1]}]}
+    assert re.compile(expand_marks(schema_to_regex(literal).regex)).fullmatch('{"$surecall:not_in": [1]}')
