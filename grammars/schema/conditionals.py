@@ -111,7 +111,7 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
         return _bound_negation(sub, key, value)
     if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in sub:
         negated = negation(value, resolve, depth + 1)  # some item fails the item schema
-        if _holds(negated, "contains", resolve):  # Handwritten oneofanyofitc7: 25 s to pass the state cap
+        if holds_key(negated, "contains", resolve):  # Handwritten oneofanyofitc7: 25 s to pass the state cap
             raise NotNegatable("the complement of 'items' would nest a contains inside a contains (their automata "
                                "multiply)")
         return [] if negated is False else [{"type": "array", "contains": negated}]
@@ -128,10 +128,11 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
     raise NotNegatable(f"the complement of {key!r} is not written (a finite automaton could, this converter does not)")
 
 
-def _holds(sub: object, keyword: str, resolve: Resolve | None = None, seen: set | None = None) -> bool:
-    """Whether `keyword` is a key anywhere in `sub` (a JSON value), through its `$ref`s with `resolve`."""
+def holds_key(sub: object, keyword: str, resolve: Resolve | None = None, seen: set | None = None) -> bool:
+    """Whether `keyword` is a key anywhere in `sub` (a JSON value), through its `$ref`s with `resolve`
+    (an unresolvable one counts as holding it)."""
     if isinstance(sub, list):
-        return any(_holds(v, keyword, resolve, seen) for v in sub)
+        return any(holds_key(v, keyword, resolve, seen) for v in sub)
     if not isinstance(sub, dict):
         return False
     if keyword in sub:
@@ -141,18 +142,18 @@ def _holds(sub: object, keyword: str, resolve: Resolve | None = None, seen: set 
         if sub["$ref"] not in seen:
             seen.add(sub["$ref"])
             try:
-                if _holds(resolve(sub["$ref"]), keyword, resolve, seen):
+                if holds_key(resolve(sub["$ref"]), keyword, resolve, seen):
                     return True
             except Exception:  # noqa: BLE001 - an unresolvable $ref: the converter reports it
                 return True
-    return any(_holds(v, keyword, resolve, seen) for v in sub.values())
+    return any(holds_key(v, keyword, resolve, seen) for v in sub.values())
 
 
 def _kept_not(sub: dict, key: str, value: object, resolve: Resolve) -> dict:
     """Objects failing `key` (EXISTS_KEYS): some key it rules has a value it rejects, an existence
     written as an object-level `not` that object_exists.py writes (conditional_parts keeps it).
     additionalProperties takes the names and patterns beside it, their values left free."""
-    if key != "propertyNames" and _holds(value, "not", resolve):  # Handwritten oneofpr1/2: 18 s to pass the state cap
+    if key != "propertyNames" and holds_key(value, "not", resolve):  # Handwritten oneofpr1/2: 18 s to pass the state cap
         raise NotNegatable(f"the complement of {key!r} would nest a not in the values of an object-level not (their "
                            "automata multiply)")
     if key != "additionalProperties":
@@ -247,11 +248,9 @@ def if_then_else(schema: dict, ptr: str, mark: Mark, resolve: Resolve) -> dict:
 
 def exclusive_branches(branches: list, ptr: str, mark: Mark, resolve: Resolve) -> list | None:
     """oneOf as anyOf: branch i and the negation of every other branch (None: some branch has
-    no negation here, or there are past MAX_EXCLUSIVE_BRANCHES)."""
-    if len(branches) > MAX_EXCLUSIVE_BRANCHES:
-        return None
-    negated = [_negated(b, resolve) for b in branches]
-    if any(n is None for n in negated) or math.prod(_num_disjuncts(n) for n in negated) > MAX_EXCLUSIVE_PRODUCT:
+    no negation here, or there are past MAX_EXCLUSIVE_BRANCHES: one_of_reason says which)."""
+    negated, _ = _branch_negations(branches, resolve)
+    if negated is None:
         return None
     return [{"allOf": [mark(b, _join(ptr, "oneOf", i)),
                        *(mark(tagged(n, ptr, "oneOf"), _join(ptr, "oneOf", j)) for j, n in enumerate(negated) if j != i)]}
@@ -260,20 +259,24 @@ def exclusive_branches(branches: list, ptr: str, mark: Mark, resolve: Resolve) -
 
 def one_of_reason(branches: list, resolve: Resolve) -> str | None:
     """Why exclusive_branches does not write an overlapping oneOf (None: it would)."""
+    return _branch_negations(branches, resolve)[1]
+
+
+def _branch_negations(branches: list, resolve: Resolve) -> tuple[list | None, str | None]:
+    """(each branch's negation, None), or (None, why exclusive_branches cannot write the oneOf)."""
     if len(branches) > MAX_EXCLUSIVE_BRANCHES:
-        return (f"{len(branches)} overlapping branches are past the {MAX_EXCLUSIVE_BRANCHES} written exactly (each "
-                "beside the negation of every other)")
+        return None, (f"{len(branches)} overlapping branches are past the {MAX_EXCLUSIVE_BRANCHES} written exactly "
+                      "(each beside the negation of every other)")
     negated = []
     for i, branch in enumerate(branches):
         try:
             negated.append(negation(branch, resolve))
         except NotNegatable as exc:
-            return f"branch {i} is not negated to keep the others out: {exc}"
+            return None, f"branch {i} is not negated to keep the others out: {exc}"
     product = math.prod(_num_disjuncts(n) for n in negated)
     if product > MAX_EXCLUSIVE_PRODUCT:
-        return (f"the branches' negations cross into {product} branches (past {MAX_EXCLUSIVE_PRODUCT} written "
-                "exactly)")
-    return None
+        return None, f"the branches' negations cross into {product} branches (past {MAX_EXCLUSIVE_PRODUCT} written exactly)"
+    return negated, None
 
 
 def if_branches(parts: list, resolve: Resolve) -> int:
@@ -317,10 +320,10 @@ def relaxed_reason(schema: dict, key: str, resolve: Resolve) -> str | None:
         return None
     if key == "not" and is_kept_not(schema["not"]):
         kept = schema["not"]
-        if any(_holds(kept, k) for k in EXISTS_KEYS):
+        if any(holds_key(kept, k) for k in EXISTS_KEYS):
             return ("negation is not enforced: an object-level not (some key holding a value it rejects) is written "
                     "only within object_exists.py's caps")
-        what, algebra = ("multipleOf", "number") if _holds(kept, "multipleOf") else ("pattern", "string")
+        what, algebra = ("multipleOf", "number") if holds_key(kept, "multipleOf") else ("pattern", "string")
         return (f"negation is not enforced: a not of {what} is written only by the {algebra} algebra "
                 f"(schema/regular.py), which did not take this {algebra} schema (keywords beside it that it "
                 "does not read, or past its caps)")

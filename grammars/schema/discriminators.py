@@ -20,6 +20,7 @@ from surecall.grammars.schema.conditionals import (
     KEPT_AT,
     NOT_IN,
     _join,
+    holds_key,
     kind_of,
     tagged,
     type_complement,
@@ -59,7 +60,7 @@ def discriminator_groups(parts: list, ptr: str, mark: Mark) -> tuple[list, dict[
     for key, group in by_key.items():
         if len(group) < 2:
             continue
-        if any(holds_ref(c.then) or holds_ref(c.other) for c in group):
+        if any(holds_key(c.then, "$ref") or holds_key(c.other, "$ref") for c in group):
             declined.update({c.index: f"its then/else on {key!r} hold a $ref (not written as a discriminator union)"
                              for c in group})
         else:
@@ -74,13 +75,6 @@ def discriminator_groups(parts: list, ptr: str, mark: Mark) -> tuple[list, dict[
                 why_at[len(out)] = declined[i]
             out.append(sub)
     return out, why_at
-
-
-def holds_ref(sub: object) -> bool:
-    """Whether a `$ref` occurs anywhere in `sub`."""
-    if isinstance(sub, dict):
-        return "$ref" in sub or any(holds_ref(v) for v in sub.values())
-    return isinstance(sub, list) and any(holds_ref(v) for v in sub)
 
 
 def discriminated_union(group: list[Case], mark: Mark) -> dict:

@@ -8,6 +8,8 @@ property_counts): a key they do not read is NotExact there only when some draft 
 
 from __future__ import annotations
 
+from surecall.grammars.schema.meta import SCHEMA_MAPS
+
 # Every keyword of drafts 4 to 2020-12 (core, applicators, validation, format, content,
 # meta-data), and OpenAPI's `nullable`, which the converter reads.
 JSON_SCHEMA_KEYWORDS = frozenset({
@@ -30,8 +32,7 @@ def is_undefined(key: str) -> bool:
 
 # Keys whose object maps names (of properties, patterns, definitions) to schemas or lists, and keys
 # whose value is JSON data: their own keys are never keywords.
-_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependencies",
-                        "dependentSchemas", "dependentRequired"})
+_NAME_MAPS = frozenset({*SCHEMA_MAPS, "dependentRequired"})
 _DATA = frozenset({"enum", "const", "default", "examples"})
 
 

@@ -31,7 +31,7 @@ from surecall.grammars.schema.pattern import PatternUnsupported, _outside_classe
 _QUANTIFIER = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
 _MAX_MESSAGE = 240  # characters of jsonschema-rs's message kept (it starts with the whole instance)
 # (a `dependencies` value may also be a list of names: _escaped passes anything but a dict through)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "items",
                "contains", "not", "if", "then", "else", "propertyNames", "contentSchema")
@@ -186,7 +186,7 @@ def _escaped(schema: Any, pointer: str) -> Any:
         readable = _pattern(schema["pattern"], pointer + "/pattern")
         if readable != schema["pattern"]:
             changed["pattern"] = readable
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         children = schema.get(key)
         if isinstance(children, dict):
             at = f"{pointer}/{key}/"
