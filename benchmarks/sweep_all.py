@@ -45,10 +45,19 @@ def main(argv=None) -> int:
     parser.add_argument("--walks", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/sweep_all")
     parser.add_argument("--redo", default="", help="comma-separated: big (table > 16 MB), flagged, failed")
-    parser.add_argument("--redo-ids", default="", help="comma-separated schema ids to run again")
+    parser.add_argument("--redo-ids", default="",
+                        help="comma-separated schema ids to run again, or @FILE: one id per line (grammar_diff.py --out)")
     args = parser.parse_args(argv)
     redo = {k for k in args.redo.split(",") if k}
-    ids = {i for i in args.redo_ids.split(",") if i}
+    if args.redo_ids.startswith("@"):
+        try:
+            text = Path(args.redo_ids[1:]).read_text()
+        except OSError as exc:
+            print(f"--redo-ids: cannot read {args.redo_ids[1:]}: {exc.strerror}", file=sys.stderr)
+            return 2
+        ids = {i.strip() for i in text.replace(",", "\n").splitlines() if i.strip()}
+    else:
+        ids = {i for i in args.redo_ids.split(",") if i}
     if ids:
         redo.add("ids")
         _REDO["ids"] = lambda r: r["id"] in ids

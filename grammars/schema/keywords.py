@@ -22,12 +22,21 @@ JSON_SCHEMA_KEYWORDS = frozenset({
     "maxContains", "minContains", "maxProperties", "minProperties", "required", "dependentRequired", "format",
     "contentEncoding", "contentMediaType", "contentSchema", "title", "description", "default", "deprecated",
     "readOnly", "writeOnly", "examples", "nullable"})
+# Keywords that assert nothing about an instance (meta-data, identifiers, content hints).
+ANNOTATION_KEYWORDS = frozenset({"$schema", "$id", "id", "$anchor", "$comment", "title", "description", "default",
+                                 "deprecated", "readOnly", "writeOnly", "examples", "contentEncoding",
+                                 "contentMediaType", "contentSchema"})
 _OWN_MARKS = "$surecall:"  # the converter's own keys (positions, excluded values): never annotations here
 
 
 def is_undefined(key: str) -> bool:
     """A key no draft defines (nor one of the converter's own): an annotation JSON Schema ignores."""
     return key not in JSON_SCHEMA_KEYWORDS and not key.startswith(_OWN_MARKS)
+
+
+def is_annotation(key: str) -> bool:
+    """A key that asserts nothing: a meta-data keyword, or one no draft defines."""
+    return key in ANNOTATION_KEYWORDS or is_undefined(key)
 
 
 # Keys whose object maps names (of properties, patterns, definitions) to schemas or lists, and keys

@@ -61,7 +61,7 @@ from surecall.grammars.schema.conditionals import (
 )
 from surecall.grammars.schema.discriminators import discriminator_groups
 from surecall.grammars.schema.disjoint import ranges_meet
-from surecall.grammars.schema.keywords import without_own_marks
+from surecall.grammars.schema.keywords import is_annotation, without_own_marks
 from surecall.grammars.schema.meta import checked_schema, rs_validator
 from surecall.grammars.schema.multiple_of import (
     NEAREST_LISTED,
@@ -184,6 +184,10 @@ MAX_REGULAR_STEPS = 8_000_000
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
 _MAX_UNION_ALTERNATIVES = 16  # branches of a union `excludes` looks through, per side
+# Object keywords beside which an undeclared key may be written or refused by more than the policy
+# and additionalProperties (`Converter.value_written_for` then does not say).
+_NAME_DEPENDENT = ("patternProperties", "propertyNames", "dependencies", "dependentSchemas", "dependentRequired",
+                   "unevaluatedProperties", "if", "then", "else", "not", "allOf", "anyOf", "oneOf")
 # Internal mark on a subschema moved by a merge: the JSON pointer it was written at.
 _AT = "$surecall:at"
 # Internal key on a merged allOf: {keyword: pointer of the branch it came from}.
@@ -658,6 +662,7 @@ class Converter:
         self.followed: list[str] | None = None  # the $refs the allOf merge under way follows
         self.any_regex: dict[int | str, str] = {}  # by depth; "stack": the bracket-stack value
         self.enum_validators: dict[str, object] = {}  # enum filter probe (canonical text) -> validator
+        self.enum_validators_by_id: dict[int, tuple] = {}  # id(subschema) -> (it, its enum_validator), for none_valid
         self.multiple_chars = 0  # characters of multipleOf regexes written so far (_MAX_MULTIPLE_CHARS)
         self.algebra_gave_up: dict[str, str] = {}  # pointer -> why its string automaton was given up
         self.regular_work = WorkMeter(MAX_REGULAR_STEPS)  # the string automata's steps (schema/regular.py), one cap per schema
@@ -1229,8 +1234,8 @@ class Converter:
             return True
         if not isinstance(emitted, dict) or not isinstance(other, dict) or depth > _MAX_EXCLUDE_DEPTH:
             return False
-        for literal, against in ((emitted, raw_other), (other, raw_emitted)):
-            values = _constants(literal)
+        for literal, against, constants in ((emitted, raw_other, _written_constants), (other, raw_emitted, _constants)):
+            values = constants(literal)
             verdict = None if values is None else self.none_valid(values, against)
             if verdict is not None:  # a value the grammar writes for a branch validates against it
                 return verdict
@@ -1325,7 +1330,38 @@ class Converter:
             if left is not None and right is not None and self.excludes(
                     left, right, props[name], other_props[name], depth + 1, memo=memo):
                 return True
+        maximum = other.get("maxProperties")
+        if isinstance(maximum, int) and not isinstance(maximum, bool) and len(always) > maximum:
+            return True  # every value written holds more names than `other` allows
+        for name in sorted(set(other.get("required", [])) & set(other_props)):  # a name `other` requires:
+            value = self.value_written_for(emitted, name)  # never written, or only with values it rejects
+            if value is False:
+                return True
+            if value is None or name in always:  # (an always-written name was tried above)
+                continue
+            left, right = self.flattened(value, memo), self.flattened(other_props[name], memo)
+            if left is not None and right is not None and self.excludes(
+                    left, right, value, other_props[name], depth + 1, memo=memo):
+                return True
         return False
+
+    def value_written_for(self, flat: dict, name: str) -> object | None:
+        """The schema of the values the grammar writes under key `name` in an object of `flat` (a
+        flattened object schema), False when it never writes that key, None when that is not known
+        here (pattern keys, dependencies, propertyNames and the like may write or refuse it)."""
+        props = flat.get("properties", {})
+        if name in props:
+            return props[name]
+        if any(k in flat for k in _NAME_DEPENDENT):
+            return None
+        extra = flat.get("additionalProperties", True)
+        if extra is False:
+            return False
+        shaped = any(v is not False for v in props.values())
+        if (props and shaped and "additionalProperties" not in flat and not self.options.allow_additional_properties
+                and name not in flat.get("required", []) and "minProperties" not in flat):
+            return False  # closed by policy (extra_member): an undeclared key is not written
+        return extra if isinstance(extra, dict) else None
 
     def arrays_exclude(self, emitted: dict, other: dict, depth: int, memo: dict) -> bool:
         """Arrays: `emitted` writes at least one item, its items never satisfy `other`'s items (plain
@@ -1357,7 +1393,10 @@ class Converter:
             return schema is False
         if not isinstance(schema, dict):
             return None
-        validator = self.enum_validator(_unmarked(schema))
+        hit = self.enum_validators_by_id.get(id(schema))  # the same subschema again (a oneOf's pairs)
+        if hit is None or hit[0] is not schema:
+            hit = self.enum_validators_by_id[id(schema)] = (schema, self.enum_validator(_unmarked(schema)))
+        validator = hit[1]
         if validator is None:
             return None
         try:
@@ -1399,7 +1438,8 @@ class Converter:
         """A validator of `probe` beside the root's definitions (built once per probe), or None."""
         text = json.dumps(probe, sort_keys=True, default=repr)
         if text not in self.enum_validators:
-            for key in ("$defs", "definitions", "$schema"):  # $schema: the root's draft, not the newest
+            refers = 'Ref"' in text or '"$ref"' in text  # without a reference the definitions are not compiled
+            for key in ("$defs", "definitions", "$schema") if refers else ("$schema",):  # $schema: the root's draft
                 if isinstance(self.root, dict) and key in self.root and key not in probe:
                     probe = {**probe, key: self.root[key]}
             try:
@@ -2158,10 +2198,12 @@ class Converter:
             "additionalProperties" in schema or self.options.allow_additional_properties)
         if len(patterns) == 1 and not with_rest and names is None:
             (pattern, sub), = patterns.items()
-            body = self.pattern_key_body(pattern, declared)
-            if body is not None:
+            key = self.counted_key(pattern, declared)
+            body = self.pattern_key_body(pattern, declared) if key is None else None
+            if key is not None or body is not None:
                 value = self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
-                return [] if value is None else [f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}']
+                key = key if key is not None else f'"{_group(body)}"'
+                return [] if value is None else [f'{key}{self.ws}:{self.ws}{_group(value)}']
         try:
             split = key_atoms(tuple(patterns), tuple(declared), with_rest, self.deadline, names)
         except KeysNotWritten:
@@ -2201,6 +2243,23 @@ class Converter:
             self.relax(ptr, "patternProperties", "the pattern has no exact translation or matches a declared name "
                        "(its keys are not written)")
         return members
+
+    def counted_key(self, pattern: str, declared: list[str]) -> str | None:
+        """A key pattern that is one anchored, quantified character set (`^.{1,256}$`) and finds no
+        declared name, as a counted string (its length exact at any size, one state for the body),
+        or None. Short runs are spelled out, as run_string does for values."""
+        run = counted_run(pattern) if self.options.counted_lengths else None
+        if run is None:
+            return None
+        char, low, high = run
+        if (low <= 1 and high is None) or (high is not None and (high <= _MATERIALISED_RUN or low > high)):
+            return None
+        try:
+            if any(re.search(pattern, name) for name in declared):
+                return None
+        except re.error:
+            return None
+        return counted_string_regex(low, high, char)
 
     def pattern_key_body(self, pattern: str, declared: list[str]) -> str | None:
         try:
@@ -2446,6 +2505,26 @@ def _constants(schema: object) -> list | None:
     if "const" in schema:
         return [schema["const"]]
     return list(schema["enum"]) if isinstance(schema.get("enum"), list) else None
+
+
+# A pattern that finds one string only, anchored at both ends: `^Abs$`, `^v1\.0$` (letters, digits,
+# a few plain punctuation marks, and escaped metacharacters).
+_LITERAL_PATTERN = re.compile(r"\^((?:[A-Za-z0-9_ ,:;'\"!@#%&=<>/~`-]|\\[.^$|?*+()\[\]{}\\/-])*)\$")
+_STRING_ONLY_KEYS = {"type", "pattern", "minLength", "maxLength", "format"}
+
+
+def _written_constants(schema: object) -> list | None:
+    """The values the grammar writes for `schema` when they are a known finite list: its const/enum,
+    or the one string of a literal pattern (`{"type": "string", "pattern": "^Abs$"}` writes only
+    "Abs": `$` is read as the end of the text, as ECMA-262 and `re` agree). None otherwise."""
+    values = _constants(schema)
+    if values is not None or not isinstance(schema, dict) or schema.get("type") not in ("string", ["string"]):
+        return values
+    pattern = schema.get("pattern")
+    match = _LITERAL_PATTERN.fullmatch(pattern) if isinstance(pattern, str) else None
+    if match is None or any(k not in _STRING_ONLY_KEYS and k not in (_AT, _FROM) and not is_annotation(k) for k in schema):
+        return None
+    return [re.sub(r"\\(.)", r"\1", match.group(1))]
 
 
 def _negated_types(not_schema: object) -> set[str] | None:

@@ -244,3 +244,24 @@ def test_compile_ab_medians_each_side_over_its_runs_and_compares_per_band(tmp_pa
     (tmp_path / "none.json").write_text("{}")
     with pytest.raises(SystemExit, match="no schema in common"):
         ab.compare(str(paths[0]), str(tmp_path / "none.json"))
+
+
+def test_grammar_diff_refuses_an_unknown_base_in_one_line(capsys):
+    diff = _load("grammar_diff")
+    assert diff.main(["--base", "no-such-revision-anywhere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no-such-revision-anywhere" in err
+
+
+def test_grammar_diff_package_view_imports_the_tree_it_was_made_from(tmp_path):
+    """The base's code is imported as `surecall` from a folder holding engine/ with grammars/ and kernels/ linked in."""
+    import subprocess
+    import sys
+
+    diff = _load("grammar_diff")
+    root = BENCH.parent
+    view = diff._package_view(root, tmp_path / "view")
+    code = "import surecall.grammars.schema.to_regex as m; print(m.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(view)}, capture_output=True, text=True,
+                         cwd=tmp_path, check=True)
+    assert Path(out.stdout.strip()).resolve() == (root / "grammars" / "schema" / "to_regex.py").resolve()

@@ -58,6 +58,22 @@ PROVEN = {
                     "additionalProperties": False},
                    {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}]},
         ["s", {"signal": "x"}, {"field": "f"}, {"expr": "e"}, {"signal": 1}, 3, None]),
+    "more_required_names_than_the_other_allows": (  # composer.json's repositories items (Github_ultra o42127)
+        {"oneOf": [{"type": "object", "required": ["type", "url"],
+                    "oneOf": [{"properties": {"type": {"enum": ["vcs", "git"]}, "url": {"type": "string"}}},
+                              {"properties": {"type": {"const": "path"}, "url": {"type": "string"}}}]},
+                   {"type": "object", "additionalProperties": {"enum": [False]}, "minProperties": 1,
+                    "maxProperties": 1}]},
+        [{"type": "git", "url": "u"}, {"type": "path", "url": "u"}, {"type": False}, {"x": False}, {"type": "git"},
+         {"x": False, "y": False}, {}, {"type": "svn", "url": "u"}]),
+    "a_required_name_written_only_with_values_the_other_rejects": (
+        {"oneOf": [{"type": "object", "additionalProperties": {"type": "integer"}},
+                   {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]}]},
+        [{"kind": "a"}, {"kind": 1}, {"n": 1}, {}, {"kind": None}]),
+    "a_required_name_never_written": (  # the first branch is closed by policy: it never writes "kind"
+        {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                   {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]}]},
+        [{"kind": "a"}, {"a": 1}, {}, {"kind": 1}]),
 }
 
 
@@ -84,6 +100,11 @@ def test_proven_disjoint_oneof_is_exact(name):
     {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "array", "items": {"type": "string"}}]},  # []
     {"oneOf": [{"type": "object", "required": ["meta"], "properties": {"meta": {"properties": {"kind": {"const": "a"}}}}},
                {"type": "object", "required": ["meta"], "properties": {"meta": {"properties": {"kind": {"const": "b"}}}}}]},
+    # the first branch may write "kind" with any value (explicitly open; pattern keys):
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True},
+               {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]}]},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^k": {"type": "string"}}},
+               {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]}]},
 ])
 def test_overlapping_oneof_is_never_proven_disjoint(schema):
     """Listed as relaxed, or written exactly (by negation): no accepted candidate matches two branches."""

@@ -20,7 +20,7 @@ from surecall.errors import UnsupportedSchema
 from surecall.grammars.automaton import ByteDFA, regex_to_dfa
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
-from surecall.grammars.schema.to_regex import expand_marks, expand_stack, schema_to_regex
+from surecall.grammars.schema.to_regex import expand_counts, expand_marks, expand_stack, schema_to_regex
 
 STYLES = (GrammarOptions(), GrammarOptions(whitespace="none"))
 
@@ -254,15 +254,27 @@ def test_size_error_names_the_reference_that_grows():
 
 
 def test_pattern_keys_above_max_bounded_length_are_narrowed_not_dropped():
+    """Without counters, a key pattern past max_bounded_length is written with the bound lowered (stricter)."""
     schema = {"type": "object", "patternProperties": {"^[a-z]{1,255}$": {"type": "integer"}},
               "additionalProperties": False}
-    result = schema_to_regex(schema)
+    result = schema_to_regex(schema, GrammarOptions(counted_lengths=False))
     assert result.relaxed == []  # every key written matches: the grammar is only stricter
     dfa = regex_to_dfa(result.regex)
     assert dfa.matches(b'{"temperature": 25, "humidity": 60}')
     assert dfa.matches(('{"' + "a" * 48 + '": 1}').encode())
     assert not dfa.matches(('{"' + "a" * 49 + '": 1}').encode())  # valid, but past the narrowed bound
     assert_walks_validate(schema, dfa)
+
+
+def test_a_pattern_key_of_one_quantified_set_is_counted_exactly():
+    """With counters (the default) the same key is a counted string: every length up to 255, none past it."""
+    schema = {"type": "object", "patternProperties": {"^[a-z]{1,255}$": {"type": "integer"}},
+              "additionalProperties": False}
+    result = schema_to_regex(schema)
+    assert result.relaxed == [] and result.narrowed == {}
+    regex = expand_counts(result.regex)
+    for length, valid in ((0, False), (1, True), (49, True), (255, True), (256, False)):
+        assert (re.fullmatch(regex, '{"' + "a" * length + '": 1}') is not None) == valid, length
 
 
 def test_reference_to_the_documents_own_id_resolves():
