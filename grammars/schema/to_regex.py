@@ -184,6 +184,7 @@ MAX_REGULAR_STEPS = 8_000_000
 _ALL_KINDS = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_EXCLUDE_DEPTH = 4  # property levels `excludes` looks down for discriminators
 _MAX_UNION_ALTERNATIVES = 16  # branches of a union `excludes` looks through, per side
+_MAX_OBJECT_ONE_OF = 64  # branches objects_one_of separates (its proof takes every ordered pair twice)
 # Object keywords beside which an undeclared key may be written or refused by more than the policy
 # and additionalProperties (`Converter.value_written_for` then does not say).
 _NAME_DEPENDENT = ("patternProperties", "propertyNames", "dependencies", "dependentSchemas", "dependentRequired",
@@ -1139,6 +1140,8 @@ class Converter:
             exact = self.finite_one_of(effective, ptr)
             if exact is False:
                 exact = self.arrays_one_of(effective, marked, ptr)
+            if exact is False:
+                exact = self.objects_one_of(effective, marked, ptr)
             if exact is not False:
                 return exact
             self.relax(ptr, "oneOf", self.one_of_reason(effective, ptr))
@@ -1190,6 +1193,53 @@ class Converter:
         if [verdict is False for verdict in takes_empty].count(True) == 1:
             branches.append(f"\\[{self.ws}\\]")
         return _alternation(branches)
+
+    def objects_one_of(self, effective: list, marked: list, ptr: str) -> str | None | bool:
+        """A oneOf whose overlapping branches are objects, each written without what lets it meet
+        another (listed as narrowed): for a pair that may meet, the first branch leaves out a name
+        the other requires, or else requires one of its own names the other (additionalProperties
+        false) never takes. The strengthened branches must pass `disjoint`; False where some pair
+        has neither, or the proof fails (the oneOf is then relaxed as before)."""
+        flat = self.flatten_all(effective)
+        if flat is None or len(flat) > _MAX_OBJECT_ONE_OF or not all(isinstance(f, dict) for f in flat):
+            return False
+        kinds = [self.kinds(f, 0) for f in flat]
+        memo: dict = {}
+        extra: list[dict] = [{} for _ in flat]  # per branch: {"forbid": [...], "require": [...]}
+        for i, j in itertools.permutations(range(len(flat)), 2):
+            shared = kinds[i] & kinds[j]
+            if not shared or self.excludes(flat[i], flat[j], effective[i], effective[j], shared=shared, memo=memo):
+                continue
+            if shared != {"object"}:
+                return False
+            step = self.name_that_separates(flat[i], flat[j])
+            if step is None:
+                return False
+            extra[i].setdefault(step[0], []).append(step[1])
+        stronger = [{"allOf": [sub, _separated(e)]} if e else sub for sub, e in zip(effective, extra)]
+        if not self.disjoint(stronger):
+            return False
+        self.narrowed[(ptr, "oneOf")] = ("written as its branches each without what lets it meet another (a name "
+                                         "another requires left out, or one of its own names that another does not "
+                                         "take required): a value of one branch that has those is not written")
+        return _alternation([self.convert({"allOf": [sub, _separated(e)]}, ptr) if e else self.convert(sub, ptr)
+                             for sub, e in zip(marked, extra)])
+
+    def name_that_separates(self, flat: dict, other: dict) -> tuple[str, str] | None:
+        """("forbid", name): `other` requires a name `flat` may leave out; else ("require", name): a
+        name `flat` declares (not false) that `other` never takes (additionalProperties false, no
+        pattern keys); None when neither exists."""
+        required = set(flat.get("required", []))
+        props = flat.get("properties", {})
+        for name in other.get("required", []):
+            if name not in required and props.get(name) is not False:
+                return "forbid", name
+        if other.get("additionalProperties") is False and not other.get("patternProperties"):
+            other_props = other.get("properties", {})
+            for name, sub in props.items():
+                if sub is not False and name not in other_props:
+                    return "require", name
+        return None
 
     def with_origins(self, rest: dict, ptr: str) -> dict:
         """`rest` (keywords of the node at `ptr`) carrying the allOf branches its keywords came from,
@@ -2496,6 +2546,16 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
         bound = math.ceil(ex_high) - 1
         high = bound if high is None else min(high, bound)
     return low, high
+
+
+def _separated(extra: dict) -> dict:
+    """The schema objects_one_of adds to a branch: the names it leaves out and those it requires."""
+    out: dict = {}
+    if extra.get("forbid"):
+        out["properties"] = {name: False for name in dict.fromkeys(extra["forbid"])}
+    if extra.get("require"):
+        out["required"] = list(dict.fromkeys(extra["require"]))
+    return out
 
 
 def _constants(schema: object) -> list | None:

@@ -221,3 +221,61 @@ def test_random_unions_of_listed_values_are_sound_and_exact_where_nothing_is_rel
             assert accepted == valid, schema
             exact += 1
     assert exact >= 110  # 114 of 150; 107 when a merged oneOf was relaxed instead of kept whole
+
+
+SEPARATED = {  # overlapping object branches, each written without what lets it meet another (narrowed, exact)
+    "one_of_several_keys": (  # JsonSchemaStore helm-testsuite's asserts: exactly one assertion key per item
+        {"type": "object", "properties": {"equal": True, "exists": True, "isKind": True},
+         "oneOf": [{"properties": {"equal": {"type": "object", "required": ["path"]}}, "required": ["equal"]},
+                   {"properties": {"exists": {"type": "object"}}, "required": ["exists"]},
+                   {"properties": {"isKind": {"type": "object"}}, "required": ["isKind"]}]},
+        [{"equal": {"path": "a"}}, {"exists": {}}, {"isKind": {}}],
+        [{}, {"equal": {"path": "a"}, "exists": {}}, {"exists": {}, "isKind": {}}, {"equal": {}}]),
+    "closed_objects_of_one_optional_key": (  # JsonSchemaStore pyrseas' privileges: `{}` would meet every branch
+        {"oneOf": [{"type": "string", "enum": ["all", "insert"]},
+                   {"type": "object", "additionalProperties": False, "properties": {"all": {"type": "boolean"}}},
+                   {"type": "object", "additionalProperties": False, "properties": {"insert": {"type": "boolean"}}}]},
+        ["all", {"all": True}, {"insert": False}],
+        [{}, {"all": True, "insert": False}, "x", {"other": 1}]),
+    "required_lists_that_differ_in_one_name": (  # Github_hard o52856's domain: zoneId or zoneName (its
+        # negations cross into 169 branches: separated instead)
+        {"type": "object", "properties": {"name": {"type": "string"}, "zoneId": {"type": "string"},
+                                          "zoneName": {"type": "string"}, "proxied": {"type": "boolean"},
+                                          "create": {"type": "boolean"}, "type": {"enum": ["A", "AAAA"]}},
+         "oneOf": [{"required": ["name", "type", "proxied", "create", "zoneId"]},
+                   {"required": ["name", "type", "proxied", "create", "zoneName"]}]},
+        [{"name": "a", "zoneId": "z", "proxied": True, "create": False, "type": "A"},
+         {"name": "a", "zoneName": "z", "proxied": True, "create": False, "type": "A"}],
+        [{"name": "a", "proxied": True, "create": False, "type": "A"}, {"zoneId": "z"},
+         {"name": "a", "zoneId": "z", "zoneName": "y", "proxied": True, "create": False, "type": "A"}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEPARATED))
+def test_overlapping_object_branches_are_written_exactly(name):
+    """Nothing relaxed (written by negation where that stays small, else separated and listed as narrowed); every
+    accepted value validates (exactly one branch), the branches' own values are written, and what meets two
+    branches (or none) is not."""
+    schema, written, refused = SEPARATED[name]
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for value in written:
+        assert validator.is_valid(value) and _accepts(schema, value), value
+    for value in refused:
+        assert not _accepts(schema, value), value
+    for value in [*written, *refused, *OBJECTS, *NUMBERS, "all", [], {"name": 1}]:
+        if _accepts(schema, value):
+            assert validator.is_valid(value), value
+
+
+
+def test_separated_branches_are_listed_as_narrowed():
+    """Past the negation's caps (each branch's negation has 5 disjuncts: a required name absent, so the two cross into
+    more than 16), the branches are separated by names and the oneOf is listed in `narrowed`: a value of one branch
+    that also holds the other's required names is not written."""
+    schema, _, _ = SEPARATED["required_lists_that_differ_in_one_name"]
+    result = schema_to_regex(schema)
+    assert result.relaxed == [] and ("", "oneOf") in result.narrowed
+    assert not _accepts(schema, {"name": "a", "zoneId": "z", "zoneName": "y", "proxied": True, "create": False,
+                                 "type": "A"})

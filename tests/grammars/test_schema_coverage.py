@@ -20,7 +20,12 @@ from surecall.errors import UnsupportedSchema
 from surecall.grammars.automaton import ByteDFA, regex_to_dfa
 from surecall.grammars.options import GrammarOptions
 from surecall.grammars.schema.render import grammar_dumps
-from surecall.grammars.schema.to_regex import expand_counts, expand_marks, expand_stack, schema_to_regex
+from surecall.grammars.schema.to_regex import (
+    expand_counts,
+    expand_marks,
+    expand_stack,
+    schema_to_regex,
+)
 
 STYLES = (GrammarOptions(), GrammarOptions(whitespace="none"))
 
