@@ -1387,7 +1387,7 @@ class Converter:
             value = self.value_written_for(emitted, name)  # never written, or only with values it rejects
             if value is False:
                 return True
-            if value is None or name in always:  # (an always-written name was tried above)
+            if value is None or (name in always and name in props):  # (tried above)
                 continue
             left, right = self.flattened(value, memo), self.flattened(other_props[name], memo)
             if left is not None and right is not None and self.excludes(
