@@ -27,7 +27,6 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
-_PACKAGE_DIRS = {"surecall": "engine", "surecall/grammars": "grammars", "surecall/kernels": "kernels"}
 
 
 def main(argv=None) -> int:
@@ -82,10 +81,9 @@ def _package_view(tree: Path, into: Path) -> Path:
     """A folder whose `surecall` package is the worktree's code (engine/ with grammars/ and
     kernels/ linked in, as the editable install maps them)."""
     pkg = into / "surecall"
-    shutil.copytree(tree / _PACKAGE_DIRS["surecall"], pkg, symlinks=True)
+    shutil.copytree(tree / "engine", pkg, symlinks=True)
     for sub in ("grammars", "kernels"):
-        (pkg / sub).unlink(missing_ok=True) if (pkg / sub).is_symlink() else shutil.rmtree(pkg / sub, ignore_errors=True)
-        (pkg / sub).symlink_to(tree / _PACKAGE_DIRS[f"surecall/{sub}"])
+        (pkg / sub).symlink_to(tree / sub)
     return into
 
 

@@ -1216,14 +1216,14 @@ class Converter:
             if step is None:
                 return False
             extra[i].setdefault(step[0], []).append(step[1])
-        stronger = [{"allOf": [sub, _separated(e)]} if e else sub for sub, e in zip(effective, extra)]
+        added = [_separated(e) for e in extra]
+        stronger = [{"allOf": [sub, more]} if more else sub for sub, more in zip(effective, added)]
         if not self.disjoint(stronger):
             return False
         self.narrowed[(ptr, "oneOf")] = ("written as its branches each without what lets it meet another (a name "
                                          "another requires left out, or one of its own names that another does not "
                                          "take required): a value of one branch that has those is not written")
-        return _alternation([self.convert({"allOf": [sub, _separated(e)]}, ptr) if e else self.convert(sub, ptr)
-                             for sub, e in zip(marked, extra)])
+        return _alternation([self.convert({"allOf": [sub, more]} if more else sub, ptr) for sub, more in zip(marked, added)])
 
     def name_that_separates(self, flat: dict, other: dict) -> tuple[str, str] | None:
         """("forbid", name): `other` requires a name `flat` may leave out; else ("require", name): a
@@ -1408,9 +1408,9 @@ class Converter:
         if extra is False:
             return False
         shaped = any(v is not False for v in props.values())
-        if (props and shaped and "additionalProperties" not in flat and not self.options.allow_additional_properties
-                and name not in flat.get("required", []) and "minProperties" not in flat):
-            return False  # closed by policy (extra_member): an undeclared key is not written
+        if (self.closed_by_policy(flat, list(props), shaped) and name not in flat.get("required", [])
+                and "minProperties" not in flat):
+            return False  # an undeclared key is not written (extra_member)
         return extra if isinstance(extra, dict) else None
 
     def arrays_exclude(self, emitted: dict, other: dict, depth: int, memo: dict) -> bool:
@@ -2212,14 +2212,19 @@ class Converter:
         schema) take extra keys; other objects (`shaped`: some declared property may be written)
         close by policy (options.allow_additional_properties). Extra keys follow the declared ones.
         """
-        is_explicit = "additionalProperties" in schema
-        if extra_schema is False or (declared and shaped and not (is_explicit or self.options.allow_additional_properties)):
+        if extra_schema is False or self.closed_by_policy(schema, declared, shaped):
             return None
         value = self.convert(extra_schema, pointer_join(ptr, "additionalProperties"))
         key = self.extra_key(schema, declared, ptr)
         if value is None or key is None:
             return None
         return f"{_group(key)}{self.ws}:{self.ws}{_group(value)}"
+
+    def closed_by_policy(self, schema: dict, declared: list, shaped: bool) -> bool:
+        """Whether an object of `schema` writes no undeclared key by policy: it declares names, some may
+        be written (`shaped`), and additionalProperties is not written out (options may open it)."""
+        return bool(declared) and shaped and not ("additionalProperties" in schema or
+                                                  self.options.allow_additional_properties)
 
     def pattern_members(self, schema: dict, declared: list[str], extra_schema: object, ptr: str) -> list[str]:
         """The undeclared members of an object with patternProperties: a key takes the schema of
@@ -2570,7 +2575,6 @@ def _constants(schema: object) -> list | None:
 # A pattern that finds one string only, anchored at both ends: `^Abs$`, `^v1\.0$` (letters, digits,
 # a few plain punctuation marks, and escaped metacharacters).
 _LITERAL_PATTERN = re.compile(r"\^((?:[A-Za-z0-9_ ,:;'\"!@#%&=<>/~`-]|\\[.^$|?*+()\[\]{}\\/-])*)\$")
-_STRING_ONLY_KEYS = {"type", "pattern", "minLength", "maxLength", "format"}
 
 
 def _written_constants(schema: object) -> list | None:
@@ -2582,7 +2586,8 @@ def _written_constants(schema: object) -> list | None:
         return values
     pattern = schema.get("pattern")
     match = _LITERAL_PATTERN.fullmatch(pattern) if isinstance(pattern, str) else None
-    if match is None or any(k not in _STRING_ONLY_KEYS and k not in (_AT, _FROM) and not is_annotation(k) for k in schema):
+    if match is None or any(k not in _STRING_KEYS and k not in ("type", _AT, _FROM) and not is_annotation(k)
+                             for k in schema):
         return None
     return [re.sub(r"\\(.)", r"\1", match.group(1))]
 
