@@ -31,6 +31,14 @@ from surecall.grammars.automaton import (
     regex_to_dfa,
     regex_to_dfa_isolated,
 )
+from surecall.grammars.calls import (
+    CallMarks,
+    CallsUnusable,
+    call_entries,
+    check_call_dist,
+    cut_call_marks,
+    frame_levels,
+)
 from surecall.grammars.counted import (
     CountedCutError,
     add_counts_inplace,
@@ -43,6 +51,7 @@ from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.schema.to_regex import free_value_depth
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.stack import (
+    MAX_STACK_DEPTH,
     StackCutError,
     add_item_charges_inplace,
     add_pop_tokens,
@@ -283,14 +292,36 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
         return build_with_shared_bodies(r, lambda text: _regex_dfa(text, options, clock, isolate=isolate),
                                         lambda text: _regex_dfa(text, options, clock, pruned=False, isolate=isolate))
 
+    chars = len(regex) + sum(map(len, pieces))
     if pieces:
-        dfa = build_spliced(regex, pieces, build, options.memory_budget_bytes, lambda: clock.check("byte DFA (splice)"),
-                            _FreeValueLevels(pieces, options.whitespace_regex()).shared)
+        def spliced(calls: bool) -> ByteDFA:
+            return build_spliced(regex, pieces, build, options.memory_budget_bytes,
+                                 lambda: clock.check("byte DFA (splice)"),
+                                 _FreeValueLevels(pieces, options.whitespace_regex()).shared, calls=calls)
+
+        def called() -> TokenTable:
+            dfa = spliced(True)
+            clock.check("byte DFA")
+            return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
+
         meta = {**meta, "pieces": len(pieces)}
+        if options.call_pieces == "always":
+            try:
+                return called()
+            except CallsUnusable:
+                pass  # copied, as under "never"
+        try:
+            dfa = spliced(False)
+        except CompileBudgetExceeded as exc:  # copies past the memory budget: call large pieces instead
+            if options.call_pieces != "auto" or "splicing sub-automata" not in str(exc):
+                raise
+            try:
+                return called()
+            except CallsUnusable:
+                raise exc from None
     else:
         dfa = build(regex)
     clock.check("byte DFA")
-    chars = len(regex) + sum(map(len, pieces))
     return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
 
 
@@ -362,6 +393,18 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     marks = cut_stack_marks(dfa)  # free-form values on the bracket stack (grammars/stack.py)
     if marks is not None:
         dfa, marks = marks
+    calls = cut_call_marks(dfa)  # called pieces' frames on the same stack (grammars/calls.py)
+    if calls is not None:
+        if marks is not None:
+            raise CallsUnusable("a grammar with free-form values does not call pieces")
+        dfa, calls = calls
+        if item_regions is not None:
+            at = np.concatenate([np.nonzero(calls.push >= 0)[0], calls.site_target])
+            if (item_regions.region[at] >= 0).any():
+                raise CallsUnusable("a call inside a counted array")
+        frame_levels(dfa, calls, MAX_STACK_DEPTH)
+        meta = {**meta, "calls": {"pieces": int(calls.frame.size), "sites": int(calls.site_piece.size),
+                                  "max_frame": int(calls.frame.max())}}
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes, regions[1])
@@ -374,6 +417,10 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
                                      ws=options.whitespace_regex())
         drop_pairs(rows, drop)
         stack = (marks, entries)
+    elif calls is not None:  # tokens that cross a call or a body's end: outcomes per row stack
+        entries, drop = call_entries(dfa, calls, vi, counted_edges(dfa, counted), item_regions)
+        drop_pairs(rows, drop)
+        stack = (calls, entries)
     counts = None
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
@@ -462,7 +509,10 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
         add_items_inplace(table, *items, order, new_id)
     if stack is not None:
         add_item_charges_inplace(table)
-        check_stack_dist(table, stack[0], new_id)
+        if isinstance(stack[0], CallMarks):
+            check_call_dist(table, stack[0], new_id)
+        else:
+            check_stack_dist(table, stack[0], new_id)
     return table
 
 

@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 
 WHITESPACE_POLICIES = ("none", "bounded", "free")
+CALL_PIECES = ("auto", "always", "never")
 _WHITESPACE_CHARS = " \t\n\r"
 
 
@@ -62,6 +63,11 @@ class GrammarOptions:
         retries with False when the table would pass the memory budget.
     max_regex_length: a schema whose regex grows past this many characters is unsupported
         (recursion and nested optional properties can grow it exponentially).
+    call_pieces: how a large `$ref`'d object or array value that occurs in many places is compiled
+        (grammars/calls.py). "auto" (default): copied into each place, and called instead (one
+        body, the return site on the row's stack) where the copies pass the memory budget;
+        "always": called wherever it can be; "never": always copied. Calls are made only in
+        grammars without free-form values.
     time_budget_s / memory_budget_bytes: the compiler stops with CompileBudgetExceeded past them (the time
         budget is the whole compile's: conversion, byte DFA, token walk, table and fallbacks together).
     """
@@ -77,6 +83,7 @@ class GrammarOptions:
     allow_additional_properties: bool = False
     any_property_order: bool = False
     rewrite_conditionals: bool = True
+    call_pieces: str = "auto"
     max_regex_length: int = 1_000_000
     time_budget_s: float = 30.0
     memory_budget_bytes: int = 2 << 30
@@ -109,6 +116,8 @@ class GrammarOptions:
             raise ValueError(f"Invalid free_form_stack: expected a bool, got {self.free_form_stack!r}")
         if not isinstance(self.any_property_order, bool):
             raise ValueError(f"Invalid any_property_order: expected a bool, got {self.any_property_order!r}")
+        if self.call_pieces not in CALL_PIECES:
+            raise ValueError(f"Invalid call_pieces: expected one of {CALL_PIECES}, got {self.call_pieces!r}")
         if not isinstance(self.time_budget_s, (int, float)) or not self.time_budget_s > 0:
             raise ValueError(f"Invalid time_budget_s: expected a number > 0, got {self.time_budget_s!r}")
         _check_int("memory_budget_bytes", self.memory_budget_bytes, 1 << 20, 1 << 50)

@@ -84,8 +84,8 @@ class Pieces:
 
 def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
                   memory_budget_bytes: int, check: Callable[[], None] = lambda: None,
-                  shared: Callable[[int], tuple[ByteDFA | None, Callable[[ByteDFA], None] | None]] | None = None
-                  ) -> ByteDFA:
+                  shared: Callable[[int], tuple[ByteDFA | None, Callable[[ByteDFA], None] | None]] | None = None,
+                  calls: bool = False) -> ByteDFA:
     """The byte DFA of `regex` with every placeholder replaced by its piece's language.
 
     `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
@@ -94,12 +94,19 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     `memory_budget_bytes`. `shared(index)`, when given, says whether a piece's spliced DFA is kept
     by the caller beyond this call: (its DFA, None) to use it as it is, (None, keep) to build it
     and hand it to keep(dfa), (None, None) to just build it.
+
+    With `calls`, a piece whose spliced DFA is an object or array value of at least
+    calls.MIN_CALL_STATES states is not copied: its users hold a call mark, and the result joins
+    each such body once (calls.join_calls; raises calls.CallsUnusable where that cannot be done).
     """
+    from surecall.grammars import calls as call_marks
+
     max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
     parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
     first_of = _FirstOf()
+    bodies: dict[int, ByteDFA] = {}  # with `calls`: the called pieces' DFAs
 
     def canonical_of(index: int, user: int) -> int:
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
@@ -112,6 +119,10 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
                     keep(dfa)
             check()
             canonical[index] = first_of.first(dfa, index)
+            if calls and canonical[index] == index and dfa.num_states >= call_marks.MIN_CALL_STATES \
+                    and call_marks.body_shape(dfa) is not None:
+                bodies[index] = dfa
+                dfa = call_marks.marker_dfa(index)
             built.setdefault((canonical[index],), dfa)
         return canonical[index]
 
@@ -133,8 +144,13 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
 
     whole = _whole_piece(regex)
     if whole is not None:  # the regex is one placeholder: the grammar is its piece (no parent to splice into)
-        return built[(canonical_of(whole, len(pieces)),)]
-    return splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states, check)
+        root = built[(canonical_of(whole, len(pieces)),)]
+    else:
+        root = splice_dfa(build(regex), sub_of, lambda i: canonical_of(i, len(pieces)), max_states, check)
+    if not bodies:
+        return root
+    _check_states(root.num_states + sum(d.num_states for d in bodies.values()), max_states)
+    return call_marks.join_calls(root, bodies)
 
 
 def _whole_piece(regex: str) -> int | None:

@@ -197,6 +197,7 @@ class StackEntries:
     item_inc: np.ndarray  # int32 [O]: separators crossed in the row's innermost counted array (tokens that pop)
     item_flag: np.ndarray  # int8 [O]: items.FLAG_CLOSES | FLAG_OPENS, as an item entry's
     item_set: np.ndarray  # int32 [O]: the counter of the array it leaves open (-1: none)
+    weight: np.ndarray | None = None  # int64 [O]: each outcome's dist weight where the walk set it (calls.py)
 
 
 
@@ -652,7 +653,8 @@ def _grouped(out: dict, vocab_size: int) -> StackEntries:
         push_len=out["ins_len"].astype(np.int8), push_bits=out["ins_bits"].astype(np.int64),
         next=out["q"].astype(np.int32), closer_last=(out["j"] > 0) & (out["tail"] < 0),
         item_inc=out["inc"].astype(np.int32), item_flag=out["flag"].astype(np.int8),
-        item_set=np.where((out["flag"] & 2) != 0, out["counter"], -1).astype(np.int32))
+        item_set=np.where((out["flag"] & 2) != 0, out["counter"], -1).astype(np.int32),
+        weight=out["weight"].astype(np.int64) if "weight" in out else None)
 
 
 def _pop_step(w: dict, closing: np.ndarray, p: np.ndarray, targets: np.ndarray, n: int) -> dict:
@@ -722,9 +724,12 @@ def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
     is_f = entries.cond_depth[outs] != 0  # a source inside a free-form value (depth >= 1)
     cl, cd, pops, pl = (entries.cond_len[outs], entries.cond_depth[outs], entries.pops[outs],
                         entries.push_len[outs].astype(np.int64))
-    weight = np.where(~is_f, 1 + np.maximum(pl - 1, 0),
-                      np.where((cd < 0) & (cl <= 1) & (pops == 0), 1 + pl,
-                               np.where((cd == 1) & (pops == 1) & entries.closer_last[outs] & (pl == 0), 1, 0)))
+    if entries.weight is not None:  # calls.py's: set by its walk
+        weight = entries.weight[outs]
+    else:
+        weight = np.where(~is_f, 1 + np.maximum(pl - 1, 0),
+                          np.where((cd < 0) & (cl <= 1) & (pops == 0), 1 + pl,
+                                   np.where((cd == 1) & (pops == 1) & entries.closer_last[outs] & (pl == 0), 1, 0)))
     table.stack_key = key[order].astype(np.int64)
     table.stack_ptr = ptr.astype(np.int32)
     table.stack_edge = entries.edge[order].astype(np.int8)

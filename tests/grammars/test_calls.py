@@ -1,0 +1,98 @@
+"""Return states (grammars/calls.py): a large `$ref`'d object compiled once and called from each
+place, its return site on the row's stack. The called table and the copied one accept the same
+documents (the text of walks of each, byte by byte, accepted by the other; the called table's
+token paths by the copied one), every walk validates, walks cut by max_tokens end inside it, and
+what cannot be called is copied as before."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from helpers.calls_grammar import call_schema, small_vocab
+
+from surecall.grammars.calls import CALL_LEAD, CallsUnusable, body_shape, marker_dfa
+from surecall.grammars.compile import compile_schema
+from surecall.grammars.options import GrammarOptions
+from surecall.grammars.walk import accepts, decode, random_walk
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tables():
+    vocab, schema = small_vocab(), call_schema()
+    called = compile_schema(schema, vocab, GrammarOptions(call_pieces="always"), use_cache=False)
+    copied = compile_schema(schema, vocab, GrammarOptions(call_pieces="never"), use_cache=False)
+    return vocab, schema, called, copied
+
+
+def test_pieces_are_called_once(tables):
+    _, _, called, copied = tables
+    calls = called.meta["calls"]
+    assert calls["pieces"] >= 1 and calls["sites"] >= 3
+    assert called.has_stack and not copied.has_stack and "calls" not in copied.meta
+    assert called.meta["dfa_states"] < copied.meta["dfa_states"] * 0.6
+    assert called.relaxed == copied.relaxed == []
+
+
+@pytest.mark.parametrize("budget", [None, 30, 60, 120])
+def test_walks_validate_and_both_tables_accept_them(tables, budget):
+    vocab, schema, called, copied = tables
+    validator = jsonschema.Draft7Validator(schema)
+    rng = np.random.default_rng(budget or 0)
+    nested = 0
+    for i in range(24):
+        src, other = (called, copied) if i % 2 == 0 else (copied, called)
+        ids = random_walk(src, vocab, rng, max_tokens=budget)
+        doc = json.loads(decode(vocab, ids))
+        assert not list(validator.iter_errors(doc)), decode(vocab, ids)
+        text = decode(vocab, ids)
+        # the same text byte by byte (tokens that cross a call event and a counted string's or
+        # array's event are refused in the called table, as beside free-form values)
+        assert accepts(other, list(text)), text
+        if src is called:
+            assert accepts(copied, ids), text
+        assert budget is None or len(ids) <= budget
+        nested += "q" in json.dumps(doc)
+    assert budget is not None or nested > 0
+
+
+def test_tokens_that_end_a_body_and_go_on(tables):
+    """`},"` ends a called body and writes the next key: one entry, one outcome per site."""
+    vocab, _, called, _ = tables
+    t = vocab.token_bytes.index(b'},"')
+    keys = called.stack_key[called.stack_key % called.logits_width == t]
+    assert keys.size
+    per = np.diff(called.stack_ptr.astype(np.int64))[np.isin(called.stack_key, keys)]
+    assert per.max() >= 2  # a frame of the row's: an outcome per return site (and dist's own)
+
+
+def test_budget_too_tight_for_the_document_is_refused_not_broken(tables):
+    vocab, _, called, _ = tables
+    assert int(called.dist[0]) > 3
+    rng = np.random.default_rng(5)
+    ids = random_walk(called, vocab, rng, max_tokens=int(called.dist[0]))
+    assert accepts(called, ids) and len(ids) <= int(called.dist[0])
+
+
+def test_what_cannot_be_called_is_copied():
+    vocab, schema = small_vocab(), call_schema()
+    schema["properties"]["free"] = {"type": "object"}  # a free-form value: no calls in this grammar
+    always = compile_schema(schema, vocab, GrammarOptions(call_pieces="always"), use_cache=False)
+    never = compile_schema(schema, vocab, GrammarOptions(call_pieces="never"), use_cache=False)
+    assert "calls" not in always.meta and always.num_states == never.num_states
+    assert np.array_equal(always.dist, never.dist)
+
+
+def test_body_shape_and_marker():
+    marker = marker_dfa(0x1A2B)
+    assert marker.trans[0, CALL_LEAD] == 1 and marker.accept[-1] and body_shape(marker) is None
+    with pytest.raises(ValueError, match="call_pieces"):
+        GrammarOptions(call_pieces="sometimes")
+    assert issubclass(CallsUnusable, ValueError)
