@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surecall.grammars.automaton import ByteDFA, prune
+from surecall.grammars.automaton import ByteDFA, minimize, prune
 
 # Bytes no valid UTF-8 text holds: never in a JSON grammar's text, free for marks.
 CALL_LEAD, PUSH_MARK, POP_MARK = 0xF7, 0xF8, 0xF9
@@ -98,40 +98,182 @@ def _call_places(dfa: ByteDFA) -> list[tuple[int, int, int]]:
     return found
 
 
-def join_calls(root: ByteDFA, bodies: dict[int, ByteDFA]) -> ByteDFA:
-    """One DFA: `root` and each called body once, every call place written with PUSH_MARK and each
-    body's end with POP_MARK (pruned; the marks are cut by cut_call_marks). Raises CallsUnusable
-    where a call's opening byte meets another edge of its place."""
-    comps = [root]
-    offset = {None: 0}
-    size = root.num_states
-    order = sorted(bodies)
-    for p in order:
-        offset[p] = size
-        comps.append(bodies[p])
-        size += bodies[p].num_states
-    places = []  # (s, piece, t) in joined ids
-    for key, dfa in zip([None, *order], comps, strict=True):
-        off = offset[key]
-        places += [(s + off, p, t + off) for s, p, t in _call_places(dfa)]
-    sites_of: dict[int, list[int]] = {}
-    for i, (_, p, _) in enumerate(places):
-        if p not in bodies:
-            raise CallsUnusable(f"piece {p} is called but has no body")
-        sites_of.setdefault(p, []).append(i)
-    extra = 0  # mark states: per site a push chain (1 + 4), per piece a pop trie (at most 4 per site)
-    for sites in sites_of.values():
-        extra += (1 + _DIGITS) * len(sites) + 1 + _DIGITS * len(sites)
-    trans = np.full((size + extra, 256), -1, dtype=np.int32)
-    accept = np.zeros(size + extra, dtype=bool)
-    for key, dfa in zip([None, *order], comps, strict=True):
-        off = offset[key]
+CALL_LEVELS_CAP = 24  # a place whose frame would need more levels is copied (its caller's rest is long)
+_JOIN_ROUNDS = 8
+
+
+@dataclass
+class _Layout:
+    """Components side by side (root, each body, each copied place's private body) and the call
+    places left, in joined ids."""
+
+    trans: np.ndarray  # int32 [n, 256]: every component's edges, shifted; a copy's end leads to its place's return
+    accept: np.ndarray  # bool [n]: the root's accepting states
+    eps: dict  # copied place's source -> [its copy's start] (a copy that meets another edge: subsets)
+    places: list  # (key, s, piece, t) of the places still called
+    entry: dict  # piece -> its body's state after the opening byte
+    end: dict  # piece -> its body's accepting state
+    beta: dict  # piece -> the opening byte
+
+
+def _layout(root: ByteDFA, bodies: dict[int, ByteDFA], copied: set) -> _Layout:
+    comps: list[tuple[object, ByteDFA, int | None]] = [(("root",), root, None)]  # (key, dfa, copied place's return)
+    places: list = []
+    size, k = 0, 0
+    offsets: list[int] = []
+    entry, end, beta = {}, {}, {}
+    used: set[int] = set()  # bodies some kept component calls (an unused body's calls would keep dead parts alive)
+    while k < len(comps):
+        key, dfa, _ = comps[k]
+        offsets.append(size)
+        for s, p, t in _call_places(dfa):
+            place = (key, s, p, t)
+            if p not in bodies:
+                raise CallsUnusable(f"piece {p} is called but has no body")
+            if place in copied:
+                comps.append((("copy", place), bodies[p], None))
+            elif p not in used:
+                used.add(p)
+                comps.append((("body", p), bodies[p], None))
+            places.append((place, size + s, p, size + t))
+        size += dfa.num_states
+        k += 1
+    trans = np.full((size, 256), -1, dtype=np.int32)
+    accept = np.zeros(size, dtype=bool)
+    for (key, dfa, _), off in zip(comps, offsets, strict=True):
         block = trans[off : off + dfa.num_states]
         np.add(dfa.trans, off, out=block)
         block[dfa.trans < 0] = -1
-        if key is None:
+        if key[0] == "root":
             accept[off : off + dfa.num_states] = dfa.accept
+        elif key[0] == "body":
+            p = key[1]
+            beta[p] = int(np.flatnonzero(dfa.trans[0] >= 0)[0])
+            entry[p] = off + int(dfa.trans[0, beta[p]])
+            end[p] = off + int(np.flatnonzero(dfa.accept)[0])
     trans[:, CALL_LEAD] = -1  # the places' letter states become unreachable (pruned)
+    copy_at = {comp[0][1]: (off, comp[1].num_states) for comp, off in zip(comps, offsets, strict=True)
+               if comp[0][0] == "copy"}
+    eps: dict[int, list[int]] = {}
+    called = []
+    for place, s, p, t in places:
+        if place in copied:  # its copy's start by an epsilon move, its end onto the return
+            off, num = copy_at[place]
+            acc = off + int(np.flatnonzero(bodies[p].accept)[0])
+            block = trans[off : off + num]
+            block[block == acc] = t  # only the copy's own edges lead there
+            eps.setdefault(s, []).append(off)
+        else:
+            called.append((place, s, p, t))
+    return _Layout(trans, accept, eps, called, entry, end, beta)
+
+
+def _place_levels(lay: _Layout) -> tuple[np.ndarray, list]:
+    """(levels each called place's frame needs, the places whose opening meets another edge),
+    by calls.frame_levels' byte-level fixed point over the layout (a copy's moves as edges)."""
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import dijkstra
+
+    n = lay.trans.shape[0]
+    clash, seen = [], set()
+    for place, s, p, _ in lay.places:
+        b = lay.beta[p]
+        if lay.trans[s, b] >= 0 or (s, b) in seen or s in lay.eps:
+            clash.append(place)
+        seen.add((s, b))
+    body_of = np.full(n, -1, dtype=np.int64)  # root (-1) or a body; a copy is its caller's
+    for p, start in lay.entry.items():
+        body_of[start] = p
+    q, b = np.nonzero(lay.trans >= 0)
+    r = lay.trans[q, b].astype(np.int64)
+    eq = np.asarray([x for x, ys in lay.eps.items() for _ in ys], dtype=np.int64)
+    er = np.asarray([y for ys in lay.eps.values() for y in ys], dtype=np.int64)
+    ends = np.isin(r, list(lay.end.values()))
+    sink = n
+    sites = {}
+    for _, _, p, _ in lay.places:
+        sites[p] = sites.get(p, 0) + 1
+    bits = {p: max(int(np.ceil(np.log2(max(c, 1)))), 1) for p, c in sites.items()}
+    src0 = np.concatenate([q[~ends], eq, q[ends]])
+    dst0 = np.concatenate([r[~ends], er, np.full(int(ends.sum()), sink)])
+    w0 = np.concatenate([np.ones(int((~ends).sum())), np.full(eq.size, 0.5), np.ones(int(ends.sum()))])
+    # body membership of each place's source: a sweep per body over its edges and places (cheap enough
+    # at join time: bodies are what the splice would copy)
+    graph_src = np.concatenate([src0, [s for _, s, _, _ in lay.places]]).astype(np.int64)
+    graph_dst = np.concatenate([dst0, [t for _, _, _, t in lay.places]]).astype(np.int64)
+    keep = graph_dst < n
+    from surecall.grammars.automaton import Digraph, range_indices
+
+    order = np.argsort(graph_src[keep], kind="stable")
+    g = Digraph(n, graph_src[keep][order], graph_dst[keep][order])
+    for p, start in lay.entry.items():
+        frontier = np.asarray([start], dtype=np.int64)
+        while frontier.size:
+            frontier = np.unique(g.dst[range_indices(g.ptr[frontier], g.ptr[frontier + 1] - g.ptr[frontier])])
+            frontier = frontier[body_of[frontier] < 0]
+            body_of[frontier] = p
+    in_root = np.asarray([body_of[s] < 0 for _, s, _, _ in lay.places], dtype=bool)
+    t_of = np.asarray([t for _, _, _, t in lay.places], dtype=np.int64)
+    t_root = np.asarray([body_of[t] < 0 for _, _, _, t in lay.places], dtype=np.int64)
+    s_of = np.asarray([s for _, s, _, _ in lay.places], dtype=np.int64)
+    e_of = np.asarray([lay.entry[p] for _, _, p, _ in lay.places], dtype=np.int64)
+    code = np.asarray([bits[p] for _, _, p, _ in lay.places], dtype=np.int64)
+    accepting = np.flatnonzero(lay.accept)
+    k = code.copy()
+    for _ in range(32):
+        charge = np.where(in_root, np.maximum(k - 1, 0), k)
+        src = np.concatenate([src0, s_of]).astype(np.int64)
+        dst = np.concatenate([dst0, e_of]).astype(np.int64)
+        w = np.concatenate([w0, 1 + charge]) * 2  # epsilon moves weigh 0.5 bytes: all weights integral
+        o = np.lexsort((w, dst, src))
+        src, dst, w = src[o], dst[o], w[o]
+        first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])] if src.size else np.zeros(0, bool)
+        back = csr_array((w[first], (dst[first], src[first])), shape=(n + 1, n + 1))
+        found = dijkstra(back, directed=True, indices=np.append(accepting, sink), min_only=True)[t_of] / 2
+        new = np.maximum(code, np.where(np.isfinite(found), np.ceil(found), 10**6).astype(np.int64) + t_root)
+        new = np.minimum(new, 10**6)
+        if np.array_equal(new, k):
+            break
+        k = new
+    return k, clash
+
+
+def join_calls(root: ByteDFA, bodies: dict[int, ByteDFA], max_states: int = 1 << 30,
+               check=lambda: None) -> ByteDFA:
+    """One DFA: `root` and each called body once, every call place written with PUSH_MARK and each
+    body's end with POP_MARK (pruned; the marks are cut by cut_call_marks). A place whose opening
+    byte meets another edge there, or whose frame would need more than CALL_LEVELS_CAP levels (its
+    caller's rest is long), gets a copy of the body instead (an epsilon move, made deterministic by
+    the splice's subset construction), and the places inside that copy are placed in turn."""
+    from surecall.grammars.splice import _check_states, _determinize
+
+    copied: set = set()
+    for _ in range(_JOIN_ROUNDS):
+        lay = _layout(root, bodies, copied)
+        _check_states(lay.trans.shape[0], max_states)
+        levels, clash = _place_levels(lay)
+        more = set(clash) | {place for (place, *_), k in zip(lay.places, levels.tolist(), strict=True)
+                             if k > CALL_LEVELS_CAP}
+        if not more - copied:
+            break
+        copied |= more
+        check()
+    else:
+        raise CallsUnusable("call places kept changing as copies were made")
+    trans, accept = lay.trans, lay.accept
+    # a site is a (piece, return state): places that return to the same state share its code
+    site_id: dict[tuple[int, int], int] = {}
+    for _, _, p, t in lay.places:
+        site_id.setdefault((p, t), len(site_id))
+    if not site_id:
+        raise CallsUnusable("no place is left to call")
+    sites_of: dict[int, list[tuple[int, int]]] = {}
+    for (p, t), g in site_id.items():
+        sites_of.setdefault(p, []).append((g, t))
+    extra = (1 + _DIGITS) * len(lay.places) + sum(1 + _DIGITS * len(v) for v in sites_of.values())
+    size = trans.shape[0]
+    trans = np.vstack([trans, np.full((extra, 256), -1, dtype=np.int32)])
+    accept = np.append(accept, np.zeros(extra, dtype=bool))
     nxt = size
 
     def fresh() -> int:
@@ -139,36 +281,34 @@ def join_calls(root: ByteDFA, bodies: dict[int, ByteDFA]) -> ByteDFA:
         nxt += 1
         return nxt - 1
 
-    beta = {p: int(np.flatnonzero(bodies[p].trans[0] >= 0)[0]) for p in sites_of}
+    for _, s, p, t in lay.places:
+        m = fresh()
+        trans[s, lay.beta[p]] = m
+        u = fresh()
+        trans[m, PUSH_MARK] = u
+        for d, b in enumerate(_letters(site_id[(p, t)])):
+            v = lay.entry[p] if d == _DIGITS - 1 else fresh()
+            trans[u, b] = v
+            u = v
     for p, sites in sites_of.items():
-        entry = offset[p] + int(bodies[p].trans[0, beta[p]])
-        for i in sites:
-            s = places[i][0]
-            if trans[s, beta[p]] >= 0:
-                raise CallsUnusable(f"state {s}: a call's opening {chr(beta[p])!r} meets another edge there")
-            m = fresh()
-            trans[s, beta[p]] = m
-            u = fresh()
-            trans[m, PUSH_MARK] = u
-            for d, b in enumerate(_letters(i)):
-                v = entry if d == _DIGITS - 1 else fresh()
-                trans[u, b] = v
-                u = v
-        # the end: the accepting state becomes the pop mark's state, a trie over the sites' letters
-        acc = offset[p] + int(np.flatnonzero(bodies[p].accept)[0])
-        root_of_trie = fresh()
-        trans[acc, POP_MARK] = root_of_trie
-        for i in sites:
-            u = root_of_trie
-            for d, b in enumerate(_letters(i)):
+        trie = fresh()  # the end: the accepting state becomes the pop mark's state, a trie over the sites
+        trans[lay.end[p], POP_MARK] = trie
+        for g, t in sites:
+            u = trie
+            for d, b in enumerate(_letters(g)):
                 if d == _DIGITS - 1:
-                    trans[u, b] = places[i][2]
+                    trans[u, b] = t
                 else:
                     v = trans[u, b]
                     if v < 0:
                         v = trans[u, b] = fresh()
                     u = int(v)
-    return prune(trans[:nxt], accept[:nxt], 0)
+    trans, accept = trans[:nxt], accept[:nxt]
+    if lay.eps:  # copies met other edges at their places: one subset construction, as the splice's
+        trans, accept, start, merged = _determinize(trans, accept, lay.eps, 0, max_states, check)
+        dfa = prune(trans, accept, start)
+        return minimize(dfa, check) if merged else dfa
+    return prune(trans, accept, 0)
 
 
 @dataclass
@@ -181,8 +321,10 @@ class CallMarks:
     site_code: np.ndarray  # int64 [N]: its code among its piece's sites
     site_target: np.ndarray  # int32 [N]: its return state
     body: np.ndarray  # int32 [S]: the piece whose body holds each state, -1 outside every body
-    frame: np.ndarray  # int32 [P]: levels per frame of each piece (k_P)
+    code_bits: np.ndarray  # int64 [P]: bits of each piece's site codes (>= 1)
     targets: np.ndarray  # int32 [P, R]: return state per (piece, code), -1 past its sites
+    site_of: np.ndarray  # int64 [P, R]: the site per (piece, code), -1 past its sites
+    levels: np.ndarray  # int64 [N]: levels of each site's frame (its code innermost, zeros above)
 
     def need_after_push(self, src: np.ndarray, levels: np.ndarray) -> np.ndarray:
         """The rise of the stack's need (max(d - 1, 0)) when `levels` are pushed from `src`."""
@@ -206,8 +348,8 @@ def _follow_letters(trans: np.ndarray, u: int) -> list[tuple[int, int]]:
 
 def cut_call_marks(dfa: ByteDFA) -> tuple[ByteDFA, CallMarks] | None:
     """The DFA without call marks (same ids; mark states left unreachable) and its events; None
-    when it has none. A push edge leads straight into the body; a pop edge is removed. Frames are
-    one level each here (`frame_levels` sets them)."""
+    when it has none. A push edge leads straight into the body; a pop edge is removed. A frame's
+    levels are its code's bits here (`frame_levels` pads them)."""
     trans = dfa.trans
     pushes = np.flatnonzero(trans[:, PUSH_MARK] >= 0)
     pops = np.flatnonzero(trans[:, POP_MARK] >= 0)
@@ -218,23 +360,27 @@ def cut_call_marks(dfa: ByteDFA) -> tuple[ByteDFA, CallMarks] | None:
     push = np.full((n, 256), -1, dtype=np.int32)
     pop = np.full((n, 256), -1, dtype=np.int32)
     site: dict[int, tuple[int, int, int]] = {}  # global site -> (piece, code, return state)
+    piece_of = np.full(n + 1, -1, dtype=np.int64)  # per pop mark's state its piece; per push mark's -2
+    piece_of[pops] = np.arange(pops.size)
+    piece_of[pushes] = -2
+    into_q, into_b = np.nonzero(piece_of[trans] != -1)  # every edge into a mark's state (-1 reads slot n)
+    into_m = trans[into_q, into_b]
     for k, a in enumerate(pops.tolist()):
         if (trans[a] >= 0).sum() != 1 or dfa.accept[a]:
             raise CallsUnusable(f"state {a}: a body's end shares its state with other text")
         for code, (g, t) in enumerate(sorted(_follow_letters(trans, int(trans[a, POP_MARK])))):
             site[g] = (k, code, t)
-        into = np.nonzero(trans == a)
-        pop[into] = k
-        cut[into] = -1
+    ends = piece_of[into_m] >= 0
+    pop[into_q[ends], into_b[ends]] = piece_of[into_m[ends]]
+    cut[into_q[ends], into_b[ends]] = -1
     cut[:, POP_MARK] = -1
-    for m in pushes.tolist():
-        into = np.nonzero(trans == m)
-        if (trans[m] >= 0).sum() != 1 or into[0].size != 1:
+    calls = ~ends
+    for s, byte, m in zip(into_q[calls].tolist(), into_b[calls].tolist(), into_m[calls].tolist(), strict=True):
+        if (trans[m] >= 0).sum() != 1:
             raise CallsUnusable(f"state {m}: a call mark shares its state with other text")
         (g, b), = _follow_letters(trans, int(trans[m, PUSH_MARK]))
         if g not in site:
             raise CallsUnusable(f"state {m}: a call to site {g}, whose body has no end")
-        s, byte = int(into[0][0]), int(into[1][0])
         cut[s, byte] = b
         push[s, byte] = g
     cut[:, PUSH_MARK] = -1
@@ -247,8 +393,12 @@ def cut_call_marks(dfa: ByteDFA) -> tuple[ByteDFA, CallMarks] | None:
     width = int(rows[:, 1].max()) + 1
     targets = np.full((num_pieces, width), -1, dtype=np.int32)
     targets[rows[:, 0], rows[:, 1]] = rows[:, 2]
+    site_of = np.full((num_pieces, width), -1, dtype=np.int64)
+    site_of[rows[:, 0], rows[:, 1]] = np.arange(rows.shape[0])
+    sites = np.bincount(rows[:, 0], minlength=num_pieces)
+    code_bits = np.maximum(np.ceil(np.log2(np.maximum(sites, 1))).astype(np.int64), 1)
     marks = CallMarks(push, pop, rows[:, 0].astype(np.int32), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int32),
-                      np.full(n, -1, dtype=np.int32), np.ones(num_pieces, dtype=np.int32), targets)
+                      np.full(n, -1, dtype=np.int32), code_bits, targets, site_of, code_bits[rows[:, 0]].copy())
     marks.body = _bodies(out, marks)
     return out, marks
 
@@ -268,51 +418,64 @@ def _bodies(dfa: ByteDFA, marks: CallMarks) -> np.ndarray:
     seeds: dict[int, set[int]] = {-1: {0}}
     for s, b, g in zip(ps.tolist(), pb.tolist(), site.tolist(), strict=True):
         seeds.setdefault(int(marks.site_piece[g]), set()).add(int(dfa.trans[s, b]))
+    from surecall.grammars.automaton import Digraph, range_indices
+
+    sq = np.asarray([q for q, ts in summary.items() for _ in ts], dtype=np.int64)
+    st = np.asarray([t for ts in summary.values() for t in ts], dtype=np.int64)
+    pq, pb = np.nonzero(plain >= 0)
+    src = np.concatenate([pq, sq])
+    dst = np.concatenate([plain[pq, pb].astype(np.int64), st])
+    order = np.argsort(src, kind="stable")
+    graph = Digraph(n, src[order], dst[order])
     seen = np.zeros(n, dtype=bool)
     for piece, states in seeds.items():
-        frontier = sorted(states)
-        while frontier:
-            step = []
-            for q in frontier:
-                if seen[q]:
-                    if body[q] != piece:
-                        raise CallsUnusable(f"state {q}: in two bodies")
-                    continue
-                seen[q] = True
-                body[q] = piece
-                step += plain[q][plain[q] >= 0].tolist() + summary.get(q, [])
-            frontier = step
+        frontier = np.asarray(sorted(states), dtype=np.int64)
+        while frontier.size:
+            clash = seen[frontier] & (body[frontier] != piece)
+            if clash.any():
+                raise CallsUnusable(f"state {int(frontier[clash][0])}: in two bodies")
+            frontier = frontier[~seen[frontier]]
+            seen[frontier] = True
+            body[frontier] = piece
+            frontier = np.unique(graph.dst[range_indices(graph.ptr[frontier], graph.ptr[frontier + 1] - graph.ptr[frontier])])
     ends = np.nonzero(marks.pop >= 0)
     if (body[ends[0]] != marks.pop[ends]).any():
         raise CallsUnusable("a body's end lies outside its body")
     return body
 
 
-def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, rounds: int = 32) -> None:
-    """Set marks.frame: per piece k_P >= its sites' code bits and >= dist[t] + [t outside every
-    body] for each of its return states t (dist: fewest bytes to the body's end, or to acceptance
-    outside every body, a push charged its frame's need). A fixed point over the frames, which the
-    pushes' charges feed back into; raises CallsUnusable when none is found within `rounds` or the
-    frames along some chain of calls pass `max_depth` levels."""
+def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, free_form=None, rounds: int = 64) -> None:
+    """Set marks.levels: per site k >= its piece's code bits and >= dist[t] + [t outside every body]
+    for its return state t (dist: fewest bytes to the body's end, or to acceptance outside every
+    body, a push charged the need its levels add). A fixed point over the sites' levels, which the
+    pushes' charges feed back into (a site whose own rest needs a call of itself finds none);
+    raises CallsUnusable when none is found within `rounds` or the levels along some chain of calls
+    pass `max_depth`. `free_form`: the grammar's StackMarks, whose closers (cut from the DFA) count
+    as byte edges to their targets here."""
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import dijkstra
 
     n = dfa.num_states
-    num = marks.frame.size
-    sites = np.bincount(marks.site_piece, minlength=num)
-    bits = np.maximum(np.ceil(np.log2(np.maximum(sites, 1))).astype(np.int64), 1)
     trans = dfa.trans
     q, b = np.nonzero(trans >= 0)
     r = trans[q, b].astype(np.int64)
-    g = marks.push[q, b]
+    g = marks.push[q, b].astype(np.int64)
+    if free_form is not None:  # a free-form value's closers: one byte on to each of their targets
+        fq, fb = np.nonzero(free_form.pop >= 0)
+        ft = free_form.targets[free_form.pop[fq, fb]]
+        fq, ft = np.repeat(fq, 3), ft.reshape(-1)
+        live = ft >= 0
+        q, r, g = np.concatenate([q, fq[live]]), np.concatenate([r, ft[live]]), np.concatenate([g, np.full(int(live.sum()), -1)])
     is_push = g >= 0
     pq, pb = np.nonzero(marks.pop >= 0)
     sink = n  # every body's end leads there, one byte on
     accepting = np.flatnonzero(dfa.accept & (marks.body < 0))
     in_root_t = (marks.body[marks.site_target] < 0).astype(np.int64)
+    bits = marks.code_bits[marks.site_piece].astype(np.int64)
+    t = marks.site_target.astype(np.int64)
     k = bits.copy()
     for _ in range(rounds):
-        charge = marks.need_after_push(q[is_push], k[marks.site_piece[g[is_push]]])
+        charge = marks.need_after_push(q[is_push], k[g[is_push]])
         src = np.concatenate([q[~is_push], q[is_push], pq]).astype(np.int64)
         dst = np.concatenate([r[~is_push], r[is_push], np.full(pq.size, sink)]).astype(np.int64)
         w = np.concatenate([np.ones(int((~is_push).sum())), 1 + charge, np.ones(pq.size)])
@@ -321,12 +484,9 @@ def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, rounds: int = 3
         first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])]
         back = csr_array((w[first], (dst[first], src[first])), shape=(n + 1, n + 1))
         found = dijkstra(back, directed=True, indices=np.append(accepting, sink), min_only=True)
-        t = marks.site_target.astype(np.int64)
         if not np.isfinite(found[t]).all():
             raise CallsUnusable("a call's return state cannot reach its end")
-        want = np.zeros(num, dtype=np.int64)
-        np.maximum.at(want, marks.site_piece, found[t].astype(np.int64) + in_root_t)
-        new = np.maximum(bits, want)
+        new = np.maximum(bits, found[t].astype(np.int64) + in_root_t)
         if (new > max_depth).any():
             raise CallsUnusable(f"a call's frame needs {int(new.max())} levels, past {max_depth}")
         if np.array_equal(new, k):
@@ -335,22 +495,22 @@ def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, rounds: int = 3
     else:
         raise CallsUnusable("the frames' levels found no fixed point")
     # the deepest chain of frames: a body's calls into other bodies (pieces hold earlier pieces only)
-    callee = {}
+    calls_from: dict[int, list[int]] = {}
     for s, site in zip(q[is_push].tolist(), g[is_push].tolist(), strict=True):
-        callee.setdefault(int(marks.body[s]), set()).add(int(marks.site_piece[site]))
+        calls_from.setdefault(int(marks.body[s]), []).append(int(site))
     depth: dict[int, int] = {}
 
     def deepest(piece: int, seen: frozenset) -> int:
         if piece in seen:
             raise CallsUnusable("a body calls itself")
         if piece not in depth:
-            own = int(k[piece]) if piece >= 0 else 0
-            depth[piece] = own + max([deepest(c, seen | {piece}) for c in callee.get(piece, ())] or [0])
+            depth[piece] = max([int(k[site]) + deepest(int(marks.site_piece[site]), seen | {piece})
+                                for site in calls_from.get(piece, ())] or [0])
         return depth[piece]
 
     if deepest(-1, frozenset()) > max_depth:
         raise CallsUnusable(f"frames along a chain of calls need {deepest(-1, frozenset())} levels, past {max_depth}")
-    marks.frame = k.astype(np.int32)
+    marks.levels = k.astype(np.int64)
 
 
 def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None = None, items=None):
@@ -386,6 +546,12 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
     live = ((dfa.trans[states][:, first] >= 0) | event[states][:, first]) & (vi.lens[toks][None, :] > level[states][:, None])
     si, ti = np.nonzero(live)
     src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
+    from types import SimpleNamespace
+
+    from surecall.grammars.stack import _reaches_an_event
+
+    reach = _reaches_an_event(dfa, SimpleNamespace(push=(marks.push >= 0).astype(np.int8), pop=marks.pop), vi, src, tok)
+    src, tok = src[reach], tok[reach]
     trans = np.vstack([np.where(dfa.trans >= 0, dfa.trans, n), np.full((1, 256), n)]).astype(np.int64).reshape(-1)
     push = np.vstack([marks.push, np.full((1, 256), -1, np.int32)]).reshape(-1)
     pop = np.vstack([marks.pop, np.full((1, 256), -1, np.int32)]).reshape(-1)
@@ -394,9 +560,10 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
         bad[: n * 256] |= counted.reshape(-1)
     if items is not None:
         bad[: n * 256] |= (items.events != 0).reshape(-1)
-    frame = marks.frame.astype(np.int64)
-    nsites = np.bincount(marks.site_piece, minlength=frame.size)
+    levels = marks.levels.astype(np.int64)
+    nsites = np.bincount(marks.site_piece, minlength=marks.code_bits.size)
     targets = marks.targets.astype(np.int64)
+    site_of = marks.site_of
     w = {"src": src, "tok": tok, "q": src.copy(), "pos": np.zeros(src.size, np.int64),
          "ins_len": np.zeros(src.size, np.int64), "ins_bits": np.zeros(src.size, np.int64),
          "clen": np.zeros(src.size, np.int64), "cbits": np.zeros(src.size, np.int64),
@@ -414,7 +581,7 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
         g, pc = push[at], pop[at]
         nxt = trans[at]
         pushing = g >= 0
-        kp = frame[marks.site_piece[np.maximum(g, 0)]]
+        kp = levels[np.maximum(g, 0)]
         w["ins_bits"] = np.where(pushing, (w["ins_bits"] << kp) | marks.site_code[np.maximum(g, 0)], w["ins_bits"])
         w["ins_len"] = w["ins_len"] + np.where(pushing, kp, 0)
         popping = pc >= 0
@@ -423,10 +590,11 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
         w["q"] = np.where(popping, w["q"], nxt)
         w["pos"] = w["pos"] + 1
         if popping.any():
-            kf = frame[np.maximum(pc, 0)]
+            pcs = np.maximum(pc, 0)
             own = popping & (w["ins_len"] > 0)
-            code = w["ins_bits"] & ((np.int64(1) << kf) - 1)
-            w["q"] = np.where(own, targets[np.maximum(pc, 0), np.minimum(code, targets.shape[1] - 1)], w["q"])
+            code = np.minimum(w["ins_bits"] & ((np.int64(1) << marks.code_bits[pcs]) - 1), targets.shape[1] - 1)
+            kf = levels[np.maximum(site_of[pcs, code], 0)]
+            w["q"] = np.where(own, targets[pcs, code], w["q"])
             w["ins_bits"] = np.where(own, w["ins_bits"] >> kf, w["ins_bits"])
             w["ins_len"] = np.where(own, w["ins_len"] - kf, w["ins_len"])
             row = popping & ~own
@@ -436,7 +604,7 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
                 rep = np.repeat(idx, count)
                 r = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)
                 split = {key: a[rep] for key, a in w.items()}
-                kr = frame[pc[rep]]
+                kr = levels[site_of[pc[rep], r]]
                 split["q"] = targets[pc[rep], r]
                 split["cbits"] = split["cbits"] | (r.astype(np.int64) << split["clen"])
                 split["clen"] = split["clen"] + kr
@@ -483,8 +651,8 @@ def check_call_dist(table, marks: CallMarks, new_id: np.ndarray) -> None:
     live = t >= 0
     dist = table.dist.astype(np.int64)[np.maximum(t, 0)]
     need = dist + (marks.body[marks.site_target] < 0)
-    bad = live & ((dist < 0) | (need > marks.frame[marks.site_piece]))
+    bad = live & ((dist < 0) | (need > marks.levels))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CallsUnusable(f"site {i}: its return state needs {int(need[i])} tokens, its frame "
-                            f"{int(marks.frame[marks.site_piece[i]])} levels")
+                            f"{int(marks.levels[i])} levels")

@@ -51,6 +51,7 @@ from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.schema.to_regex import free_value_depth
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.stack import (
+    CTX_NONE,
     MAX_STACK_DEPTH,
     StackCutError,
     add_item_charges_inplace,
@@ -61,6 +62,7 @@ from surecall.grammars.stack import (
     cut_stack_marks,
     dist_edges,
     drop_pairs,
+    merge_entries,
     stack_entries,
     stack_value_regex,
 )
@@ -82,6 +84,17 @@ from surecall.grammars.tokenwalk import (
     token_rows,
     vocab_index,
 )
+
+# "auto" calls pieces (grammars/calls.py) once the splice's copies pass this many states: a
+# flat DFA that large compiles in tens of seconds, its called form in a few (Github_ultra o38670).
+_CALLS_FROM = 65_536
+_SPLICE_BYTES_PER_STATE = 12 * 1024  # splice.py's estimate, so that the cap below is in its states
+
+
+class UnrollForCalls(Exception):
+    """The grammar's copies are too large and its free-form values keep its pieces from being
+    called: compile_schema converts again with them unrolled (free_form_stack=False) and calls."""
+
 
 _BYTES_PER_REGEX_CHAR = 1000  # outlines-core's peak memory per regex character, rounded up (measured: > 40)
 # Longer regexes get their byte DFA built in a child process that the budgets can kill: a few of
@@ -269,6 +282,19 @@ def _with_counted_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
         table = _with_counted_fallback(to_regex, vocab, dataclasses.replace(options, free_form_stack=False), meta)
         table.meta["stack_fallback"] = str(exc)
         return table
+    except UnrollForCalls as exc:
+        # free-form values unrolled (max_any_depth levels, listed as narrowed) so that every large
+        # object can be called; where even that fails, the grammar as it was, copied in full
+        try:
+            table = _with_counted_fallback(to_regex, vocab, dataclasses.replace(
+                options, free_form_stack=False, call_pieces="always"), meta)
+        except CompileBudgetExceeded:
+            table = None
+        if table is None or "calls" not in table.meta:
+            return _with_counted_fallback(to_regex, vocab, dataclasses.replace(options, call_pieces="never"), meta)
+        table.meta["calls_fallback"] = (f"free-form values unrolled {options.max_any_depth} levels deep so that the "
+                                        f"pieces holding them are called ({exc})")
+        return table
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
@@ -294,31 +320,51 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
 
     chars = len(regex) + sum(map(len, pieces))
     if pieces:
-        def spliced(calls: bool) -> ByteDFA:
-            return build_spliced(regex, pieces, build, options.memory_budget_bytes,
-                                 lambda: clock.check("byte DFA (splice)"),
+        parents: dict[str, ByteDFA] = {}  # each piece's own DFA, built once for every attempt below
+
+        def built(r: str) -> ByteDFA:
+            if r not in parents:
+                parents[r] = build(r)
+            return parents[r]
+
+        def spliced(calls: bool, budget: int) -> ByteDFA:
+            return build_spliced(regex, pieces, built, budget, lambda: clock.check("byte DFA (splice)"),
                                  _FreeValueLevels(pieces, options.whitespace_regex()).shared, calls=calls)
 
+        holds_stack = options.free_form_stack and stack_value_regex(options.whitespace_regex()) in pieces
+
         def called() -> TokenTable:
-            dfa = spliced(True)
+            dfa = spliced(True, options.memory_budget_bytes)
             clock.check("byte DFA")
+            if options.call_pieces == "auto" and holds_stack and dfa.num_states > _CALLS_FROM:
+                raise CallsUnusable(f"{dfa.num_states} states with pieces called, their free-form values copied")
             return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
 
         meta = {**meta, "pieces": len(pieces)}
+        full = options.memory_budget_bytes
         if options.call_pieces == "always":
             try:
                 return called()
-            except CallsUnusable:
-                pass  # copied, as under "never"
+            except CallsUnusable as exc:  # copied, as under "never"
+                meta = {**meta, "calls_unusable": str(exc)}
+        # "auto": copies past _CALLS_FROM states (or the memory budget) are called instead
+        cap = min(full, _CALLS_FROM * _SPLICE_BYTES_PER_STATE) if options.call_pieces == "auto" else full
         try:
-            dfa = spliced(False)
-        except CompileBudgetExceeded as exc:  # copies past the memory budget: call large pieces instead
+            dfa = spliced(False, cap)
+        except CompileBudgetExceeded as exc:
             if options.call_pieces != "auto" or "splicing sub-automata" not in str(exc):
                 raise
             try:
                 return called()
-            except CallsUnusable:
-                raise exc from None
+            except (CallsUnusable, CompileBudgetExceeded) as again:
+                if isinstance(again, CompileBudgetExceeded) and "splicing sub-automata" not in str(again) \
+                        and "memory budget" not in str(again):
+                    raise
+                if holds_stack:
+                    raise UnrollForCalls(str(again)) from None  # bodies holding a free-form value are not called
+                if cap >= full:
+                    raise exc from None
+                dfa = spliced(False, full)  # as before calls: copied within the whole budget
     else:
         dfa = build(regex)
     clock.check("byte DFA")
@@ -395,16 +441,16 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
         dfa, marks = marks
     calls = cut_call_marks(dfa)  # called pieces' frames on the same stack (grammars/calls.py)
     if calls is not None:
-        if marks is not None:
-            raise CallsUnusable("a grammar with free-form values does not call pieces")
         dfa, calls = calls
+        if marks is not None and (marks.ctx[calls.body >= 0] != CTX_NONE).any():
+            raise CallsUnusable("a free-form value inside a called body")  # bodies hold none (calls.body_shape)
         if item_regions is not None:
             at = np.concatenate([np.nonzero(calls.push >= 0)[0], calls.site_target])
             if (item_regions.region[at] >= 0).any():
                 raise CallsUnusable("a call inside a counted array")
-        frame_levels(dfa, calls, MAX_STACK_DEPTH)
-        meta = {**meta, "calls": {"pieces": int(calls.frame.size), "sites": int(calls.site_piece.size),
-                                  "max_frame": int(calls.frame.max())}}
+        frame_levels(dfa, calls, MAX_STACK_DEPTH, marks)
+        meta = {**meta, "calls": {"pieces": int(calls.code_bits.size), "places": int((calls.push >= 0).sum()),
+                                  "sites": int(calls.site_piece.size), "max_frame": int(calls.levels.max())}}
     vi = vocab_index(vocab)
     regions = lexical_regions(dfa)
     _check_memory(dfa, vi, regions[2], vocab.logits_width, options.memory_budget_bytes, regions[1])
@@ -412,15 +458,21 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     #    that break a length bound on their own are dropped here, the rest are the counters' job.
     rows = token_rows(dfa, vi, regions, check=lambda: clock.within("token walk"))
     stack = None
+    string_edges = counted_edges(dfa, counted)
     if marks is not None:  # tokens that cross a bracket of a free-form value: outcomes per row stack
-        entries, drop = stack_entries(dfa, marks, vi, counted_edges(dfa, counted), item_regions,
-                                     ws=options.whitespace_regex())
+        beside = string_edges
+        if calls is not None:  # a token that crosses a call as well is not kept (nor in the call walk)
+            beside = (calls.push >= 0) if beside is None else beside | (calls.push >= 0)
+        entries, drop = stack_entries(dfa, marks, vi, beside, item_regions, ws=options.whitespace_regex())
         drop_pairs(rows, drop)
         stack = (marks, entries)
-    elif calls is not None:  # tokens that cross a call or a body's end: outcomes per row stack
-        entries, drop = call_entries(dfa, calls, vi, counted_edges(dfa, counted), item_regions)
+    if calls is not None:  # tokens that cross a call or a body's end: outcomes per row stack
+        beside = string_edges
+        if marks is not None:
+            beside = (marks.push > 0) if beside is None else beside | (marks.push > 0)
+        entries, drop = call_entries(dfa, calls, vi, beside, item_regions)
         drop_pairs(rows, drop)
-        stack = (calls, entries)
+        stack = (calls, entries) if stack is None else ((stack[0], calls), merge_entries(stack[1], entries))
     counts = None
     if counted.num_regions:
         entries = check_entries(rows, dfa, counted, vi)
@@ -509,10 +561,11 @@ def build_table(dfa: ByteDFA, rows: list[Row], vocab, counts=None, items=None,
         add_items_inplace(table, *items, order, new_id)
     if stack is not None:
         add_item_charges_inplace(table)
-        if isinstance(stack[0], CallMarks):
-            check_call_dist(table, stack[0], new_id)
-        else:
-            check_stack_dist(table, stack[0], new_id)
+        for kind in stack[0] if isinstance(stack[0], tuple) else (stack[0],):
+            if isinstance(kind, CallMarks):
+                check_call_dist(table, kind, new_id)
+            else:
+                check_stack_dist(table, kind, new_id)
     return table
 
 

@@ -106,7 +106,8 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
     first_of = _FirstOf()
-    bodies: dict[int, ByteDFA] = {}  # with `calls`: the called pieces' DFAs
+    bodies: dict[int, ByteDFA] = {}  # with `calls`: the called pieces' DFAs (unions of them past len(pieces))
+    unions: list[list[int]] = []  # with `calls`: the pieces each called union stands for
 
     def canonical_of(index: int, user: int) -> int:
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
@@ -131,7 +132,38 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             parents[index] = build(pieces[index])
         return parents[index]
 
+    def called_union(key: tuple[int, ...]) -> ByteDFA | None:
+        """With calls: alternatives of which some are called objects (or arrays) as one called body,
+        the union of every alternative that opens with the same byte (None: none is called)."""
+        real = {i: bodies.get(i, built[(i,)]) for i in key}
+        groups: dict[int, list[int]] = {}
+        rest = []
+        for i in key:
+            b = call_marks.body_shape(real[i])
+            (groups.setdefault(b, []) if b is not None else rest).append(i)
+        if not any(i in bodies for members in groups.values() for i in members):
+            return None
+        parts = [built[(i,)] for i in rest]
+        for b, members in groups.items():
+            if any(real[i].trans[0, b] >= 0 for i in rest):
+                return None  # another alternative opens with the same byte: copied
+            if len(members) == 1:
+                parts.append(built[(members[0],)])
+                continue
+            union = union_dfa([real[i] for i in members], max_states, check)
+            if call_marks.body_shape(union) is None:
+                return None
+            index = len(pieces) + len(unions)
+            unions.append(members)
+            bodies[index] = union
+            parts.append(call_marks.marker_dfa(index))
+        return parts[0] if len(parts) == 1 else union_dfa(parts, max_states, check)
+
     def sub_of(key: tuple[int, ...]) -> ByteDFA:
+        if key not in built and calls and len(key) > 1:
+            called = called_union(key)
+            if called is not None:
+                built[key] = called
         if key not in built:  # alternatives at one place: their union, built once for every user
             subs = [built[(i,)] for i in key]
             if sum(d.num_states for d in subs) <= _UNION_BY_SUBSETS:
@@ -150,7 +182,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     if not bodies:
         return root
     _check_states(root.num_states + sum(d.num_states for d in bodies.values()), max_states)
-    return call_marks.join_calls(root, bodies)
+    return call_marks.join_calls(root, bodies, max_states, check)
 
 
 def _whole_piece(regex: str) -> int | None:

@@ -704,6 +704,46 @@ def _pop_step(w: dict, closing: np.ndarray, p: np.ndarray, targets: np.ndarray, 
 # -- the table (grammars/table.py "Bracket stack") --------------------------------------------------
 
 
+def free_form_weights(entries: StackEntries) -> np.ndarray:
+    """int64 [O]: each free-form outcome's weight as an edge of dist (0: none): from outside a
+    free-form value 1 + the levels left open beyond the first; from inside one that holds at depth
+    1 and leaves the stack as deep or deeper 1 + the levels pushed; one that closes its last level
+    with the token's last byte 1 (dist_edges)."""
+    is_f = entries.cond_depth != 0  # a source inside a free-form value (depth >= 1)
+    cl, cd, pops, pl = entries.cond_len, entries.cond_depth, entries.pops, entries.push_len.astype(np.int64)
+    return np.where(~is_f, 1 + np.maximum(pl - 1, 0),
+                    np.where((cd < 0) & (cl <= 1) & (pops == 0), 1 + pl,
+                             np.where((cd == 1) & (pops == 1) & entries.closer_last & (pl == 0), 1, 0))).astype(np.int64)
+
+
+def merge_entries(a: StackEntries, b: StackEntries) -> StackEntries:
+    """One StackEntries of two whose (state, token) pairs are disjoint (free-form values' and
+    calls'), entries in key order, each outcome with its weight (free_form_weights where unset)."""
+    wa = a.weight if a.weight is not None else free_form_weights(a)
+    wb = b.weight if b.weight is not None else free_form_weights(b)
+    src, tok = np.concatenate([a.src, b.src]), np.concatenate([a.tok, b.tok])
+    width = int(max(tok.max(initial=0), 0)) + 1
+    order = np.lexsort((tok, src))
+    key = src[order] * width + tok[order]
+    if key.size > 1 and (key[1:] == key[:-1]).any():
+        raise StackCutError("a token crosses a free-form value's bracket and a call in one entry")
+    ptr = np.concatenate([a.ptr[:-1], b.ptr[:-1] + a.ptr[-1]])
+    count = np.concatenate([np.diff(a.ptr), np.diff(b.ptr)])
+    outs = range_indices(ptr[order], count[order])
+    new_ptr = np.zeros(order.size + 1, dtype=np.int64)
+    new_ptr[1:] = np.cumsum(count[order])
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(a, name), getattr(b, name)])[outs]
+
+    return StackEntries(
+        src=src[order], tok=tok[order], ptr=new_ptr, edge=np.concatenate([a.edge, b.edge])[order],
+        cond_len=cat("cond_len"), cond_bits=cat("cond_bits"), cond_depth=cat("cond_depth"), pops=cat("pops"),
+        push_len=cat("push_len"), push_bits=cat("push_bits"), next=cat("next"), closer_last=cat("closer_last"),
+        item_inc=cat("item_inc"), item_flag=cat("item_flag"), item_set=cat("item_set"),
+        weight=np.concatenate([wa, wb])[outs])
+
+
 def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
     """The stack_* fields (DFA ids renumbered by `new_id`; entries of pruned states go, outcomes
     into pruned states go). Set before dist: `dist_edges` reads them."""
@@ -721,15 +761,7 @@ def add_stack_inplace(table, entries: StackEntries, new_id: np.ndarray) -> None:
     ptr[1:] = np.cumsum(kept[order])
     outs = range_indices(entries.ptr[order], per[order])  # every outcome of the entries in `order`, in order
     outs = outs[live_out[outs]]
-    is_f = entries.cond_depth[outs] != 0  # a source inside a free-form value (depth >= 1)
-    cl, cd, pops, pl = (entries.cond_len[outs], entries.cond_depth[outs], entries.pops[outs],
-                        entries.push_len[outs].astype(np.int64))
-    if entries.weight is not None:  # calls.py's: set by its walk
-        weight = entries.weight[outs]
-    else:
-        weight = np.where(~is_f, 1 + np.maximum(pl - 1, 0),
-                          np.where((cd < 0) & (cl <= 1) & (pops == 0), 1 + pl,
-                                   np.where((cd == 1) & (pops == 1) & entries.closer_last[outs] & (pl == 0), 1, 0)))
+    weight = (entries.weight if entries.weight is not None else free_form_weights(entries))[outs]
     table.stack_key = key[order].astype(np.int64)
     table.stack_ptr = ptr.astype(np.int32)
     table.stack_edge = entries.edge[order].astype(np.int8)

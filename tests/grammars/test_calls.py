@@ -35,7 +35,7 @@ def tables():
 def test_pieces_are_called_once(tables):
     _, _, called, copied = tables
     calls = called.meta["calls"]
-    assert calls["pieces"] >= 1 and calls["sites"] >= 3
+    assert calls["pieces"] >= 1 and calls["places"] >= 3 and 1 <= calls["sites"] <= calls["places"]
     assert called.has_stack and not copied.has_stack and "calls" not in copied.meta
     assert called.meta["dfa_states"] < copied.meta["dfa_states"] * 0.6
     assert called.relaxed == copied.relaxed == []
@@ -81,13 +81,36 @@ def test_budget_too_tight_for_the_document_is_refused_not_broken(tables):
     assert accepts(called, ids) and len(ids) <= int(called.dist[0])
 
 
-def test_what_cannot_be_called_is_copied():
+def test_free_form_values_beside_calls():
+    """A free-form value outside the bodies: its brackets and the calls share the row's stack."""
     vocab, schema = small_vocab(), call_schema()
-    schema["properties"]["free"] = {"type": "object"}  # a free-form value: no calls in this grammar
+    schema["properties"]["free"] = {"type": "object"}
+    schema["required"] = ["a", "free", "d"]
+    called = compile_schema(schema, vocab, GrammarOptions(call_pieces="always"), use_cache=False)
+    copied = compile_schema(schema, vocab, GrammarOptions(call_pieces="never"), use_cache=False)
+    assert called.meta["calls"]["places"] >= 3
+    validator = jsonschema.Draft7Validator(schema)
+    rng = np.random.default_rng(7)
+    for budget in (None, 50, 90, None, 200):
+        for _ in range(6):
+            ids = random_walk(called, vocab, rng, max_tokens=budget)
+            text = decode(vocab, ids)
+            assert not list(validator.iter_errors(json.loads(text))), text
+            assert accepts(copied, ids) and (budget is None or len(ids) <= budget)
+            back = random_walk(copied, vocab, rng, max_tokens=budget)
+            assert accepts(called, list(decode(vocab, back)))
+
+
+def test_what_cannot_be_called_is_copied():
+    """A large piece that is not an object or array value (a long enum) is copied as before."""
+    vocab = small_vocab()
+    names = {"enum": [f"a-rather-long-option-name-number-{i:03d}" for i in range(80)]}
+    schema = {"type": "object", "properties": {k: {"$ref": "#/definitions/N"} for k in "xyz"},
+              "definitions": {"N": names}}
     always = compile_schema(schema, vocab, GrammarOptions(call_pieces="always"), use_cache=False)
     never = compile_schema(schema, vocab, GrammarOptions(call_pieces="never"), use_cache=False)
-    assert "calls" not in always.meta and always.num_states == never.num_states
-    assert np.array_equal(always.dist, never.dist)
+    assert always.meta.get("pieces") and "calls" not in always.meta and not always.has_stack
+    assert always.num_states == never.num_states and np.array_equal(always.dist, never.dist)
 
 
 def test_body_shape_and_marker():
@@ -96,3 +119,36 @@ def test_body_shape_and_marker():
     with pytest.raises(ValueError, match="call_pieces"):
         GrammarOptions(call_pieces="sometimes")
     assert issubclass(CallsUnusable, ValueError)
+
+
+def test_auto_calls_once_the_copies_pass_the_threshold(monkeypatch):
+    """"auto" copies (tables as before) until the splice's copies pass compile._CALLS_FROM states
+    (65,536; lowered here), then calls."""
+    import surecall.grammars.compile as compile_module
+
+    vocab, schema = small_vocab(), call_schema()
+    before = compile_schema(schema, vocab, use_cache=False)
+    assert "calls" not in before.meta
+    monkeypatch.setattr(compile_module, "_CALLS_FROM", 400)
+    after = compile_schema(schema, vocab, use_cache=False)
+    assert after.meta["calls"]["places"] >= 3 and after.num_states < before.num_states
+
+
+def test_auto_unrolls_free_form_values_inside_bodies_to_call_them(monkeypatch):
+    """A free-form value inside the called object keeps it from being called on the bracket stack;
+    past the threshold "auto" converts again with free-form values unrolled (listed as narrowed)
+    and calls: every walk still validates."""
+    import surecall.grammars.compile as compile_module
+
+    vocab, schema = small_vocab(), call_schema()
+    schema["definitions"]["P"]["properties"]["extra"] = {"type": "object"}  # free-form, inside the body
+    monkeypatch.setattr(compile_module, "_CALLS_FROM", 400)
+    table = compile_schema(schema, vocab, use_cache=False)
+    assert table.meta["calls"]["places"] >= 3 and "free-form values unrolled" in table.meta["calls_fallback"]
+    assert any(k == "max_any_depth" for _, k, _ in table.meta["narrowed"])
+    validator = jsonschema.Draft7Validator(schema)
+    rng = np.random.default_rng(11)
+    for budget in (None, 60, 120):
+        for _ in range(5):
+            ids = random_walk(table, vocab, rng, max_tokens=budget)
+            assert not list(validator.iter_errors(json.loads(decode(vocab, ids))))

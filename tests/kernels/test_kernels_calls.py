@@ -41,7 +41,7 @@ def _tmp_cache(tmp_path, monkeypatch):
 def compiled():
     vocab = small_vocab()
     table = compile_schema(call_schema(), vocab, GrammarOptions(call_pieces="always"), use_cache=False)
-    assert table.meta["calls"]["sites"] >= 3 and table.has_items
+    assert table.meta["calls"]["places"] >= 3 and table.has_items
     return vocab, table
 
 
