@@ -91,6 +91,19 @@ _CALLS_FROM = 65_536
 _SPLICE_BYTES_PER_STATE = 12 * 1024  # splice.py's estimate, so that the cap below is in its states
 
 
+def _pieces_holding(pieces, text: str) -> bool:
+    """Whether some piece holds the piece `text` (directly or through others; pieces hold earlier ones)."""
+    from surecall.grammars.splice import placeholders_in
+
+    target = pieces.index(text)
+    holders: set[int] = set()
+    for i, regex in enumerate(pieces):
+        uses = placeholders_in(regex)
+        if target in uses or uses & holders:
+            holders.add(i)
+    return bool(holders)
+
+
 class UnrollForCalls(Exception):
     """The grammar's copies are too large and its free-form values keep its pieces from being
     called: compile_schema converts again with them unrolled (free_form_stack=False) and calls."""
@@ -332,6 +345,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
                                  _FreeValueLevels(pieces, options.whitespace_regex()).shared, calls=calls)
 
         holds_stack = options.free_form_stack and stack_value_regex(options.whitespace_regex()) in pieces
+        stack_inside = holds_stack and _pieces_holding(pieces, stack_value_regex(options.whitespace_regex()))
 
         def called() -> TokenTable:
             dfa = spliced(True, options.memory_budget_bytes)
@@ -354,6 +368,8 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
         except CompileBudgetExceeded as exc:
             if options.call_pieces != "auto" or "splicing sub-automata" not in str(exc):
                 raise
+            if stack_inside:  # a piece holds a free-form value: on the stack it could not be called
+                raise UnrollForCalls(str(exc)) from None
             try:
                 return called()
             except (CallsUnusable, CompileBudgetExceeded) as again:

@@ -80,6 +80,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tool-call format for a catalog: json, hermes (qwen2), llama3, mistral (default json)")
     parser.add_argument("--logits-width", type=positive_int, default=None, metavar="N",
                         help="the model's logits width when it exceeds the tokenizer's size")
+    parser.add_argument("--call-pieces", default="auto", choices=("auto", "always", "never"),
+                        help="compile a large $ref'd object once and call it from each place (return states on the "
+                             "row's stack): auto (default) where copying it passes 65,536 states")
 
 
 def load_target(spec: str) -> tuple[str, object]:
@@ -91,12 +94,15 @@ def load_tokenizer(spec: str, logits_width: int | None):
     return resolve.load_vocab(spec, logits_width)
 
 
-def compile_target(kind: str, target, vocab, tool_format: str, use_cache: bool | str = True):
+def compile_target(kind: str, target, vocab, tool_format: str, use_cache: bool | str = True,
+                   call_pieces: str = "auto"):
     from surecall.grammars.compile import compile_catalog, compile_schema
+    from surecall.grammars.options import GrammarOptions
 
+    options = GrammarOptions(call_pieces=call_pieces)
     if kind == "tools":
-        return compile_catalog(target, vocab, tool_format=tool_format, use_cache=use_cache)
-    return compile_schema(target, vocab, use_cache=use_cache)
+        return compile_catalog(target, vocab, tool_format=tool_format, options=options, use_cache=use_cache)
+    return compile_schema(target, vocab, options, use_cache=use_cache)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,10 +114,11 @@ def run(args: argparse.Namespace) -> int:
 
     setup_ms = warm_up(vocab)  # what any first compile in a process pays, timed apart from this one
     started = time.perf_counter()
-    table = compile_target(kind, target, vocab, args.format, use_cache="refresh")  # cold, then stored once
+    table = compile_target(kind, target, vocab, args.format, use_cache="refresh",  # cold, then stored once
+                           call_pieces=args.call_pieces)
     cold_ms = (time.perf_counter() - started) * 1e3
     started = time.perf_counter()
-    compile_target(kind, target, vocab, args.format)
+    compile_target(kind, target, vocab, args.format, call_pieces=args.call_pieces)
     warm_ms = (time.perf_counter() - started) * 1e3
     report = {
         "kind": kind, "format": args.format if kind == "tools" else None, "vocab": vocab.name,
@@ -122,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "relaxed_reasons": relaxed_reasons(table),
         "narrowed": [{"pointer": p, "keyword": k, "reason": why} for p, k, why in table.meta.get("narrowed", [])],
         "ref_depth_fallback": table.meta.get("ref_depth_fallback"),
+        "calls": table.meta.get("calls"), "calls_fallback": table.meta.get("calls_fallback"),
         "notes": table.meta.get("notes", []),
         "cache_dir": str(table_cache.cache_dir()), "cache_bytes": table_cache.cache_bytes(),
         "cache_max_bytes": table_cache.max_cache_bytes(),
@@ -140,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
         print("narrowed (stricter than the schema: every output validates, some valid values are never written):")
     for r in report["narrowed"]:
         print(f"  {r['keyword']} at {r['pointer']}: {r['reason']}")
+    if report["calls"]:
+        c = report["calls"]
+        print(f"calls: {c['pieces']} large values compiled once and called from {c['places']} places "
+              f"({c['sites']} return sites, frames up to {c['max_frame']} stack levels)"
+              + (f"; {report['calls_fallback']}" if report["calls_fallback"] else ""))
     for note in report["notes"]:
         print(f"note: {note}")
     print(f"disk cache: {report['cache_dir']} holds {report['cache_bytes'] / 2**20:.1f} MiB "

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     kind, target = load_target(args.target)
     vocab = load_tokenizer(args.tokenizer, args.logits_width)
-    table = compile_target(kind, target, vocab, args.format)
+    table = compile_target(kind, target, vocab, args.format, call_pieces=args.call_pieces)
     rng = np.random.default_rng(args.seed)
     for _ in range(args.n):
         ids = random_walk(table, vocab, rng, max_tokens=args.max_tokens)

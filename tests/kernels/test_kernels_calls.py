@@ -37,10 +37,13 @@ def _tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SURECALL_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    vocab = small_vocab()
-    table = compile_schema(call_schema(), vocab, GrammarOptions(call_pieces="always"), use_cache=False)
+@pytest.fixture(scope="module", params=["calls", "calls beside a free-form value"])
+def compiled(request):
+    vocab, schema = small_vocab(), call_schema()
+    if request.param != "calls":  # its brackets on the same stack, outside the bodies
+        schema["properties"]["free"] = {"type": "object"}
+        schema["required"] = ["free", "a", "d"]
+    table = compile_schema(schema, vocab, GrammarOptions(call_pieces="always"), use_cache=False)
     assert table.meta["calls"]["places"] >= 3 and table.has_items
     return vocab, table
 
