@@ -3,23 +3,26 @@ occurs, instead of one DFA copy per place (the splice's copies are what a flat D
 each copy remembers where its value returns to).
 
 The row's bracket stack (grammars/stack.py, kernels/stack.py) carries the return sites. A call
-pushes a frame of k_P levels whose bits are the site's code among piece P's sites; the body's
-closing byte pops the frame, and its outcome for that code leads to the site's return state. The
-stack table's outcomes (conditions on the innermost bits, pops, pushes) express this as they are:
-the kernels do not change.
+pushes a frame of k levels, its site's code (among its piece's sites; a site is a (piece, return
+state)) innermost and zeros above; the body's closing byte pops it, and its outcome for that code
+leads to the site's return state. The stack table's outcomes (conditions on the innermost bits,
+pops, pushes) express this as they are: the kernels do not change.
 
 **Budget without a kernel change.** The kernels keep a row within max_tokens by the rule dist[s] +
 max(d - 1, 0) <= remaining: one token per level beyond the innermost. Here `dist` of a state
 inside a body counts the tokens to the body's own closing byte (a token that pops leads to the
-stack's sentinel, dist 0), and each frame is padded to k_P >= dist[t] + [t outside every body]
-levels for every return state t of P: its levels pay for the rest of the caller's value after the
-return. Every frame's bound holds by construction (a fixed point over byte-level distances, which
-bound the token-level ones from above); a push from outside every body adds k_P - 1 to the need,
-from inside one k_P. Frames nest at most MAX_STACK_DEPTH levels along any chain of calls (pieces
-only hold earlier pieces: no recursion), so a push is never refused.
+stack's sentinel, dist 0), and each site's frame is padded to k >= dist[t] + [t outside every
+body] levels for its return state t: its levels pay for the rest of the caller's value after the
+return. The bound holds by construction (a fixed point over byte distances, which bound the token
+distances from above; a push from outside every body adds k - 1 to the need, from inside one k).
+Frames nest at most MAX_STACK_DEPTH levels along any chain of calls (pieces only hold earlier
+pieces: no recursion), so a push is never refused. A place whose caller's rest is long (more than
+CALL_LEVELS_CAP levels) or whose opening byte meets another edge keeps a copy of the body.
 
-Used where the flat splice passes its memory budget (compile.py), and only for grammars without
-free-form values (their stack reads the revealed level, not the popped one: the two do not mix).
+Free-form values outside the bodies share the stack (a token crossing both kinds of event is
+refused); a body holding one is not called (its levels read the container around, a frame is read
+by the site: compile.py converts again with free-form values unrolled where that blocks the calls).
+compile.py calls where the splice's copies pass _CALLS_FROM states (GrammarOptions.call_pieces).
 
 Marks (removed before the token walk): a call's place in a piece's DFA is CALL_LEAD and 4 letters
 naming the piece (like a splice placeholder, never spliced); the joined DFA writes a call as
