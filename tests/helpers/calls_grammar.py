@@ -1,5 +1,5 @@
 """A grammar with called pieces and a vocabulary whose tokens cross their calls and ends
-(tests/grammars/test_calls.py, tests/kernels/test_kernels_calls.py)."""
+(tests/grammars/test_called_pieces.py, tests/kernels/test_kernels_calls.py)."""
 
 from __future__ import annotations
 

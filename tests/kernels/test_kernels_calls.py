@@ -1,6 +1,6 @@
 """Called pieces in the kernels: their frames are the bracket stack's levels, so the stack kernels
 (kernels/stack.py) run them unchanged. Triton (interpreter) == torch on rows met along host walks, and the device's advance equals the host outcome (grammars/stack.outcome) that the host walks, cut by
-max_tokens, complete with (tests/grammars/test_calls.py)."""
+max_tokens, complete with (tests/grammars/test_called_pieces.py)."""
 
 from __future__ import annotations
 
