@@ -49,6 +49,7 @@ from surecall.grammars.counted import (
 from surecall.grammars.items import add_items_inplace, cut_all_marks, item_entries
 from surecall.grammars.options import budget_started, one_time_budget
 from surecall.grammars.schema.to_regex import free_value_depth
+from surecall.grammars.splice import BYTES_PER_STATE as SPLICE_BYTES_PER_STATE
 from surecall.grammars.splice import build_spliced
 from surecall.grammars.stack import (
     CTX_NONE,
@@ -88,7 +89,6 @@ from surecall.grammars.tokenwalk import (
 # "auto" calls pieces (grammars/calls.py) once the splice's copies pass this many states: a
 # flat DFA that large compiles in tens of seconds, its called form in a few (Github_ultra o38670).
 _CALLS_FROM = 65_536
-_SPLICE_BYTES_PER_STATE = 12 * 1024  # splice.py's estimate, so that the cap below is in its states
 
 
 def _pieces_holding(pieces, text: str) -> bool:
@@ -352,7 +352,8 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
             clock.check("byte DFA")
             if options.call_pieces == "auto" and holds_stack and dfa.num_states > _CALLS_FROM:
                 raise CallsUnusable(f"{dfa.num_states} states with pieces called, their free-form values copied")
-            return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True)
+            return compile_dfa(dfa, vocab, options, relaxed, {**meta, "regex_chars": chars}, clock, is_pruned=True,
+                               calls=True)
 
         meta = {**meta, "pieces": len(pieces)}
         full = options.memory_budget_bytes
@@ -362,7 +363,7 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
             except CallsUnusable as exc:  # copied, as under "never"
                 meta = {**meta, "calls_unusable": str(exc)}
         # "auto": copies past _CALLS_FROM states (or the memory budget) are called instead
-        cap = min(full, _CALLS_FROM * _SPLICE_BYTES_PER_STATE) if options.call_pieces == "auto" else full
+        cap = min(full, _CALLS_FROM * SPLICE_BYTES_PER_STATE) if options.call_pieces == "auto" else full
         try:
             dfa = spliced(False, cap)
         except CompileBudgetExceeded as exc:
@@ -445,9 +446,10 @@ def _regex_dfa(regex: str, options, clock: _Clock, pruned: bool = True, isolate:
 
 
 def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, clock=None,
-                is_pruned: bool = False) -> TokenTable:
+                is_pruned: bool = False, calls: bool = False) -> TokenTable:
     """A byte DFA (built here or composed by a caller, e.g. `tool_modes`) -> TokenTable over `vocab`;
-    `is_pruned`: `dfa` is automaton.prune's output (its re-prune is skipped where no mark is cut)."""
+    `is_pruned`: `dfa` is automaton.prune's output (its re-prune is skipped where no mark is cut);
+    `calls`: it holds calls.join_calls' marks (bytes no JSON text holds, but free text may)."""
     options = _options(options)
     clock = clock or _Clock(options.time_budget_s)
     relaxed, meta = list(relaxed or []), dict(meta or {})
@@ -455,7 +457,7 @@ def compile_dfa(dfa: ByteDFA, vocab, options=None, relaxed=None, meta=None, cloc
     marks = cut_stack_marks(dfa)  # free-form values on the bracket stack (grammars/stack.py)
     if marks is not None:
         dfa, marks = marks
-    calls = cut_call_marks(dfa)  # called pieces' frames on the same stack (grammars/calls.py)
+    calls = cut_call_marks(dfa) if calls else None  # called pieces' frames on the same stack (grammars/calls.py)
     if calls is not None:
         dfa, calls = calls
         if marks is not None and (marks.ctx[calls.body >= 0] != CTX_NONE).any():

@@ -32,7 +32,7 @@ RESERVED_PIECES = 32  # the top indices stand for string_bodies.py's shared bodi
 _PLACEHOLDER_TEXT = re.compile(r"\\x00([A-P]{4})")
 # The splice's peak per state of the joined automaton: its int32 [n, 256] rows twice (NFA and
 # DFA), prune's edge lists and minimise's hashed signatures (measured: 1.7 GB RSS at 132k states).
-_BYTES_PER_STATE = 12 * 1024
+BYTES_PER_STATE = 12 * 1024
 # Alternatives whose spliced DFAs hold more states than this are joined as the union of their
 # parents (placeholders still bytes), spliced, instead of by a subset construction over the spliced
 # DFAs, which walks a prefix they share once per alternative (Github_ultra o65418: three 26k-state
@@ -101,7 +101,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     """
     from surecall.grammars import calls as call_marks
 
-    max_states = max(memory_budget_bytes // _BYTES_PER_STATE, 1)
+    max_states = max(memory_budget_bytes // BYTES_PER_STATE, 1)
     built: dict[tuple[int, ...], ByteDFA] = {}
     parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
@@ -339,7 +339,7 @@ def _check_states(size: int, max_states: int) -> None:
     if size > max_states:
         raise CompileBudgetExceeded(
             f"splicing sub-automata needs more than {max_states} states (the memory budget allows "
-            f"~{_BYTES_PER_STATE // 1024} KiB each); simplify the schema or raise memory_budget_bytes")
+            f"~{BYTES_PER_STATE // 1024} KiB each); simplify the schema or raise memory_budget_bytes")
 
 
 _BATCH_BYTES = 64 << 20  # the subset construction's gathered rows per batch of subsets
