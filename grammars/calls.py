@@ -33,6 +33,7 @@ naming the piece (like a splice placeholder, never spliced); the joined DFA writ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -85,20 +86,8 @@ def _letters(value: int) -> list[int]:
 
 def _call_places(dfa: ByteDFA) -> list[tuple[int, int, int]]:
     """Every call place (s, piece, t) of a DFA: s --CALL_LEAD, 4 letters--> t."""
-    found = []
-    for s in np.flatnonzero(dfa.trans[:, CALL_LEAD] >= 0).tolist():
-        frontier = [(int(dfa.trans[s, CALL_LEAD]), 0)]
-        for _ in range(_DIGITS):
-            step = []
-            for u, value in frontier:
-                row = dfa.trans[u]
-                digits = row[_LETTER : _LETTER + 16]
-                if int((row >= 0).sum()) != int((digits >= 0).sum()):
-                    raise CallsUnusable(f"state {u}: a call mark shares its state with other text")
-                step += [(int(digits[d]), value * 16 + d) for d in np.flatnonzero(digits >= 0).tolist()]
-            frontier = step
-        found += [(s, piece, t) for t, piece in frontier]
-    return found
+    return [(s, piece, t) for s in np.flatnonzero(dfa.trans[:, CALL_LEAD] >= 0).tolist()
+            for piece, t in _follow_letters(dfa.trans, int(dfa.trans[s, CALL_LEAD]))]
 
 
 CALL_LEVELS_CAP = 24  # a place whose frame would need more levels is copied (its caller's rest is long)
@@ -522,7 +511,15 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
     piece's sites, one outcome per site. Returns (StackEntries with their dist weights, the DFA
     edges to drop): a token that crosses a counted string's or a counted array's event beside a
     call event is not kept (its single-byte steps are)."""
-    from surecall.grammars.stack import MAX_STACK_DEPTH, _bracket_tokens, _empty_entries, _grouped
+    from surecall.grammars.stack import (
+        CTX_NONE,
+        MAX_STACK_DEPTH,
+        _bracket_tokens,
+        _empty_entries,
+        _grouped,
+        _near_pushes,
+        _reaches_an_event,
+    )
 
     n = dfa.num_states
     toks = _bracket_tokens(vi)
@@ -531,28 +528,13 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
         return _empty_entries(), none
     event = (marks.push >= 0) | (marks.pop >= 0)
     # states a token can carry to an event: a backward sweep over the byte edges, token-length deep
-    limit = int(vi.lens[toks].max()) - 1
-    level = np.full(n, -1, dtype=np.int64)
-    frontier = np.flatnonzero(event.any(axis=1))
-    level[frontier] = 0
-    from surecall.grammars.automaton import Digraph, range_indices
-
-    back = Digraph.of_dfa(dfa.trans).reversed()
-    for step in range(1, max(limit, 0) + 1):
-        found = np.unique(back.dst[range_indices(back.ptr[frontier], back.ptr[frontier + 1] - back.ptr[frontier])])
-        frontier = found[level[found] < 0]
-        if not frontier.size:
-            break
-        level[frontier] = step
+    level = _near_pushes(dfa, SimpleNamespace(ctx=np.full(n, CTX_NONE, np.int8), push=event.astype(np.int8)),
+                         int(vi.lens[toks].max()) - 1)
     states = np.flatnonzero(level >= 0)
     first = vi.flat[vi.off[toks]].astype(np.int64)
     live = ((dfa.trans[states][:, first] >= 0) | event[states][:, first]) & (vi.lens[toks][None, :] > level[states][:, None])
     si, ti = np.nonzero(live)
     src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
-    from types import SimpleNamespace
-
-    from surecall.grammars.stack import _reaches_an_event
-
     reach = _reaches_an_event(dfa, SimpleNamespace(push=(marks.push >= 0).astype(np.int8), pop=marks.pop), vi, src, tok)
     src, tok = src[reach], tok[reach]
     trans = np.vstack([np.where(dfa.trans >= 0, dfa.trans, n), np.full((1, 256), n)]).astype(np.int64).reshape(-1)
