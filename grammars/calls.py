@@ -160,12 +160,24 @@ def _layout(root: ByteDFA, bodies: dict[int, ByteDFA], copied: set) -> _Layout:
     return _Layout(trans, accept, eps, called, entry, end, beta)
 
 
-def _place_levels(lay: _Layout) -> tuple[np.ndarray, list]:
-    """(levels each called place's frame needs, the places whose opening meets another edge),
-    by calls.frame_levels' byte-level fixed point over the layout (a copy's moves as edges)."""
+def _lightest_to_end(n: int, src, dst, w, ends) -> np.ndarray:
+    """Per node of an n-node graph given as weighted edges, the lightest path's weight to any of
+    `ends` (inf where none): the shared step of _place_levels' and frame_levels' fixed points."""
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import dijkstra
 
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    w = np.asarray(w, dtype=np.float64)
+    order = np.lexsort((w, dst, src))  # parallel edges: the lightest (a CSR sums duplicates)
+    src, dst, w = src[order], dst[order], w[order]
+    first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])] if src.size else np.zeros(0, bool)
+    back = csr_array((w[first], (dst[first], src[first])), shape=(n, n))
+    return dijkstra(back, directed=True, indices=np.asarray(ends, dtype=np.int64), min_only=True)
+
+
+def _place_levels(lay: _Layout) -> tuple[np.ndarray, list]:
+    """(levels each called place's frame needs, the places whose opening meets another edge),
+    by calls.frame_levels' byte-level fixed point over the layout (a copy's moves as edges)."""
     n = lay.trans.shape[0]
     clash, seen = [], set()
     for place, s, p, _ in lay.places:
@@ -214,14 +226,9 @@ def _place_levels(lay: _Layout) -> tuple[np.ndarray, list]:
     k = code.copy()
     for _ in range(32):
         charge = np.where(in_root, np.maximum(k - 1, 0), k)
-        src = np.concatenate([src0, s_of]).astype(np.int64)
-        dst = np.concatenate([dst0, e_of]).astype(np.int64)
-        w = np.concatenate([w0, 1 + charge]) * 2  # epsilon moves weigh 0.5 bytes: all weights integral
-        o = np.lexsort((w, dst, src))
-        src, dst, w = src[o], dst[o], w[o]
-        first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])] if src.size else np.zeros(0, bool)
-        back = csr_array((w[first], (dst[first], src[first])), shape=(n + 1, n + 1))
-        found = dijkstra(back, directed=True, indices=np.append(accepting, sink), min_only=True)[t_of] / 2
+        found = _lightest_to_end(n + 1, np.concatenate([src0, s_of]), np.concatenate([dst0, e_of]),
+                                 np.concatenate([w0, 1 + charge]) * 2,  # epsilon moves weigh 0.5 bytes
+                                 np.append(accepting, sink))[t_of] / 2
         new = np.maximum(code, np.where(np.isfinite(found), np.ceil(found), 10**6).astype(np.int64) + t_root)
         new = np.minimum(new, 10**6)
         if np.array_equal(new, k):
@@ -444,9 +451,6 @@ def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, free_form=None,
     raises CallsUnusable when none is found within `rounds` or the levels along some chain of calls
     pass `max_depth`. `free_form`: the grammar's StackMarks, whose closers (cut from the DFA) count
     as byte edges to their targets here."""
-    from scipy.sparse import csr_array
-    from scipy.sparse.csgraph import dijkstra
-
     n = dfa.num_states
     trans = dfa.trans
     q, b = np.nonzero(trans >= 0)
@@ -468,14 +472,10 @@ def frame_levels(dfa: ByteDFA, marks: CallMarks, max_depth: int, free_form=None,
     k = bits.copy()
     for _ in range(rounds):
         charge = marks.need_after_push(q[is_push], k[g[is_push]])
-        src = np.concatenate([q[~is_push], q[is_push], pq]).astype(np.int64)
-        dst = np.concatenate([r[~is_push], r[is_push], np.full(pq.size, sink)]).astype(np.int64)
-        w = np.concatenate([np.ones(int((~is_push).sum())), 1 + charge, np.ones(pq.size)])
-        order = np.lexsort((w, dst, src))  # parallel edges: the lightest (a CSR sums duplicates)
-        src, dst, w = src[order], dst[order], w[order]
-        first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])]
-        back = csr_array((w[first], (dst[first], src[first])), shape=(n + 1, n + 1))
-        found = dijkstra(back, directed=True, indices=np.append(accepting, sink), min_only=True)
+        found = _lightest_to_end(n + 1, np.concatenate([q[~is_push], q[is_push], pq]),
+                                 np.concatenate([r[~is_push], r[is_push], np.full(pq.size, sink)]),
+                                 np.concatenate([np.ones(int((~is_push).sum())), 1 + charge, np.ones(pq.size)]),
+                                 np.append(accepting, sink))
         if not np.isfinite(found[t]).all():
             raise CallsUnusable("a call's return state cannot reach its end")
         new = np.maximum(bits, found[t].astype(np.int64) + in_root_t)

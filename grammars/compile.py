@@ -344,8 +344,9 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
             return build_spliced(regex, pieces, built, budget, lambda: clock.check("byte DFA (splice)"),
                                  _FreeValueLevels(pieces, options.whitespace_regex()).shared, calls=calls)
 
-        holds_stack = options.free_form_stack and stack_value_regex(options.whitespace_regex()) in pieces
-        stack_inside = holds_stack and _pieces_holding(pieces, stack_value_regex(options.whitespace_regex()))
+        free_value = stack_value_regex(options.whitespace_regex())
+        holds_stack = options.free_form_stack and free_value in pieces
+        stack_inside = holds_stack and _pieces_holding(pieces, free_value)
 
         def called() -> TokenTable:
             dfa = spliced(True, options.memory_budget_bytes)

@@ -107,7 +107,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
     first_of = _FirstOf()
     bodies: dict[int, ByteDFA] = {}  # with `calls`: the called pieces' DFAs (unions of them past len(pieces))
-    unions: list[list[int]] = []  # with `calls`: the pieces each called union stands for
+    unions = 0  # with `calls`: how many called unions have been numbered past the pieces
 
     def canonical_of(index: int, user: int) -> int:
         if not 0 <= index < min(user, len(pieces)):  # pieces hold earlier pieces only: no cycle
@@ -135,6 +135,7 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     def called_union(key: tuple[int, ...]) -> ByteDFA | None:
         """With calls: alternatives of which some are called objects (or arrays) as one called body,
         the union of every alternative that opens with the same byte (None: none is called)."""
+        nonlocal unions
         real = {i: bodies.get(i, built[(i,)]) for i in key}
         groups: dict[int, list[int]] = {}
         rest = []
@@ -153,8 +154,8 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
             union = union_dfa([real[i] for i in members], max_states, check)
             if call_marks.body_shape(union) is None:
                 return None
-            index = len(pieces) + len(unions)
-            unions.append(members)
+            index = len(pieces) + unions
+            unions += 1
             bodies[index] = union
             parts.append(call_marks.marker_dfa(index))
         return parts[0] if len(parts) == 1 else union_dfa(parts, max_states, check)
