@@ -290,16 +290,28 @@ def _candidates(dfa: ByteDFA, marks: StackMarks, vi, states: np.ndarray, toks: n
                 level: np.ndarray | None = None):
     """(src, tok) of `states` x `toks` whose first byte lives and whose plain walk reaches an event
     (`level`: _near_pushes', a token shorter than that many bytes and the push cannot)."""
-    if not states.size:
+    if not states.size or not toks.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # tokens grouped by first byte, longest first: per live (state, first byte) the tokens long
+    # enough to reach an event are a prefix of the byte's group (no [S', T] matrix: 0.4 s -> 0.05 s
+    # at 19k states x 1.8k tokens)
     first = vi.flat[vi.off[toks]].astype(np.int64)
-    live_first = (dfa.trans[states][:, first] >= 0) | (marks.pop[states][:, first] >= 0)  # [S', T]
-    if level is not None:
-        live_first &= vi.lens[toks][None, :] > level[states][:, None]
-    si, ti = np.nonzero(live_first)
-    src, tok = states[si].astype(np.int64), toks[ti].astype(np.int64)
+    lens = vi.lens[toks].astype(np.int64)
+    order = np.lexsort((-lens, first))
+    first, lens, by_first = first[order], lens[order], toks[order].astype(np.int64)
+    span = int(lens.max()) + 1
+    key = first * span + (span - 1 - lens)  # ascending: by byte, then longest first
+    bounds = np.searchsorted(first, np.arange(257))
+    si, b = np.nonzero((dfa.trans[states] >= 0) | (marks.pop[states] >= 0))  # [S', 256]
+    shortest = 1 if level is None else np.maximum(level[states[si]], 0) + 1  # a token needs len > level
+    count = np.searchsorted(key, b * span + (span - np.asarray(shortest)), side="left") - bounds[b]
+    count = np.maximum(count, 0)
+    src = np.repeat(states[si].astype(np.int64), count)
+    tok = by_first[range_indices(bounds[b], count)]
     keep = _reaches_an_event(dfa, marks, vi, src, tok)
-    return src[keep], tok[keep]
+    src, tok = src[keep], tok[keep]
+    order = np.lexsort((tok, src))  # by state, then token id
+    return src[order], tok[order]
 
 
 # -- one walk of the free-form value per process, shared by its copies ------------------------------

@@ -152,3 +152,60 @@ def test_auto_unrolls_free_form_values_inside_bodies_to_call_them(monkeypatch):
         for _ in range(5):
             ids = random_walk(table, vocab, rng, max_tokens=budget)
             assert not list(validator.iter_errors(json.loads(decode(vocab, ids))))
+
+
+def test_flat_estimate_is_near_the_copies_it_stands_for():
+    """flat_states_estimate: None within `over` (nothing minimised); past it, low and high come
+    within a few states of the copied DFA's states where no alternatives share a place."""
+    import surecall.grammars.compile as compile_module
+    from surecall.grammars.automaton import regex_to_dfa
+    from surecall.grammars.splice import build_spliced, flat_states_estimate
+    from surecall.grammars.string_bodies import build_with_shared_bodies
+
+    seen = {}
+    real = compile_module._compile_uncached
+
+    def spy(regex, vocab, options, relaxed, meta, pieces=()):
+        seen.setdefault("regex", (regex, pieces))
+        return real(regex, vocab, options, relaxed, meta, pieces)
+
+    vocab = small_vocab()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compile_module, "_compile_uncached", spy)
+        compile_schema(call_schema(), vocab, use_cache=False)
+    regex, pieces = seen["regex"]
+    assert pieces
+
+    def build(text):
+        return build_with_shared_bodies(text, regex_to_dfa, lambda t: regex_to_dfa(t, pruned=False))
+
+    copied = build_spliced(regex, pieces, build, 1 << 40).num_states
+    assert flat_states_estimate(regex, pieces, build, 10 * copied) is None
+    low, high = flat_states_estimate(regex, pieces, build, 0)
+    assert low <= high and abs(low - copied) <= copied // 20
+
+
+def test_auto_skips_copies_estimated_far_past_the_threshold(monkeypatch):
+    """Copies estimated past the threshold (low) and past twice it (high) are not made first:
+    "auto" calls at once, and the table is the one the copy-then-fail path gives."""
+    import surecall.grammars.compile as compile_module
+
+    vocab, schema = small_vocab(), call_schema()
+    monkeypatch.setattr(compile_module, "_CALLS_FROM", 400)
+    flags = []
+    real = compile_module.build_spliced
+
+    def spy(*args, **kwargs):
+        flags.append(kwargs.get("calls", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "build_spliced", spy)
+    skipped = compile_schema(schema, vocab, use_cache=False)
+    assert flags == [True] and skipped.meta["calls"]["places"] >= 3
+    monkeypatch.setattr(compile_module, "_refuse_flat_past", lambda *args: None)
+    flags.clear()
+    tried = compile_schema(schema, vocab, use_cache=False)
+    assert flags == [False, True]
+    assert np.array_equal(skipped.mask_dense(), tried.mask_dense()) and np.array_equal(skipped.dist, tried.dist)
+    for a, b in zip(skipped.dense_transitions(), tried.dense_transitions(), strict=True):
+        assert np.array_equal(a, b)
