@@ -233,7 +233,8 @@ def _with_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
 
 # The byte DFAs of a compile's piece regexes, kept across its fallbacks: a fallback converts the
 # schema again and most pieces come back as they were (Github_ultra o38670: 29 of 37 the same,
-# 0.3 s). Set by _one_piece_memo for one compile_* call; None outside one.
+# 0.3 s); and, under ("copies", regex, pieces), the flat splice's finished pieces (build_spliced's
+# `resume`). Set by _one_piece_memo for one compile_* call; None outside one.
 _PIECE_DFAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("surecall_piece_dfas", default=None)
 
 
@@ -362,10 +363,13 @@ def _compile_uncached(regex: str, vocab, options, relaxed: list, meta: dict, pie
             return parents[r]
 
         levels = _FreeValueLevels(pieces, options.whitespace_regex())
+        # the flat splice's finished pieces, kept for its retry within the whole budget (after calls
+        # failed, in this attempt or in the fallback that copies: Github_ultra o65432, 2.4 s)
+        copies: dict = {} if memo is None else memo.setdefault(("copies", regex, tuple(pieces)), {})
 
         def spliced(calls: bool, budget: int) -> ByteDFA:
             return build_spliced(regex, pieces, built, budget, lambda: clock.check("byte DFA (splice)"),
-                                 levels.shared, calls=calls)
+                                 levels.shared, calls=calls, resume=copies)
 
         free_value = stack_value_regex(options.whitespace_regex())
         holds_stack = options.free_form_stack and free_value in pieces

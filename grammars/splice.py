@@ -85,7 +85,7 @@ class Pieces:
 def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], ByteDFA],
                   memory_budget_bytes: int, check: Callable[[], None] = lambda: None,
                   shared: Callable[[int], tuple[ByteDFA | None, Callable[[ByteDFA], None] | None]] | None = None,
-                  calls: bool = False) -> ByteDFA:
+                  calls: bool = False, resume: dict | None = None) -> ByteDFA:
     """The byte DFA of `regex` with every placeholder replaced by its piece's language.
 
     `build` turns one regex (placeholders as plain bytes) into a pruned byte DFA; each piece is
@@ -98,14 +98,20 @@ def build_spliced(regex: str, pieces: Sequence[str], build: Callable[[str], Byte
     With `calls`, a piece whose spliced DFA is an object or array value of at least
     calls.MIN_CALL_STATES states is not copied: its users hold a call mark, and the result joins
     each such body once (calls.join_calls; raises calls.CallsUnusable where that cannot be done).
+
+    `resume` (without `calls`): a dict that keeps the pieces spliced so far, for a later call with
+    the same regex, pieces and build (a larger budget, after this one raised): it starts from every
+    piece an earlier call finished (one that raised midway left only whole pieces there).
     """
     from surecall.grammars import calls as call_marks
 
     max_states = max(memory_budget_bytes // BYTES_PER_STATE, 1)
-    built: dict[tuple[int, ...], ByteDFA] = {}
-    parents: dict[int, ByteDFA] = {}  # each piece's own DFA, its placeholders as bytes (before its splice)
-    canonical: dict[int, int] = {}  # piece -> the first piece with the same (minimal) DFA
-    first_of = _FirstOf()
+    if resume is None or calls:
+        resume = {}
+    built: dict[tuple[int, ...], ByteDFA] = resume.setdefault("built", {})
+    parents: dict[int, ByteDFA] = resume.setdefault("parents", {})  # each piece's own DFA (before its splice)
+    canonical: dict[int, int] = resume.setdefault("canonical", {})  # piece -> the first with the same DFA
+    first_of = resume.setdefault("first_of", _FirstOf())
     bodies: dict[int, ByteDFA] = {}  # with `calls`: the called pieces' DFAs (unions of them past len(pieces))
     unions = 0  # with `calls`: how many called unions have been numbered past the pieces
 
