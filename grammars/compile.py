@@ -332,10 +332,9 @@ def _with_counted_fallback(to_regex, vocab, options, meta: dict) -> TokenTable:
     except CountedCutError as exc:
         if not options.counted_lengths:
             raise
-        plain = dataclasses.replace(options, counted_lengths=False)
-        result = to_regex(plain)
-        table = _compile_uncached(result.regex, vocab, plain, _pairs(result.relaxed), _with_reasons(meta, result),
-                                  _pieces(result))
+        # through this function again: the plain grammar may still need its own fallbacks (its large
+        # values called with free-form values unrolled: Github_hard o9917)
+        table = _with_counted_fallback(to_regex, vocab, dataclasses.replace(options, counted_lengths=False), meta)
         table.meta["counted_fallback"] = str(exc)
         return table
 

@@ -209,3 +209,33 @@ def test_auto_skips_copies_estimated_far_past_the_threshold(monkeypatch):
     assert np.array_equal(skipped.mask_dense(), tried.mask_dense()) and np.array_equal(skipped.dist, tried.dist)
     for a, b in zip(skipped.dense_transitions(), tried.dense_transitions(), strict=True):
         assert np.array_equal(a, b)
+
+
+def test_every_fallback_after_counters_cut_keeps_its_own_fallbacks(monkeypatch):
+    """A grammar whose counted strings cannot be cut (compiled again without counters) whose plain
+    form then needs its large values called with free-form values unrolled: UnrollForCalls is the
+    compile's own signal and never reaches the caller (Github_hard o9917 raised it)."""
+    import surecall.grammars.compile as compile_module
+    from surecall.grammars.counted import CountedCutError
+
+    real = compile_module._compile_uncached
+    tried = []
+
+    def staged(regex, vocab, options, relaxed, meta, pieces=()):
+        tried.append((options.counted_lengths, options.call_pieces, options.free_form_stack))
+        if options.counted_lengths:
+            raise CountedCutError("a counted string's marks could not be cut")
+        if options.call_pieces == "auto":
+            raise compile_module.UnrollForCalls("splicing sub-automata needs more than 400 states")
+        return real(regex, vocab, options, relaxed, meta, pieces)
+
+    monkeypatch.setattr(compile_module, "_compile_uncached", staged)
+    vocab, schema = small_vocab(), call_schema()
+    table = compile_schema(schema, vocab, use_cache=False)
+    assert tried[:3] == [(True, "auto", True), (False, "auto", True), (False, "always", False)]
+    assert "counted_fallback" in table.meta
+    rng = np.random.default_rng(5)
+    validator = jsonschema.Draft7Validator(schema)
+    for _ in range(4):  # relaxed bounds are listed, not written past: walks still validate
+        errors = list(validator.iter_errors(json.loads(decode(vocab, random_walk(table, vocab, rng)))))
+        assert all(e.validator in ("maxLength", "minLength") for e in errors)

@@ -119,6 +119,30 @@ def test_unique_rows_merges_equal_rows_only_in_order_of_first_appearance():
     assert index.tolist() == [0, 1, 2, 0, 3, 2]
 
 
+def test_unique_short_rows_hashes_few_bit_blocks_apart(monkeypatch):
+    """Mask blocks of a few set bits at shifted places (a Kubernetes schema's blocks 0x80 at one
+    lane vs 0x200 and 0x80 at two others shared a key under a near-linear hash, and every compile
+    fell back to unique_rows): the hash alone tells them apart, in first-appearance order."""
+    import surecall.grammars.table as table_module
+
+    rng = np.random.default_rng(3)
+    blocks = np.zeros((4000, 32), dtype=np.int32)
+    for row in blocks:
+        for lane in rng.choice(32, size=rng.integers(1, 4), replace=False):
+            row[lane] = 1 << int(rng.integers(0, 12))
+    wide = blocks.view(np.uint64)
+    wide[0, :], wide[1, :] = 0, 0
+    wide[0, 12], wide[1, 0], wide[1, 10] = 0x80, 0x200, 0x80  # the pair that collided
+    expected = unique_rows(blocks)
+
+    def refuse(_):
+        raise AssertionError("unique_short_rows fell back to unique_rows")
+
+    monkeypatch.setattr(table_module, "unique_rows", refuse)
+    distinct, index = table_module.unique_short_rows(blocks)
+    assert np.array_equal(distinct, expected[0]) and np.array_equal(index, expected[1])
+
+
 def _vocab() -> Vocab:
     pieces = tuple(bytes([b]) for b in range(256)) + (b'"ab', b"cd", b'e"', b"")
     return Vocab(token_bytes=pieces, special_ids=frozenset({len(pieces) - 1}), stop_ids=(len(pieces) - 1,),
