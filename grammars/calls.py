@@ -586,9 +586,10 @@ def call_entries(dfa: ByteDFA, marks: CallMarks, vi, counted: np.ndarray | None 
                 r = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)
                 # only the sites whose return state takes the token's next byte (or where it ends):
                 # the others die on that byte (most do: 2.1M -> 0.2M on Github_ultra o19343)
-                length, at_next = vi.lens[w["tok"][rep]], w["pos"][rep]
+                tok_r, at_next = w["tok"][rep], w["pos"][rep]
+                length = vi.lens[tok_r]
                 ends = at_next >= length
-                nb = vi.flat[vi.off[w["tok"][rep]] + np.minimum(at_next, length - 1)].astype(np.int64)
+                nb = vi.flat[vi.off[tok_r] + np.minimum(at_next, length - 1)].astype(np.int64)
                 step = targets[pc[rep], r] * 256 + nb
                 fits = ends | (trans[step] < n) | (pop[step] >= 0)
                 rep, r = rep[fits], r[fits]

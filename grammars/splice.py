@@ -201,28 +201,24 @@ def flat_states_estimate(regex: str, pieces: Sequence[str], build: Callable[[str
     `over` (then nothing is minimised). On JSONSchemaBench's 40 largest flat splices (11k-67k
     states), low is 0.92-1.16x their states and high 1.0-3.3x; past 65,536 states they part more
     (Github_ultra o38670: low 75k, high 218k)."""
-    found_of: dict[int, list] = {}
-    fixed: dict[int, int] = {}
+    seen: dict[int, tuple[ByteDFA | None, int, list]] = {}  # piece -> (its parent DFA, states, placeholders)
 
-    def parent(i: int) -> ByteDFA | None:
-        if shared is not None and i not in fixed:
-            dfa, _ = shared(i)
-            if dfa is not None:  # a shared piece comes spliced: its states are known
-                fixed[i] = dfa.num_states
-        return None if i in fixed else build(pieces[i])
-
-    def found(i: int) -> list:
-        if i not in found_of:
-            dfa = parent(i)
-            found_of[i] = [] if dfa is None else find_placeholders(dfa)
-        return found_of[i]
+    def parent(i: int) -> tuple[ByteDFA | None, int, list]:
+        if i not in seen:
+            done = shared(i)[0] if shared is not None else None
+            if done is not None:  # a shared piece comes spliced: its states are known
+                seen[i] = (None, done.num_states, [])
+            else:
+                dfa = build(pieces[i])
+                seen[i] = (dfa, dfa.num_states, find_placeholders(dfa))
+        return seen[i]
 
     bound: dict[int, int] = {}
 
     def upper(i: int) -> int:  # every placeholder path copied, the parent unminimised
         if i not in bound:
-            own = fixed[i] if parent(i) is None else build(pieces[i]).num_states
-            bound[i] = own + sum(upper(k) for _, k, _ in found(i))
+            _, own, paths = parent(i)
+            bound[i] = own + sum(upper(k) for _, k, _ in paths)
         return bound[i]
 
     whole = _whole_piece(regex)
@@ -248,7 +244,8 @@ def flat_states_estimate(regex: str, pieces: Sequence[str], build: Callable[[str
 
     def sized(i: int) -> tuple[int, int]:
         if i not in sizes:
-            sizes[i] = (fixed[i], fixed[i]) if parent(i) is None else estimate(build(pieces[i]), found(i))
+            dfa, own, paths = parent(i)
+            sizes[i] = (own, own) if dfa is None else estimate(dfa, paths)
         return sizes[i]
 
     return sized(whole) if whole is not None else estimate(root, root_found)

@@ -645,16 +645,6 @@ def split_blocks(rows: np.ndarray, block_words: int = MASK_BLOCK_WORDS) -> tuple
 
 # Adapted from https://prng.di.unimi.it/splitmix64.c (its finaliser's constants and shifts)
 _MIX_A, _MIX_B = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_LANE_WEIGHTS: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)]
-
-
-def _lane_weights(k: int) -> np.ndarray:
-    """k odd 64-bit weights, random (a fixed seed), one per 64-bit lane of a row."""
-    if _LANE_WEIGHTS[0].size < k:
-        size = max(k, 2 * _LANE_WEIGHTS[0].size, 64)
-        rng = np.random.default_rng(0x5EED)
-        _LANE_WEIGHTS[0] = rng.integers(0, 2**63, size=size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    return _LANE_WEIGHTS[0][:k]
 
 
 def unique_short_rows(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -674,7 +664,9 @@ def unique_short_rows(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x ^= x >> np.uint64(27)
     x *= _MIX_B
     x ^= x >> np.uint64(31)
-    key = (x * _lane_weights(x.shape[1])).sum(axis=1, dtype=np.uint64)
+    from surecall.grammars.automaton import _column_weights  # random odd weights, seeded, kept
+
+    key = (x * _column_weights(x.shape[1]).view(np.uint64)).sum(axis=1, dtype=np.uint64)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     if not np.array_equal(blocks[first[inverse]], blocks):  # two distinct blocks share a hash
