@@ -430,7 +430,7 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
     n = accept.shape[0]
     t = trans[:, _class_columns(trans) if classes is None else classes]  # [n, C]
     t = np.where(t < 0, n, t).astype(np.intp)  # dead (-1) reads the last slot; intp gathers fastest
-    weights = np.random.default_rng(1).integers(1, 2**63, size=t.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
+    weights = _odd_weights(1, t.shape[1] + 1)
     pred_ptr, pred = _predecessors(t, n)
     start = _invariants(t, accept, pred_ptr, pred) if n >= _INVARIANTS_FROM else accept
     _, block = np.unique(start, return_inverse=True)
@@ -466,6 +466,19 @@ def _refine(trans: np.ndarray, accept: np.ndarray, classes: np.ndarray | None = 
 
 
 _INVARIANTS_FROM = 32  # states; below, the few rounds they save cost less than finding them
+_ODD_WEIGHTS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _odd_weights(seed: int, size: int) -> np.ndarray:
+    """`size` odd uint64 weights from generator `seed` (read-only, kept: a generator costs ~0.1 ms
+    to start, a fifth of a small DFA's minimisation). At most 258 sizes per seed: byte classes + 2."""
+    key = (seed, size)
+    weights = _ODD_WEIGHTS.get(key)
+    if weights is None:
+        weights = np.random.default_rng(seed).integers(1, 2**63, size=size, dtype=np.uint64) | np.uint64(1)
+        weights.setflags(write=False)
+        weights = _ODD_WEIGHTS[key] = weights
+    return weights
 
 
 def _invariants(t: np.ndarray, accept: np.ndarray, pred_ptr: np.ndarray, pred: np.ndarray) -> np.ndarray:
@@ -476,7 +489,7 @@ def _invariants(t: np.ndarray, accept: np.ndarray, pred_ptr: np.ndarray, pred: n
     round per byte of the longest literal otherwise: 34 -> 15 on the seed catalog)."""
     n = accept.shape[0]
     k = t.shape[1]
-    weights = np.random.default_rng(2).integers(1, 2**63, size=k + 2, dtype=np.uint64) | np.uint64(1)
+    weights = _odd_weights(2, k + 2)
     dist = np.zeros(n, dtype=np.uint64)
     csgraph = _csgraph()
     sources = np.flatnonzero(accept)

@@ -4,8 +4,11 @@
 `dependentRequired` / array-valued `dependencies` (each trigger name: absent, or present with
 the names it requires), `dependentSchemas` / schema-valued `dependencies` (absent, or present
 and the schema holds) and `not: {required: [...]}` (an object with some listed name absent).
-"Absent" is `properties: {name: false}`. Each trigger doubles the branches the object regex is
-written for, so past MAX_TRIGGERS the node is left as it is (the keywords stay relaxed). It
+"Absent" is `properties: {name: false}`. A trigger the node requires is present in every
+instance: its names are required (its schema holds) with no branch, and a dependency whose names
+are all required already adds nothing. Triggers that ask for the same names share one branch pair
+(all absent, or the names present). Each other trigger doubles the branches the object regex is
+written for, so past MAX_TRIGGERS of them the node is left as it is (the keywords stay relaxed). It
 builds no regex and does not look inside the dependent schemas.
 """
 
@@ -32,22 +35,58 @@ def alternative_parts(schema: dict, ptr: str, mark: Callable[[object, str], obje
     """The rewrite of `schema`'s dependency keywords and `not: {required}` (None: none, or too many).
 
     `mark(sub, pointer)` tags a dependent schema with the pointer it was written at."""
-    keys, parts = [], []
+    keys, parts, fixed = [], [], []
+    required = set(schema["required"]) if isinstance(schema.get("required"), list) else set()
+    groups: dict[tuple, list[str]] = {}  # names a trigger asks for -> the triggers (one branch pair for all)
     for key in ("dependentRequired", "dependencies", "dependentSchemas"):
         if isinstance(schema.get(key), dict) and schema[key]:
             keys.append(key)
             for name, need in schema[key].items():
                 at = _join(ptr, key, name)
+                if isinstance(need, list):
+                    need = [n for n in dict.fromkeys(need) if n not in required and n != name]
+                    if not need:  # every name it asks for is required already: nothing to add
+                        continue
+                    if name in required:  # the trigger is always there: its names are required too
+                        fixed.append(({"required": need}, at))
+                        continue
+                    group = groups.setdefault(tuple(sorted(need)), [])
+                    group.append(name)
+                    if len(group) > 1:  # a later trigger of the same names joins the first one's branches
+                        continue
+                    parts.append((group, at))
+                    continue
+                elif need is True:
+                    continue
+                elif name in required:  # present in every instance: the dependent schema holds, no branch
+                    fixed.append((mark(need, at), at))
+                    continue
                 parts.append((_dependency(name, need if isinstance(need, list) else mark(need, at)), at))
+    parts = [(_triggers(part, need) if isinstance(part, list) else part, at)
+             for (part, at), need in zip(parts, _needs(parts, groups), strict=True)]
     names = _not_required(schema.get("not"))
     if names:
         keys.append("not")
         absent = [{"properties": {n: False}} for n in names]
         parts.append(({"type": "object", "anyOf": absent} if len(absent) > 1 else {"type": "object", **absent[0]},
                       _join(ptr, "not")))
-    if not parts or len(parts) > MAX_TRIGGERS:
+    if not keys or len(parts) > MAX_TRIGGERS:  # (keys with nothing to add: every dependency already holds)
         return None
-    return Alternatives(tuple(keys), parts)
+    return Alternatives(tuple(keys), fixed + parts)
+
+
+def _needs(parts: list, groups: dict[tuple, list[str]]) -> list:
+    """Per part, the names its trigger group asks for (None for a part that is no group)."""
+    by_group = {id(triggers): list(need) for need, triggers in groups.items()}
+    return [by_group.get(id(part)) if isinstance(part, list) else None for part, _ in parts]
+
+
+def _triggers(names: list[str], need: list[str]) -> dict:
+    """Triggers that ask for the same names: one trigger as _dependency writes it; several as every
+    trigger absent, or the names present (2 branches where one per trigger would make 2^k)."""
+    if len(names) == 1:
+        return _dependency(names[0], need)
+    return {"anyOf": [{"properties": dict.fromkeys(names, False)}, {"required": need}]}
 
 
 def _dependency(name: str, need: object) -> dict:

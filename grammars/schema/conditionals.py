@@ -23,6 +23,7 @@ from collections.abc import Callable
 from surecall.grammars.schema.alternatives import Alternatives
 from surecall.grammars.schema.keywords import is_undefined
 from surecall.grammars.schema.ranges import integer_range_regex
+from surecall.grammars.schema.string_formats import EXACT_FORMATS, FORMAT_NAMES
 
 # Internal keyword: the instance equals none of these JSON values (the `not` of a const/enum).
 NOT_IN = "$surecall:not_in"
@@ -90,6 +91,10 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
     """The schemas whose union is the instances failing keyword `key` of `sub` (one disjunct each)."""
     if key == "type":
         return [type_complement([value] if isinstance(value, str) else list(value))]
+    if key == "format" and value not in FORMAT_NAMES:  # a format no draft defines is an annotation: nothing fails it
+        return []
+    if key == "format" and value in EXACT_FORMATS:  # the strings its regex rejects, for the string algebra
+        return [{"type": "string", "not": {"format": value}}]
     if key in ("const", "enum"):
         values = [value] if key == "const" else list(value)
         if any(isinstance(v, (dict, list)) for v in values):
@@ -169,12 +174,14 @@ def _kept_not(sub: dict, key: str, value: object, resolve: Resolve) -> dict:
 
 def is_kept_not(sub: object) -> bool:
     """A `not` value negation() gives back as a `not`: object keywords with an EXISTS_KEYS one (left
-    to object_exists.py), a lone multipleOf or pattern (left to the number or string algebra,
+    to object_exists.py), a lone multipleOf, pattern or exact format (left to the number or string algebra,
     schema/regular.py), or an anyOf of those (an allOf's two kept nots merged)."""
     if not isinstance(sub, dict):
         return False
     annotation = [k for k in sub if k in _IGNORED or is_undefined(k)]
     if set(sub) - set(annotation) in ({"multipleOf"}, {"pattern"}):
+        return True
+    if set(sub) - set(annotation) == {"format"} and sub["format"] in EXACT_FORMATS:
         return True
     if set(sub) - set(annotation) == {"anyOf"} and isinstance(sub["anyOf"], list):  # two merged (to_regex.merge_keyword)
         return all(is_kept_not(branch) for branch in sub["anyOf"])

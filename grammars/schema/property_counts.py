@@ -58,14 +58,36 @@ def bounded_extras(extra: str, high: int, sep: str) -> str:
     return f"{extra}(?:{sep}{extra}){{0,{high - 1}}}"
 
 
+def _excluded_names(names: object) -> list[str] | None:
+    """The names of a propertyNames `{"not": {"enum": [...]}}` (or `const`; a string type beside
+    is fine), None for any other schema."""
+    if not isinstance(names, dict) or set(names) - _ANNOTATIONS - {"type"} != {"not"}:
+        return None
+    inner = names["not"]
+    if names.get("type", "string") != "string" or not isinstance(inner, dict):
+        return None
+    own = set(inner) - _ANNOTATIONS
+    if own == {"const"}:
+        values = [inner["const"]]
+    elif own == {"enum"} and isinstance(inner["enum"], list):
+        values = inner["enum"]
+    else:
+        return None
+    return [v for v in values if isinstance(v, str)]
+
+
 def extra_keys(names: object, declared: list[str], is_valid: Callable[[object, str], bool | None]) -> object:
     """How an undeclared key is written under propertyNames `names`: True (any key: `names`
-    asserts nothing), a list of literal names (an enum, less the declared ones), a string schema
+    asserts nothing), ("not_in", names) (a `not` of an enum: any key but those), a list of
+    literal names (an enum, less the declared ones), a string schema
     (no declared name satisfies it, so no extra key can repeat one), or None (not written
     exactly: the keyword stays relaxed). `is_valid(schema, name)` checks one name (None: cannot tell)."""
     names = {k: v for k, v in names.items() if not is_undefined(k)} if isinstance(names, dict) else names
     if names is True or (isinstance(names, dict) and not set(names) - _ANNOTATIONS):
         return True
+    excluded = _excluded_names(names)
+    if excluded is not None:
+        return ("not_in", excluded)
     if not isinstance(names, dict) or set(names) - _STRING_KEYWORDS - _ANNOTATIONS:
         return None
     if names.get("type", "string") != "string":

@@ -14,8 +14,11 @@ MAX_FOLDED_LENGTH. Past the size caps it is stricter, never looser: a union keep
 that fit, an intersection spreads over its widest union first, and a body regex past
 MAX_BODY_CHARS is cut to the shortest paths to MAX_TREE_FINALS accepting states (with their
 self-loops). `number_regex` does integral multipleOf by remainders (multiple_of.residues_regex;
-past its limits the 64 valid integers nearest zero). Both raise RegularUnsupported on what they
-do not read exactly (format, lookaround, ...) or past the caps: the caller then converts the
+past its limits the 64 valid integers nearest zero). A `format` with a regex (string_formats.py,
+a subset of the format) is read as that anchored pattern where no complement is around it (any
+of EXACT_FORMATS, whose regex is the whole format, also under one). Both
+raise RegularUnsupported on what they do not read exactly (a negated format, lookaround, ...) or
+past the caps (and where a format's automaton would be cut): the caller then converts the
 schema as before, relaxing what it cannot enforce. Objects and arrays are not handled here.
 The automaton itself is schema/string_automaton.py.
 """
@@ -31,6 +34,7 @@ import numpy as np
 from surecall.grammars.schema.conditionals import FRACTION, kind_of
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, residues_regex
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, WorkMeter
+from surecall.grammars.schema.string_formats import EXACT_FORMATS, FORMAT_NAMES, STRING_FORMATS
 
 MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines (past it: listed)
 MAX_LISTED_INTEGERS = 64  # integers written out where the remainder set's regex is too long
@@ -79,7 +83,7 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
                 deadline: float | None = None, meter: WorkMeter | None = None) -> StringBody:
     """The strings `schema` admits as one body regex, when it admits only strings and needs the
     algebra (a pattern or bound under not/oneOf/if, or two patterns); else RegularUnsupported."""
-    reader = _Reader(resolve, siblings_ignored)
+    reader = _Reader(resolve, siblings_ignored, read_formats=True)
     if any(reader.truth(schema, kind) is not False for kind in _OTHER_TYPES):
         raise RegularUnsupported("the schema may admit values other than strings")
     expr = reader.expr(schema, top=True)
@@ -93,6 +97,8 @@ def string_body(schema: object, resolve: Resolve, siblings_ignored: bool = False
         expr = ("all", [expr, ("len", low, None)])
     automaton = StringAutomaton(expr, deadline, meter)
     body = automaton.body()
+    if reader.num_formats and (automaton.is_approximate or body is None):  # the converter relaxes it instead:
+        raise RegularUnsupported("a format's automaton is cut, or no string of its regex's subset is valid here")
     narrowed = ("the exact string language has no regex within the size caps: a union keeps the branches "
                 "that fit, a long body keeps its shortest paths") if automaton.is_approximate else None
     return StringBody(body, low, high, narrowed)
@@ -238,13 +244,18 @@ def _holds(expr: object, is_integer: bool, residue: int) -> bool:
 
 
 class _Reader:
-    def __init__(self, resolve: Resolve, siblings_ignored: bool):
+    def __init__(self, resolve: Resolve, siblings_ignored: bool, read_formats: bool = False):
         self.resolve = resolve
+        # formats as their regexes, where no complement is around them: string_body's own reading
+        # (object_exists.py complements the key classes it reads here itself)
+        self.read_formats = read_formats
         self.siblings_ignored = siblings_ignored
         self.min_length, self.max_length = 0, None
         self.needs_algebra = False  # a pattern or length under not/oneOf/if
         self.has_literal_under = False  # a const/enum under not/oneOf/if (needs it beside a pattern)
         self.num_patterns = 0
+        self.num_formats = 0  # formats read as anchored patterns of their regex (never under a complement)
+        self.negations = 0  # complements around the subschema read now (not, oneOf, if's condition)
         self.num_nodes = 0
         self.truths: dict[tuple[int, str], bool | None] = {}  # (id of subschema, type) -> truth
 
@@ -352,21 +363,37 @@ class _Reader:
             lit = ("lit", tuple(sorted({v for v in values if isinstance(v, str)})))
             return ("not", lit) if key == _NOT_IN else lit
         if key == "format":
-            raise RegularUnsupported("a format is not read as an automaton here")
+            if value not in FORMAT_NAMES:
+                return True  # an annotation: validators ignore it
+            if not self.read_formats or value not in STRING_FORMATS or (self.negations and value not in EXACT_FORMATS):
+                raise RegularUnsupported("a format is read as an automaton only where it is not negated (but "
+                                         f"{', '.join(sorted(EXACT_FORMATS))}: its regex is a subset of the format)")
+            self.num_formats += 1
+            return ("pat", f"^(?:{STRING_FORMATS[value]})$")  # plain ASCII, no `"` or `\\`: a pattern as it stands
         if key in ("not", "oneOf", "if"):  # literals alone the converter excludes (NOT_IN) or tells apart
             found = self.string_leaves(schema[key], depth)
             self.needs_algebra = self.needs_algebra or "bound" in found
             self.has_literal_under = self.has_literal_under or "literal" in found
         if key == "not":
-            return ("not", self.expr(value, depth=depth + 1))
-        if key in ("anyOf", "oneOf"):
-            return ("any" if key == "anyOf" else "one", [self.expr(s, depth=depth + 1) for s in value])
+            return ("not", self.negated(value, depth + 1))
+        if key == "anyOf":
+            return ("any", [self.expr(s, depth=depth + 1) for s in value])
+        if key == "oneOf":  # exactly one: each branch also stands negated for the others
+            return ("one", [self.negated(s, depth + 1) for s in value])
         if key == "if":
-            cond = self.expr(value, depth=depth + 1)
+            cond = self.negated(value, depth + 1)
             then = self.expr(schema.get("then", True), depth=depth + 1)
             other = self.expr(schema.get("else", True), depth=depth + 1)
             return ("any", [("all", [cond, then]), ("all", [("not", cond), other])])
         return True  # then/else (read with `if`), annotations and keywords of other types
+
+    def negated(self, schema: object, depth: int) -> object:
+        """self.expr of a subschema that stands (also) under a complement."""
+        self.negations += 1
+        try:
+            return self.expr(schema, depth=depth)
+        finally:
+            self.negations -= 1
 
     def string_leaves(self, sub: object, depth: int) -> set[str]:
         """Which string leaves sit anywhere in `sub` (through $refs): "bound" (pattern, lengths,

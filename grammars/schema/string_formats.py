@@ -122,3 +122,7 @@ COUNTED_FORMATS: dict[str, tuple[str, int]] = {
 # The formats JSON Schema drafts 4 to 2020-12 define: only these can fail validation (draft 3's
 # color, phone, ... are unknown to draft 4 and later validators).
 FORMAT_NAMES = frozenset({*STRING_FORMATS, "regex"})
+# Formats whose regex above is the whole format, not a subset (the hyphenated hex of RFC 4122; dotted
+# decimal octets without leading zeros, as Python's ipaddress and ECMA validators read IPv4): only
+# these are complemented (`not`, a oneOf's other branches), where a subset's complement would be looser.
+EXACT_FORMATS = frozenset({"uuid", "ipv4"})

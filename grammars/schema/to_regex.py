@@ -1595,12 +1595,19 @@ class Converter:
         loose = self.loose_pattern(schema, ptr) if body is None else None
         if loose is not None:
             return self.run_string(schema, ptr, loose[0], loose[1], None)
-        if "pattern" in schema and body is None:
+        own_pattern = "pattern" in schema and body is None
+        if own_pattern:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
         if schema.get("format") in FORMAT_NAMES:  # any other format is an annotation: validators ignore it
             fmt = STRING_FORMATS.get(schema["format"])
             counted = self.counted_format(schema)
-            if fmt is None or body is not None:
+            if fmt is not None and body is not None and own_pattern:  # both, where their automaton is exact
+                both = self.pattern_and_format(schema, fmt)
+                if both is False:
+                    self.relax(ptr, "format")
+                else:
+                    body = both
+            elif fmt is None or body is not None:
                 self.relax(ptr, "format")
             elif counted is not None:
                 schema, body = counted
@@ -1623,6 +1630,18 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    def pattern_and_format(self, schema: dict, fmt: str) -> str | bool:
+        """The body of the strings the schema's `pattern` finds that also match its format's regex
+        (a subset of the format), as one string automaton; False: not written so (no exact
+        translation, the automaton would be cut, or no string of the subset matches, where one of
+        the whole format might: the format is then relaxed)."""
+        try:
+            automaton = StringAutomaton(("all", [("pat", schema["pattern"]), ("pat", f"^(?:{fmt})$")]), self.deadline)
+            body = automaton.body()
+        except RegularUnsupported:
+            return False
+        return False if automaton.is_approximate or body is None else body
 
     def counted_format(self, schema: dict) -> tuple[dict, str] | None:
         """(the schema with the format's length cap as its maxLength, the format's free body) for
@@ -1679,13 +1698,16 @@ class Converter:
         string automaton (schema/string_automaton.py; low at most MAX_FOLDED_LENGTH); None: there
         are none; False: not written so (a format but COUNTED_FORMATS, a longer bound, past the
         automaton's caps)."""
-        pattern = schema.get("pattern")  # beside a pattern a format is relaxed: the body is the pattern's
+        pattern = schema.get("pattern")
+        leaves = []
         if pattern is None and schema.get("format") in COUNTED_FORMATS:  # its free body (counted_format)
             pattern = f"^(?:{COUNTED_FORMATS[schema['format']][0]})$"
+        elif isinstance(pattern, str) and schema.get("format") in STRING_FORMATS:  # both (pattern_and_format)
+            leaves.append(("pat", f"^(?:{STRING_FORMATS[schema['format']]})$"))
         if not isinstance(pattern, str) or low > MAX_FOLDED_LENGTH:
             return False
         try:
-            automaton = StringAutomaton(("all", [("pat", pattern), ("len", low, None)]), self.deadline)
+            automaton = StringAutomaton(("all", [("pat", pattern), *leaves, ("len", low, None)]), self.deadline)
             body = automaton.body()
         except RegularUnsupported:
             return False
@@ -2175,9 +2197,11 @@ class Converter:
         anything = '"' + _string_not_in(declared) + '"'
         if "propertyNames" not in schema:
             return anything
-        how = extra_keys(_unmarked(schema["propertyNames"]), declared, self.name_valid)
+        how = extra_keys(_unmarked(self.names_target(schema["propertyNames"], ptr)), declared, self.name_valid)
         if how is True:
             return anything
+        if isinstance(how, tuple):  # ("not_in", names): none of the declared names nor of these
+            return '"' + _string_not_in([*declared, *how[1]]) + '"'
         if isinstance(how, list):
             return _alternation([json_literal(name, self.options) for name in how])
         if isinstance(how, dict):
@@ -2185,6 +2209,22 @@ class Converter:
         self.relax(ptr, "propertyNames", "undeclared keys are not written under it (a declared name "
                    "meets it, or it is not a string schema of pattern/length/format/enum)")
         return anything
+
+    def names_target(self, names: object, ptr: str) -> object:
+        """A propertyNames schema with its `$ref`s followed while nothing but annotations stands
+        beside them (or siblings are ignored, drafts 4-7): `{"$ref": "#/definitions/direction"}`
+        is read as the enum it points to."""
+        for _ in range(_MAX_NAME_REFS):
+            if not isinstance(names, dict) or not isinstance(names.get("$ref"), str):
+                break
+            beside = {k for k in names if k != "$ref" and not is_annotation(k) and not k.startswith("$surecall:")}
+            if beside and not self.ref_siblings_ignored:
+                break
+            try:
+                names = self.resolve(names["$ref"], ptr)[0]
+            except (SchemaError, UnsupportedSchema):
+                break
+        return names
 
     def check_property_counts(self, schema: dict, num_required: int, num_declared: int,
                               has_extra: bool, ptr: str) -> None:
@@ -2518,6 +2558,9 @@ def _finds_every_string(pattern: str) -> bool:
     """Whether a (translatable) pattern finds a match in every string: it matches the empty string
     at the start and has no `$` (so the empty match at position 0 is there whatever follows)."""
     return "$" not in pattern and re.match(pattern, "") is not None
+
+
+_MAX_NAME_REFS = 8  # $ref hops names_target follows
 
 
 def _string_not_in(names: list[str]) -> str:

@@ -64,6 +64,11 @@ EXACT = [
     {"type": "object", "properties": {"o": {"not": {"propertyNames": {"pattern": "^a"}}}}, "required": ["o"],
      "additionalProperties": False},
     {"type": "object", "not": {"patternProperties": {"a": {"not": {"type": "string", "pattern": "A"}}}}},
+    # propertyNames through a $ref (Github_medium o90904's directions), and as a `not` of an enum
+    {"type": "object", "$defs": {"k": {"enum": ["a", "ab", "x", 3]}}, "propertyNames": {"$ref": "#/$defs/k"},
+     "additionalProperties": True},
+    {"type": "object", "propertyNames": {"not": {"enum": ["b", "ab", "é\\"]}}, "additionalProperties": True},
+    {"type": "object", "propertyNames": {"type": "string", "not": {"const": "x"}}, "additionalProperties": True},
 ]
 
 
@@ -194,3 +199,13 @@ def test_handwritten_walks_all_validate(name, data_dir, tmp_path, monkeypatch):
     grammar = re.compile(expand_marks(schema_to_regex(schema).regex), re.DOTALL)
     for test in record["tests"]:  # pnmp2's: one valid, four invalid
         assert (grammar.fullmatch(json.dumps(test["data"], ensure_ascii=False)) is not None) == test["valid"], test
+
+
+def test_property_names_not_enum_beside_declared_names():
+    # JsonSchemaStore lintstagedrc: any key but the listed ones, beside a declared one
+    schema = {"type": "object", "properties": {"$schema": {"type": "string"}},
+              "propertyNames": {"not": {"enum": ["concurrent", "chunkSize"]}}, "additionalProperties": {"type": "integer"}}
+    grammar = _grammar(schema)
+    assert grammar.fullmatch('{"$schema": "s", "a": 1}') and grammar.fullmatch('{"concurrently": 1}')
+    assert not grammar.fullmatch('{"concurrent": 1}') and not grammar.fullmatch('{"$schema": "s", "chunkSize": 2}')
+    assert not grammar.fullmatch('{"$schema": 1}')  # the declared name keeps its own schema

@@ -160,9 +160,27 @@ def test_not_required_means_some_name_absent_and_an_object():
 
 
 def test_too_many_dependency_triggers_stay_relaxed():
-    names = "abcd"
-    schema = {"type": "object", "properties": {n: {} for n in names}, "dependentRequired": {n: ["a"] for n in names}}
+    needs = {"a": ["e"], "b": ["f"], "c": ["g"], "d": ["h"]}  # four triggers, each asking for other names
+    schema = {"type": "object", "properties": {n: {} for n in "abcdefgh"}, "dependentRequired": needs}
     assert relaxed(schema) == [("", "dependentRequired")]
+
+
+def test_required_triggers_need_no_branch_and_vacuous_dependencies_add_nothing():
+    # Glaiveai2K calculate_area: six triggers (past MAX_TRIGGERS), all but one required by the node
+    props = {n: {"type": "integer"} for n in ("base", "height", "width", "radius")}
+    schema = {"type": "object", "properties": {**props, "shape": {"type": "string"}},
+              "required": ["base", "height", "width", "radius"],
+              "dependencies": {"base": ["tri"], "height": ["tri", "rect"], "width": ["rect"], "radius": ["circ"],
+                               "shape": ["base"], "tri": {"required": ["shape"]}}}
+    assert relaxed(schema) == []
+    full = {"base": 1, "height": 2, "width": 3, "radius": 4, "shape": "s", "tri": 0, "rect": 0, "circ": 0}
+    assert accepts(schema, full)
+    for name in ("circ", "rect", "tri"):  # each required through a trigger the node requires
+        assert not accepts(schema, {k: v for k, v in full.items() if k != name})
+    assert not accepts(schema, {k: v for k, v in full.items() if k != "shape"})  # tri's schema requires it
+    vacuous = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["b"],
+               "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"a": True}}
+    assert relaxed(vacuous) == [] and accepts(vacuous, '{"a": 1, "b": 2}') and accepts(vacuous, '{"b": 2}')
 
 
 # --- uniqueItems over a small literal item set -------------------------------------------------
@@ -307,3 +325,21 @@ def test_render_long_branch_uses_the_byte_dfa():
     assert render.grammar_dumps({"b": 3}, schema) == '{"b": 3}'
     assert render.grammar_dumps({"a": "w00007"}, schema) == '{"a": "w00007"}'
     assert render._matcher("(?=x{20000})" + "x" * 20000) is None  # a long lookahead: neither is safe
+
+
+def test_triggers_asking_for_the_same_names_share_one_branch_pair():
+    # Glaiveai2K calculate_area_518cb15d: four triggers (past MAX_TRIGGERS), two of them asking for "triangle"
+    props = {n: {"type": "number"} for n in ("base", "height", "length", "radius", "width")}
+    schema = {"type": "object", "properties": props, "required": ["length", "width"],
+              "dependencies": {"base": ["triangle"], "height": ["triangle"], "radius": ["circle"], "shape": ["rectangle"]}}
+    assert relaxed(schema) == []
+    assert accepts(schema, {"length": 1, "width": 2})
+    assert accepts(schema, {"base": 1, "height": 2, "length": 1, "width": 2, "triangle": 0})
+    for bad in ({"base": 1, "length": 1, "width": 2}, {"height": 1, "length": 1, "width": 2},
+                {"length": 1, "radius": 2, "width": 2, "triangle": 0}):
+        assert not accepts(schema, bad)
+    vocab, rng = _digit_vocab(), np.random.default_rng(3)
+    table = compile_schema(schema, vocab, use_cache=False)
+    validator = jsonschema.Draft7Validator(schema)
+    texts = [decode(vocab, random_walk(table, vocab, rng, max_tokens=300)).decode() for _ in range(40)]
+    assert all(validator.is_valid(json.loads(text)) for text in texts), texts

@@ -309,3 +309,12 @@ def test_a_table_past_the_memory_budget_is_compiled_again_with_conditionals_rela
         compile_schema({"type": "integer"}, byte_vocab(), use_cache=False)
     with pytest.raises(ValueError, match="Invalid rewrite_conditionals"):
         GrammarOptions(rewrite_conditionals="yes")
+
+
+def test_a_format_no_draft_defines_negates_to_nothing():
+    # Github_hard o58282: a oneOf branch whose format ("path") is an annotation matches every string
+    schema = {"type": "string", "oneOf": [{"enum": ["home", "temp"], "type": "string"}, {"format": "path", "type": "string"}]}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    grammar = re.compile(expand_marks(result.regex))
+    assert grammar.fullmatch('"desk"') and not grammar.fullmatch('"home"') and not grammar.fullmatch('"temp"')

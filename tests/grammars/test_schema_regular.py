@@ -316,3 +316,56 @@ def test_a_body_nested_past_the_parsers_limit_falls_back(monkeypatch):
     result = schema_to_regex(schema)  # no SchemaError: the not is listed, with the algebra's reason
     assert result.relaxed == [("", "not")] and "string algebra" in result.reasons[("", "not")]
     assert re.compile(expand_marks(result.regex)).fullmatch('"abc"')
+
+
+# --- a format beside a pattern: both, through the format's regex (a subset of the format) --------
+def _matches(schema, text: str, options=None) -> bool:
+    options = options or GrammarOptions()
+    return re.fullmatch(expand_marks(schema_to_regex(schema, options).regex, options.whitespace_regex()),
+                        json.dumps(text)) is not None
+
+
+@pytest.mark.parametrize("schema", [
+    # Github_hard o1051: a date whose pattern also admits "2019" and "2019-02-30"
+    {"type": "string", "format": "date", "pattern": "^([0-9]{4})(-([0-9]{2}))?(-([0-9]{2}))?$"},
+    {"type": "string", "allOf": [{"format": "date"}, {"pattern": "^([0-9]{4})(-([0-9]{2}))?(-([0-9]{2}))?$"}]},
+    {"type": "string", "format": "date", "pattern": "^[0-9-]+$", "minLength": 10, "maxLength": 12},
+])
+def test_a_format_beside_a_pattern_is_enforced_with_it(schema):
+    assert schema_to_regex(schema, GrammarOptions()).relaxed == []
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    for text in ("2019-02-28", "2000-02-29", "2019", "2019-02", "2019-02-30", "2019-13-01", "20190228", "x2019-02-28"):
+        assert _matches(schema, text) == checker.is_valid(text), text
+
+
+def test_a_format_under_a_complement_or_cut_or_empty_beside_a_pattern_stays_relaxed():
+    # under oneOf the branches are negated too: our date regex is a subset, its complement looser
+    one_of = {"type": "string", "oneOf": [{"format": "date"}, {"pattern": "^\\$[A-Z]+"}]}
+    assert ("", "oneOf") in schema_to_regex(one_of, GrammarOptions()).relaxed
+    # a uri's automaton is cut past the body caps: the pattern is enforced, the format relaxed as before
+    uri = {"type": "string", "allOf": [{"format": "uri"}, {"pattern": "^https?://"}]}
+    assert schema_to_regex(uri, GrammarOptions()).relaxed == [("/allOf/0", "format")]
+    assert _matches(uri, "https://a.b/c") and not _matches(uri, "ftp://a.b")
+    # no string of the date regex starts with "x", but the schema is not called unsatisfiable for it
+    empty = {"type": "string", "format": "date", "pattern": "^x"}
+    assert schema_to_regex(empty, GrammarOptions()).relaxed == [("", "format")]
+    assert _matches(empty, "xyz")
+    # a format and a negated pattern: exact
+    negated = {"type": "string", "format": "date", "not": {"pattern": "^2000"}}
+    assert schema_to_regex(negated, GrammarOptions()).relaxed == []
+    assert _matches(negated, "2019-02-28") and not _matches(negated, "2000-01-01") and not _matches(negated, "2019")
+
+
+def test_an_exact_format_is_complemented_too():
+    # Snowplow sp_209: a uuid or a `$NAME` (untyped: a non-string meets both branches, so none is valid)
+    schema = {"oneOf": [{"format": "uuid"}, {"pattern": "^\\$[A-Z0-9-_]+"}]}
+    assert schema_to_regex(schema, GrammarOptions()).relaxed == []
+    uuid = "123e4567-e89b-12d3-a456-426614174000"
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    options = GrammarOptions()
+    grammar = re.compile(expand_marks(schema_to_regex(schema, options).regex, options.whitespace_regex()))
+    for value in (uuid, uuid.upper(), "$ABC", "$" + uuid, "abc", uuid[:-1], 1, None):
+        assert (grammar.fullmatch(json.dumps(value)) is not None) == checker.is_valid(value), value
+    not_ipv4 = {"type": "string", "not": {"format": "ipv4"}}
+    assert schema_to_regex(not_ipv4, GrammarOptions()).relaxed == []
+    assert _matches(not_ipv4, "1.2.3") and _matches(not_ipv4, "01.2.3.4") and not _matches(not_ipv4, "10.0.0.255")
