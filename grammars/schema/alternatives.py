@@ -37,7 +37,7 @@ def alternative_parts(schema: dict, ptr: str, mark: Callable[[object, str], obje
     `mark(sub, pointer)` tags a dependent schema with the pointer it was written at."""
     keys, parts, fixed = [], [], []
     required = set(schema["required"]) if isinstance(schema.get("required"), list) else set()
-    groups: dict[tuple, list[str]] = {}  # names a trigger asks for -> the triggers (one branch pair for all)
+    groups: dict[tuple, tuple[list, list]] = {}  # sorted names asked for -> (those names, the triggers asking)
     for key in ("dependentRequired", "dependencies", "dependentSchemas"):
         if isinstance(schema.get(key), dict) and schema[key]:
             keys.append(key)
@@ -50,20 +50,17 @@ def alternative_parts(schema: dict, ptr: str, mark: Callable[[object, str], obje
                     if name in required:  # the trigger is always there: its names are required too
                         fixed.append(({"required": need}, at))
                         continue
-                    group = groups.setdefault(tuple(sorted(need)), [])
-                    group.append(name)
-                    if len(group) > 1:  # a later trigger of the same names joins the first one's branches
-                        continue
-                    parts.append((group, at))
-                    continue
+                    group = tuple(sorted(need))
+                    if group not in groups:  # a later trigger of the same names joins this one's branches
+                        parts.append((group, at))
+                    groups.setdefault(group, (need, []))[1].append(name)
                 elif need is True:
                     continue
                 elif name in required:  # present in every instance: the dependent schema holds, no branch
                     fixed.append((mark(need, at), at))
-                    continue
-                parts.append((_dependency(name, need if isinstance(need, list) else mark(need, at)), at))
-    parts = [(_triggers(part, need) if isinstance(part, list) else part, at)
-             for (part, at), need in zip(parts, _needs(parts, groups), strict=True)]
+                else:
+                    parts.append((_dependency(name, mark(need, at)), at))
+    parts = [(_triggers(*groups[part]) if isinstance(part, tuple) else part, at) for part, at in parts]
     names = _not_required(schema.get("not"))
     if names:
         keys.append("not")
@@ -75,15 +72,9 @@ def alternative_parts(schema: dict, ptr: str, mark: Callable[[object, str], obje
     return Alternatives(tuple(keys), fixed + parts)
 
 
-def _needs(parts: list, groups: dict[tuple, list[str]]) -> list:
-    """Per part, the names its trigger group asks for (None for a part that is no group)."""
-    by_group = {id(triggers): list(need) for need, triggers in groups.items()}
-    return [by_group.get(id(part)) if isinstance(part, list) else None for part, _ in parts]
-
-
-def _triggers(names: list[str], need: list[str]) -> dict:
-    """Triggers that ask for the same names: one trigger as _dependency writes it; several as every
-    trigger absent, or the names present (2 branches where one per trigger would make 2^k)."""
+def _triggers(need: list[str], names: list[str]) -> dict:
+    """Triggers `names` that ask for the same names `need`: one trigger as _dependency writes it;
+    several as every trigger absent, or the names present (2 branches where one each would make 2^k)."""
     if len(names) == 1:
         return _dependency(names[0], need)
     return {"anyOf": [{"properties": dict.fromkeys(names, False)}, {"required": need}]}
