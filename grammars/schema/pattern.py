@@ -230,6 +230,30 @@ def _split_alternatives(pattern: str) -> list[str]:
     return parts
 
 
+def leading_lookaheads(pattern: str) -> list | None:
+    """A pattern that is `^`, lookaheads, then the rest (`^(?=.*[A-Z])(?!.*\\s).{8,}$`), as the
+    conjunction of string-expression leaves (schema/string_automaton.py) it means: a lookahead
+    `(?=X)` at the start holds where `^X` finds a match (`^X1` or `^X2` for `X1|X2`), `(?!X)` where
+    it does not, and the
+    rest must match from the start too. None for any other pattern (a top-level `|`, no leading
+    lookahead, an unbalanced group)."""
+    if not pattern.startswith(("^(?=", "^(?!")) or len(_split_alternatives(pattern)) != 1:
+        return None
+    depth_after = {i: depth for i, c, depth in _outside_classes(pattern) if c in "()"}
+    parts, i = [], 1
+    while pattern.startswith(("(?=", "(?!"), i):
+        close = next((j for j in sorted(depth_after) if j > i and pattern[j] == ")"
+                      and depth_after[j] == depth_after[i] - 1), None)
+        if close is None:
+            return None
+        alternatives = [("pat", "^" + branch) for branch in _split_alternatives(pattern[i + 3 : close])]
+        leaf = alternatives[0] if len(alternatives) == 1 else ("any", alternatives)  # (no `$` inside a group)
+        parts.append(leaf if pattern[i + 2] == "=" else ("not", leaf))
+        i = close + 1
+    parts.append(("pat", "^" + pattern[i:]))
+    return parts
+
+
 def _unwrap_group(branch: str) -> str | None:
     """The inside of a plain or named group that spans the whole branch, else None."""
     if not branch.startswith("(") or not branch.endswith(")") or branch.startswith("(?="):

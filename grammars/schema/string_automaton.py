@@ -34,6 +34,7 @@ from surecall.grammars.schema.pattern import (
     _Parser,
     _python_ranges,
     _top_branches,
+    leading_lookaheads,
 )
 
 MAX_NFA_STATES = 20_000  # one pattern's Thompson automaton (counted repetitions are copies)
@@ -178,8 +179,24 @@ class _DFA:
     accept: list[bool]  # start state 0
 
 
+def expand_lookaheads(expr: object) -> object:
+    """`expr` with each pattern leaf that opens with lookaheads (pattern.leading_lookaheads) written
+    as the conjunction of its parts, which the automaton builds by product and complement."""
+    if isinstance(expr, bool):
+        return expr
+    if expr[0] == "pat":
+        parts = leading_lookaheads(expr[1])
+        return expr if parts is None else ("all", parts)
+    if expr[0] == "not":
+        return ("not", expand_lookaheads(expr[1]))
+    if expr[0] in ("all", "any", "one"):
+        return (expr[0], [expand_lookaheads(e) for e in expr[1]])
+    return expr
+
+
 class StringAutomaton:
     def __init__(self, expr: object, deadline: float | None, meter: WorkMeter | None = None):
+        expr = expand_lookaheads(expr)
         self.expr = expr
         self.deadline = deadline
         self.meter = meter

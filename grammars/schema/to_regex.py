@@ -86,6 +86,7 @@ from surecall.grammars.schema.pattern import (
     _top_branches,
     ambiguity_weight,
     counted_run,
+    leading_lookaheads,
     loose_run,
     translate_pattern,
 )
@@ -1765,8 +1766,10 @@ class Converter:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length)
         except PatternUnsupported as exc:
-            self.relax(ptr, "pattern", f"no exact translation: {exc}")
-            return None
+            body = self.lookahead_body(pattern, ptr)
+            if body is None:
+                self.relax(ptr, "pattern", f"no exact translation: {exc}")
+            return body
         self.check_blowup(pattern, translated.regex, pattern_ptr)
         if not translated.is_exact:
             limit = self.options.max_bounded_length
@@ -1774,6 +1777,23 @@ class Converter:
                        "for a set of one-byte characters) inside a larger pattern (widened; only a whole-pattern "
                        "`^[set]{n,m}$` is counted)")
         return translated.regex
+
+    def lookahead_body(self, pattern: str, ptr: str) -> str | None:
+        """The body of a pattern that opens with lookaheads (`^(?=.*[0-9])(?!.*\\s).{8,}$`), as one
+        string automaton of its parts (pattern.leading_lookaheads); None where it is not of that
+        form, a part has no exact translation, or no string matches (the pattern is then relaxed)."""
+        if leading_lookaheads(pattern) is None:
+            return None
+        try:
+            automaton = StringAutomaton(("pat", pattern), self.deadline)
+            body = automaton.body()
+        except RegularUnsupported:
+            return None
+        if body is not None and automaton.is_approximate:
+            self.narrowed[(ptr, "pattern")] = ("the pattern's lookaheads and rest have no regex within the string "
+                                               "automaton's size caps: a union keeps the branches that fit, a long "
+                                               "body keeps its shortest paths")
+        return body
 
     def check_blowup(self, pattern: str, body: str, pattern_ptr: str) -> None:
         """A pattern whose automaton may be exponential (pattern.ambiguity_weight) is built first in

@@ -369,3 +369,37 @@ def test_an_exact_format_is_complemented_too():
     not_ipv4 = {"type": "string", "not": {"format": "ipv4"}}
     assert schema_to_regex(not_ipv4, GrammarOptions()).relaxed == []
     assert _matches(not_ipv4, "1.2.3") and _matches(not_ipv4, "01.2.3.4") and not _matches(not_ipv4, "10.0.0.255")
+
+
+# --- lookaheads at a pattern's start: the conjunction of their parts ---------------------------
+@pytest.mark.parametrize("pattern, is_agreed", [
+    ("^(?=[^=]+$)(?!\\s+$)(.|\\n)+$", False),  # JsonSchemaStore gradle-enterprise: `$` before a final \n in re
+    ("^(?!(?:ab|ba)$)[a-c]+$", False),
+    ("^(?=.*1)(?!.*2)", False),  # `.` and \u2028
+    ("^(?=[^2]*1)(?!a)", True),
+    ("^(?=a|b)(?!ab)..?", True),
+])
+def test_leading_lookaheads_are_written_exactly(pattern, is_agreed):
+    language = _language({"type": "string", "pattern": pattern})
+    num_accepted = 0
+    for s in _strings(800, seed=len(pattern)):
+        ours, python, ecma = language(s)
+        assert not ours or (python and ecma), (s, pattern)
+        if is_agreed:
+            assert ours == python == ecma, (s, pattern)
+        num_accepted += ours
+    assert num_accepted > 0
+
+
+def test_lookaheads_past_the_body_caps_are_narrowed_never_looser():
+    schema = {"type": "string", "pattern": "^(?=.*[A-Z])(?=.*[0-9]).{8,}$"}  # a password rule
+    result = schema_to_regex(schema)
+    assert result.relaxed == [] and ("", "pattern") in result.narrowed
+    grammar = re.compile(expand_marks(result.regex), re.DOTALL)
+    rng = random.Random(7)
+    texts = ["".join(rng.choice("aZ9 x") for _ in range(rng.randint(6, 12))) for _ in range(2000)]
+    accepted = [t for t in texts if grammar.fullmatch(json.dumps(t))]
+    assert accepted and all(re.search(schema["pattern"], t) for t in accepted)
+    # one inside a group, or after other characters, is not read: the pattern stays listed
+    for pattern in ("^a(?=b)", "^(x(?=y))"):
+        assert schema_to_regex({"type": "string", "pattern": pattern}).relaxed == [("", "pattern")]
