@@ -2226,9 +2226,30 @@ class Converter:
             return _alternation([json_literal(name, self.options) for name in how])
         if isinstance(how, dict):
             return self.convert(how, pointer_join(ptr, "propertyNames"))
+        body = self.names_body(schema["propertyNames"], declared, ptr)
+        if body is not None:
+            return '"' + body + '"'
         self.relax(ptr, "propertyNames", "undeclared keys are not written under it (a declared name "
-                   "meets it, or it is not a string schema of pattern/length/format/enum)")
+                   "meets it, or it is not a string schema of pattern/length/format/enum, nor one automaton)")
         return anything
+
+    def names_body(self, names: object, declared: list[str], ptr: str) -> str | None:
+        """An undeclared key's body under a propertyNames schema of patterns, literals and lengths
+        under not/oneOf/anyOf/allOf (JsonSchemaStore ansible-lint: a oneOf of an enum and a pattern),
+        less the declared names, as one string automaton (schema/regular.py); None where it is not
+        one exactly (a length bound left for a counter, past the caps, no key at all)."""
+        if self.regular_work.left <= 0:
+            return None
+        names = _unmarked(self.names_target(names, ptr))
+        whole = {"type": "string", "allOf": [names, *([{"not": {"enum": declared}}] if declared else [])]}
+        try:
+            found = string_body(whole, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
+                                self.deadline, self.regular_work)
+        except RegularUnsupported:
+            return None
+        if found.body is None or found.narrowed or found.max_length is not None or found.min_length > MAX_FOLDED_LENGTH:
+            return None
+        return found.body
 
     def names_target(self, names: object, ptr: str) -> object:
         """A propertyNames schema with its `$ref`s followed while nothing but annotations stands

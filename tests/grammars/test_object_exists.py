@@ -69,6 +69,12 @@ EXACT = [
      "additionalProperties": True},
     {"type": "object", "propertyNames": {"not": {"enum": ["b", "ab", "é\\"]}}, "additionalProperties": True},
     {"type": "object", "propertyNames": {"type": "string", "not": {"const": "x"}}, "additionalProperties": True},
+    # propertyNames as one string automaton (JsonSchemaStore ansible-lint: a oneOf of an enum and a pattern)
+    {"type": "object", "propertyNames": {"oneOf": [{"enum": ["a", "ab", "1"], "type": "string"},
+                                                   {"pattern": "^[ab]+$", "type": "string"}]},
+     "additionalProperties": True},
+    {"type": "object", "properties": {"x": {"type": "integer"}},
+     "propertyNames": {"anyOf": [{"pattern": "^a"}, {"const": "cde"}]}, "additionalProperties": True},
 ]
 
 
