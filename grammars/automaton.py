@@ -477,7 +477,7 @@ def _odd_weights(seed: int, size: int) -> np.ndarray:
     if weights is None:
         weights = np.random.default_rng(seed).integers(1, 2**63, size=size, dtype=np.uint64) | np.uint64(1)
         weights.setflags(write=False)
-        weights = _ODD_WEIGHTS[key] = weights
+        _ODD_WEIGHTS[key] = weights
     return weights
 
 

@@ -34,7 +34,12 @@ import numpy as np
 from surecall.grammars.schema.conditionals import FRACTION, kind_of
 from surecall.grammars.schema.multiple_of import MultipleOfUnsupported, residues_regex
 from surecall.grammars.schema.string_automaton import RegularUnsupported, StringAutomaton, WorkMeter
-from surecall.grammars.schema.string_formats import EXACT_FORMATS, FORMAT_NAMES, STRING_FORMATS
+from surecall.grammars.schema.string_formats import (
+    EXACT_FORMATS,
+    FORMAT_NAMES,
+    STRING_FORMATS,
+    format_leaf,
+)
 
 MAX_MODULUS = 2_000  # the lcm of the multipleOfs one number schema combines (past it: listed)
 MAX_LISTED_INTEGERS = 64  # integers written out where the remainder set's regex is too long
@@ -369,7 +374,7 @@ class _Reader:
                 raise RegularUnsupported("a format is read as an automaton only where it is not negated (but "
                                          f"{', '.join(sorted(EXACT_FORMATS))}: its regex is a subset of the format)")
             self.num_formats += 1
-            return ("pat", f"^(?:{STRING_FORMATS[value]})$")  # plain ASCII, no `"` or `\\`: a pattern as it stands
+            return format_leaf(value)
         if key in ("not", "oneOf", "if"):  # literals alone the converter excludes (NOT_IN) or tells apart
             found = self.string_leaves(schema[key], depth)
             self.needs_algebra = self.needs_algebra or "bound" in found

@@ -126,3 +126,9 @@ FORMAT_NAMES = frozenset({*STRING_FORMATS, "regex"})
 # decimal octets without leading zeros, as Python's ipaddress and ECMA validators read IPv4): only
 # these are complemented (`not`, a oneOf's other branches), where a subset's complement would be looser.
 EXACT_FORMATS = frozenset({"uuid", "ipv4"})
+
+
+def format_leaf(name: str) -> tuple[str, str]:
+    """A format of STRING_FORMATS as a string-expression leaf (schema/string_automaton.py): its regex
+    anchored, read as a pattern (plain ASCII without `"` or `\\`, it means the same there)."""
+    return ("pat", f"^(?:{STRING_FORMATS[name]})$")

@@ -109,7 +109,12 @@ from surecall.grammars.schema.regular import (
     string_body,
 )
 from surecall.grammars.schema.string_automaton import RegularGaveUp, StringAutomaton, WorkMeter
-from surecall.grammars.schema.string_formats import COUNTED_FORMATS, FORMAT_NAMES, STRING_FORMATS
+from surecall.grammars.schema.string_formats import (
+    COUNTED_FORMATS,
+    FORMAT_NAMES,
+    STRING_FORMATS,
+    format_leaf,
+)
 from surecall.grammars.schema.unique_items import canonical_json, finite_items, selections_regex
 from surecall.grammars.splice import Pieces, placeholder, placeholders_in
 from surecall.grammars.stack import MAX_STACK_DEPTH, stack_value_regex
@@ -1603,7 +1608,7 @@ class Converter:
             fmt = STRING_FORMATS.get(schema["format"])
             counted = self.counted_format(schema)
             if fmt is not None and body is not None and own_pattern:  # both, where their automaton is exact
-                both = self.pattern_and_format(schema, fmt)
+                both = self.pattern_and_format(schema)
                 if both is False:
                     self.relax(ptr, "format")
                 else:
@@ -1632,17 +1637,22 @@ class Converter:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
 
-    def pattern_and_format(self, schema: dict, fmt: str) -> str | bool:
+    def pattern_and_format(self, schema: dict) -> str | bool:
         """The body of the strings the schema's `pattern` finds that also match its format's regex
         (a subset of the format), as one string automaton; False: not written so (no exact
         translation, the automaton would be cut, or no string of the subset matches, where one of
         the whole format might: the format is then relaxed)."""
+        built = self.automaton_body(("all", [("pat", schema["pattern"]), format_leaf(schema["format"])]))
+        return False if built is None or built[0].is_approximate or built[1] is None else built[1]
+
+    def automaton_body(self, expr: object) -> tuple[StringAutomaton, str | None] | None:
+        """(the string automaton of `expr`, its body: None where no string is in it), or None where
+        it is not one (a pattern without an exact translation, past the caps or the deadline)."""
         try:
-            automaton = StringAutomaton(("all", [("pat", schema["pattern"]), ("pat", f"^(?:{fmt})$")]), self.deadline)
-            body = automaton.body()
+            automaton = StringAutomaton(expr, self.deadline)
+            return automaton, automaton.body()
         except RegularUnsupported:
-            return False
-        return False if automaton.is_approximate or body is None else body
+            return None
 
     def counted_format(self, schema: dict) -> tuple[dict, str] | None:
         """(the schema with the format's length cap as its maxLength, the format's free body) for
@@ -1704,14 +1714,13 @@ class Converter:
         if pattern is None and schema.get("format") in COUNTED_FORMATS:  # its free body (counted_format)
             pattern = f"^(?:{COUNTED_FORMATS[schema['format']][0]})$"
         elif isinstance(pattern, str) and schema.get("format") in STRING_FORMATS:  # both (pattern_and_format)
-            leaves.append(("pat", f"^(?:{STRING_FORMATS[schema['format']]})$"))
+            leaves.append(format_leaf(schema["format"]))
         if not isinstance(pattern, str) or low > MAX_FOLDED_LENGTH:
             return False
-        try:
-            automaton = StringAutomaton(("all", [("pat", pattern), *leaves, ("len", low, None)]), self.deadline)
-            body = automaton.body()
-        except RegularUnsupported:
+        built = self.automaton_body(("all", [("pat", pattern), *leaves, ("len", low, None)]))
+        if built is None:
             return False
+        automaton, body = built
         own = pattern != schema.get("pattern")  # a format's body, our regex: its `$` admits no final newline
         if automaton.is_approximate or (not own and not all(exact for _, exact in automaton.patterns.values())):
             self.narrowed[(ptr, "minLength")] = ("the pattern's strings of at least minLength characters are written "
@@ -1782,13 +1791,11 @@ class Converter:
         """The body of a pattern that opens with lookaheads (`^(?=.*[0-9])(?!.*\\s).{8,}$`), as one
         string automaton of its parts (pattern.leading_lookaheads); None where it is not of that
         form, a part has no exact translation, or no string matches (the pattern is then relaxed)."""
-        if leading_lookaheads(pattern) is None:
+        parts = leading_lookaheads(pattern)
+        built = None if parts is None else self.automaton_body(("all", parts))
+        if built is None:
             return None
-        try:
-            automaton = StringAutomaton(("pat", pattern), self.deadline)
-            body = automaton.body()
-        except RegularUnsupported:
-            return None
+        automaton, body = built
         if body is not None and automaton.is_approximate:
             self.narrowed[(ptr, "pattern")] = ("the pattern's lookaheads and rest have no regex within the string "
                                                "automaton's size caps: a union keeps the branches that fit, a long "
@@ -2217,7 +2224,8 @@ class Converter:
         anything = '"' + _string_not_in(declared) + '"'
         if "propertyNames" not in schema:
             return anything
-        how = extra_keys(_unmarked(self.names_target(schema["propertyNames"], ptr)), declared, self.name_valid)
+        names = self.names_target(schema["propertyNames"], ptr)
+        how = extra_keys(names, declared, self.name_valid)
         if how is True:
             return anything
         if isinstance(how, tuple):  # ("not_in", names): none of the declared names nor of these
@@ -2226,7 +2234,7 @@ class Converter:
             return _alternation([json_literal(name, self.options) for name in how])
         if isinstance(how, dict):
             return self.convert(how, pointer_join(ptr, "propertyNames"))
-        body = self.names_body(schema["propertyNames"], declared, ptr)
+        body = self.names_body(names, declared, ptr)
         if body is not None:
             return '"' + body + '"'
         self.relax(ptr, "propertyNames", "undeclared keys are not written under it (a declared name "
@@ -2240,7 +2248,6 @@ class Converter:
         one exactly (a length bound left for a counter, past the caps, no key at all)."""
         if self.regular_work.left <= 0:
             return None
-        names = _unmarked(self.names_target(names, ptr))
         whole = {"type": "string", "allOf": [names, *([{"not": {"enum": declared}}] if declared else [])]}
         try:
             found = string_body(whole, lambda ref: self.resolve(ref, ptr)[0], self.ref_siblings_ignored,
@@ -2252,17 +2259,17 @@ class Converter:
         return found.body
 
     def names_target(self, names: object, ptr: str) -> object:
-        """A propertyNames schema with its `$ref`s followed while nothing but annotations stands
-        beside them (or siblings are ignored, drafts 4-7): `{"$ref": "#/definitions/direction"}`
-        is read as the enum it points to."""
+        """A propertyNames schema, position marks taken out, with its `$ref`s followed while nothing
+        but annotations stands beside them (or siblings are ignored, drafts 4-7):
+        `{"$ref": "#/definitions/direction"}` is read as the enum it points to."""
+        names = _unmarked(names)
         for _ in range(_MAX_NAME_REFS):
             if not isinstance(names, dict) or not isinstance(names.get("$ref"), str):
                 break
-            beside = {k for k in names if k != "$ref" and not is_annotation(k) and not k.startswith("$surecall:")}
-            if beside and not self.ref_siblings_ignored:
+            if not self.ref_siblings_ignored and any(k != "$ref" and not is_annotation(k) for k in names):
                 break
             try:
-                names = self.resolve(names["$ref"], ptr)[0]
+                names = _unmarked(self.resolve(names["$ref"], ptr)[0])
             except (SchemaError, UnsupportedSchema):
                 break
         return names
