@@ -74,7 +74,9 @@ class WorkMeter:
 
 
 # --- patterns -> syntax trees over (lower, upper) character sets ----------------------------
-# ("set", lower ranges, upper ranges), ("cat", [nodes]), ("alt", [nodes]), ("rep", node, lo, hi).
+# ("set", lower ranges, upper ranges), ("cat", [nodes]), ("alt", [nodes]), ("rep", node, lo, hi), and the
+# zero-width anchors inside a pattern ("bol",) (`^`: holds before the first character only) and ("eol",)
+# (`$`: after the last only; the upper reading drops it); the top-level ones are read by parse_top as before.
 
 
 def _pattern_node(pattern: str) -> tuple[object, bool]:
@@ -100,6 +102,7 @@ class _TreeParser(_Parser):
     def __init__(self, pattern: str):
         super().__init__(pattern, max_repeat=1 << 31)
         self.is_agreed = True
+        self.depth = 0  # groups open around the parser's position
 
     def parse_alternation(self):
         options = [self.parse_sequence(top=False)]
@@ -126,8 +129,16 @@ class _TreeParser(_Parser):
         if c == ".":  # ECMA leaves out every line terminator, Python only \n
             self.pos += 1
             return self.char_set((lex.complement(_LINE_TERMINATORS), lex.complement([(0x0A, 0x0A)])))
-        if c in "^$":
-            raise self.fail("an anchor inside the pattern")
+        if c in "^$":  # an anchor inside the pattern (no multiline flag: the input's ends only)
+            self.pos += 1
+            if self.peek() in ("*", "+", "?", "{"):
+                raise self.fail("a quantified anchor")
+            if c == "^":
+                return ("bol",)
+            # Python's `$` also holds before a final newline: lower reads the end only, upper no
+            # assertion at all (a superset of both readings, as an upper language must be)
+            self.is_agreed = False
+            return ("eol",)
         if c in "*+?":
             raise self.fail("a quantifier with nothing to repeat")
         if c == "\\":
@@ -136,7 +147,25 @@ class _TreeParser(_Parser):
         return ("set", [(ord(c), ord(c))], [(ord(c), ord(c))])
 
     def parse_group(self):
-        return self.parse_group_body()  # a tree needs no (?:...) around it
+        """A group's tree (it needs no (?:...) around it). A positive lookahead that ends a branch
+        not anchored at its end (`X(?=Y)`) is read as the group itself: a string holds a match of
+        X followed by one of Y exactly where it holds a match of XY (the search may stop anywhere)."""
+        self.depth += 1
+        try:
+            if not self.src.startswith("(?=", self.pos) or self.depth > 1:
+                return self.parse_group_body()
+            start = self.pos
+            self.pos += 3
+            inner = self.parse_alternation()
+            if self.peek() != ")":
+                raise self.fail("an unbalanced parenthesis")
+            self.pos += 1
+            if self.peek() not in ("", "|"):
+                self.pos = start
+                raise self.fail("a lookaround that does not end an unanchored branch")
+            return inner
+        finally:
+            self.depth -= 1
 
     def parse_escape(self, in_class: bool, negated: bool = False):
         c = self.peek(1)
@@ -219,6 +248,12 @@ class StringAutomaton:
         if body is None and self.is_approximate:
             raise RegularUnsupported("the union left after dropping branches past the size caps is empty")
         return body
+
+    def matches_nothing(self) -> bool:
+        """Whether no string is in the upper language of the expression (one that holds every string
+        either validator accepts): then none is valid, whichever reads the schema."""
+        _, upper = self.build(self.expr, lower=False, upper=True)
+        return 0 not in _coreachable(upper)
 
     def check_time(self) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -366,9 +401,14 @@ class StringAutomaton:
         return self.pattern_dfas[key]
 
     def determinise(self, nfa: _NFA, start: int, end: int) -> _DFA:
-        first = nfa.closure({start})
+        """Subset construction. An anchor inside the pattern is a zero-width edge: `^` is crossed
+        only before the first character (the start's closure), `$` only where the string ends (a
+        subset accepts when its closure over `$` edges holds the end); the start's subset is a
+        state of its own, as it alone may cross `^`."""
+        has_bol, has_eol = bool(nfa.anchors["bol"]), bool(nfa.anchors["eol"])
+        first = nfa.closure({start}, ("bol",)) if has_bol else nfa.closure({start})
         atoms_of: dict[int, tuple] = {}  # an edge's atom bits -> the atoms (few distinct bit sets, many edges)
-        index = {first: 0}
+        index = {("start", first) if has_bol else first: 0}
         order = [first]
         trans: list[list[int]] = []
         while len(trans) < len(order):
@@ -392,7 +432,10 @@ class StringAutomaton:
                 row.append(index[key])
             trans.append(row)
             self.spend(len(members) + self.num_atoms)
-        return _DFA(trans, [end in m for m in order])
+        if not has_eol:
+            return _DFA(trans, [end in m for m in order])
+        ends = [nfa.closure({start}, ("bol", "eol"))] + [nfa.closure(m, ("eol",)) for m in order[1:]]
+        return _DFA(trans, [end in m for m in ends])
 
     # -- algebra
     def complement(self, dfa: _DFA) -> _DFA:
@@ -595,6 +638,8 @@ def _collect_sets(expr: object, out: list, patterns: dict) -> None:
 
 
 def _collect_node_sets(node: tuple, out: list) -> None:
+    if node[0] in ("bol", "eol"):
+        return
     if node[0] == "set":
         out.extend([node[1], node[2]])
     elif node[0] == "rep":
@@ -641,6 +686,7 @@ class _NFA:
     def __init__(self):
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int]]] = []
+        self.anchors: dict[str, list[tuple[int, int]]] = {"bol": [], "eol": []}  # zero-width edges
         self.closures: dict = {}
 
     def state(self) -> int:
@@ -653,6 +699,13 @@ class _NFA:
     def fragment(self, node: tuple, upper: bool, builder: StringAutomaton) -> tuple[int, int]:
         kind = node[0]
         start = self.state()
+        if kind in ("bol", "eol"):
+            end = self.state()
+            if kind == "eol" and upper:
+                self.eps[start].append(end)
+            else:
+                self.anchors[kind].append((start, end))
+            return start, end
         if kind == "set":
             end = self.state()
             bits = builder.mask(node[2] if upper else node[1])
@@ -694,12 +747,18 @@ class _NFA:
         self.eps[end].append(final)
         return start, final
 
-    def closure(self, states) -> frozenset:
-        key = frozenset(states)
+    def closure(self, states, anchors: tuple[str, ...] = ()) -> frozenset:
+        """The states reached from `states` over epsilon edges and the zero-width `anchors` edges."""
+        key = (frozenset(states), anchors)
         if key not in self.closures:
-            seen, todo = set(key), list(key)
+            extra: dict[int, list[int]] = {}
+            for kind in anchors:
+                for s, t in self.anchors[kind]:
+                    extra.setdefault(s, []).append(t)
+            seen, todo = set(key[0]), list(key[0])
             while todo:
-                for t in self.eps[todo.pop()]:
+                s = todo.pop()
+                for t in (*self.eps[s], *extra.get(s, ())):
                     if t not in seen:
                         seen.add(t)
                         todo.append(t)

@@ -1604,6 +1604,8 @@ class Converter:
         own_pattern = "pattern" in schema and body is None
         if own_pattern:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
+            if body is False:  # the pattern finds a match in no string (`/^[0-9]{4}$/`): no string is valid
+                return None
         if schema.get("format") in FORMAT_NAMES:  # any other format is an annotation: validators ignore it
             fmt = STRING_FORMATS.get(schema["format"])
             counted = self.counted_format(schema)
@@ -1771,7 +1773,8 @@ class Converter:
             low, high = min(low, limit), None if high is None or high > limit else high
         return f'"(?:{char}){{{low},{"" if high is None else high}}}"'
 
-    def pattern_body(self, pattern: str, pattern_ptr: str, ptr: str) -> str | None:
+    def pattern_body(self, pattern: str, pattern_ptr: str, ptr: str) -> str | None | bool:
+        """The pattern's string body; None: not written (relaxed, listed); False: no string matches it."""
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length)
         except PatternUnsupported as exc:
@@ -1787,16 +1790,24 @@ class Converter:
                        "`^[set]{n,m}$` is counted)")
         return translated.regex
 
-    def lookahead_body(self, pattern: str, ptr: str) -> str | None:
+    def lookahead_body(self, pattern: str, ptr: str) -> str | None | bool:
         """The body of a pattern that opens with lookaheads (`^(?=.*[0-9])(?!.*\\s).{8,}$`), as one
-        string automaton of its parts (pattern.leading_lookaheads); None where it is not of that
-        form, a part has no exact translation, or no string matches (the pattern is then relaxed)."""
+        string automaton of its parts (pattern.leading_lookaheads), or of a pattern with anchors
+        inside (`(^|,)x`, `([^,]+(,|$)){3,}`: zero-width edges of its automaton); None where it is
+        neither, a part has no exact translation, or no string the lower reading keeps matches
+        while one might under a validator (the pattern is then relaxed); False where no string
+        matches under either validator (the string cannot match at all)."""
         parts = leading_lookaheads(pattern)
-        built = None if parts is None else self.automaton_body(("all", parts))
+        built = self.automaton_body(("all", parts) if parts is not None else ("pat", pattern))
         if built is None:
             return None
         automaton, body = built
-        if body is not None and automaton.is_approximate:
+        if body is None:
+            try:
+                return False if automaton.matches_nothing() else None
+            except RegularUnsupported:
+                return None
+        if automaton.is_approximate:
             self.narrowed[(ptr, "pattern")] = ("the pattern's lookaheads and rest have no regex within the string "
                                                "automaton's size caps: a union keeps the branches that fit, a long "
                                                "body keeps its shortest paths")

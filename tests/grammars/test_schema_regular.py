@@ -371,6 +371,53 @@ def test_an_exact_format_is_complemented_too():
     assert _matches(not_ipv4, "1.2.3") and _matches(not_ipv4, "01.2.3.4") and not _matches(not_ipv4, "10.0.0.255")
 
 
+# --- anchors inside a pattern: zero-width edges of its automaton -------------------------------
+@pytest.mark.parametrize("pattern, is_agreed", [
+    ("^(\\/?((\\.{2})|([a-z0-9\\-]*))($|\\/))*$", False),  # Github_hard o69430: `$` in a group (re: before \n too)
+    ("^([^,]+(,|$)){3,}$", False),  # JsonSchemaStore catalogue-entry-schema
+    ("(^|,)a(,|$)", False),
+    ("(a|^)b", True),
+    ("(^a|b)c", True),
+    ("x(^|-)y", True),  # `^` after a character never holds: only "x-y"
+    ("^(?=a)(b|^)a", True),  # a leading lookahead beside an inner anchor
+    # a positive lookahead that ends an unanchored branch: a match of X then Y's is one of XY
+    ("^a(?=b)", True),
+    ("x|a(?=b|c)", True),
+    ("((?:[^/]*/)*)(?=\\.(yaml|yml|json))", True),  # JsonSchemaStore catalogue-entry-schema's oas_path
+])
+def test_anchors_inside_a_pattern_are_written_exactly(pattern, is_agreed):
+    assert schema_to_regex({"type": "string", "pattern": pattern}).relaxed == []
+    language = _language({"type": "string", "pattern": pattern})
+    num_accepted = 0
+    for s in _strings(800, seed=len(pattern)) + ["a,b,c", "a,b,c,", "x-y", "1/ab/../", "ab\n", "a/b.yaml", "c.json",
+                                                  ".yml", "a/b.jso", "a/b.yam1"]:
+        ours, python, ecma = language(s)
+        assert not ours or (python and ecma), (s, pattern)
+        if is_agreed:
+            assert ours == python == ecma, (s, pattern)
+        num_accepted += ours
+    assert num_accepted > 0
+
+
+def test_a_pattern_no_string_matches_makes_the_string_invalid():
+    # Github_easy o21833: slashes around the pattern, so `^` never holds (no validator matches any string)
+    schema = {"type": "object", "properties": {"year": {"type": "string", "pattern": "/^[0-9]{4}$/"},
+                                               "n": {"type": "integer"}}}
+    result = schema_to_regex(schema)
+    assert result.relaxed == []
+    grammar = re.compile(expand_marks(result.regex))
+    assert grammar.fullmatch('{"n": 1}') and not grammar.fullmatch('{"year": "2019", "n": 1}')
+    with pytest.raises(UnsupportedSchema, match="unsatisfiable"):
+        schema_to_regex({"type": "string", "pattern": "a^b"})
+    # re's `$` also holds before a final newline: the upper reading drops an inner `$`, so a pattern
+    # whose lower reading is empty is not called empty where the upper one is not (listed instead)
+    for pattern in ("a$b", "a$\\n"):
+        assert schema_to_regex({"type": "string", "pattern": pattern}).relaxed == [("", "pattern")]
+    # a lookahead with more of the pattern after it (or the end anchored) is not read: listed
+    for pattern in ("a(?=b)c", "a(?=b)$", "(?:a(?=b))+"):
+        assert schema_to_regex({"type": "string", "pattern": pattern}).relaxed == [("", "pattern")]
+
+
 # --- lookaheads at a pattern's start: the conjunction of their parts ---------------------------
 @pytest.mark.parametrize("pattern, is_agreed", [
     ("^(?=[^=]+$)(?!\\s+$)(.|\\n)+$", False),  # JsonSchemaStore gradle-enterprise: `$` before a final \n in re
@@ -400,6 +447,6 @@ def test_lookaheads_past_the_body_caps_are_narrowed_never_looser():
     texts = ["".join(rng.choice("aZ9 x") for _ in range(rng.randint(6, 12))) for _ in range(2000)]
     accepted = [t for t in texts if grammar.fullmatch(json.dumps(t))]
     assert accepted and all(re.search(schema["pattern"], t) for t in accepted)
-    # one inside a group, or after other characters, is not read: the pattern stays listed
-    for pattern in ("^a(?=b)", "^(x(?=y))"):
+    # one inside a group, or with more of the pattern after it, is not read: the pattern stays listed
+    for pattern in ("^a(?=bc)d", "^(x(?=y))"):
         assert schema_to_regex({"type": "string", "pattern": pattern}).relaxed == [("", "pattern")]
