@@ -253,7 +253,12 @@ class StringAutomaton:
         """Whether no string is in the upper language of the expression (one that holds every string
         either validator accepts): then none is valid, whichever reads the schema."""
         _, upper = self.build(self.expr, lower=False, upper=True)
-        return 0 not in _coreachable(upper)
+        return self.is_empty(upper)
+
+    @staticmethod
+    def is_empty(dfa: _DFA) -> bool:
+        """Whether `dfa` accepts no string."""
+        return 0 not in _coreachable(dfa)
 
     def check_time(self) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:

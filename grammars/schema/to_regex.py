@@ -2365,7 +2365,7 @@ class Converter:
                 self.relax(ptr, "patternProperties", "keys matching a pattern are not written beside propertyNames "
                            "(the keys do not split within the caps)")
                 return []
-            return self.pattern_members_relaxed(patterns, declared, ptr)
+            return self.pattern_members_relaxed(patterns, declared, ptr, with_rest)
         if not split.is_exact:
             self.narrowed[(ptr, "patternProperties")] = ("keys a pattern may or may not match (an approximate "
                                                           "translation, or `$` before a final newline) are not written")
@@ -2382,21 +2382,42 @@ class Converter:
                 members.append(f"{atom.key}{self.ws}:{self.ws}{_group(value)}")
         return members
 
-    def pattern_members_relaxed(self, patterns: dict, declared: list[str], ptr: str) -> list[str]:
+    def pattern_members_relaxed(self, patterns: dict, declared: list[str], ptr: str, with_rest: bool = False) -> list[str]:
         """One member per pattern whose keys the grammar writes exactly and that finds no declared
-        name; patternProperties listed as relaxed (keys matching two patterns, left-out ones)."""
+        name; patternProperties listed as relaxed (keys matching two patterns, left-out ones).
+        Patterns that no key matches two of (patterns_disjoint: `^name$` literals, distinct
+        prefixes) are exact members side by side: then only a pattern left out is listed, and the
+        keys no pattern matches, which are not written here, are listed as narrowed."""
         members: list[str] = []
         for pattern, sub in patterns.items():
             body = self.pattern_key_body(pattern, declared)
             value = None if body is None else self.convert(sub, pointer_join(ptr, "patternProperties", pattern))
             if value is not None:
                 members.append(f'"{_group(body)}"{self.ws}:{self.ws}{_group(value)}')
-        if len(patterns) > 1:
+        if len(patterns) > 1 and not self.patterns_disjoint(list(patterns)):
             self.relax(ptr, "patternProperties", "a key matching two patterns must satisfy both schemas")
         elif len(members) < len(patterns):
             self.relax(ptr, "patternProperties", "the pattern has no exact translation or matches a declared name "
                        "(its keys are not written)")
+        elif with_rest:
+            self.narrowed[(ptr, "additionalProperties")] = ("keys that no pattern of patternProperties matches are "
+                                                            "not written (the keys do not split within the caps)")
         return members
+
+    def patterns_disjoint(self, patterns: list[str]) -> bool:
+        """Whether no string is found by two of `patterns` under either validator: each pair's
+        conjunction is empty in its upper reading (one string automaton over them all)."""
+        if len(patterns) > MAX_DISJOINT_PATTERNS:
+            return False
+        try:
+            automaton = StringAutomaton(("any", [("pat", p) for p in patterns]), self.deadline)
+            for a, b in itertools.combinations(patterns, 2):
+                _, both = automaton.build(("all", [("pat", a), ("pat", b)]), lower=False, upper=True)
+                if not automaton.is_empty(both):
+                    return False
+        except RegularUnsupported:
+            return False
+        return True
 
     def counted_key(self, pattern: str, declared: list[str]) -> str | None:
         """A key pattern that is one anchored, quantified character set (`^.{1,256}$`) and finds no
@@ -2468,6 +2489,8 @@ class Converter:
         self.check_size(written, ptr, "properties")
         return f"{lb}{written}{rb}"
 
+
+MAX_DISJOINT_PATTERNS = 32  # patternProperties checked pairwise for disjointness (pattern_members_relaxed)
 
 _MIN_OVER_EXTRA_KEYS = ("minProperties over undeclared keys counts distinct keys: a finite automaton cannot tell a "
                         "repeated key from a new one (the validator checks it)")

@@ -124,3 +124,45 @@ def test_escaped_keys_are_written_but_never_spell_a_name():
 def test_past_the_caps_the_keys_are_not_split():
     with pytest.raises(KeysNotWritten):
         key_atoms(tuple(f"^p{i}" for i in range(9)), (), with_rest=False)
+
+
+def _object_language(schema: dict):
+    """(the grammar accepts obj, jsonschema accepts it, the relaxed list) for the schema's objects."""
+    import json
+
+    import jsonschema
+
+    from surecall.grammars.schema.to_regex import expand_marks, schema_to_regex
+
+    result = schema_to_regex(schema)
+    grammar = re.compile(expand_marks(result.regex), re.DOTALL)
+    validator = jsonschema.Draft202012Validator(schema)
+    return (lambda obj: (grammar.fullmatch(json.dumps(obj)) is not None, validator.is_valid(obj))), result
+
+
+def test_disjoint_patterns_past_the_split_caps_are_written_exactly():
+    # JsonSchemaStore pyrseas-0.8: nine prefixes, past MAX_PATTERNS; strmprivacy's `^name$` literals
+    prefixes = {f"^{word} ": {"type": "integer"} for word in
+                ("table", "aggregate", "domain", "function", "sequence", "type", "view", "operator", "collation")}
+    literals = {"^client_secret$": {"type": "string"}, "^container$": {"type": "integer"}, "^uri$": {"type": "boolean"}}
+    for patterns, keys in ((prefixes, ["table t", "view v", "tablet", "type x", "aggregate a", "x"]),
+                           (literals, ["client_secret", "container", "uri", "uri2", "container_name"])):
+        schema = {"type": "object", "patternProperties": patterns, "additionalProperties": False}
+        language, result = _object_language(schema)
+        assert result.relaxed == [], result.relaxed
+        accepted = 0
+        for key in keys:
+            for value in (1, "s", True):
+                ours, valid = language({key: value})
+                assert ours == valid, (key, value)  # one key: the grammar writes exactly the valid ones
+                accepted += ours
+        assert accepted >= 3
+    # two of them overlap (`^ta` finds "table t" too): still listed
+    overlapping = {**prefixes, "^ta": {"type": "string"}}
+    assert ("", "patternProperties") in _object_language(
+        {"type": "object", "patternProperties": overlapping, "additionalProperties": False})[1].relaxed
+    # with additionalProperties written out, the keys no pattern matches are not written: listed as narrowed
+    language, result = _object_language({"type": "object", "patternProperties": prefixes,
+                                         "additionalProperties": {"type": "string"}})
+    assert result.relaxed == [] and ("", "additionalProperties") in result.narrowed
+    assert language({"x": "s"}) == (False, True) and language({"view v": 2}) == (True, True)
