@@ -1,7 +1,8 @@
 """`if/then/else`, `not` and overlapping `oneOf` rewritten as keywords the converter enforces.
 
 `negation(sub, resolve)` writes the complement of a schema built from type, const/enum,
-required, properties, not, anyOf/allOf, $ref, integral bounds (min/max, lengths, item and
+required, properties, not, anyOf/allOf, oneOf (none holds, or two do), if/then/else (the
+condition and then's complement, or its complement and else's), $ref, integral bounds (min/max, lengths, item and
 property counts), items (one schema: some item fails it, a `contains`), contains (every item
 fails it), dependencies (a trigger present and a key absent or its schema failed), multipleOf
 and pattern (as a `not` the number or string algebra writes) and, as an object-level `not`
@@ -38,6 +39,7 @@ MAX_EXCLUSIVE_BRANCHES = 6  # a oneOf of n branches writes n * (n - 1) negations
 MAX_EXCLUSIVE_PRODUCT = 16  # ... and one branch crosses the disjuncts of the others' negations
 MAX_IF_BRANCHES = 64  # branches the if/then/else parts of one allOf cross into; past it they stay relaxed
 MAX_NEGATION_CHARS = 20_000  # a negation written out (JSON) past this stays relaxed
+MAX_NEGATED_ONE_OF = 6  # a negated oneOf of n branches: none holds, or one of n * (n - 1) / 2 pairs does
 # Object keywords whose complement is an existence ("some key it rules has a value it rejects"):
 # negated as an object-level `not` kept for object_exists.py, which writes it within its caps.
 EXISTS_KEYS = ("patternProperties", "additionalProperties", "propertyNames")
@@ -110,6 +112,22 @@ def _keyword_negation(sub: dict, key: str, value: object, resolve: Resolve, dept
         return [value]
     if key == "anyOf":
         return [{"allOf": [negation(s, resolve, depth + 1) for s in value]}]
+    if key == "oneOf" and isinstance(value, list):  # none of the branches holds, or two of them do
+        if len(value) > MAX_NEGATED_ONE_OF:
+            raise NotNegatable(f"the complement of a oneOf of {len(value)} branches (past {MAX_NEGATED_ONE_OF}) "
+                               "is not written")
+        none = [negation(s, resolve, depth + 1) for s in value]
+        return ([] if False in none else [{"allOf": none}]) + [
+            {"allOf": [value[i], value[j]]} for i in range(len(value)) for j in range(i + 1, len(value))]
+    if key == "if":  # the condition holds and `then` fails, or it fails and `else` does
+        out = []
+        then, otherwise = negation(sub.get("then", True), resolve, depth + 1), negation(sub.get("else", True),
+                                                                                         resolve, depth + 1)
+        if then is not False:
+            out.append({"allOf": [value, then]})
+        if otherwise is not False:
+            out.append({"allOf": [negation(value, resolve, depth + 1), otherwise]})
+        return out
     if key == "allOf":
         return [negation(s, resolve, depth + 1) for s in value]
     if key in _BOUNDS:

@@ -164,6 +164,29 @@ FORMS = {
         [{}, {"b": 1}, {"b": {"c": [1]}, "d": "x"}],
         [{"a": 1}, {"b": 1, "a": 2}],
     ),
+    "not_one_of": (  # none of the branches holds, or two of them do
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": -50, "maximum": 50}}, "required": ["n"],
+         "additionalProperties": False,
+         "not": {"properties": {"n": {"oneOf": [{"minimum": 10}, {"maximum": 0}, {"enum": [5, 20]}]}}}},
+        [{"n": 20}, {"n": 3}, {"n": 7}],
+        [{"n": 5}, {"n": 10}, {"n": 0}, {"n": -3}],
+    ),
+    "not_if_then_else": (  # the condition and not then, or not the condition and not else
+        {"type": "object", "properties": {"kind": KIND, "v": {"type": ["integer", "string"]}},
+         "required": ["kind", "v"], "additionalProperties": False,
+         "not": {"if": {"properties": {"kind": {"const": "number"}}}, "then": {"properties": {"v": {"type": "integer"}}},
+                 "else": {"properties": {"v": {"type": "string"}}}}},
+        [{"kind": "number", "v": "1"}, {"kind": "text", "v": 1}],
+        [{"kind": "number", "v": 1}, {"kind": "flag", "v": "x"}],
+    ),
+    "one_of_beside_a_conditional_branch": (  # Handwritten oneof11's shape: a branch's negation holds an if
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+         "required": ["a", "b"], "additionalProperties": False,
+         "oneOf": [{"if": {"properties": {"b": {"const": True}}}, "then": {"properties": {"a": {"maximum": 4}}}},
+                   {"properties": {"a": {"minimum": 3}}}]},
+        [{"a": 1, "b": True}, {"a": 2, "b": False}, {"a": 7, "b": True}],
+        [{"a": 5, "b": False}, {"a": 7, "b": False}, {"a": 3, "b": True}, {"a": 3, "b": False}],
+    ),
     "not_max_properties": (
         {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "additionalProperties": False,
          "not": {"maxProperties": 1}},
@@ -318,3 +341,15 @@ def test_a_format_no_draft_defines_negates_to_nothing():
     assert result.relaxed == []
     grammar = re.compile(expand_marks(result.regex))
     assert grammar.fullmatch('"desk"') and not grammar.fullmatch('"home"') and not grammar.fullmatch('"temp"')
+
+
+def test_negated_one_of_and_if_are_written_as_disjuncts():
+    branches = [{"minimum": 10}, {"maximum": 0}]
+    assert negation({"oneOf": branches}, lambda ref: {}) == {"anyOf": [
+        {"allOf": [negation(branches[0], lambda ref: {}), negation(branches[1], lambda ref: {})]},
+        {"allOf": branches}]}
+    # an if without else: only "the condition holds and then fails"
+    assert negation({"if": {"minimum": 1}, "then": {"maximum": 5}}, lambda ref: {}) == {
+        "allOf": [{"minimum": 1}, negation({"maximum": 5}, lambda ref: {})]}
+    with pytest.raises(NotNegatable, match="oneOf of 7 branches"):
+        negation({"oneOf": [{"const": i} for i in range(7)]}, lambda ref: {})
