@@ -29,7 +29,7 @@ from surecall.grammars.schema.string_formats import EXACT_FORMATS, FORMAT_NAMES
 # Internal keyword: the instance equals none of these JSON values (the `not` of a const/enum).
 NOT_IN = "$surecall:not_in"
 NOT_IN_AT = "$surecall:not_in_at"  # beside NOT_IN: (pointer, keyword) to list if it cannot be enforced
-KEPT_AT = "$surecall:kept_at"  # beside a kept `not` (is_kept_not) a negation wrote: the same, for that `not`
+KEPT_AT = "$surecall:kept_at"  # beside a `not` a negation wrote: the same, for that `not`
 # A number that is not an integer, even once read as a double: at most 7 integer and 8 fraction
 # digits, the last one non-zero (15 significant digits survive the round trip, so the double is
 # not integral either: 5265126542732811.76 reads as an integer). Stricter than "not an
@@ -317,8 +317,8 @@ def if_branches(parts: list, resolve: Resolve) -> int:
 
 def tagged(sub: object, ptr: str, keyword: str) -> object:
     """`sub` with NOT_IN_AT = (ptr, keyword) beside each NOT_IN it holds and KEPT_AT beside each
-    kept `not` (inner tags kept): what the converter cannot enforce there it lists as `keyword`
-    at `ptr`, the keyword the negation was written for."""
+    `not` (a kept one, or a type's complement beside bounds: inner tags kept): what the converter
+    cannot enforce there it lists as `keyword` at `ptr`, the keyword the negation was written for."""
     if isinstance(sub, list):
         return [tagged(s, ptr, keyword) for s in sub]
     if not isinstance(sub, dict):
@@ -326,7 +326,7 @@ def tagged(sub: object, ptr: str, keyword: str) -> object:
     out = {k: tagged(v, ptr, keyword) if k != NOT_IN else v for k, v in sub.items()}
     if NOT_IN in out:
         out.setdefault(NOT_IN_AT, [ptr, keyword])
-    if is_kept_not(out.get("not")):
+    if "not" in out:
         out.setdefault(KEPT_AT, [ptr, keyword])
     return out
 
