@@ -1808,9 +1808,9 @@ class Converter:
             except RegularUnsupported:
                 return None
         if automaton.is_approximate:
-            self.narrowed[(ptr, "pattern")] = ("the pattern's lookaheads and rest have no regex within the string "
-                                               "automaton's size caps: a union keeps the branches that fit, a long "
-                                               "body keeps its shortest paths")
+            self.narrowed[(ptr, "pattern")] = ("the pattern's string automaton (its lookaheads and rest, or its "
+                                               "anchors) has no regex within the size caps: a union keeps the "
+                                               "branches that fit, a long body keeps its shortest paths")
         return body
 
     def check_blowup(self, pattern: str, body: str, pattern_ptr: str) -> None:
