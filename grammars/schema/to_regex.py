@@ -1778,7 +1778,7 @@ class Converter:
         try:
             translated = translate_pattern(pattern, self.options.max_bounded_length)
         except PatternUnsupported as exc:
-            body = self.lookahead_body(pattern, ptr)
+            body = self.automaton_pattern_body(pattern, ptr)
             if body is None:
                 self.relax(ptr, "pattern", f"no exact translation: {exc}")
             return body
@@ -1790,7 +1790,7 @@ class Converter:
                        "`^[set]{n,m}$` is counted)")
         return translated.regex
 
-    def lookahead_body(self, pattern: str, ptr: str) -> str | None | bool:
+    def automaton_pattern_body(self, pattern: str, ptr: str) -> str | None | bool:
         """The body of a pattern that opens with lookaheads (`^(?=.*[0-9])(?!.*\\s).{8,}$`), as one
         string automaton of its parts (pattern.leading_lookaheads), or of a pattern with anchors
         inside (`(^|,)x`, `([^,]+(,|$)){3,}`: zero-width edges of its automaton); None where it is
