@@ -33,7 +33,7 @@ from surecall.grammars.table import (
     TokenTable,
 )
 
-CACHE_FORMAT = 12  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
+CACHE_FORMAT = 13  # 2: optional count_* arrays (counted string lengths); 3: compact layout (distinct mask rows,
 # default + exceptions); 4: accepting states keep their outgoing edges (automaton._END_MARK);
 # 5: nested item counters (item_depth, item_below_*), counted pattern bodies;
 # 6: mask rows as deduplicated blocks (mask_blocks, mask_row_blocks); 7: meta lists a cut recursion in
@@ -42,7 +42,9 @@ CACHE_FORMAT = 12  # 2: optional count_* arrays (counted string lengths); 3: com
 # 9: shared exception rows (exc_row, exc_slot, exc_base, exc_targets instead of exc_next); 10: maxProperties over
 # undeclared keys counted by the item counters (a table cached before listed it as relaxed); 11: meta lists
 # each free-form value's depth cap (max_any_depth) in "narrowed" (the arrays are unchanged); 12: free-form
-# values of any depth on a bracket stack (optional stack_* arrays)
+# values of any depth on a bracket stack (optional stack_* arrays); 13: a pattern's counted repetition (a word
+# count) rides the string counter (a table cached before widened it and listed it as relaxed; the passes after
+# 12 also wrote more patterns, oneOfs and ifs exactly without a new format: those tables are recompiled too)
 _ARRAYS = TABLE_ARRAYS
 _FULL_CHECK_BYTES = 1 << 16  # arrays up to this size are always hashed in full
 _SAMPLES = 16

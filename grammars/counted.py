@@ -13,14 +13,21 @@ out always fits, so a row never runs into a dead end. `char_rows` says, per coun
 token, how much the token adds to the counter and whether it closes the string (the dense rows
 the mask kernel reads); `check_entries` drops transitions that break a bound statically and
 returns the counter each entering token sets. `add_counts_inplace` fills a built table's count
-fields and its counted `dist`. This module does not build CSR or mask rows (compile.py does) and
+fields and its counted `dist`.
+
+A counted repetition (to_regex.ticked_string_regex: a word count) is a body whose counter counts
+the repetition's iterations: its ENTER mark carries TICKS_NIBBLE, and a TICK mark (ENTER with
+TICK_NIBBLE, no bounds) follows each iteration's first character. `cut_marks` keeps the byte
+edges into a TICK as `Regions.tick_edges`; there the counter adds one per tick edge crossed
+instead of one per character started (`Regions.weights`), rest counts the fewest iterations
+left, and everything else (rows, entries, dist, the kernels) is the same. This module does not build CSR or mask rows (compile.py does) and
 runs no kernels.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -33,7 +40,7 @@ from surecall.grammars.automaton import (
     regex_to_dfa,
     weighted_distances,
 )
-from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT, read_mark_bounds
+from surecall.grammars.schema.to_regex import COUNT_ENTER, COUNT_EXIT, read_mark
 from surecall.grammars.table import TokenTable
 
 _QUOTE = 0x22
@@ -93,11 +100,32 @@ class Regions:
     lo: np.ndarray  # int64 [R]: minLength
     hi: np.ndarray  # int64 [R]: maxLength (to_regex.NO_MAX_LENGTH when absent)
     phase: np.ndarray  # int8 [S]: JSON-text phase (BOUNDARY: a character starts here), -1 outside bodies
-    rest: np.ndarray  # int64 [S]: fewest characters the body needs before its closing quote, 0 outside
+    rest: np.ndarray  # int64 [S]: fewest counted units the body needs before its closing quote, 0 outside
+    # A counted repetition's region (ticks[r]) counts the iterations it starts instead of characters:
+    # the byte edges that start one are `tick_edges` (sorted state * 256 + byte).
+    ticks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # bool [R]
+    tick_edges: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_regions(self) -> int:
         return int(self.head.shape[0])
+
+    def weights(self, states: np.ndarray, trans: np.ndarray) -> np.ndarray:
+        """int8 [len(states), 256]: what each live byte edge of `states` (body states) adds to its
+        body's counter: 1 where a character starts (a character count's boundary states) or an
+        iteration starts (a counted repetition's tick edges), else 0."""
+        live = trans[states] >= 0
+        region = self.region[states]
+        w = (live & (self.phase[states] == BOUNDARY)[:, None]).astype(np.int8)
+        ticked = (region >= 0) & np.append(self.ticks, False)[region]
+        if ticked.any():
+            w[ticked] = 0
+            flat = states[ticked].astype(np.int64)[:, None] * 256 + np.arange(256)
+            at = np.searchsorted(self.tick_edges, flat)
+            hit = self.tick_edges[np.minimum(at, max(self.tick_edges.size - 1, 0))] == flat if self.tick_edges.size \
+                else np.zeros(flat.shape, dtype=bool)
+            w[ticked] = (hit & live[ticked]).astype(np.int8)
+        return w
 
     def at_boundary(self) -> np.ndarray:
         """bool [S]: a body state where the next byte starts a character (or `"` closes the string)."""
@@ -119,16 +147,20 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
     if is_pruned and not (dfa.trans[:, [COUNT_ENTER, COUNT_EXIT]] >= 0).any():
         return dfa, _regions(dfa, []), np.append(np.arange(dfa.num_states, dtype=np.int32), np.int32(-1))
     trans = dfa.trans.copy()
-    heads: dict[int, tuple[int, int]] = {}
+    heads: dict[int, tuple[int, int, bool]] = {}
+    ticks: list[np.ndarray] = []  # edges into a counted repetition's TICK marks (flat, this DFA's ids)
     marks = [(kind, p) for kind in (COUNT_ENTER, COUNT_EXIT) for p in np.flatnonzero(trans[:, kind] >= 0).tolist()]
     into = _edges_into(trans, [p for _, p in marks])
     flat = trans.reshape(-1)
     for kind, p in marks:  # in order, each redirect seen by the marks after it (as `trans == p` would)
-        target, bounds = _follow_mark(trans, p, kind)
+        target, (low, high, unit) = _follow_mark(trans, p, kind)
         edges = into.pop(p)
-        if kind == COUNT_ENTER:
+        if unit == "tick":
+            ticks.append(edges)
+        elif kind == COUNT_ENTER:
             if not (edges.size and ((edges & 255) == _QUOTE).all()):
                 raise CountedCutError(f"state {p}: a counted string is entered other than by '\"'")
+            bounds = (low, high, unit == "ticks")
             if heads.get(target, bounds) != bounds:
                 raise CountedCutError(f"state {target}: one body with two pairs of bounds")
             heads[target] = bounds
@@ -146,7 +178,12 @@ def cut_marks_renumbered(dfa: ByteDFA, is_pruned: bool = False) -> tuple[ByteDFA
     new_id[order] = np.arange(order.size, dtype=np.int32)
     cut = ByteDFA(np.ascontiguousarray(new_id[trans[order]], dtype=np.int32), dfa.accept[order].copy())
     live_heads = [(int(new_id[h]), b) for h, b in sorted(heads.items()) if new_id[h] >= 0]
-    return cut, _regions(cut, live_heads), new_id
+    tick_edges = np.zeros(0, dtype=np.int64)
+    if ticks:
+        edges = np.concatenate(ticks).astype(np.int64)
+        src = new_id[edges >> 8].astype(np.int64)
+        tick_edges = np.unique(src[src >= 0] * 256 + (edges[src >= 0] & 255))
+    return cut, _regions(cut, live_heads, tick_edges), new_id
 
 
 def _edges_into(trans: np.ndarray, states: list[int]) -> dict[int, np.ndarray]:
@@ -161,8 +198,8 @@ def _edges_into(trans: np.ndarray, states: list[int]) -> dict[int, np.ndarray]:
     return {p: at[np.searchsorted(target, p, "left") : np.searchsorted(target, p, "right")] for p in states}
 
 
-def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int]]:
-    """Walk the mark from `p`: (the state after it, its (lo, hi))."""
+def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, int, str]]:
+    """Walk the mark from `p`: (the state after it, its (lo, hi, unit): to_regex.read_mark)."""
     if (trans[p] >= 0).sum() != 1:
         raise CountedCutError(f"state {p}: a count mark shares its state with other text")
     q = int(trans[p, kind])
@@ -176,30 +213,40 @@ def _follow_mark(trans: np.ndarray, p: int, kind: int) -> tuple[int, tuple[int, 
         return int(live[0]) - 0x10
 
     try:
-        bounds = read_mark_bounds(next_nibble)
+        bounds = read_mark(next_nibble)
     except ValueError as exc:
         raise CountedCutError(f"state {p}: {exc}") from None
+    if bounds[2] == "tick" and kind != COUNT_ENTER:
+        raise CountedCutError(f"state {p}: a repetition's tick on an exit mark")
     return q, bounds
 
 
-def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int]]]) -> Regions:
-    """Each head's body: the states it reaches without closing the string, with their phases and rest."""
+def _regions(dfa: ByteDFA, heads: list[tuple[int, tuple[int, int, bool]]],
+             tick_edges: np.ndarray | None = None) -> Regions:
+    """Each head's body: the states it reaches without closing the string, with their phases and
+    rest; `tick_edges` start a counted repetition's iterations (each in a region that counts them)."""
     region, phase = _all_body_phases(dfa.trans, [h for h, _ in heads])
     inside = region >= 0
     if dfa.accept[inside].any() or inside[0]:
         raise CountedCutError("a counted body overlaps other text (an accepting or the start state)")
-    rest = np.zeros(dfa.num_states, dtype=np.int64)
-    members = np.flatnonzero(inside)
-    if members.size:  # bodies are disjoint and their edges stay inside: one walk for them all
-        rest[members] = _fewest_chars(dfa.trans, members, phase[members] == BOUNDARY)
-    return Regions(
+    out = Regions(
         region=region,
         head=np.asarray([h for h, _ in heads], dtype=np.int32),
         lo=np.asarray([b[0] for _, b in heads], dtype=np.int64),
         hi=np.asarray([b[1] for _, b in heads], dtype=np.int64),
         phase=phase,
-        rest=rest,
+        rest=np.zeros(dfa.num_states, dtype=np.int64),
+        ticks=np.asarray([b[2] for _, b in heads], dtype=bool),
+        tick_edges=np.zeros(0, dtype=np.int64) if tick_edges is None else tick_edges,
     )
+    src = out.tick_edges >> 8
+    if src.size and not ((region[src] >= 0) & out.ticks[np.maximum(region[src], 0)]).all():
+        raise CountedCutError("a repetition's tick outside the counted repetition it belongs to")
+    members = np.flatnonzero(inside)
+    if members.size:  # bodies are disjoint and their edges stay inside: one walk for them all
+        out.rest[members] = _fewest_chars(dfa.trans, members, phase[members] == BOUNDARY,
+                                          out.weights(members, dfa.trans))
+    return out
 
 
 def _all_body_phases(trans: np.ndarray, heads: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -266,9 +313,11 @@ def _body_phases(trans: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(list(phase_of), dtype=np.int64), np.asarray(list(phase_of.values()), dtype=np.int8)
 
 
-def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) -> np.ndarray:
-    """int64 per member: the fewest characters before a `"` closes the body (a 0-1 BFS over the
-    body's distinct reversed edges; a byte from a boundary state starts one character)."""
+def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray,
+                  weights: np.ndarray | None = None) -> np.ndarray:
+    """int64 per member: the fewest counted units before a `"` (at a boundary) closes the body (a
+    0-1 BFS over the body's distinct reversed edges). `weights` [n, 256]: what each byte edge adds
+    (Regions.weights); by default a byte from a boundary state starts one character."""
     n = members.size
     to_local = np.full(trans.shape[0] + 1, -1, dtype=np.int64)  # slot -1 (dead) stays -1
     to_local[members] = np.arange(n)
@@ -276,13 +325,15 @@ def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) 
     closes = boundary & (rows[:, _QUOTE] >= 0)
     inside = rows >= 0
     inside[:, _QUOTE] &= ~boundary
+    if weights is None:
+        weights = _char_weights(trans, members, boundary)
     src = np.repeat(np.arange(n), inside.sum(axis=1))
-    key = np.unique(src * n + to_local[rows[inside]])
-    src, dst = key // n, key % n
+    w = weights[inside].astype(np.int64)
+    key = np.unique((src * n + to_local[rows[inside]]) * 2 + w)  # (src, dst) with its lighter weight first
+    src, dst, w = key // 2 // n, key // 2 % n, key % 2
     by_dst = np.argsort(dst, kind="stable")
     ptr = np.searchsorted(dst[by_dst], np.arange(n + 1)).tolist()
-    pred = src[by_dst].tolist()
-    cost = boundary.astype(np.int64).tolist()  # an edge's weight is its source's
+    pred, cost = src[by_dst].tolist(), w[by_dst].tolist()
     never = np.iinfo(np.int64).max // 2
     rest = [0 if c else never for c in closes.tolist()]
     queue = deque(np.flatnonzero(closes).tolist())
@@ -290,14 +341,19 @@ def _fewest_chars(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) 
         t = queue.popleft()
         for i in range(ptr[t], ptr[t + 1]):
             s = pred[i]
-            d = rest[t] + cost[s]
+            d = rest[t] + cost[i]
             if d < rest[s]:
                 rest[s] = d
-                (queue.appendleft if cost[s] == 0 else queue.append)(s)
+                (queue.appendleft if cost[i] == 0 else queue.append)(s)
     rest = np.asarray(rest, dtype=np.int64)
     if (rest >= never).any():
         raise CountedCutError(f"state {int(members[np.argmax(rest)])}: a counted body cannot be closed")
     return rest
+
+
+def _char_weights(trans: np.ndarray, members: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """int8 [n, 256]: 1 on the live byte edges of the members at a character boundary."""
+    return ((trans[members] >= 0) & boundary[:, None]).astype(np.int8)
 
 
 def _body_states(body: str) -> tuple[ByteDFA, int, np.ndarray, np.ndarray]:
@@ -309,6 +365,20 @@ def _body_states(body: str) -> tuple[ByteDFA, int, np.ndarray, np.ndarray]:
         raise CountedCutError("the string body matches nothing")
     members, phases = _body_phases(dfa.trans, head)
     return dfa, head, members, phases
+
+
+@lru_cache(maxsize=256)
+def ticks_countable(regex: str) -> bool:
+    """Whether a counted repetition's string (to_regex.ticked_string_regex) cuts cleanly: each
+    TICK mark alone after its iteration's first character (so every string has one count of
+    iterations), one body that counts them."""
+    from surecall.errors import SchemaError
+
+    try:
+        _, regions = cut_marks(regex_to_dfa(regex))
+    except (CountedCutError, SchemaError):
+        return False
+    return regions.num_regions == 1 and bool(regions.ticks.all()) and regions.tick_edges.size > 0
 
 
 @lru_cache(maxsize=512)
@@ -416,11 +486,12 @@ def char_rows(dfa: ByteDFA, regions: Regions, vi) -> tuple[np.ndarray, np.ndarra
     for r in range(regions.num_regions):
         local, g = _local_table(dfa, regions, r)
         boundary, rest = regions.phase[g] == BOUNDARY, regions.rest[g]
-        sig = local.tobytes() + boundary.tobytes() + rest.tobytes()
+        weight = regions.weights(g, dfa.trans) if regions.ticks[r] else None  # a repetition's iterations
+        sig = local.tobytes() + boundary.tobytes() + rest.tobytes() + (b"" if weight is None else weight.tobytes())
         if sig not in by_sig:
             key = ("counted", sig)
             if key not in vi.classes:
-                vi.classes[key] = _walk_local(local, boundary, rest, vi)
+                vi.classes[key] = _walk_local(local, boundary, rest, vi, weight)
             values, k = vi.classes[key]
             if ("counted-defined", sig) not in vi.classes:  # each row's defined tokens, found once per shape
                 vi.classes[("counted-defined", sig)] = [np.flatnonzero(v != _FREE) for v in values]
@@ -480,11 +551,13 @@ def _merge_rows(rows: list[np.ndarray], defined_tokens: list[np.ndarray] | None 
     return table, where
 
 
-def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi) -> tuple[list[np.ndarray], int]:
+def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi,
+                weight: np.ndarray | None = None) -> tuple[list[np.ndarray], int]:
     """Walk every token from every local state of one body shape (vectorised over both).
 
     Only tokens whose first byte is live in a state are walked there (a mid-character state
-    has few); the rest are free (_FREE) in its row.
+    has few); the rest are free (_FREE) in its row. `weight` [L, 256]: a counted repetition's
+    tick edges (Regions.weights), counted instead of the characters started.
     """
     num_local, v = local.shape[0], vi.vocab_size
     firsts = [vi.tokens_with_first(local[i] != -1).astype(np.int64) for i in range(num_local)]
@@ -501,7 +574,7 @@ def _walk_local(local: np.ndarray, boundary: np.ndarray, rest: np.ndarray, vi) -
         b = vi.flat[vi.off[tok[active]] + pos]
         q = state[active]
         nxt = local[q, b]
-        chars[active] += boundary[q] & (nxt >= 0)
+        chars[active] += (boundary[q] if weight is None else weight[q, b] > 0) & (nxt >= 0)
         closes[active[nxt == -2]] = True
         dead[active[nxt == -1]] = True
         bad[active[nxt == -3]] = True
@@ -575,6 +648,8 @@ def _walk_static(dfa, regions, vi, src, tok):
     flat_trans = flat_trans.reshape(-1)
     region = np.append(regions.region, -1)
     boundary = np.append(regions.at_boundary(), False)
+    ticked = np.append(regions.ticks, False)  # per region (-1: outside, never), a counted repetition
+    tick_edges = regions.tick_edges
     lo, hi = regions.lo, regions.hi
     lens = vi.lens[tok]
     order = np.argsort(-lens, kind="stable")
@@ -601,7 +676,13 @@ def _walk_static(dfa, regions, vi, src, tok):
         # the source's body closed: from here on everything is static
         dyn &= ~closing
         stays = (r >= 0) & ~closing
-        c[:] = np.where(stays & static, c + boundary[q], np.where(closing, 0, c))
+        add = boundary[q].astype(np.int64)
+        tq = ticked[r]
+        if tq.any():  # a counted repetition's body: its tick edges count, not the characters
+            flat = q[tq] * 256 + b[tq]
+            at = np.minimum(np.searchsorted(tick_edges, flat), max(tick_edges.size - 1, 0))
+            add[tq] = (tick_edges[at] == flat) if tick_edges.size else 0
+        c[:] = np.where(stays & static, c + add, np.where(closing, 0, c))
         c[(r < 0) & (region[nxt] >= 0)] = 0  # opening a body
         state[:m] = nxt
     end_region = region[state]

@@ -38,7 +38,10 @@ count_hi[s] and, when it closes, c + v//2 >= count_lo[s]. After t the counter is
 stays in the body, else count_entry_val at key s * logits_width + t (0 when absent). `dist` of
 a counted state excludes its unmet minimum: the fewest tokens are dist[s] + need_s(c),
 need_s(c) = ceil(max(0, count_lo[s] - c) / count_fill); a token that opens a body is charged
-need(0). One counter per row suffices: a counted body holds no other counted value.
+need(0). One counter per row suffices: a counted body holds no other counted value. A counted
+repetition inside a pattern (a word count, `^(?:\\S+\\s+){0,99}\\S+$`) is such a body whose unit is
+an iteration instead of a character: its count_chars rows hold the iterations a token starts
+(the same fields and rule; the kernels cannot tell them apart).
 
 Item counters (optional, `item_hi is not None`; grammars/items.py, kernels/items.py). A state
 inside a counted array (or a counted object: min/maxProperties over undeclared keys, its members

@@ -186,6 +186,75 @@ def loose_run(pattern: str) -> tuple[str, int] | None:
     return None if found is None else (found[0], found[1])
 
 
+@dataclass(frozen=True)
+class CountedRepetition:
+    """`^(?:A B){low,high}A$` (optionally `^$|` beside it) as counted_repetition reads it, rotated
+    to `A (?:B A){low,high}`: each iteration then opens with B's first character (`first`), right
+    after an A, where the string counter can count it (a word count: `^(?:\\S+\\s+){0,49}\\S+$`).
+    The fields are string-body regexes; `rest` is B after its first character."""
+
+    lead: str
+    first: str
+    rest: str
+    low: int
+    high: int
+    empty: bool  # the pattern also matches the empty string (`^$|...`)
+
+
+_BOUNDED = re.compile(r"\{([0-9]+),([0-9]+)\}\??")
+
+
+def counted_repetition(pattern: str, max_repeat: int) -> CountedRepetition | None:
+    """The pattern's CountedRepetition when it is `^(?:A B){n,m}A$` (one group repeated, the text
+    after it repeating the group's start; `^$|` may stand beside it) with m above `max_repeat`
+    and B opening with one character set (alone or under `+`); None otherwise, or where a part has
+    no exact translation. Whether the counter can tell each iteration's first character apart
+    from A's (the counted cut) is the caller's check."""
+    branches = _top_branches(pattern)
+    empty = len(branches) == 2 and "^$" in branches
+    if empty:
+        branches = [b for b in branches if b != "^$"]
+    if len(branches) != 1:
+        return None
+    branch = branches[0]
+    if not (branch.startswith("^(") and branch.endswith("$")) or branch.endswith("\\$"):
+        return None
+    core = branch[1:-1]
+    close = next((i for i, c, depth in _outside_classes(core) if c == ")" and depth == 0), None)
+    inner = None if close is None else _unwrap_group(core[: close + 1])
+    bounds = None if close is None else _BOUNDED.match(core, close + 1)
+    if inner is None or bounds is None or len(_split_alternatives(inner)) != 1:
+        return None
+    low, high, lead = int(bounds.group(1)), int(bounds.group(2)), core[bounds.end() :]
+    if high <= max_repeat or low > max_repeat or low > high or not lead or not inner.startswith(lead):
+        return None
+    try:
+        lead_body = _exact_body(lead, max_repeat)
+        parser = _Parser(inner[len(lead) :], max_repeat)
+        first = parser.parse_atom()
+        quantifier = parser.parse_quantifier()
+        if parser.peek() == "?" and quantifier is not None:
+            parser.pos += 1
+        if quantifier not in (None, (1, None)) or first is None or not parser.is_exact:
+            return None
+        tail = parser.src[parser.pos :]
+        rest = (f"(?:{first})*" if quantifier else "") + (_exact_body(tail, max_repeat) if tail else "")
+    except PatternUnsupported:
+        return None
+    if lead_body is None:
+        return None
+    return CountedRepetition(lead_body, first, rest, low, high, empty)
+
+
+def _exact_body(part: str, max_repeat: int) -> str | None:
+    """The body regex of `^part$` when its translation is exact and one branch (None otherwise)."""
+    parser = _Parser(part, max_repeat)
+    found = parser.parse_top()
+    if len(found) != 1 or found[0][0] or found[0][2] or not parser.is_exact:
+        return None
+    return found[0][1]
+
+
 def _top_branches(pattern: str) -> list[str]:
     """Top-level alternatives, each unwrapped from groups that span all of it.
 

@@ -31,6 +31,7 @@ regex-automata (outlines-core). Over 400 lines because the keyword walk is one c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import math
@@ -85,6 +86,7 @@ from surecall.grammars.schema.pattern import (
     _outside_classes,
     _top_branches,
     ambiguity_weight,
+    counted_repetition,
     counted_run,
     leading_lookaheads,
     loose_run,
@@ -365,26 +367,51 @@ _MATERIALISED_RUN = 8  # a `^[set]{n,m}$` pattern with m <= this is spelled out,
 _NIBBLE_BASE = 0x10
 
 
-def count_mark(kind: int, low: int, high: int) -> bytes:
-    """The mark bytes: `kind`, then low and high, each as its number of hex digits (one nibble
-    byte, 0 for NO_MAX_LENGTH) and those digits, most significant first (read_mark_bounds)."""
-    nibbles = []
+# A counted repetition inside a pattern (pattern.counted_repetition: a word count) is a counted
+# string whose counter counts the repetition's iterations instead of characters: its marks open
+# with the nibble TICKS_NIBBLE before the bounds, and its body holds a TICK mark (COUNT_ENTER and
+# the nibble TICK_NIBBLE) right after the first character of each iteration; the counted cut
+# (grammars/counted.py) turns the edges into a TICK mark into edges that add one to the counter.
+TICKS_NIBBLE, TICK_NIBBLE = 9, 10  # a bound never has more than 8 hex digits: these are free
+TICK_TEXT = f"\\x{COUNT_ENTER:02x}\\x{_NIBBLE_BASE + TICK_NIBBLE:02x}"
+
+
+def count_mark(kind: int, low: int, high: int, ticks: bool = False) -> bytes:
+    """The mark bytes: `kind`, then (with `ticks`, for a counted repetition: TICKS_NIBBLE) low and
+    high, each as its number of hex digits (one nibble byte, 0 for NO_MAX_LENGTH) and those
+    digits, most significant first (read_mark)."""
+    nibbles = [TICKS_NIBBLE] if ticks else []
     for value in (low, high):
         digits = [] if value == NO_MAX_LENGTH else [int(d, 16) for d in f"{value:x}"]
         nibbles += [len(digits), *digits]
     return bytes([kind] + [_NIBBLE_BASE + n for n in nibbles])
 
 
-def read_mark_bounds(next_nibble) -> tuple[int, int]:
-    """(low, high) of a mark from its nibbles after the kind byte; `next_nibble()` gives each
-    (0..15) in turn and raises where the mark is malformed (the inverse of count_mark)."""
+def read_mark(next_nibble) -> tuple[int, int, str]:
+    """(low, high, unit) of a mark from its nibbles after the kind byte: unit "chars", "ticks" (a
+    counted repetition's bounds) or "tick" (one iteration inside its body; low = high = 0);
+    `next_nibble()` gives each (0..15) in turn and raises where the mark is malformed (the
+    inverse of count_mark)."""
+    count, unit = next_nibble(), "chars"
+    if count == TICK_NIBBLE:
+        return 0, 0, "tick"
+    if count == TICKS_NIBBLE:
+        count, unit = next_nibble(), "ticks"
     bounds = []
     for _ in range(2):
-        count = next_nibble()
         if count > 8:
             raise ValueError(f"Invalid count mark: a bound of {count} hex digits")
         bounds.append(NO_MAX_LENGTH if count == 0 else int("".join(f"{next_nibble():x}" for _ in range(count)), 16))
-    return bounds[0], bounds[1]
+        count = next_nibble() if len(bounds) < 2 else 0
+    return bounds[0], bounds[1], unit
+
+
+def read_mark_bounds(next_nibble) -> tuple[int, int]:
+    """(low, high) of a character count's mark (read_mark; a counted repetition's raises)."""
+    low, high, unit = read_mark(next_nibble)
+    if unit != "chars":
+        raise ValueError(f"Invalid count mark: a counted repetition's ({unit}) where a length's was expected")
+    return low, high
 
 
 def _mark_text_bounds(text: str) -> tuple[int, int]:
@@ -418,6 +445,54 @@ def counted_body_regex(body: str, high: int) -> str:
     return f'"{mark(COUNT_ENTER)}{_group(body)}"{mark(COUNT_EXIT)}'
 
 
+def ticked_string_regex(rep) -> str:
+    """`"` ENTER body `"` EXIT of a pattern.CountedRepetition: `A (?:B A){low}` then iterations
+    `(?:B TICK ... A)*` whose count (at most high - low) the string counter keeps, TICK after each
+    iteration's first character; `(...)?` where the pattern also takes the empty string."""
+    def mark(kind: int) -> str:
+        return "".join(f"\\x{b:02x}" for b in count_mark(kind, 0, rep.high - rep.low, ticks=True))
+
+    spelled = f"(?:{rep.first}{rep.rest}{_group(rep.lead)}){{{rep.low}}}" if rep.low else ""
+    body = f"{_group(rep.lead)}{spelled}(?:{rep.first}{TICK_TEXT}{rep.rest}{_group(rep.lead)})*"
+    if rep.empty:
+        body = f"(?:{body})?"
+    return f'"{mark(COUNT_ENTER)}{body}"{mark(COUNT_EXIT)}'
+
+
+_TICKED = re.compile(  # a counted repetition (ticked_string_regex): its marks carry TICKS_NIBBLE
+    '"' + re.escape(f"\\x{COUNT_ENTER:02x}\\x{_NIBBLE_BASE + TICKS_NIBBLE:02x}") + "((?:\\\\x1[0-9a-f])+)(.*?)"
+    + '"' + re.escape(f"\\x{COUNT_EXIT:02x}\\x{_NIBBLE_BASE + TICKS_NIBBLE:02x}") + "(?:\\\\x1[0-9a-f])+",
+    re.DOTALL,
+)
+
+
+def _ticked_spelled(m: re.Match) -> str:
+    """A counted repetition spelled for Python `re`: its ticked group's `*` as `{0,high}`."""
+    high = _mark_text_bounds(m.group(1))[1]
+    body = m.group(2)
+    at = body.index(TICK_TEXT)
+    pairs, opened, i, in_class = [], [], 0, False
+    while i < len(body):  # the group pairs of our own regex text (escapes and classes skipped)
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            opened.append(i)
+        elif c == ")":
+            pairs.append((opened.pop(), i))
+        i += 1
+    close = min(c for o, c in pairs if o < at < c)
+    if body[close + 1 : close + 2] != "*":
+        raise ValueError("Invalid counted repetition: its ticked group is not starred")
+    body = body[: close + 1] + f"{{0,{high}}}" + body[close + 2 :]
+    return '"' + body.replace(TICK_TEXT, "") + '"'
+
+
 _COUNTED = re.compile(  # a counted body holds no other mark
     '"' + re.escape(f"\\x{COUNT_ENTER:02x}") + "((?:\\\\x1[0-9a-f])+)((?:(?!" + re.escape(f"\\x{COUNT_ENTER:02x}")
     + ").)*?)" + '"' + re.escape(f"\\x{COUNT_EXIT:02x}") + "(?:\\\\x1[0-9a-f])+",
@@ -436,7 +511,7 @@ def expand_counts(regex: str) -> str:
             return f'"{m.group(2)[:-1]}{{{low},{upper}}}"'
         return f'"(?=(?:{lex.STRING_CHAR}){{{low},{upper}}}"){m.group(2)}"'  # a body: its length looked ahead
 
-    return _COUNTED.sub(spelled, regex)
+    return _COUNTED.sub(spelled, _TICKED.sub(_ticked_spelled, regex))
 
 
 _REASONS = {
@@ -622,7 +697,7 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
             continue
         body = _single_string_body(leaf)
         (plain if body is not None else others).append(body if body is not None else leaf)
-    if len(counted) != 1 or not plain:
+    if len(counted) != 1 or not plain or any(TICK_TEXT in leaf for leaf in leaves):
         return alive
     (marks, bodies), = counted.items()
     low, high = _mark_text_bounds(marks)
@@ -1601,6 +1676,9 @@ class Converter:
         loose = self.loose_pattern(schema, ptr) if body is None else None
         if loose is not None:
             return self.run_string(schema, ptr, loose[0], loose[1], None)
+        ticked = self.repetition_string(schema) if body is None else None
+        if ticked is not None:
+            return ticked
         own_pattern = "pattern" in schema and body is None
         if own_pattern:
             body = self.pattern_body(schema["pattern"], pointer_join(ptr, "pattern"), ptr)
@@ -1638,6 +1716,33 @@ class Converter:
         if low == 0 and high is None:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
+
+    def repetition_string(self, schema: dict) -> str | None:
+        """A string of a pattern that repeats one group more than max_bounded_length times (a word
+        count, pattern.counted_repetition) with the repetitions counted, any number, exactly
+        (ticked_string_regex), when nothing else needs the string's counter (no format, no
+        maxLength, a minLength its shortest match meets) and the counter can tell each iteration's
+        start (counted.ticks_countable); None: written as before (widened and listed)."""
+        # grammars.counted imports this module: imported here
+        from surecall.grammars.counted import CountedCutError, body_fewest_chars, ticks_countable
+
+        pattern, low = schema.get("pattern"), int(schema.get("minLength", 0))
+        if (not self.options.counted_lengths or not isinstance(pattern, str) or "format" in schema
+                or "maxLength" in schema):
+            return None
+        rep = counted_repetition(pattern, self.options.max_bounded_length)
+        if rep is None:
+            return None
+        if rep.empty and low > 0:  # the empty string is too short: that branch is out
+            rep = dataclasses.replace(rep, empty=False)
+        regex = ticked_string_regex(rep)
+        if not ticks_countable(regex):
+            return None
+        try:
+            fewest = body_fewest_chars(_TICKED.fullmatch(regex).group(2).replace(TICK_TEXT, ""))
+        except CountedCutError:
+            return None
+        return regex if low <= fewest else None
 
     def pattern_and_format(self, schema: dict) -> str | bool:
         """The body of the strings the schema's `pattern` finds that also match its format's regex
@@ -1785,9 +1890,15 @@ class Converter:
         self.check_blowup(pattern, translated.regex, pattern_ptr)
         if not translated.is_exact:
             limit = self.options.max_bounded_length
-            self.relax(ptr, "pattern", f"a repetition bound above max_bounded_length={limit} ({limit * CHAR_RUN_FACTOR} "
-                       "for a set of one-byte characters) inside a larger pattern (widened; only a whole-pattern "
-                       "`^[set]{n,m}$` is counted)")
+            if counted_repetition(pattern, limit) is not None:  # repetition_string did not take it
+                why = ("a repeated group's bound above max_bounded_length={limit} (widened: its iterations are counted "
+                       "only where nothing else needs the string's counter, a maxLength, a minLength above the "
+                       "pattern's own, or a format, and where the counter can tell each iteration's start)")
+            else:
+                why = ("a repetition bound above max_bounded_length={limit} ({wide} for a set of one-byte characters) "
+                       "inside a larger pattern (widened; only a whole-pattern `^[set]{{n,m}}$` and a repeated group "
+                       "`^(?:A B){{n,m}}A$` are counted)")
+            self.relax(ptr, "pattern", why.format(limit=limit, wide=limit * CHAR_RUN_FACTOR))
         return translated.regex
 
     def automaton_pattern_body(self, pattern: str, ptr: str) -> str | None | bool:

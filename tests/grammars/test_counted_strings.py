@@ -310,6 +310,12 @@ def test_count_marks_are_short_and_read_back(low, high):
 def test_a_malformed_count_mark_is_refused():
     from surecall.grammars.schema.to_regex import read_mark_bounds
 
-    nibbles = iter([9, 1, 2])
-    with pytest.raises(ValueError, match="Invalid count mark: a bound of 9 hex digits"):
+    nibbles = iter([11, 1, 2])  # 9 and 10 open a counted repetition's marks (to_regex.read_mark)
+    with pytest.raises(ValueError, match="Invalid count mark: a bound of 11 hex digits"):
+        read_mark_bounds(lambda: next(nibbles))
+    nibbles = iter([1, 2, 12, 3])
+    with pytest.raises(ValueError, match="Invalid count mark: a bound of 12 hex digits"):
+        read_mark_bounds(lambda: next(nibbles))
+    nibbles = iter([9, 1, 0, 2, 3, 1])  # a length's reader given a counted repetition's bounds
+    with pytest.raises(ValueError, match="a counted repetition's"):
         read_mark_bounds(lambda: next(nibbles))

@@ -3,7 +3,8 @@
 Rows are (state, counter, remaining) triples met on random walks through a compiled table whose
 vocabulary has escapes, split UTF-8 characters and tokens that open, close or pass through a
 string (an array of bounded strings, so `","` closes one body and opens the next; a pattern with
-a maxLength, whose body has several character boundaries). The host
+a maxLength, whose body has several character boundaries; a word count, whose counter counts the
+words a token starts: ` ab ab` two). The host
 rule is grammars/table.py's (TokenTable.count_allows / next_counter, walk.kept).
 """
 
@@ -32,7 +33,8 @@ BACKENDS = ["torch", pytest.param("triton", marks=needs_interpreter)]
 SCHEMA = {"type": "object", "properties": {
     "a": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 5}, "maxItems": 3},
     "b": {"type": "string", "minLength": 70, "maxLength": 75},
-    "c": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 60}}, "required": ["a", "b", "c"]}
+    "c": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 60},
+    "d": {"type": "string", "pattern": "^(?:\\S+\\s+){0,49}\\S+$"}}, "required": ["a", "b", "c", "d"]}
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,8 @@ def _tmp_cache(tmp_path, monkeypatch):
 def _vocab() -> Vocab:
     pieces = [bytes([b]) for b in range(256)]
     pieces += [b'{"a": ["', b'", "', b'","', b'"xy"', b'ab', b'abcd', b'\\n', b'\\"', b'\\u00e9', b'\xc3\xa9',
-               b'\xe2\x82', b'\xac"', b'\xac', b'"x', b'a"', b'"], "b": "', b'"]', b'abcdefghij', b'"}']
+               b'\xe2\x82', b'\xac"', b'\xac', b'"x', b'a"', b'"], "b": "', b'"]', b'abcdefghij', b'"}',
+               b' ab ab', b'ab\\n ab', b'", "d": "']
     pieces += [b""]
     stop = len(pieces) - 1
     return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
@@ -150,6 +153,44 @@ def test_advance_updates_counters_like_the_host(compiled, backend):
             assert int(next_counters[b]) == table.next_counter(s, c, t), (s, c, t)
     moved = next_counters != counters
     assert bool(moved.any()) and bool((next_counters == 0).any())
+
+
+def _replay(vocab: Vocab, table: TokenTable, text: str) -> tuple[int, int]:
+    """(state, counter) after `text`, one byte token at a time."""
+    state, counter = 0, 0
+    for byte in text.encode():
+        tok = vocab.token_bytes.index(bytes([byte]))
+        state, counter = table.next_state(state, tok), table.next_counter(state, counter, tok)
+    return state, counter
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_word_count_binds_at_its_bound_in_every_kernel(compiled, backend):
+    """"d" counts words (at most 50: 49 whitespace runs that start a word): at each count near the
+    bound, in a word and after whitespace, the mask agrees with the host rule; a token that starts
+    two words is refused one word before a single-word token is; advance counts both words."""
+    vocab, table = compiled
+    two_words, space = vocab.token_bytes.index(b" ab ab"), vocab.token_bytes.index(b" ")
+    rows, where = [], {}
+    for words in (47, 48, 49, 50):
+        for tail in ("", " ") if words < 50 else ("",):
+            text = '{"a": ["ab"], "b": "' + "a" * 70 + '", "c": "ab", "d": "' + " ".join(["ab"] * words) + tail
+            state, counter = _replay(vocab, table, text)
+            assert counter == words - 1 + len(tail)  # the whitespace after a word starts the next one
+            where[words, tail] = len(rows)
+            rows.append((state, counter, 10_000))
+    states, counters, remaining = _tensors(rows)
+    dt = DeviceTable.from_table(table)
+    logits = torch.randn(len(rows), vocab.logits_width)
+    apply_token_mask_inplace(logits, dt, states, remaining=remaining, counters=counters, backend=backend)
+    for b, (s, c, rem) in enumerate(rows):
+        assert np.array_equal(torch.isfinite(logits[b]).numpy(), _host_allowed(table, s, c, rem, logits.shape[1]))
+    allowed = torch.isfinite(logits)
+    assert bool(allowed[where[48, ""], two_words]) and not bool(allowed[where[49, ""], two_words])
+    assert bool(allowed[where[49, ""], space]) and not bool(allowed[where[50, ""], space])
+    tokens = torch.full((len(rows),), two_words, dtype=torch.int64)
+    _, _, next_counters = advance(states, tokens, dt, counters=counters, backend=backend, check=False)
+    assert int(next_counters[where[48, ""]]) == 49
 
 
 @needs_interpreter
