@@ -20,8 +20,9 @@ the repetition's iterations: its ENTER mark carries TICKS_NIBBLE, and a TICK mar
 TICK_NIBBLE, no bounds) follows each iteration's first character. `cut_marks` keeps the byte
 edges into a TICK as `Regions.tick_edges`; there the counter adds one per tick edge crossed
 instead of one per character started (`Regions.weights`), rest counts the fewest iterations
-left, and everything else (rows, entries, dist, the kernels) is the same. This module does not build CSR or mask rows (compile.py does) and
-runs no kernels.
+left, and everything else (rows, entries, dist, the kernels) is the same.
+
+This module does not build CSR or mask rows (compile.py does) and runs no kernels.
 """
 
 from __future__ import annotations
@@ -119,12 +120,8 @@ class Regions:
         w = (live & (self.phase[states] == BOUNDARY)[:, None]).astype(np.int8)
         ticked = (region >= 0) & np.append(self.ticks, False)[region]
         if ticked.any():
-            w[ticked] = 0
             flat = states[ticked].astype(np.int64)[:, None] * 256 + np.arange(256)
-            at = np.searchsorted(self.tick_edges, flat)
-            hit = self.tick_edges[np.minimum(at, max(self.tick_edges.size - 1, 0))] == flat if self.tick_edges.size \
-                else np.zeros(flat.shape, dtype=bool)
-            w[ticked] = (hit & live[ticked]).astype(np.int8)
+            w[ticked] = (np.isin(flat, self.tick_edges) & live[ticked]).astype(np.int8)
         return w
 
     def at_boundary(self) -> np.ndarray:
@@ -679,9 +676,7 @@ def _walk_static(dfa, regions, vi, src, tok):
         add = boundary[q].astype(np.int64)
         tq = ticked[r]
         if tq.any():  # a counted repetition's body: its tick edges count, not the characters
-            flat = q[tq] * 256 + b[tq]
-            at = np.minimum(np.searchsorted(tick_edges, flat), max(tick_edges.size - 1, 0))
-            add[tq] = (tick_edges[at] == flat) if tick_edges.size else 0
+            add[tq] = np.isin(q[tq] * 256 + b[tq], tick_edges)
         c[:] = np.where(stays & static, c + add, np.where(closing, 0, c))
         c[(r < 0) & (region[nxt] >= 0)] = 0  # opening a body
         state[:m] = nxt

@@ -199,6 +199,7 @@ class CountedRepetition:
     low: int
     high: int
     empty: bool  # the pattern also matches the empty string (`^$|...`)
+    unbounded: str = ""  # the pattern with the bound dropped, `^(?:A B)*A$` (what the counted DFA spells)
 
 
 _BOUNDED = re.compile(r"\{([0-9]+),([0-9]+)\}\??")
@@ -243,7 +244,7 @@ def counted_repetition(pattern: str, max_repeat: int) -> CountedRepetition | Non
         return None
     if lead_body is None:
         return None
-    return CountedRepetition(lead_body, first, rest, low, high, empty)
+    return CountedRepetition(lead_body, first, rest, low, high, empty, f"^(?:{inner})*{lead}$")
 
 
 def _exact_body(part: str, max_repeat: int) -> str | None:

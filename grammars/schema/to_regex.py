@@ -31,6 +31,7 @@ regex-automata (outlines-core). Over 400 lines because the keyword walk is one c
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import itertools
 import json
@@ -267,14 +268,22 @@ def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_typ
     """(the Converter, its regex or None) of one walk over `schema`."""
     conv = Converter(schema, options, Pieces(_COUNTED_ENTERS) if splice else None)
     conv.keywords_imply_types = keywords_imply_types
+    demoted = _DEMOTED_TICKS.set([])
     try:
-        return conv, conv.convert(schema, "")
+        regex = conv.convert(schema, "")
+        for ptr in dict.fromkeys(p for ticked in _DEMOTED_TICKS.get() for p in conv.ticked_at.get(ticked, [])):
+            conv.relax(ptr, "pattern", "a repeated group's bound above max_bounded_length="
+                       f"{options.max_bounded_length} (widened: the string is one of several in a union, whose "
+                       "counter could not count its iterations beside the others)")
+        return conv, regex
     except RecursionError:
         if "$ref" in json.dumps(schema):
             raise UnsupportedSchema("references or values nest too deeply to convert (past Python's recursion "
                                     "limit; lower max_ref_depth or nest values less deeply)", "", "$ref") from None
         raise UnsupportedSchema("the schema nests values too deeply to convert (past Python's recursion limit)",
                                 "", None) from None
+    finally:
+        _DEMOTED_TICKS.reset(demoted)
 
 
 def _with_algebra_notes(conv) -> dict[tuple[str, str], str]:
@@ -689,6 +698,18 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
 
     # only a branch that starts a string (or a group of them) is scanned: an object or array is opaque
     leaves = [leaf for b in alive for leaf in (_top_branches(b) if b.startswith(('"', '(?:"')) else [b])]
+    if any(TICK_TEXT in leaf for leaf in leaves):
+        merged = _merged_ticked(leaves)
+        if merged is not None:
+            return merged
+        demoted = _DEMOTED_TICKS.get()
+        widened = []
+        for leaf in leaves:
+            m = _TICKED.fullmatch(leaf)
+            if m is not None and demoted is not None:
+                demoted.append(leaf)
+            widened.append(leaf if m is None else '"' + m.group(2).replace(TICK_TEXT, "") + '"')
+        leaves = alive = list(dict.fromkeys(widened))
     counted, plain, others = {}, [], []
     for leaf in leaves:
         m = _COUNTED.fullmatch(leaf)
@@ -697,7 +718,7 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
             continue
         body = _single_string_body(leaf)
         (plain if body is not None else others).append(body if body is not None else leaf)
-    if len(counted) != 1 or not plain or any(TICK_TEXT in leaf for leaf in leaves):
+    if len(counted) != 1 or not plain:
         return alive
     (marks, bodies), = counted.items()
     low, high = _mark_text_bounds(marks)
@@ -709,6 +730,38 @@ def _merged_counted_strings(alive: list[str]) -> list[str]:
     enter = "".join(f"\\x{b:02x}" for b in count_mark(COUNT_ENTER, low, high))
     leave = "".join(f"\\x{b:02x}" for b in count_mark(COUNT_EXIT, low, high))
     return [f'"{enter}(?:{union})"{leave}', *others]
+
+
+# The counted repetitions (ticked_string_regex) that a union widened back (_merged_ticked could not
+# keep them beside the other strings), for the converter to list: set per conversion (_converted).
+_DEMOTED_TICKS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("surecall_demoted_ticks",
+                                                                                  default=None)
+
+
+def _merged_ticked(leaves: list[str]) -> list[str] | None:
+    """The leaves of a union holding a counted repetition, with it and the other strings as one
+    counted repetition of the union of their bodies (the others start no iteration), where that
+    stays one count per string (counted.ticks_countable); None where it does not (another string
+    overlaps an iteration's start, a character count or another repetition's bounds beside it):
+    the caller widens the repetition. A repetition alone among non-strings is kept as it is."""
+    from surecall.grammars.counted import ticks_countable  # grammars.counted imports this module
+
+    ticked = [(leaf, _TICKED.fullmatch(leaf)) for leaf in leaves if TICK_TEXT in leaf]
+    rest = [leaf for leaf in leaves if TICK_TEXT not in leaf]
+    bodies = [_single_string_body(leaf) for leaf in rest]
+    strings = [b for b in bodies if b is not None]
+    if any(m is None for _, m in ticked) or any(_COUNTED.fullmatch(leaf) for leaf in rest):
+        return None
+    if len(ticked) == 1 and not strings:
+        return leaves
+    first, m = ticked[0]
+    if any(other.group(1) != m.group(1) for _, other in ticked):
+        return None
+    union = "|".join(_group(b) for b in dict.fromkeys([*(t.group(2) for _, t in ticked), *strings]))
+    merged = first[: m.start(2)] + f"(?:{union})" + first[m.end(2) :]
+    if not ticks_countable(merged):
+        return None
+    return [merged, *(leaf for leaf, body in zip(rest, bodies, strict=True) if body is None)]
 
 
 def _single_string_body(regex: str) -> str | None:
@@ -735,6 +788,7 @@ class Converter:
         self.origins: tuple[str, dict] = ("", {})  # the node being converted: its pointer, its keywords' origins
         self.causes: dict[str, str] = {}  # node -> the node it matches nothing because of (blame)
         self.ref_depth: dict[str, int] = {}
+        self.ticked_at: dict[str, list[str]] = {}  # a counted repetition's regex -> where it was written
         # Each $ref target's regex is converted once per class of nesting contexts and reused:
         # ref -> [(its reads of ref depths, regex)] (memo_ref). The string is inlined at each use.
         self.ref_regex: dict[str, list[tuple[tuple[tuple[str, int, int], ...], str | None]]] = {}
@@ -1676,7 +1730,7 @@ class Converter:
         loose = self.loose_pattern(schema, ptr) if body is None else None
         if loose is not None:
             return self.run_string(schema, ptr, loose[0], loose[1], None)
-        ticked = self.repetition_string(schema) if body is None else None
+        ticked = self.repetition_string(schema, ptr) if body is None else None
         if ticked is not None:
             return ticked
         own_pattern = "pattern" in schema and body is None
@@ -1717,7 +1771,7 @@ class Converter:
             return lex.STRING
         return f'"{lex.STRING_CHAR}{{{low},{upper}}}"'
 
-    def repetition_string(self, schema: dict) -> str | None:
+    def repetition_string(self, schema: dict, ptr: str) -> str | None:
         """A string of a pattern that repeats one group more than max_bounded_length times (a word
         count, pattern.counted_repetition) with the repetitions counted, any number, exactly
         (ticked_string_regex), when nothing else needs the string's counter (no format, no
@@ -1731,7 +1785,7 @@ class Converter:
                 or "maxLength" in schema):
             return None
         rep = counted_repetition(pattern, self.options.max_bounded_length)
-        if rep is None:
+        if rep is None or ambiguity_weight(rep.unbounded) > MAX_INPROCESS_WEIGHT:  # its DFA is built in-process
             return None
         if rep.empty and low > 0:  # the empty string is too short: that branch is out
             rep = dataclasses.replace(rep, empty=False)
@@ -1742,7 +1796,10 @@ class Converter:
             fewest = body_fewest_chars(_TICKED.fullmatch(regex).group(2).replace(TICK_TEXT, ""))
         except CountedCutError:
             return None
-        return regex if low <= fewest else None
+        if low > fewest:
+            return None
+        self.ticked_at.setdefault(regex, []).append(ptr)  # a union that widens it again lists it (_converted)
+        return regex
 
     def pattern_and_format(self, schema: dict) -> str | bool:
         """The body of the strings the schema's `pattern` finds that also match its format's regex

@@ -199,3 +199,25 @@ def test_iterations_the_counter_cannot_tell_apart_are_refused_by_the_cut():
     blurred = counted_repetition("^(?:[a-z]+[a-z0-9]){0,60}[a-z]+$", 48)
     assert blurred is not None and not ticks_countable(ticked_string_regex(blurred))
     assert ticks_countable(ticked_string_regex(counted_repetition(WORDS.format(n=49), 48)))
+
+
+def test_beside_other_strings_in_a_union_it_merges_or_widens_without_costing_other_counters(llama3):
+    """A union puts every string behind one `"`: the other strings join the repetition's body
+    (they start no iteration) where each string still has one count, else the repetition is
+    widened and listed with that reason; either way the other strings keep their counters."""
+    words = {"type": "string", "pattern": WORDS.format(n=49)}
+    beside_int = schema_to_regex({"anyOf": [words, {"type": "integer"}]})
+    assert beside_int.relaxed == []
+    merged = schema_to_regex({"anyOf": [words, {"const": ""}]})  # no iteration starts in `""`
+    assert merged.relaxed == []
+    spelled = re.compile(expand_counts(merged.regex))
+    assert spelled.fullmatch('""') and spelled.fullmatch('"' + " ".join(["w"] * 50) + '"')
+    assert not spelled.fullmatch('"' + " ".join(["w"] * 51) + '"')
+    schema = {"type": "object", "properties": {"a": {"anyOf": [words, {"enum": ["x y"]}]},
+                                               "b": {"type": "string", "maxLength": 100}}, "required": ["a", "b"]}
+    overlapping = schema_to_regex(schema)  # "x y" would start an iteration one branch counts and one does not
+    assert overlapping.relaxed == [("/properties/a/anyOf/0", "pattern")]
+    assert "union" in overlapping.reasons[("/properties/a/anyOf/0", "pattern")]
+    table = compile_schema(schema, llama3)
+    assert table.relaxed == [("/properties/a/anyOf/0", "pattern")] and table.has_counts  # b is still counted
+    assert "counted_fallback" not in table.meta
