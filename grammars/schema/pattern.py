@@ -239,11 +239,12 @@ def counted_repetition(pattern: str, max_repeat: int) -> CountedRepetition | Non
         if quantifier not in (None, (1, None)) or first is None or not parser.is_exact:
             return None
         tail = parser.src[parser.pos :]
-        rest = (f"(?:{first})*" if quantifier else "") + (_exact_body(tail, max_repeat) if tail else "")
+        tail_body = _exact_body(tail, max_repeat) if tail else ""
     except PatternUnsupported:
         return None
-    if lead_body is None:
+    if lead_body is None or tail_body is None:
         return None
+    rest = (f"(?:{first})*" if quantifier else "") + tail_body
     return CountedRepetition(lead_body, first, rest, low, high, empty, f"^(?:{inner})*{lead}$")
 
 

@@ -271,10 +271,11 @@ def _converted(schema, options: GrammarOptions, splice: bool, keywords_imply_typ
     demoted = _DEMOTED_TICKS.set([])
     try:
         regex = conv.convert(schema, "")
-        for ptr in dict.fromkeys(p for ticked in _DEMOTED_TICKS.get() for p in conv.ticked_at.get(ticked, [])):
-            conv.relax(ptr, "pattern", "a repeated group's bound above max_bounded_length="
-                       f"{options.max_bounded_length} (widened: the string is one of several in a union, whose "
-                       "counter could not count its iterations beside the others)")
+        why = (f"a repeated group's bound above max_bounded_length={options.max_bounded_length} (widened: the "
+               "string is one of several in a union, whose counter could not count its iterations beside the others)")
+        for ticked in dict.fromkeys(_DEMOTED_TICKS.get()):
+            for ptr in conv.ticked_at.get(ticked, [""]):  # never silent: the root where its place is not known
+                conv.relax(ptr, "pattern", why)
         return conv, regex
     except RecursionError:
         if "$ref" in json.dumps(schema):
@@ -746,22 +747,22 @@ def _merged_ticked(leaves: list[str]) -> list[str] | None:
     the caller widens the repetition. A repetition alone among non-strings is kept as it is."""
     from surecall.grammars.counted import ticks_countable  # grammars.counted imports this module
 
-    ticked = [(leaf, _TICKED.fullmatch(leaf)) for leaf in leaves if TICK_TEXT in leaf]
-    rest = [leaf for leaf in leaves if TICK_TEXT not in leaf]
-    bodies = [_single_string_body(leaf) for leaf in rest]
-    strings = [b for b in bodies if b is not None]
-    if any(m is None for _, m in ticked) or any(_COUNTED.fullmatch(leaf) for leaf in rest):
-        return None
+    ticked = [(leaf, m) for leaf in leaves if (m := _TICKED.fullmatch(leaf)) is not None]
+    strings = [leaf for leaf in leaves if leaf.startswith('"') and _TICKED.fullmatch(leaf) is None]
     if len(ticked) == 1 and not strings:
         return leaves
+    bodies = [_single_string_body(leaf) for leaf in strings]
+    if (not ticked or any(b is None for b in bodies) or any(TICK_TEXT in leaf or _COUNTED.fullmatch(leaf)
+                                                            for leaf in strings)):
+        return None
     first, m = ticked[0]
     if any(other.group(1) != m.group(1) for _, other in ticked):
         return None
-    union = "|".join(_group(b) for b in dict.fromkeys([*(t.group(2) for _, t in ticked), *strings]))
+    union = "|".join(_group(b) for b in dict.fromkeys([*(t.group(2) for _, t in ticked), *bodies]))
     merged = first[: m.start(2)] + f"(?:{union})" + first[m.end(2) :]
     if not ticks_countable(merged):
         return None
-    return [merged, *(leaf for leaf, body in zip(rest, bodies, strict=True) if body is None)]
+    return [merged, *(leaf for leaf in leaves if not leaf.startswith('"'))]
 
 
 def _single_string_body(regex: str) -> str | None:

@@ -83,6 +83,7 @@ def schema_of(pattern: str, **more) -> dict:
     ("^(?:\\S+\\s+){60,70}\\S+$", None),  # more iterations required than can be spelled
     ("^(?:a|b){0,60}a$", None),
     ("^(?:ab){0,60}c$", None),  # the text after the group is not its start
+    ("^(?:a\\s+b{300}){0,60}a$", None),  # a part past max_bounded_length (4x for one byte) itself
 ])
 def test_counted_repetition_recognises_a_rotatable_group(pattern, expected):
     found = counted_repetition(pattern, 48)
@@ -208,6 +209,8 @@ def test_beside_other_strings_in_a_union_it_merges_or_widens_without_costing_oth
     words = {"type": "string", "pattern": WORDS.format(n=49)}
     beside_int = schema_to_regex({"anyOf": [words, {"type": "integer"}]})
     assert beside_int.relaxed == []
+    beside_array = schema_to_regex({"anyOf": [words, {"type": "array", "items": words}]})  # not a string leaf
+    assert beside_array.relaxed == []
     merged = schema_to_regex({"anyOf": [words, {"const": ""}]})  # no iteration starts in `""`
     assert merged.relaxed == []
     spelled = re.compile(expand_counts(merged.regex))
