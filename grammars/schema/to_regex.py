@@ -481,21 +481,12 @@ def _ticked_spelled(m: re.Match) -> str:
     high = _mark_text_bounds(m.group(1))[1]
     body = m.group(2)
     at = body.index(TICK_TEXT)
-    pairs, opened, i, in_class = [], [], 0, False
-    while i < len(body):  # the group pairs of our own regex text (escapes and classes skipped)
-        c = body[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
+    pairs, opened = [], []
+    for i, c, _ in _outside_classes(body):  # the group pairs (escapes and classes skipped)
+        if c == "(":
             opened.append(i)
         elif c == ")":
             pairs.append((opened.pop(), i))
-        i += 1
     close = min(c for o, c in pairs if o < at < c)
     if body[close + 1 : close + 2] != "*":
         raise ValueError("Invalid counted repetition: its ticked group is not starred")

@@ -19,7 +19,7 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-from test_counted_strings import replay
+from test_counted_strings import _ids, replay
 
 from surecall.grammars.compile import compile_schema
 from surecall.grammars.counted import ticks_countable
@@ -53,18 +53,6 @@ def words_vocab() -> Vocab:
     stop = len(pieces) - 1
     return Vocab(token_bytes=tuple(pieces), special_ids=frozenset({stop}), stop_ids=(stop,),
                  logits_width=len(pieces) + 3, format="test", name="repetition-synthetic")
-
-
-def _ids(vocab, text: str) -> list[int]:
-    """Greedy longest-match ids of `text` (test_counted_strings._ids, bounded by the longest token)."""
-    index = {b: i for i, b in enumerate(vocab.token_bytes) if b and i not in vocab.special_ids}
-    longest = max(map(len, index))
-    data, out, at = text.encode(), [], 0
-    while at < len(data):
-        n = max(k for k in range(1, min(longest, len(data) - at) + 1) if data[at : at + k] in index)
-        out.append(index[data[at : at + n]])
-        at += n
-    return out
 
 
 def schema_of(pattern: str, **more) -> dict:

@@ -119,9 +119,10 @@ def test_mask_at_the_body_boundary_follows_the_counter(llama3, size):
 def _ids(vocab, text: str) -> list[int]:
     """Greedy longest-match ids of `text` (enough for a prefix of plain ASCII)."""
     index = {b: i for i, b in enumerate(vocab.token_bytes) if b and i not in vocab.special_ids}
+    longest = max(map(len, index))
     data, out, at = text.encode(), [], 0
     while at < len(data):
-        n = max(k for k in range(1, len(data) - at + 1) if data[at : at + k] in index)
+        n = max(k for k in range(1, min(longest, len(data) - at) + 1) if data[at : at + k] in index)
         out.append(index[data[at : at + n]])
         at += n
     return out
